@@ -1,0 +1,120 @@
+"""LLaDA's semi-autoregressive block sampler (Nie et al. 2025, "Large Language Diffusion Models",
+Sec. 2.4 and App. B); MMaDA decodes text the same way.
+
+The answer starts as gen_length mask tokens, cut into blocks decoded left to right. Each block gets
+steps / num_blocks forward passes; at every pass the model predicts all masked tokens, and the
+ones it is most confident about (low_confidence remasking) or a random choice of them (random
+remasking) are fixed for good, the rest stay masked. A block is finished before the next starts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import build_layout
+
+REMASKING = ("low_confidence", "random")
+
+
+def validate_block_args(gen_length: int, steps: int, block_length: int) -> None:
+    if gen_length <= 0 or steps <= 0 or block_length <= 0:
+        raise ValueError(
+            f"gen_length, steps and block_length must be positive; got gen_length={gen_length}, "
+            f"steps={steps}, block_length={block_length}"
+        )
+    if gen_length % block_length:
+        raise ValueError(
+            f"gen_length={gen_length} must be a multiple of block_length={block_length}"
+        )
+    num_blocks = gen_length // block_length
+    if steps % num_blocks:
+        raise ValueError(
+            f"steps={steps} must be a multiple of the number of blocks "
+            f"(gen_length/block_length = {gen_length}/{block_length} = {num_blocks})"
+        )
+
+
+def transfer_counts(block_length: int, steps_per_block: int) -> list[int]:
+    """Tokens unmasked at each step of a block: spread evenly, the remainder to the first steps."""
+    base, extra = divmod(block_length, steps_per_block)
+    return [base + (i < extra) for i in range(steps_per_block)]
+
+
+def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator=None) -> torch.Tensor:
+    """Gumbel-max in LLaDA's form: argmax(exp(l) / (-log u)^T) = argmax(l/T + Gumbel), a sample
+    from softmax(l / T). Done in float64 as LLaDA does: in low precision the exp() and the
+    noise lose the tail of the distribution."""
+    if temperature == 0:
+        return logits
+    logits = logits.double()
+    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
+    return logits.exp() / (-torch.log(u)) ** temperature
+
+
+@torch.no_grad()
+def generate_block(
+    model_fn,
+    prompt_ids: torch.LongTensor,
+    prompt_mask: torch.Tensor,
+    *,
+    mask_id: int,
+    gen_length: int,
+    steps: int,
+    block_length: int,
+    temperature: float = 0.0,
+    cfg_scale: float = 0.0,
+    remasking: str = "low_confidence",
+    suppress_logit_ids=(),
+    suppress_confidence_ids=(),
+    padding_side: str = "left",
+    generator: torch.Generator | None = None,
+) -> torch.LongTensor:
+    """Decode gen_length tokens after each prompt; returns them, [B, gen_length].
+
+    model_fn(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, V]; see layout.py for how
+    prompts and pads are placed. suppress_logit_ids are never generated (LLaDA's logits_eos_inf);
+    suppress_confidence_ids get the lowest confidence, so they are unmasked last in their block
+    (LLaDA's confidence_eos_eot_inf). The mask token itself is never a valid prediction and is
+    always suppressed, so every position ends unmasked.
+    """
+    validate_block_args(gen_length, steps, block_length)
+    if remasking not in REMASKING:
+        raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
+    lay = build_layout(prompt_ids, prompt_mask, gen_length=gen_length, mask_id=mask_id,
+                       padding_side=padding_side)
+    x, device = lay.x.clone(), prompt_ids.device
+    B = x.shape[0]
+    rows = torch.arange(B, device=device)[:, None]
+    num_blocks = gen_length // block_length
+    counts = transfer_counts(block_length, steps // num_blocks)  # same for every row: blocks start full
+    attn = torch.cat([lay.attention_mask] * 2) if cfg_scale > 0 else lay.attention_mask
+    banned = torch.tensor(sorted({mask_id, *suppress_logit_ids}), dtype=torch.long, device=device)
+    low_conf = torch.tensor(list(suppress_confidence_ids), dtype=torch.long, device=device)
+
+    for b in range(num_blocks):
+        cols = lay.gen_cols[:, b * block_length:(b + 1) * block_length]  # [B, block_length]
+        for n in counts:
+            if cfg_scale > 0:  # classifier-free guidance: a copy with the prompt masked out
+                both = model_fn(torch.cat([x, x.masked_fill(lay.prompt, mask_id)]), attn)
+                cond, uncond = both[:B][rows, cols], both[B:][rows, cols]
+                logits = uncond + (cfg_scale + 1) * (cond - uncond)
+            else:
+                logits = model_fn(x, attn)[rows, cols]  # only the block can change: [B, block, V]
+            logits[..., banned] = -torch.inf
+
+            x0 = add_gumbel_noise(logits, temperature, generator).argmax(-1)
+            if remasking == "low_confidence":
+                conf = torch.softmax(logits, -1, dtype=torch.float32).gather(-1, x0[..., None])[..., 0]
+            else:
+                conf = torch.rand(x0.shape, device=device, generator=generator)
+            if len(low_conf):
+                # LLaDA uses -inf; the lowest finite value keeps these ahead of already-decoded
+                # positions (-inf below), so a tie can never re-pick a fixed token.
+                conf = conf.masked_fill(torch.isin(x0, low_conf), torch.finfo(conf.dtype).min)
+            block = x[rows, cols]
+            conf = conf.masked_fill(block != mask_id, -torch.inf)
+
+            # Stable sort: ties go to the leftmost position, independent of padding and batch.
+            pick = conf.argsort(dim=1, descending=True, stable=True)[:, :n]
+            x[rows, cols] = block.scatter(1, pick, x0.gather(1, pick))
+    return lay.generated(x)
