@@ -1,0 +1,101 @@
+"""Make ``lm_eval --model dlm_sinkmask`` and ``--tasks gsm8k_sinkmask`` work on the stock CLI.
+
+lm-eval 0.4.13 has no plugin discovery for models or tasks, and ``get_model`` imports
+``lm_eval.models`` only while the model registry is empty, so registering our models early
+would hide every built-in one. Instead, ``lm_eval_sinkmask.pth`` (installed into
+site-packages) imports this module at interpreter start; it only puts a finder on
+``sys.meta_path`` (no torch, no lm_eval: a few hundred microseconds) that waits for lm-eval's
+own modules and then, right after each has run:
+
+- ``lm_eval.models``: registers our two models as lazy placeholders, next to the built-ins;
+- ``lm_eval.tasks.manager``: appends our task folder to every ``TaskManager``'s include path
+  (lm-eval's own tasks stay first and untouched).
+
+Set ``LM_EVAL_SINKMASK_AUTOLOAD=0`` to turn it off.
+"""
+
+import os
+import sys
+
+MODELS = {
+    "dlm_sinkmask": "lm_eval_sinkmask.dlm_model:DLMSinkMaskLM",
+    "arm_sinkmask": "lm_eval_sinkmask.arm_model:ARMSinkMaskLM",
+}
+
+
+def register_models(_module=None) -> None:
+    from lm_eval.api.registry import model_registry
+
+    for name, target in MODELS.items():
+        if name not in model_registry:
+            model_registry.register(name, target=target)
+
+
+def add_task_folder(module) -> None:
+    from lm_eval_sinkmask.tasks import TASKS_DIR
+
+    manager = module.TaskManager
+    original_init = manager.__init__
+
+    def __init__(self, *args, include_path=None, **kwargs):
+        paths = [] if include_path is None else (
+            list(include_path) if isinstance(include_path, (list, tuple)) else [include_path]
+        )
+        if not any(os.path.abspath(str(p)) == str(TASKS_DIR) for p in paths):
+            paths.append(str(TASKS_DIR))
+        original_init(self, *args, include_path=paths, **kwargs)
+
+    __init__.__wrapped__ = original_init
+    manager.__init__ = __init__
+
+
+AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_task_folder}
+
+
+class _RunAfter:
+    """Loader wrapper: executes the real module, then our callback on it."""
+
+    def __init__(self, loader, callback):
+        self.loader, self.callback = loader, callback
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        self.callback(module)
+
+    def __getattr__(self, name):  # get_code, get_source, is_package, ... for tools that ask
+        return getattr(self.loader, name)
+
+
+class _Finder:
+    """Meta-path finder that only ever answers for the modules in AFTER_IMPORT."""
+
+    def find_spec(self, name, path=None, target=None):
+        callback = AFTER_IMPORT.get(name)
+        if callback is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _RunAfter(spec.loader, callback)
+                return spec
+        return None
+
+
+def install() -> None:
+    if os.environ.get("LM_EVAL_SINKMASK_AUTOLOAD", "1") == "0":
+        return
+    if any(isinstance(f, _Finder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _Finder())
+    # lm-eval may already be imported (e.g. this module imported by hand after it)
+    for name, callback in AFTER_IMPORT.items():
+        if name in sys.modules:
+            callback(sys.modules[name])
+
+
+install()

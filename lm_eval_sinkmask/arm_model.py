@@ -1,0 +1,45 @@
+"""``arm_sinkmask``: an autoregressive HF model (the paper's Llama baseline) with sink masking.
+
+lm-eval's ``HFLM`` does everything (loglikelihood, chat templates, batching, ``generate``
+with a KV cache); we only wrap its model calls in the intercept, with the ARM query rule of
+SPEC 4 (``arm_rule=last_row`` by default, or ``all_rows``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lm_eval.models  # noqa: F401  (built-in models register first; see _autoload)
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from .config import SinkMaskConfig
+from .masking_lm import MaskingLMMixin
+
+
+@register_model("arm_sinkmask")
+class ARMSinkMaskLM(MaskingLMMixin, HFLM):
+    def __init__(self, pretrained, **kwargs: Any) -> None:
+        mask_config = SinkMaskConfig.pop_from(kwargs)
+        # SDPA is what the intercept sees; eager or flash-attn would bypass it.
+        if isinstance(pretrained, str):
+            kwargs.setdefault("attn_implementation", "sdpa")
+        super().__init__(pretrained, **kwargs)
+        self.model.eval()
+        self._init_masking(mask_config, rule=mask_config.arm_rule)
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        with self.masking():
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+
+    def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None):
+        # one forward per loglikelihood batch: with detect=previous its first (only) pass
+        # detects on its own attention, as SPEC 3 prescribes for a first step
+        with self.masking():
+            return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        self._report()
+        return out

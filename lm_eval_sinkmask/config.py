@@ -1,0 +1,131 @@
+"""The masking configuration: one validated object built once from ``model_args``.
+
+Every knob of the ablation lives here so that bad input fails before any weight is loaded,
+and so that the intercept, the metric and the lm-eval glue read the same values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DETECT_MODES = ("previous", "current")
+GRANULARITIES = ("head", "layer")
+ARM_RULES = ("last_row", "all_rows")
+
+
+def parse_layers(value: Any) -> tuple[int, ...] | None:
+    """``layers=`` from model_args: None/"" for all layers, else "0-3;7" or an iterable of ints.
+
+    lm-eval splits model_args on commas, so ranges and ``;`` are the separators that survive
+    the command line.
+    """
+    if value is None or value == "" or value == "all":
+        return None
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, str):
+        out: list[int] = []
+        for part in value.replace(" ", "").split(";"):
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.extend(range(int(lo), int(hi) + 1))
+            else:
+                out.append(int(part))
+        value = out
+    layers = tuple(sorted({int(v) for v in value}))
+    if any(v < 0 for v in layers):
+        raise ValueError(f"layers must be non-negative layer indices, got {layers}")
+    return layers
+
+
+@dataclass(frozen=True)
+class SinkMaskConfig:
+    """What to mask and how (SPEC sections 2-3).
+
+    top_k: number of sinks masked per (layer, head) or per layer; 0 disables masking and the
+        intercept passes every call straight through.
+    eps: Eq. 3 threshold in units of the uniform attention share (paper: 3.0).
+    detect: "previous" masks the sinks found on the previous forward pass (the paper's
+        protocol); "current" detects and masks inside the same pass.
+    granularity: "head" detects per (layer, head); "layer" averages heads first.
+    layers: restrict detection and masking to these layer indices (None: all).
+    arm_rule: query rows used by the ARM rule (SPEC 4): "last_row" (paper) or "all_rows".
+    query_chunk: query rows processed at once by the intercept, bounding its extra memory to
+        O(batch x heads x keys x query_chunk).
+    """
+
+    top_k: int = 0
+    eps: float = 3.0
+    detect: str = "previous"
+    granularity: str = "head"
+    layers: tuple[int, ...] | None = None
+    arm_rule: str = "last_row"
+    query_chunk: int = 256
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not isinstance(self.eps, (int, float)) or not math.isfinite(self.eps):
+            raise ValueError(f"eps must be a finite number, got {self.eps!r}")
+        if self.detect not in DETECT_MODES:
+            raise ValueError(f"detect must be one of {DETECT_MODES}, got {self.detect!r}")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(
+                f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}"
+            )
+        if self.arm_rule not in ARM_RULES:
+            raise ValueError(f"arm_rule must be one of {ARM_RULES}, got {self.arm_rule!r}")
+        if not isinstance(self.query_chunk, int) or self.query_chunk < 1:
+            raise ValueError(f"query_chunk must be a positive integer, got {self.query_chunk!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.top_k > 0
+
+    def applies_to(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layers"] = list(self.layers) if self.layers is not None else None
+        return d
+
+    @classmethod
+    def pop_from(cls, kwargs: dict[str, Any]) -> SinkMaskConfig:
+        """Remove the masking keys from an lm-eval ``model_args`` dict and validate them.
+
+        lm-eval has already converted "5" to 5 and "3.0" to 3.0; strings that are not numbers
+        (e.g. "nan", "abc") arrive as floats or strings and are rejected here.
+        """
+
+        def number(name: str, value: Any, kind: type) -> Any:
+            if isinstance(value, str):
+                try:
+                    value = kind(value) if kind is int else float(value)
+                except ValueError as e:
+                    raise ValueError(f"{name} must be a number, got {value!r}") from e
+            if kind is int and isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError(f"{name} must be an integer, got {value!r}")
+                value = int(value)
+            return value
+
+        args: dict[str, Any] = {}
+        if "top_k" in kwargs:
+            args["top_k"] = number("top_k", kwargs.pop("top_k"), int)
+        if "eps" in kwargs:
+            args["eps"] = number("eps", kwargs.pop("eps"), float)
+        for name in ("detect", "granularity", "arm_rule"):
+            if name in kwargs:
+                args[name] = str(kwargs.pop(name))
+        if "layers" in kwargs:
+            args["layers"] = parse_layers(kwargs.pop("layers"))
+        if "query_chunk" in kwargs:
+            args["query_chunk"] = number("query_chunk", kwargs.pop("query_chunk"), int)
+        return cls(**args)

@@ -1,0 +1,211 @@
+"""``dlm_sinkmask``: LLaDA, MMaDA and Dream as lm-eval models, with sink masking.
+
+Built on lm-eval's ``HFLM`` so that loading, tokenisation, chat templates, batching by
+``Collator``, ``until`` handling and accelerate ranks are lm-eval's own; only the generation
+step is ours: the family's diffusion sampler instead of ``model.generate``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import lm_eval.models  # noqa: F401  (built-in models register first; see _autoload)
+import torch
+import transformers
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from . import zoo
+from .config import SinkMaskConfig
+from .families import Family, disable_flash_attention, family_for
+from .masking_lm import MaskingLMMixin
+from .samplers import generate_block, generate_dream, validate_block_args
+
+zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
+
+REMASKING = ("low_confidence", "random")
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+PADDING_SIDES = ("left", "right")
+
+LOGLIKELIHOOD_HELP = (
+    "dlm_sinkmask serves generate_until tasks only: a masked diffusion LM has no left-to-right "
+    "log-likelihood, and lm-eval's loglikelihood requests would need an ELBO estimator. Use a "
+    "generative task (gsm8k_sinkmask, humaneval_sinkmask) or arm_sinkmask for an ARM."
+)
+
+
+@dataclass(frozen=True)
+class DiffusionSettings:
+    """Sampler settings: family defaults (``families.py``) overridden by ``model_args``.
+
+    gen_length None: taken per request from the task's ``max_gen_toks``. steps None: one
+    denoising step per generated token.
+    """
+
+    gen_length: int | None = None
+    steps: int | None = None
+    block_length: int | None = None
+    remasking: str = "low_confidence"
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+    alg: str = "entropy"
+    alg_temp: float | None = 0.0
+    top_p: float | None = None
+    sampling_top_k: int | None = None
+    padding_side: str = "left"
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+
+    @classmethod
+    def build(cls, family: Family, user: dict[str, Any]) -> DiffusionSettings:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(user) - known)
+        if unknown:  # pragma: no cover - caught earlier by pop_settings
+            raise ValueError(f"unknown sampler settings {unknown}")
+        defaults = {k: v for k, v in family.sampler_defaults.items() if k in known}
+        settings = cls(**{**defaults, **user})
+        settings.validate(family)
+        return settings
+
+    def validate(self, family: Family) -> None:
+        for name in ("gen_length", "steps", "block_length", "sampling_top_k"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("temperature", "cfg_scale"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.padding_side not in PADDING_SIDES:
+            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {self.padding_side!r}")
+        if family.sampler == "block":
+            if self.remasking not in REMASKING:
+                raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+            if self.gen_length is not None:
+                self.for_request(self.gen_length, family)
+        elif self.alg not in DREAM_ALGS:
+            raise ValueError(f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
+
+    def for_request(self, max_gen_toks: int, family: Family) -> DiffusionSettings:
+        """Settings for one request batch: gen_length from the task unless the user set it."""
+        gen_length = self.gen_length or max_gen_toks
+        steps = self.steps or gen_length
+        if family.sampler == "block":
+            validate_block_args(gen_length, steps, self.block_length or gen_length)
+        return replace(self, gen_length=gen_length, steps=steps)
+
+    @staticmethod
+    def pop_from(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
+
+
+@register_model("dlm_sinkmask")
+class DLMSinkMaskLM(MaskingLMMixin, HFLM):
+    """A masked diffusion LM (family from ``config.model_type`` or ``family=``) with sinks
+    masked per ``top_k``/``eps``/``detect``/``granularity``/``layers`` (see SinkMaskConfig)."""
+
+    AUTO_MODEL_CLASS = transformers.AutoModel
+
+    def __init__(
+        self,
+        pretrained: str | transformers.PreTrainedModel,
+        family: str | None = None,
+        mask_id: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Everything that can be wrong with the arguments fails here, before weights load.
+        mask_config = SinkMaskConfig.pop_from(kwargs)
+        user_settings = DiffusionSettings.pop_from(kwargs)
+        if isinstance(pretrained, str):
+            config = transformers.AutoConfig.from_pretrained(
+                pretrained,
+                trust_remote_code=bool(kwargs.get("trust_remote_code", False)),
+                revision=kwargs.get("revision") or "main",
+            )
+        else:
+            config = pretrained.config
+        self.family = family_for(getattr(config, "model_type", None), family)
+        self.settings = DiffusionSettings.build(self.family, user_settings)
+        if self.family.attn_implementation and isinstance(pretrained, str):
+            kwargs.setdefault("attn_implementation", self.family.attn_implementation)
+
+        super().__init__(pretrained, backend="causal", **kwargs)
+        self.model.eval()
+        disable_flash_attention(self.model)
+        self.mask_id = self._resolve_mask_id(mask_id, config)
+        self._init_masking(mask_config, rule="all")
+
+    def _resolve_mask_id(self, mask_id: int | None, config) -> int:
+        for candidate in (
+            mask_id,
+            getattr(config, "mask_token_id", None),
+            getattr(self.tokenizer, "mask_token_id", None),
+            self.family.mask_token_id,
+        ):
+            if candidate is not None:
+                return int(candidate)
+        raise ValueError("no mask token id: pass mask_id=<id> in model_args")  # pragma: no cover
+
+    def _special_ids(self, tokens: tuple[str, ...]) -> tuple[int, ...]:
+        ids = [self.tokenizer.convert_tokens_to_ids(t) for t in tokens]
+        return tuple(i for i in ids if i is not None and i != self.tokenizer.unk_token_id)
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        """Diffusion sampling for one batch; returns [context | generated] as HFLM expects."""
+        prompt_mask = generation_kwargs.pop("attention_mask", None)
+        if prompt_mask is None:
+            prompt_mask = torch.ones_like(context)
+        s = self.settings.for_request(max_length - context.shape[1], self.family)
+        family = self.family
+
+        def model_fn(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.model(**family.model_inputs(x, mask)).logits
+
+        common = dict(
+            mask_id=self.mask_id,
+            gen_length=s.gen_length,
+            steps=s.steps,
+            temperature=s.temperature,
+            padding_side=s.padding_side,
+        )
+        with torch.inference_mode(), self.masking():
+            if family.sampler == "block":
+                eos = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
+                generated = generate_block(
+                    model_fn, context, prompt_mask,
+                    block_length=s.block_length or s.gen_length,
+                    cfg_scale=s.cfg_scale,
+                    remasking=s.remasking,
+                    suppress_logit_ids=eos if s.logits_eos_inf else (),
+                    suppress_confidence_ids=(eos + self._special_ids(family.eot_tokens))
+                    if s.confidence_eos_eot_inf
+                    else (),
+                    **common,
+                )
+            else:
+                generated = generate_dream(
+                    model_fn, context, prompt_mask,
+                    top_p=s.top_p,
+                    top_k=s.sampling_top_k,
+                    alg=s.alg,
+                    alg_temp=s.alg_temp,
+                    **common,
+                )
+        return torch.cat([context, generated.to(context.device)], dim=1)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(LOGLIKELIHOOD_HELP)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(LOGLIKELIHOOD_HELP)
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["sinkmask"]["family"] = self.family.name
+        info["sinkmask"]["sampler"] = {"name": self.family.sampler, **asdict(self.settings)}
+        info["sinkmask"]["mask_id"] = self.mask_id
+        return info

@@ -1,0 +1,135 @@
+"""Model families: every per-family difference lives in this one table (SPEC 4).
+
+A family says which checkpoints belong to it (``config.model_type``), which sampler runs it and
+with what defaults, its mask token, how our samplers call its forward, and how to load it so
+that its attention goes through ``torch.nn.functional.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+ModelInputs = Callable[[torch.Tensor, torch.Tensor], dict[str, Any]]
+
+
+def _padding_mask_inputs(x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """LLaDA/MMaDA: a 2-D key mask when there is padding, nothing otherwise (their code builds
+    an additive bias from it)."""
+    return {"input_ids": x, "attention_mask": None if bool(mask.all()) else mask}
+
+
+def _dream_inputs(x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """Dream: with padding, a 4-D bool mask in which pads neither attend nor are attended, and
+    position ids counted from each row's first real token (as Dream's own generate does)."""
+    if bool(mask.all()):
+        return {"input_ids": x, "attention_mask": None}
+    m = mask.bool()
+    square = m[:, None, None, :] & m[:, None, :, None]
+    position_ids = (m.long().cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": x, "attention_mask": square, "position_ids": position_ids}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    sampler: str  # "block" (semi-autoregressive, LLaDA) or "dream" (global, shifted logits)
+    mask_token_id: int | None  # used when neither model_args, config nor tokenizer name one
+    sampler_defaults: Mapping[str, Any]
+    model_inputs: ModelInputs
+    # transformers' attn_implementation to request at load time; None for remote code that
+    # does not take the argument (LLaDA decides itself, see ``disable_flash_attention``).
+    attn_implementation: str | None = None
+    eot_tokens: tuple[str, ...] = field(default=())
+
+
+_BLOCK_DEFAULTS = MappingProxyType(
+    {
+        "steps": None,  # None: one denoising step per generated token (steps = gen_length)
+        "block_length": 32,
+        "remasking": "low_confidence",
+        "temperature": 0.0,
+        "cfg_scale": 0.0,
+    }
+)
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            name="llada",
+            model_types=("llada", "sinkmask_llada"),
+            sampler="block",
+            mask_token_id=126336,
+            sampler_defaults=_BLOCK_DEFAULTS,
+            model_inputs=_padding_mask_inputs,
+            eot_tokens=("<|eot_id|>",),
+        ),
+        Family(
+            name="mmada",
+            model_types=("mmada",),
+            sampler="block",
+            mask_token_id=126336,
+            sampler_defaults=_BLOCK_DEFAULTS,
+            model_inputs=_padding_mask_inputs,
+            eot_tokens=("<|eot_id|>",),
+        ),
+        Family(
+            name="dream",
+            model_types=("dream", "sinkmask_dream"),
+            sampler="dream",
+            mask_token_id=151666,
+            sampler_defaults=MappingProxyType(
+                {
+                    "steps": None,
+                    "alg": "entropy",
+                    "alg_temp": 0.0,
+                    "temperature": 0.0,
+                    "top_p": None,
+                    "sampling_top_k": None,
+                }
+            ),
+            model_inputs=_dream_inputs,
+            attn_implementation="sdpa",
+        ),
+    )
+}
+
+
+def family_for(model_type: str | None, override: str | None = None) -> Family:
+    """The family named by ``override`` (model_args ``family=``) or owning ``model_type``."""
+    if override is not None:
+        try:
+            return FAMILIES[override.lower()]
+        except KeyError:
+            raise ValueError(
+                f"unknown family {override!r}; choose one of {sorted(FAMILIES)}"
+            ) from None
+    mt = (model_type or "").lower()
+    for family in FAMILIES.values():
+        if mt in family.model_types:
+            return family
+    raise ValueError(
+        f"cannot tell the diffusion family of model_type {model_type!r}; known: "
+        f"{sorted(t for f in FAMILIES.values() for t in f.model_types)}. Pass family=llada, "
+        "family=mmada or family=dream in model_args if the checkpoint is one of them."
+    )
+
+
+def disable_flash_attention(model: torch.nn.Module) -> int:
+    """Force LLaDA-style remote code onto its SDPA path.
+
+    LLaDA's blocks call ``flash_attn_func`` instead of SDPA when flash-attn is installed and no
+    mask is given; that would bypass the intercept. Returns how many modules were switched.
+    """
+    switched = 0
+    for module in model.modules():
+        if getattr(module, "flash_attn_func", None) is not None:
+            module.flash_attn_func = None
+            switched += 1
+    return switched

@@ -1,0 +1,70 @@
+"""What ``dlm_sinkmask`` and ``arm_sinkmask`` share: a masker around every generation batch,
+the run's counters, and their report (log line + lm-eval results JSON)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .config import SinkMaskConfig
+from .intercept import NO_ATTENTION_HELP, MaskingStats, SinkMasker
+
+logger = logging.getLogger("lm_eval_sinkmask")
+
+
+class MaskingLMMixin:
+    """Mix into an :class:`lm_eval.models.huggingface.HFLM` subclass, before HFLM."""
+
+    def _init_masking(self, config: SinkMaskConfig, rule: str) -> None:
+        self.mask_config = config
+        self.masker = SinkMasker(config, rule=rule)
+        self.mask_stats = MaskingStats()  # this process, whole run
+        self.run_mask_stats = MaskingStats()  # all processes, filled after each request type
+
+    @contextmanager
+    def masking(self) -> Iterator[MaskingStats]:
+        """Intercept attention for one batch of generation; state ends with the batch."""
+        with self.masker.attach(self.model) as stats:
+            yield stats
+        self.mask_stats.merge(stats)
+        if self.mask_config.enabled and stats.attention_calls == 0:
+            raise RuntimeError(NO_ATTENTION_HELP)
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        out = super().generate_until(requests, disable_tqdm=disable_tqdm)
+        self._report()
+        return out
+
+    def _report(self) -> None:
+        """Sum the counters of every process into ``run_mask_stats`` and say what happened."""
+        gathered = self.gather_object(self.mask_stats.as_dict(), dst=0)
+        if self.rank != 0:
+            return
+        total = MaskingStats()
+        for d in gathered:
+            total.merge(MaskingStats.from_dict(d))
+        self.run_mask_stats = total
+        c = self.mask_config
+        logger.info(
+            "sink masking (top_k=%d, eps=%g, detect=%s, granularity=%s): %d forward passes, "
+            "%d attention calls, %d sinks detected, %d keys masked",
+            c.top_k, c.eps, c.detect, c.granularity, total.forward_passes,
+            total.attention_calls, total.sinks_detected, total.keys_masked,
+        )
+        if c.enabled and total.attention_calls and not total.sinks_detected:
+            logger.warning(
+                "sink masking was active but no token qualified as a sink at eps=%g in %d "
+                "attention calls: this run is effectively unmasked (a real finding for this "
+                "model, not an error; try a smaller eps to mask anyway)",
+                c.eps, total.attention_calls,
+            )
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["sinkmask"] = {
+            "config": self.mask_config.as_dict(),
+            "query_rule": self.masker.rule,
+            "counters": self.run_mask_stats.as_dict(),
+        }
+        return info
