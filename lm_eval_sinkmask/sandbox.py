@@ -62,6 +62,7 @@ _PRELOAD = (
     # Not for use: preloaded so that a socket opens and the empty network namespace, not an
     # unreadable library directory, is what stops it.
     "socket",
+    "encodings.idna",
 )
 
 
@@ -436,15 +437,17 @@ _DESTRUCTIVE = {
     ),
     "shutil": ("rmtree", "move", "chown"),
     "subprocess": ("Popen", "run", "call", "check_call", "check_output", "getoutput"),
+    "socket": ("socket", "create_connection", "create_server", "socketpair", "fromfd"),
 }
 
 
 def _remove_destructive_functions() -> None:
     """Seatbelt for runs without root; bypassable (ctypes), hence not the only layer."""
     import shutil as _shutil
+    import socket as _socket
     import subprocess as _subprocess
 
-    modules = {"os": os, "shutil": _shutil, "subprocess": _subprocess}
+    modules = {"os": os, "shutil": _shutil, "subprocess": _subprocess, "socket": _socket}
     for module_name, names in _DESTRUCTIVE.items():
         for name in names:
             if hasattr(modules[module_name], name):

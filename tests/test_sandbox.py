@@ -1,0 +1,205 @@
+"""The sandbox: correct code passes, wrong code fails, hostile code scores 0 and harms nothing.
+
+Each hostile program below is a HumanEval-style answer for ``add``; it is run twice: with the
+seatbelt (the default) and, where we are root, without it, so that the kernel layer (uid
+switch, rlimits, network namespace) is shown to hold on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+from lm_eval_sinkmask.sandbox import Limits, Outcome, run_program, run_programs
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+FAST = Limits(timeout_s=3.0, cpu_s=3)
+SECRET_ENV = "SINKMASK_TEST_FAKE_TOKEN"
+
+TEST = """
+assert add(2, 3) == 5
+assert add(-1, 1) == 0
+assert isinstance(add(1, 1), int)
+assert abs(add(0.25, 0.5) - 0.75) < 1e-9
+"""
+CORRECT = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a - b\n"
+
+
+def hostile_programs(decoy: str) -> dict[str, tuple[str, bool]]:
+    """name -> (program, whether it is really correct and should pass)."""
+    decoy_dir = os.path.dirname(decoy)
+    delete_everything = f"""
+import os, pathlib, shutil, subprocess
+for attempt in (
+    lambda: os.system("rm -rf ~ {decoy_dir}"),
+    lambda: subprocess.run(["rm", "-rf", os.getcwd(), "{decoy}"]),
+    lambda: os.remove("{decoy}"),
+    lambda: pathlib.Path("{decoy}").unlink(),
+    lambda: shutil.rmtree("{decoy_dir}"),
+    lambda: shutil.rmtree(os.getcwd()),
+):
+    try:
+        attempt()
+    except BaseException:
+        pass
+"""
+    return {
+        "infinite_loop": ("while True:\n    pass\n" + CORRECT, False),
+        "fork_bomb": (
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except BaseException:\n"
+            "        pass\n" + CORRECT,
+            False,
+        ),
+        "allocate_10gb": ("blob = bytearray(10 * 1024 ** 3)\n" + CORRECT, False),
+        "delete_cwd_and_decoy_then_correct": (delete_everything + CORRECT, True),
+        "delete_cwd_and_decoy_then_wrong": (delete_everything + WRONG, False),
+        "sys_exit_before_asserts": (WRONG + "import sys\nsys.exit(0)\n", False),
+        "os_exit_before_asserts": (WRONG + "import os\nos._exit(0)\n", False),
+        "system_exit_inside_test": ("def add(a, b):\n    raise SystemExit(0)\n", False),
+        "print_fake_pass": (
+            WRONG + "print('passed')\nprint('All tests passed', flush=True)\n", False
+        ),
+        "patch_builtins": (
+            "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
+            "abs = lambda x: 0\ndef add(a, b):\n    return 0\n",
+            False,
+        ),
+        "write_fake_result_to_every_fd": (
+            WRONG + "import os\nfor fd in range(3, 64):\n    try:\n"
+            "        os.write(fd, b'0' * 32)\n    except OSError:\n        pass\n",
+            False,
+        ),
+        "open_socket": (
+            "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2).close()\n"
+            + CORRECT,
+            False,
+        ),
+        "no_inherited_secret": (
+            f"import os\nassert {SECRET_ENV!r} not in os.environ\n" + CORRECT, True
+        ),
+        "correct_plain": (CORRECT, True),
+    }
+
+
+# Run only where the seatbelt is off: each needs the kernel layer (root) to be contained.
+KERNEL_LAYER = (
+    "infinite_loop",
+    "fork_bomb",
+    "allocate_10gb",
+    "delete_cwd_and_decoy_then_correct",
+    "open_socket",
+    "correct_plain",
+)
+
+
+@pytest.fixture(scope="module")
+def decoy():
+    """A file outside the sandbox that a program can see (0755 dir) but must not delete."""
+    folder = tempfile.mkdtemp(prefix="sinkmask-decoy-")
+    os.chmod(folder, 0o755)
+    path = os.path.join(folder, "decoy.txt")
+    with open(path, "w") as f:
+        f.write("precious")
+    os.chmod(path, 0o644)
+    yield path
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hostile_outcomes(decoy):
+    """All hostile programs of both layers in one parallel batch (the run must finish)."""
+    os.environ[SECRET_ENV] = "hf_this_must_not_leak"
+    try:
+        programs = hostile_programs(decoy)
+        jobs = [(name, True) for name in programs]
+        if IS_ROOT:
+            jobs += [(name, False) for name in KERNEL_LAYER]
+        started = time.monotonic()
+        outcomes = []
+        for guard in (True, False):
+            batch = [name for name, g in jobs if g == guard]
+            limits = Limits(timeout_s=FAST.timeout_s, cpu_s=FAST.cpu_s, guard=guard)
+            results = run_programs(
+                [(programs[name][0], TEST) for name in batch], limits, progress=False
+            )
+            outcomes += [((name, guard), r) for name, r in zip(batch, results)]
+        elapsed = time.monotonic() - started
+    finally:
+        os.environ.pop(SECRET_ENV, None)
+    return dict(outcomes), elapsed
+
+
+def test_correct_passes_and_wrong_fails():
+    assert run_program(CORRECT, TEST, FAST).passed
+    wrong = run_program(WRONG, TEST, FAST)
+    assert not wrong.passed and wrong.status == "failed" and "AssertionError" in wrong.detail
+
+
+def test_helpers_defined_by_the_program_are_visible_to_the_tests():
+    # HumanEval/32, /38, /50: the tests call a helper that the prompt defines.
+    program = "def helper(x):\n    return 2 * x\n\ndef f(x):\n    return helper(x)\n"
+    assert run_program(program, "assert f(3) == helper(3) == 6\n", FAST).passed
+
+
+@pytest.mark.parametrize("name", list(hostile_programs("/nonexistent/decoy")))
+def test_hostile_program_with_seatbelt(name, hostile_outcomes, decoy):
+    outcomes, _ = hostile_outcomes
+    _program, should_pass = hostile_programs(decoy)[name]
+    outcome: Outcome = outcomes[(name, True)]
+    assert outcome.passed is should_pass, outcome
+    assert os.path.exists(decoy)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the kernel layer (uid switch, netns) needs root")
+@pytest.mark.parametrize("name", KERNEL_LAYER)
+def test_hostile_program_without_seatbelt(name, hostile_outcomes, decoy):
+    outcomes, _ = hostile_outcomes
+    _program, should_pass = hostile_programs(decoy)[name]
+    outcome: Outcome = outcomes[(name, False)]
+    assert outcome.passed is should_pass, outcome
+    with open(decoy) as f:
+        assert f.read() == "precious"
+
+
+def test_hostile_suite_finishes_quickly(hostile_outcomes):
+    outcomes, elapsed = hostile_outcomes
+    timeouts = [key for key, o in outcomes.items() if o.status == "timeout"]
+    assert {name for name, _ in timeouts} <= {"infinite_loop", "fork_bomb"}
+    assert elapsed < 60
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only root can kill processes that left the group")
+def test_processes_that_leave_the_group_are_killed():
+    program = (
+        "import os, sys\npid = os.fork()\nif pid == 0:\n    os.setsid()\n    while True:\n"
+        "        pass\nsys.stderr.write(f'{pid}\\n')\nsys.stderr.flush()\nos._exit(1)\n"
+    )
+    outcome = run_program(program, "", Limits(timeout_s=3.0, cpu_s=3, guard=False))
+    pid = int(outcome.detail)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z", "X")
+
+
+def test_working_directory_is_removed():
+    before = set(os.listdir(tempfile.gettempdir()))
+    run_program("open('scratch.txt', 'w').write('x')\n", "", FAST)
+    leftovers = set(os.listdir(tempfile.gettempdir())) - before
+    assert not [p for p in leftovers if p.startswith("sinkmask-sandbox-")]
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: in-process tests trust the answer's objects")
+def test_known_limit_always_equal_object_fools_the_tests():
+    program = (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n"
+        "def add(a, b):\n    return Anything()\n"
+    )
+    assert not run_program(program, "assert add(2, 3) == 5\n", FAST).passed
