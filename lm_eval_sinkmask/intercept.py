@@ -152,7 +152,11 @@ class _Scores:
         self.v = value.float()
         self.batch, self.heads, self.n_q, _ = query.shape
         self.n_k = key.shape[-2]
-        self.attn_mask = attn_mask
+        if attn_mask is not None:
+            if not 2 <= attn_mask.dim() <= 4:
+                raise ValueError(f"unsupported attn_mask shape {tuple(attn_mask.shape)}")
+            attn_mask = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        self.attn_mask = attn_mask  # 4-D, broadcastable to [B, H, Sq, Sk]
         self.is_causal = is_causal
 
     def mask_chunk(self, r0: int, r1: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -160,8 +164,6 @@ class _Scores:
         bias = visible = None
         m = self.attn_mask
         if m is not None:
-            if m.dim() < 2:
-                raise ValueError(f"unsupported attn_mask shape {tuple(m.shape)}")
             m = m if m.shape[-2] == 1 else m[..., r0:r1, :]
             if m.dtype == torch.bool:
                 visible = m
@@ -170,7 +172,7 @@ class _Scores:
                 bias = m.float()
         if self.is_causal:
             rows = torch.arange(r0, r1, device=self.q.device).unsqueeze(-1)
-            causal = rows >= torch.arange(self.n_k, device=self.q.device)
+            causal = (rows >= torch.arange(self.n_k, device=self.q.device))[None, None]
             visible = causal if visible is None else visible & causal
         return bias, visible
 

@@ -1,0 +1,272 @@
+"""The SDPA intercept (SPEC 3): what it masks, checked against independent recomputation."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
+from tests import tiny
+
+
+def masker(**kw):
+    events = []
+    kw.setdefault("eps", 0.0)  # random-init models rarely clear eps=3; 0 always finds sinks
+    m = SinkMasker(SinkMaskConfig(**kw), observers=[events.append])
+    return m, events
+
+
+class Recorder:
+    """Wraps the intercepted SDPA to keep every call's inputs and the output it returned."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __enter__(self):
+        self.inner = F.scaled_dot_product_attention
+
+        def record(*args, **kwargs):
+            out = self.inner(*args, **kwargs)
+            self.calls.append((args, kwargs, out))
+            return out
+
+        F.scaled_dot_product_attention = record
+        return self
+
+    def __exit__(self, *exc):
+        F.scaled_dot_product_attention = self.inner
+
+
+def eager_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False, blocked=None):
+    """Textbook attention with ``blocked`` keys given zero weight: the independent reference."""
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    s = (q.double() @ k.double().transpose(-1, -2)) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.double()
+    if is_causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    visible = torch.isfinite(s)
+    masked_rows = torch.zeros(s.shape[:-1], dtype=torch.bool)
+    if blocked is not None:  # SPEC 3: rows whose every visible key is blocked keep their scores
+        b = blocked[:, :, None, :].expand_as(s)
+        masked_rows = (visible & ~b).any(-1)
+        s = s.masked_fill(b & masked_rows[..., None], -math.inf)
+    probs = torch.softmax(s, -1).nan_to_num(0.0)
+    return probs, (probs @ v.double()).to(q.dtype), masked_rows
+
+
+def run_model(kind, model, masker_, ids, mask=None):
+    from lm_eval_sinkmask.families import FAMILIES
+
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if kind == "dream" and mask is not None:
+        kwargs = FAMILIES["dream"].model_inputs(ids, mask)
+    with torch.no_grad(), masker_.attach(model) as stats, Recorder() as rec:
+        logits = model(**kwargs).logits
+    return logits, stats, rec
+
+
+@pytest.mark.parametrize("detect", ["current", "previous"])
+def test_masked_output_equals_eager_attention_without_the_sinks(tiny_model, detect):
+    kind, model = tiny_model
+    ids = torch.randint(5, 50, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0  # left padding on the second element
+    m, events = masker(top_k=2, detect=detect)
+    _, stats, rec = run_model(kind, model, m, ids, mask)
+    assert stats.attention_calls == len(rec.calls) == model.config.num_hidden_layers
+    assert stats.keys_masked > 0
+    for (args, kwargs, out), event in zip(rec.calls, events, strict=True):
+        q, k, v = args[:3]
+        call_kwargs = dict(zip(["attn_mask", "dropout_p", "is_causal"], args[3:]), **kwargs)
+        blocked = event.blocked.expand(-1, q.shape[1], -1)
+        probs, expected, masked_rows = eager_attention(q, k, v, **call_kwargs, blocked=blocked)
+        valid_rows = probs.sum(-1) > 0
+        b = blocked[:, :, None, :].expand_as(probs)
+        torch.testing.assert_close(out[valid_rows.unsqueeze(-1).expand_as(out)],
+                                   expected[valid_rows.unsqueeze(-1).expand_as(expected)],
+                                   atol=2e-5, rtol=1e-4)
+        # masked keys get exactly zero probability, and rows still sum to one
+        assert (probs.masked_select(b & masked_rows[..., None]) == 0).all()
+        torch.testing.assert_close(probs.sum(-1)[valid_rows], torch.ones(int(valid_rows.sum()), dtype=probs.dtype))
+
+
+def test_blocked_keys_have_exactly_zero_weight_in_the_returned_output():
+    """Poisoning the values of masked keys with huge numbers must not change any output row
+    that still has another visible key: their probability is exactly 0, not merely small."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    v = torch.randn(2, 3, 9, 8)
+
+    class Attn(torch.nn.Module):
+        def forward(self, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    attn = Attn()
+    m, events = masker(top_k=1, detect="current")
+    with m.attach(attn):
+        out = attn(v)
+    blocked = events[0].blocked  # [2, 3, 9]
+    assert (blocked.sum(-1) == 1).all()  # eps=0, top_k=1: one key per (element, head)
+    poisoned = v.clone()
+    poisoned[blocked.unsqueeze(-1).expand_as(v)] = 1e6
+    m2, _ = masker(top_k=1, detect="current")
+    with m2.attach(attn):
+        out2 = attn(poisoned)
+    assert torch.equal(out, out2)
+    with m2.attach(attn):  # and rows sum to one: all-ones values give all-ones output
+        ones = attn(torch.ones_like(v))
+    torch.testing.assert_close(ones, torch.ones_like(ones))
+
+
+def test_top_k_zero_is_bit_identical_to_no_intercept(tiny_model):
+    kind, model = tiny_model
+    ids = torch.randint(5, 50, (2, 10))
+    with torch.no_grad():
+        plain = model(ids).logits
+    m, _ = masker(top_k=0)
+    with torch.no_grad(), m.attach(model) as stats:
+        intercepted = model(ids).logits
+    assert torch.equal(plain, intercepted)
+    assert stats.attention_calls == model.config.num_hidden_layers and stats.keys_masked == 0
+
+
+def test_detect_previous_masks_the_sinks_found_on_the_previous_pass(tiny_model):
+    kind, model = tiny_model
+    m, events = masker(top_k=1, detect="previous")
+    with torch.no_grad(), m.attach(model):
+        for seed in range(3):
+            model(torch.randint(5, 50, (1, 10), generator=torch.Generator().manual_seed(seed)))
+    n_layers = model.config.num_hidden_layers
+    by_pass = [events[i * n_layers:(i + 1) * n_layers] for i in range(3)]
+    for layer in range(n_layers):
+        first = by_pass[0][layer]
+        assert torch.equal(first.blocked, first.chosen)  # first pass: no t-1, uses its own
+        for t in (1, 2):
+            assert torch.equal(by_pass[t][layer].blocked, by_pass[t - 1][layer].chosen)
+
+
+def test_state_does_not_leak_between_attach_blocks(tiny_model):
+    kind, model = tiny_model
+    ids = torch.randint(5, 50, (1, 10))
+    m, events = masker(top_k=1, detect="previous")
+    for _ in range(2):
+        with torch.no_grad(), m.attach(model):
+            model(ids)
+    n = model.config.num_hidden_layers
+    for a, b in zip(events[:n], events[n:], strict=True):  # second block starts afresh
+        assert torch.equal(a.blocked, b.blocked) and torch.equal(b.blocked, b.chosen)
+
+
+def test_granularity_layer_masks_the_same_keys_in_every_head(tiny_model):
+    kind, model = tiny_model
+    m, events = masker(top_k=2, granularity="layer", detect="current")
+    with torch.no_grad(), m.attach(model) as stats:
+        model(torch.randint(5, 50, (2, 10)))
+    assert all(e.blocked.shape[1] == 1 for e in events)
+    heads = model.config.num_attention_heads
+    assert stats.keys_masked == sum(int(e.blocked.sum()) * heads for e in events)
+
+
+def test_layers_subset_leaves_other_layers_untouched(tiny_model):
+    kind, model = tiny_model
+    m, events = masker(top_k=1, layers=(1,))
+    with torch.no_grad(), m.attach(model) as stats:
+        model(torch.randint(5, 50, (1, 10)))
+    assert [e.layer for e in events] == [1]
+    assert stats.layers[0].calls == 1 and stats.layers[0].keys_masked == 0
+    assert stats.layers[1].keys_masked > 0
+
+
+def test_gqa_as_enable_gqa_and_as_repeated_heads_agree():
+    torch.manual_seed(1)
+    q = torch.randn(1, 4, 7, 8)
+    k, v = torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    k[:, :, 0] *= 5
+
+    class Attn(torch.nn.Module):
+        def forward(self, repeat):
+            if repeat:
+                return F.scaled_dot_product_attention(
+                    q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    outs, attn = [], Attn()
+    for repeat in (False, True):
+        m, events = masker(top_k=1, detect="current")
+        with m.attach(attn):
+            outs.append(attn(repeat))
+        assert events[0].blocked.sum() > 0
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "causal"])
+def test_model_masks_are_honoured(mask_kind):
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    kwargs = {
+        "bool": {"attn_mask": causal},
+        "float": {"attn_mask": torch.zeros(6, 6).masked_fill(~causal, float("-inf"))},
+        "causal": {"is_causal": True},
+    }[mask_kind]
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    attn = Attn()
+    m, events = masker(top_k=1, detect="current")
+    with m.attach(attn):
+        out = attn()
+    _, expected, _ = eager_attention(q, k, v, attn_mask=causal, blocked=events[0].blocked)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    # row 0 sees only key 0; if key 0 is blocked, that row keeps its scores (SPEC 3)
+    torch.testing.assert_close(out[:, :, 0], v[:, :, 0])
+
+
+def test_arm_last_row_rule_detects_on_the_last_query_only():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 5, 8) for _ in range(3))
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    events = []
+    attn = Attn()
+    m = SinkMasker(SinkMaskConfig(top_k=1, eps=0.0), rule="last_row", observers=[events.append])
+    with m.attach(attn):
+        attn()
+    probs, _, _ = eager_attention(q, k, v, is_causal=True)
+    expected = 5 * probs[0, 0, -1]
+    torch.testing.assert_close(events[0].scores[0, 0], expected.float(), atol=1e-5, rtol=1e-4)
+
+
+def test_calls_outside_the_model_forward_are_untouched():
+    q = k = v = torch.randn(1, 1, 4, 8)
+    model = tiny.build("llada")
+    m, _ = masker(top_k=1)
+    with m.attach(model) as stats:
+        out = F.scaled_dot_product_attention(q, k, v)  # not inside model.forward
+    assert stats.attention_calls == 0
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_dropout_in_training_mode_is_refused():
+    q = k = v = torch.randn(1, 1, 4, 8)
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+
+    attn = Attn()
+    m, _ = masker(top_k=1)
+    with pytest.raises(ValueError, match="training mode"), m.attach(attn):
+        attn()
