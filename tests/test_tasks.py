@@ -40,7 +40,7 @@ def task_manager():
 
 @pytest.fixture(scope="module")
 def tasks(task_manager):
-    return task_manager.load_task_or_group(list(TASK_NAMES))
+    return task_manager.load(list(TASK_NAMES))["tasks"]
 
 
 def score_responses(task, responses: list[str], docs: list[dict]) -> dict[str, list[dict]]:

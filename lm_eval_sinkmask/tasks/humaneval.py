@@ -45,7 +45,7 @@ def build_predictions_instruct(resps: list[list[str]], docs: list[dict]) -> list
     return _run_all(programs, docs)
 
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.S | re.I)
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
 def extract_code(answer: str) -> str:
