@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from .config import SinkMaskConfig
 from .intercept import NO_ATTENTION_HELP, MaskingStats, SinkMasker
 
-logger = logging.getLogger("lm_eval_sinkmask")
+# a child of lm-eval's logger, so the CLI's --verbosity and format apply to our report
+logger = logging.getLogger("lm_eval.sinkmask")
 
 
 class MaskingLMMixin:

@@ -1,0 +1,164 @@
+"""dlm_sinkmask / arm_sinkmask as lm-eval models, in process (fast) on tiny checkpoints."""
+
+import json
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
+
+from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM
+
+PROMPTS = [
+    "Question : Tom has 3 apples . how many ?",
+    "Question : Anna has 12 books and Ben gives 4 more books . how many books ? Answer :",
+    "Question : 7 + 5 = ?",
+]
+
+
+def requests(prompts=PROMPTS, max_gen_toks=8, until=("<eos>",)):
+    return [
+        Instance("generate_until", {}, (p, {"until": list(until), "max_gen_toks": max_gen_toks}), i)
+        for i, p in enumerate(prompts)
+    ]
+
+
+def make(name, path, **args):
+    arg_string = ",".join(f"{k}={v}" for k, v in {"pretrained": path, "device": "cpu", **args}.items())
+    return get_model(name).create_from_arg_string(arg_string)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_batched_generation_equals_batch_size_one(tiny_dirs, kind):
+    args = dict(top_k=1, eps=0.0, block_length=4) if kind == "llada" else dict(top_k=1, eps=0.0)
+    one = make("dlm_sinkmask", tiny_dirs[kind], batch_size=1, **args).generate_until(requests())
+    many = make("dlm_sinkmask", tiny_dirs[kind], batch_size=3, **args).generate_until(requests())
+    assert one == many
+    assert any(one)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_dlm_top_k_zero_matches_the_sampler_without_any_intercept(tiny_dirs, kind):
+    from lm_eval_sinkmask.samplers import generate_block, generate_dream
+
+    lm = make("dlm_sinkmask", tiny_dirs[kind], top_k=0, block_length=8)
+    [text] = lm.generate_until(requests(PROMPTS[1:2]))
+    ids = torch.tensor([lm.tok_encode(PROMPTS[1])])
+    model_fn = lambda x, m: lm.model(**lm.family.model_inputs(x, m)).logits  # noqa: E731
+    with torch.inference_mode():
+        if kind == "llada":
+            out = generate_block(model_fn, ids, torch.ones_like(ids), mask_id=lm.mask_id,
+                                 gen_length=8, steps=8, block_length=8)
+        else:
+            out = generate_dream(model_fn, ids, torch.ones_like(ids), mask_id=lm.mask_id,
+                                 gen_length=8, steps=8, alg="entropy", alg_temp=0.0)
+    expected = lm.tok_decode(out[0].tolist()).split("<eos>")[0]
+    assert text == expected
+    assert lm.mask_stats.attention_calls == 8 * lm.model.config.num_hidden_layers
+    assert lm.mask_stats.keys_masked == 0
+
+
+def test_masking_changes_dlm_generations_and_reports_counters(tiny_dirs):
+    plain = make("dlm_sinkmask", tiny_dirs["llada"], top_k=0, block_length=4)
+    masked = make("dlm_sinkmask", tiny_dirs["llada"], top_k=5, eps=0.0, block_length=4)
+    a = plain.generate_until(requests(max_gen_toks=16))
+    b = masked.generate_until(requests(max_gen_toks=16))
+    assert a != b
+    info = masked.get_model_info()["sinkmask"]
+    assert info["counters"]["keys_masked"] > 0
+    assert info["family"] == "llada" and info["config"]["top_k"] == 5
+    json.dumps(info)  # goes into lm-eval's results JSON
+
+
+def test_arm_top_k_zero_generates_exactly_what_lm_evals_hf_model_does(tiny_dirs):
+    hf = make("hf", tiny_dirs["llama"], batch_size=2)
+    arm = make("arm_sinkmask", tiny_dirs["llama"], batch_size=2, top_k=0)
+    assert hf.generate_until(requests()) == arm.generate_until(requests())
+    assert arm.mask_stats.attention_calls > 0
+
+
+def test_arm_masking_one_sink_changes_generations(tiny_dirs):
+    hf = make("hf", tiny_dirs["llama"])
+    arm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    assert hf.generate_until(requests(max_gen_toks=16)) != arm.generate_until(requests(max_gen_toks=16))
+    assert arm.mask_stats.keys_masked > 0
+
+
+def test_until_strings_cut_the_decoded_text(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4)
+    full = lm.generate_until(requests(PROMPTS[:1], max_gen_toks=16, until=("<never>",)))[0]
+    words = full.split()
+    assert len(words) > 2, full
+    cut = lm.generate_until(requests(PROMPTS[:1], max_gen_toks=16, until=(words[2],)))[0]
+    assert words[2] not in cut and full.startswith(cut)
+
+
+def test_arm_with_eager_attention_refuses_to_report_an_unmasked_run(tiny_dirs):
+    lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, attn_implementation="eager")
+    with pytest.raises(RuntimeError, match="no call to torch.nn.functional.scaled_dot_product"):
+        lm.generate_until(requests(PROMPTS[:1]))
+
+
+def test_random_init_model_at_eps_3_reports_no_sinks_loudly(tiny_dirs, caplog):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, block_length=4)
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        lm.generate_until(requests(PROMPTS[:1]))
+    assert lm.mask_stats.attention_calls > 0 and lm.mask_stats.sinks_detected == 0
+    assert "no token qualified as a sink" in caplog.text
+
+
+def test_loglikelihood_on_a_dlm_says_what_to_use_instead(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"])
+    with pytest.raises(NotImplementedError, match="generate_until tasks only"):
+        lm.loglikelihood([])
+
+
+@pytest.fixture
+def config_only(tmp_path, tiny_dirs):
+    """A checkpoint folder with config.json and no weights: anything that reaches weight
+    loading fails with OSError, so a ValueError proves validation came first."""
+    folder = tmp_path / "config_only"
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny_dirs["llada"] / "config.json").read_text())
+    return folder
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"top_k": 1.5}, "top_k must be an integer"),
+        ({"eps": "nan"}, "eps must be a finite number"),
+        ({"eps": "inf"}, "eps must be a finite number"),
+        ({"detect": "next"}, "detect must be one of"),
+        ({"granularity": "token"}, "granularity must be one of"),
+        ({"family": "gpt"}, "unknown family 'gpt'"),
+        ({"gen_length": 100, "block_length": 32}, "gen_length"),
+        ({"gen_length": 64, "block_length": 32, "steps": 63}, "steps"),
+        ({"remasking": "highest"}, "remasking must be one of"),
+        ({"family": "dream", "alg": "greedy"}, "alg must be one of"),
+        ({"padding_side": "middle"}, "padding_side must be one of"),
+    ],
+)
+def test_bad_model_args_fail_clearly_before_weights_load(config_only, args, message):
+    with pytest.raises(ValueError, match=message):
+        make("dlm_sinkmask", config_only, **args)
+
+
+def test_unknown_model_type_names_the_families(tmp_path, tiny_dirs):
+    folder = tmp_path / "llama_cfg"
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny_dirs["llama"] / "config.json").read_text())
+    with pytest.raises(ValueError, match="family=llada"):
+        make("dlm_sinkmask", folder)
+
+
+def test_task_max_gen_toks_must_fit_the_blocks(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=32)
+    with pytest.raises(ValueError, match="gen_length"):
+        lm.generate_until(requests(PROMPTS[:1], max_gen_toks=40))
+
+
+def test_instantiating_our_class_directly_also_works(tiny_dirs):
+    lm = DLMSinkMaskLM(pretrained=str(tiny_dirs["dream"]), device="cpu", top_k=1, eps=0.0)
+    assert lm.family.name == "dream" and lm.mask_config.top_k == 1
