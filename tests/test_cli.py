@@ -1,0 +1,83 @@
+"""The stock ``lm_eval`` command finds our models and tasks (subprocesses, as a user runs it)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def lm_eval(*args, cwd, launcher=None):
+    exe = shutil.which("lm_eval")
+    cmd = (launcher or []) + ([exe] if exe and not launcher else ["-m", "lm_eval"] if launcher else [sys.executable, "-m", "lm_eval"])
+    proc = subprocess.run(cmd + list(args), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def results(folder: Path) -> dict:
+    [path] = folder.rglob("results_*.json")
+    return json.loads(path.read_text())
+
+
+def test_registration_keeps_lm_evals_models_and_tasks(tmp_path):
+    code = (
+        "from lm_eval.api.registry import get_model\n"
+        "from lm_eval.tasks import TaskManager\n"
+        "print(get_model('hf').__name__, get_model('dlm_sinkmask').__name__, get_model('arm_sinkmask').__name__)\n"
+        "tm = TaskManager()\n"
+        "print(all(t in tm.all_tasks for t in ('gsm8k', 'humaneval', 'gsm8k_sinkmask', 'humaneval_sinkmask')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()
+    assert out == ["HFLM", "DLMSinkMaskLM", "ARMSinkMaskLM", "True"]
+
+
+@pytest.mark.parametrize(
+    "model, kind, extra",
+    [
+        ("dlm_sinkmask", "llada", "block_length=4"),
+        ("dlm_sinkmask", "dream", "alg=maskgit_plus"),
+        ("arm_sinkmask", "llama", "arm_rule=last_row"),
+    ],
+)
+@pytest.mark.parametrize("top_k", [0, 1])
+def test_stock_cli_runs_and_records_the_masking_counters(tmp_path, tiny_dirs, tiny_task, model, kind, extra, top_k):
+    if kind == "dream" and top_k == 0:
+        pytest.skip("dream at top_k=0 adds nothing the llada run does not cover")
+    out = tmp_path / "out"
+    lm_eval("--model", model, "--model_args", f"pretrained={tiny_dirs[kind]},top_k={top_k},eps=0.0,{extra}",
+            "--include_path", str(tiny_task), "--tasks", "tiny_gen", "--limit", "2",
+            "--device", "cpu", "--output_path", str(out), cwd=tmp_path)
+    r = results(out)
+    counters = r["config"]["sinkmask"]["counters"]
+    assert "exact_match,none" in r["results"]["tiny_gen"]
+    assert counters["attention_calls"] > 0 and counters["forward_passes"] > 0
+    assert (counters["keys_masked"] > 0) == (top_k > 0)
+
+
+def test_accelerate_launch_with_two_cpu_processes_shards_and_gathers(tmp_path, tiny_dirs, tiny_task):
+    args = ["--model", "dlm_sinkmask", "--model_args",
+            f"pretrained={tiny_dirs['llada']},top_k=1,eps=0.0,block_length=4",
+            "--include_path", str(tiny_task), "--tasks", "tiny_gen", "--device", "cpu",
+            "--log_samples"]
+    lm_eval(*args, "--output_path", str(tmp_path / "one"), cwd=tmp_path)
+    lm_eval(*args, "--output_path", str(tmp_path / "two"), cwd=tmp_path,
+            launcher=[sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
+                      "--cpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+    one, two = results(tmp_path / "one"), results(tmp_path / "two")
+    assert one["results"]["tiny_gen"] == two["results"]["tiny_gen"]
+    assert one["n-samples"] == two["n-samples"]
+    # every rank's counters are summed into the report: the same work as one process did
+    c1, c2 = one["config"]["sinkmask"]["counters"], two["config"]["sinkmask"]["counters"]
+    assert c1 == c2 and c1["keys_masked"] > 0
+    samples = lambda r: sorted((tmp_path / r).rglob("samples_tiny_gen_*.jsonl"))  # noqa: E731
+    read = lambda p: sorted((json.loads(l)["doc_id"], json.loads(l)["resps"]) for l in p.read_text().splitlines())  # noqa: E731,E741
+    assert read(samples("one")[0]) == read(samples("two")[0])
