@@ -1,0 +1,389 @@
+"""Train the tiny zoo: ARM Llama, LLaDA-style DLM from scratch, Dream-style DLM from the ARM.
+
+    python -m lm_eval_sinkmask.zoo.train --out lm_eval_sinkmask/zoo/checkpoints --seed 0
+
+Objectives (SPEC section 7):
+- arm:   next-token cross-entropy on the answer (prompt as context).
+- llada: masked diffusion, as LLaDA's SFT: t ~ U(eps, 1), every answer token (the answer is
+         padded with EOS, as LLaDA pads its SFT answers) masked with probability t, prompt
+         kept clean; cross-entropy on masked positions weighted by 1/t.
+- dream: the same objective with Dream's shift: logits at i - 1 predict a masked token at i;
+         weights start from the arm model.
+
+Each model trains for a wall-clock budget (``--minutes-*``; the CPUs are shared, so the
+learning-rate schedule and the curriculum follow elapsed time). The number of steps reached
+is written to the model card; ``--steps-*`` replays that many steps from the same seed, with
+the schedule spread evenly over the steps, so a run is reproducible without the clock.
+"""
+
+import argparse
+import itertools
+import json
+import math
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import data
+from .modeling import TinyDreamModel, TinyLladaConfig, TinyLladaModel
+from .tokenizer import train_tokenizer
+
+GEN_LEN = 128  # longest answer region the DLMs are trained on (the sampler's gen_length)
+EPS = 1e-3
+
+
+# ------------------------------------------------------------------------------- data
+
+class Batches:
+    """Seeded stream of tokenized (prompt, answer) pairs mixing mini_gsm and mini_code."""
+
+    def __init__(self, tok, seed, code_frac=0.35):
+        self.tok, self.rng, self.code_frac = tok, random.Random(seed), code_frac
+        self.gsm = {s: data.mini_gsm_train(seed * 10 + s, max_steps=s) for s in (1, 2, 3)}
+        self.code = data.mini_code_train(seed)
+
+    def example(self, max_steps):
+        if self.rng.random() < self.code_frac:
+            doc = next(self.code)
+            prompt, target = data.code_prompt(doc), data.code_target(doc)
+        else:
+            doc = next(self.gsm[max_steps])
+            prompt, target = data.gsm_prompt(doc), data.gsm_target(doc)
+        p = self.tok(prompt).input_ids  # BOS + prompt
+        a = self.tok(target, add_special_tokens=False).input_ids + [self.tok.eos_token_id]
+        return p, a
+
+    def next(self, batch_size, max_steps, pad_region=False):
+        """input_ids [B, L], region mask (answer part) [B, L] as tensors, right-padded."""
+        rows = []
+        for _ in range(batch_size):
+            p, a = self.example(max_steps)
+            if pad_region:  # DLMs: EOS-pad the answer region, sometimes up to GEN_LEN
+                extra = (self.rng.randint(0, max(0, GEN_LEN - len(a)))
+                         if self.rng.random() < 0.15 else self.rng.randint(0, 8))
+                a = a + [self.tok.eos_token_id] * extra
+            rows.append((p, a))
+        L = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((batch_size, L), self.tok.pad_token_id)
+        region = torch.zeros(batch_size, L, dtype=torch.bool)
+        valid = torch.zeros(batch_size, L, dtype=torch.bool)
+        for i, (p, a) in enumerate(rows):
+            ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+            region[i, len(p):len(p) + len(a)] = True
+            valid[i, :len(p) + len(a)] = True
+        return ids, region, valid
+
+
+def curriculum(frac, ramp):
+    """Max reasoning steps of mini_gsm problems: 1, then 2, then 3 (one-step problems first)."""
+    return 1 if frac < ramp / 3 else 2 if frac < 2 * ramp / 3 else 3
+
+
+# ------------------------------------------------------------------------------ losses
+
+def arm_loss(model, ids, region, valid):
+    logits = model(ids, attention_mask=valid.long()).logits[:, :-1]
+    target = ids[:, 1:].masked_fill(~region[:, 1:], -100)
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+
+
+def diffusion_loss(model, ids, region, valid, mask_id, shift, gen):
+    B = ids.shape[0]
+    # Stratified t in (eps, 1): lower-variance estimate of the same objective.
+    t = ((torch.arange(B) + torch.rand(B, generator=gen)) / B)[torch.randperm(B, generator=gen)]
+    t = EPS + (1 - EPS) * t
+    masked = (torch.rand(ids.shape, generator=gen) < t[:, None]) & region
+    noisy = ids.masked_fill(masked, mask_id)
+    logits = model(noisy, attention_mask=valid.long()).logits
+    if shift:  # Dream: logits at i - 1 predict token i
+        logits, masked, target = logits[:, :-1], masked[:, 1:], ids[:, 1:]
+    else:
+        target = ids
+    ce = F.cross_entropy(logits[masked], target[masked], reduction="none")
+    w = (1.0 / t)[:, None].expand_as(masked)[masked]
+    return (ce * w).sum() / region.sum()
+
+
+# ----------------------------------------------------------------------------- training
+
+def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, pad_region,
+          log_every=50):
+    """Train for ``steps`` steps, or (steps None) for ``minutes`` of wall clock; the
+    learning-rate schedule (warmup, cosine to 10%) and the curriculum follow the same
+    progress fraction."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = 100
+    start, step, losses = time.time(), 0, []
+    model.train()
+    while True:
+        # Progress through the schedule: by step when replaying a run, else by wall clock
+        # (the CPUs are shared, so a step-count estimate made early is unreliable).
+        frac = step / steps if steps is not None else (time.time() - start) / (minutes * 60)
+        if frac >= 1:
+            break
+        sched = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr * sched
+        ids, region, valid = batches.next(batch_size, curriculum(frac, ramp), pad_region)
+        loss = loss_fn(model, ids, region, valid)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        step += 1
+        if step % log_every == 0:
+            recent = sum(losses[-log_every:]) / log_every
+            print(f"[{name}] step {step} ({frac:.0%}) loss {recent:.4f} "
+                  f"{time.time() - start:.0f}s", flush=True)
+    model.eval()
+    tail = losses[-min(200, len(losses)):]
+    return {"steps": step, "final_loss": round(sum(tail) / len(tail), 4),
+            "train_seconds": round(time.time() - start, 1)}
+
+
+# --------------------------------------------------------------------- quick evaluation
+
+def _pad_left(seqs, pad):
+    L = max(map(len, seqs))
+    ids = torch.full((len(seqs), L), pad)
+    att = torch.zeros(len(seqs), L, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, L - len(s):], att[i, L - len(s):] = torch.tensor(s), 1
+    return ids, att
+
+
+@torch.no_grad()
+def generate_arm(model, tok, prompts, max_new):
+    ids, att = _pad_left([tok(p).input_ids for p in prompts], tok.pad_token_id)
+    out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
+                         do_sample=False, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    return [tok.decode(o[ids.shape[1]:], skip_special_tokens=True) for o in out]
+
+
+@torch.no_grad()
+def generate_dlm(model, tok, prompts, gen_len, shift, block=32, per_step=2):
+    """Progress-metric sampler: low-confidence remasking, semi-AR blocks (LLaDA) or one
+    global block (Dream), ``per_step`` tokens unmasked per forward pass."""
+    mask_id = tok.mask_token_id
+    ids, att = _pad_left([tok(p).input_ids + [mask_id] * gen_len for p in prompts],
+                         tok.pad_token_id)
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    S = ids.shape[1]
+    block = gen_len if shift else block
+    for b0 in range(S - gen_len, S, block):
+        while True:
+            todo = ids[:, b0:b0 + block] == mask_id
+            if not todo.any():
+                break
+            logits = model(ids, attention_mask=att, position_ids=pos).logits
+            if shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+            logits = logits[:, b0:b0 + block].float()
+            logits[..., mask_id] = -float("inf")  # never "unmask" to the mask token
+            conf, pred = logits.softmax(-1).max(-1)
+            conf = conf.masked_fill(~todo, -1.0)
+            k = min(per_step, block)
+            top = conf.topk(k, dim=-1).indices
+            sel = torch.zeros_like(todo).scatter_(1, top, True) & todo
+            ids[:, b0:b0 + block] = torch.where(sel, pred, ids[:, b0:b0 + block])
+    return [tok.decode(r[S - gen_len:], skip_special_tokens=True) for r in ids]
+
+
+def _gsm_correct(gen, doc):
+    m = re.search(r"#### (\-?[0-9\.\,]+)", gen)
+    gold = doc["answer"].split("####")[-1].strip()
+    return m is not None and m.group(1).replace(",", "") == gold
+
+
+def _code_passes(completion, doc):
+    program = (doc["prompt"] + completion + "\n\n" + doc["test"] +
+               f"\ncheck({doc['entry_point']})\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=5)
+        return r.returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _truncate_code(gen):
+    """Stop sequences of HumanEval (the tasks cut the same way)."""
+    for stop in ("\nclass", "\ndef", "\n#", "\nif", "\nprint"):
+        gen = gen.split(stop)[0]
+    return gen
+
+
+def quick_eval(kind, model, tok, n_gsm, n_code, batch=32):
+    gsm, code = data.mini_gsm_test()[:n_gsm], data.mini_code_test()[:n_code]
+    def gen(prompts, max_new):
+        out = []
+        for i in range(0, len(prompts), batch):
+            chunk = prompts[i:i + batch]
+            if kind == "arm":
+                out += generate_arm(model, tok, chunk, max_new)
+            else:
+                out += generate_dlm(model, tok, chunk, max_new, shift=kind == "dream")
+        return out
+    g = gen([data.gsm_prompt(d) for d in gsm], GEN_LEN)
+    c = gen([data.code_prompt(d) for d in code], 64)
+    res = {"mini_gsm_acc": sum(map(_gsm_correct, g, gsm)) / max(1, len(gsm)),
+           "mini_code_pass@1": sum(_code_passes(_truncate_code(x), d)
+                                   for x, d in zip(c, code)) / max(1, len(code)),
+           "eval_n_gsm": len(gsm), "eval_n_code": len(code)}
+    if g:
+        res["example_gsm"] = g[0]
+    return res
+
+
+# ------------------------------------------------------------------------------ saving
+
+CARD = """---
+library_name: transformers
+tags: [lm-eval-sinkmask, tiny-zoo, synthetic]
+---
+# sinkmask tiny zoo: {name}
+
+{what}
+
+A test bed for attention-sink masking on a CPU, trained on synthetic data generated by
+`lm_eval_sinkmask.zoo.data` (mini_gsm: GSM8K-format arithmetic word problems, 1-3 steps;
+mini_code: HumanEval-format small Python functions). **Not a claim about 8B models.**
+
+- Architecture: {arch}
+- Parameters: {params:,}
+- Training: {train_desc}
+- Command: `{command}`
+- Steps: {steps}, batch size {batch_size}, peak lr {lr}
+- Final training loss (mean of the last 200 steps): {final_loss}
+- Train time: {train_seconds} s on {threads} CPU threads
+- Quick accuracy at the end of training ({eval_how}, unmasked, first {eval_n_gsm} mini_gsm /
+  {eval_n_code} mini_code test problems): mini_gsm exact match {mini_gsm_acc:.3f},
+  mini_code pass@1 {mini_code_pass@1:.3f}. The official numbers come from the project's
+  samplers through lm-eval (`results/`).
+
+Prompt format: `<|bos|>Question: ...\\nAnswer:` (mini_gsm), the HumanEval prompt (mini_code);
+the tokenizer prepends `<|bos|>` with `add_special_tokens=True` and every model was trained
+with it. Mask token `<|mask|>` (id {mask_id}); answers end with `<|eos|>` (DLM answer regions
+are EOS-padded, up to {gen_len} tokens: use gen_length <= {gen_len}).
+"""
+
+
+def save(model, tok, out, name, info):
+    path = Path(out) / name
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    (path / "README.md").write_text(CARD.format(name=name, **info))
+    (path / "train_info.json").write_text(json.dumps(info, indent=1, default=str))
+    print(f"[{name}] saved to {path}: {json.dumps(info, default=str)}", flush=True)
+
+
+# -------------------------------------------------------------------------------- main
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", default="arm,llada,dream")
+    ap.add_argument("--minutes-arm", type=float, default=14)
+    ap.add_argument("--minutes-llada", type=float, default=44)
+    ap.add_argument("--minutes-dream", type=float, default=16)
+    ap.add_argument("--minutes-per-model", type=float, default=None,
+                    help="overrides the three --minutes-* at once")
+    for m in ("arm", "llada", "dream"):
+        ap.add_argument(f"--steps-{m}", type=int, default=None,
+                        help="exact step count (replay a run); default: the time budget")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--size", choices=["full", "test"], default="full",
+                    help="'test': tiny models for the smoke test")
+    ap.add_argument("--eval-gsm", type=int, default=50)
+    ap.add_argument("--eval-code", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.minutes_per_model is not None:
+        args.minutes_arm = args.minutes_llada = args.minutes_dream = args.minutes_per_model
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    command = "python -m lm_eval_sinkmask.zoo.train " + " ".join(argv or sys.argv[1:])
+    models = args.models.split(",")
+    tok = train_tokenizer(seed=args.seed)
+    vocab = len(tok)
+    full = args.size == "full"
+    arm_dims = dict(hidden_size=128 if full else 32, intermediate_size=384 if full else 64,
+                    num_hidden_layers=4 if full else 1, num_attention_heads=4,
+                    num_key_value_heads=2)
+    llada_dims = dict(hidden_size=160 if full else 32, intermediate_size=448 if full else 64,
+                      num_hidden_layers=5 if full else 1, num_attention_heads=5 if full else 4)
+    common = dict(batch_size=args.batch_size, seed=args.seed, threads=args.threads,
+                  command=command, mask_id=tok.mask_token_id, gen_len=GEN_LEN)
+    gen = torch.Generator().manual_seed(args.seed)
+    mask_id = tok.mask_token_id
+    arm = None
+
+    if "arm" in models or "dream" in models:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=1024, rope_theta=10000.0,
+                          tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                          attn_implementation="sdpa", **arm_dims)
+        torch.manual_seed(args.seed)
+        arm = LlamaForCausalLM(cfg)
+        lr = 3e-3
+        info = train("arm", arm, Batches(tok, args.seed), arm_loss, args.minutes_arm,
+                     args.steps_arm, lr, args.batch_size, 0.2, False)
+        info.update(quick_eval("arm", arm, tok, args.eval_gsm, args.eval_code))
+        info.update(common, lr=lr, params=sum(p.numel() for p in arm.parameters()),
+                    what="Autoregressive Llama (`LlamaForCausalLM`, SDPA attention).",
+                    arch=f"Llama {arm_dims}", eval_how="greedy decoding",
+                    train_desc="next-token cross-entropy on the answer, prompt as context; "
+                               "curriculum 1 -> 2 -> 3-step problems over the first 20%")
+        if "arm" in models:
+            save(arm, tok, args.out, "arm", info)
+
+    if "llada" in models:
+        torch.manual_seed(args.seed + 1)
+        model = TinyLladaModel(TinyLladaConfig(
+            vocab_size=vocab, mask_token_id=mask_id, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **llada_dims))
+        lr = 2e-3
+        info = train("llada", model, Batches(tok, args.seed + 1),
+                     lambda m, i, r, v: diffusion_loss(m, i, r, v, mask_id, False, gen),
+                     args.minutes_llada, args.steps_llada, lr, args.batch_size, 0.3, True)
+        info.update(quick_eval("llada", model, tok, args.eval_gsm, args.eval_code))
+        info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
+                    what="LLaDA-style masked diffusion LM trained from scratch "
+                         "(`TinyLladaModel`, bidirectional MHA).",
+                    arch=f"TinyLlada {llada_dims}",
+                    eval_how="own low-confidence sampler, blocks of 32, 2 tokens per step",
+                    train_desc="masked diffusion (t ~ U(eps,1), answer tokens masked with prob "
+                               "t, prompt clean, CE on masked weighted 1/t); curriculum "
+                               "1 -> 2 -> 3-step problems over the first 30%")
+        save(model, tok, args.out, "llada", info)
+
+    if "dream" in models:
+        model = TinyDreamModel.from_llama(arm)
+        model.config.mask_token_id = mask_id
+        lr = 1e-3
+        info = train("dream", model, Batches(tok, args.seed + 2),
+                     lambda m, i, r, v: diffusion_loss(m, i, r, v, mask_id, True, gen),
+                     args.minutes_dream, args.steps_dream, lr, args.batch_size, 0.0, True)
+        info.update(quick_eval("dream", model, tok, args.eval_gsm, args.eval_code))
+        info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
+                    what="Dream-style diffusion LM adapted from the zoo's ARM "
+                         "(`TinyDreamModel`, bidirectional GQA, shifted logits).",
+                    arch=f"TinyDream (= the ARM's shapes) {arm_dims}",
+                    eval_how="own global low-confidence sampler, 2 tokens per step",
+                    train_desc="initialised from the arm model; shifted masked diffusion "
+                               "(logits at i-1 predict masked token i), answer EOS-padded")
+        save(model, tok, args.out, "dream", info)
+
+
+if __name__ == "__main__":
+    main()

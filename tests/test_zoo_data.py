@@ -1,0 +1,63 @@
+import itertools
+import re
+
+from lm_eval_sinkmask.zoo import data
+
+
+def test_test_splits_are_deterministic_and_sized():
+    assert data.mini_gsm_test() == data.mini_gsm_test()
+    assert data.mini_code_test() == data.mini_code_test()
+    assert len(data.mini_gsm_test()) >= 300 and len(data.mini_code_test()) >= 100
+    assert len({d["question"] for d in data.mini_gsm_test()}) == len(data.mini_gsm_test())
+
+
+def test_train_streams_are_seeded():
+    a = list(itertools.islice(data.mini_gsm_train(3), 20))
+    assert a == list(itertools.islice(data.mini_gsm_train(3), 20))
+    assert a != list(itertools.islice(data.mini_gsm_train(4), 20))
+
+
+def test_train_never_contains_a_test_problem():
+    gsm_test = {d["question"] for d in data.mini_gsm_test()}
+    code_test = {d["prompt"] for d in data.mini_code_test()}
+    assert not gsm_test & {d["question"] for d in itertools.islice(data.mini_gsm_train(0), 5000)}
+    assert not code_test & {d["prompt"] for d in itertools.islice(data.mini_code_train(0), 5000)}
+
+
+def _eval_steps(lines):
+    """Recompute every 'a op b = c' of a worked answer."""
+    for a, op, b, c in re.findall(r"(\d+) ([-+*]) (\d+) = (\d+)", lines):
+        assert eval(f"{a} {op} {b}") == int(c)
+
+
+def test_gsm_format_matches_gsm8k():
+    steps = set()
+    for d in data.mini_gsm_test():
+        *work, last = d["answer"].split("\n")
+        m = re.fullmatch(r"#### (\-?[0-9\.\,]+)", last)
+        assert m, d["answer"]
+        _eval_steps(d["answer"])
+        # The final answer is the last step's result.
+        assert work[-1].split(" = ")[-1].split()[0] == m.group(1)
+        steps.add(len(work))
+        assert d["question"].endswith("?")
+    assert steps == {1, 2, 3}
+
+
+def test_canonical_code_passes_its_own_tests():
+    for d in data.mini_code_test():
+        assert set(d) == {"task_id", "prompt", "canonical_solution", "test", "entry_point"}
+        env = {}
+        exec(d["prompt"] + d["canonical_solution"] + "\n" + d["test"], env)
+        env["check"](env[d["entry_point"]])
+
+
+def test_wrong_code_fails_its_tests():
+    d = data.mini_code_test()[0]
+    env = {}
+    exec(d["prompt"] + "    return None\n" + "\n" + d["test"], env)
+    try:
+        env["check"](env[d["entry_point"]])
+    except AssertionError:
+        return
+    raise AssertionError("a wrong body passed the tests")
