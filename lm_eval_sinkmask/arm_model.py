@@ -15,12 +15,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from .config import SinkMaskConfig
-from .masking_lm import MaskingLMMixin
+from .masking_lm import MaskingLMMixin, resolve_pretrained
 
 
 @register_model("arm_sinkmask")
 class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     def __init__(self, pretrained, **kwargs: Any) -> None:
+        pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         # SDPA is what the intercept sees; eager or flash-attn would bypass it.
         if isinstance(pretrained, str):

@@ -7,6 +7,7 @@ step is ours: the family's diffusion sampler instead of ``model.generate``.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -20,7 +21,7 @@ from lm_eval.models.huggingface import HFLM
 from . import zoo
 from .config import SinkMaskConfig
 from .families import Family, disable_flash_attention, family_for
-from .masking_lm import MaskingLMMixin
+from .masking_lm import MaskingLMMixin, resolve_pretrained
 from .samplers import generate_block, generate_dream, validate_block_args
 
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
@@ -103,6 +104,13 @@ class DiffusionSettings:
         return {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
 
 
+def _import_object(path: str):
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"model_class must look like 'package.module:ClassName', got {path!r}")
+    return getattr(importlib.import_module(module), name)
+
+
 @register_model("dlm_sinkmask")
 class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     """A masked diffusion LM (family from ``config.model_type`` or ``family=``) with sinks
@@ -115,21 +123,26 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         pretrained: str | transformers.PreTrainedModel,
         family: str | None = None,
         mask_id: int | None = None,
+        model_class: str | None = None,
         **kwargs: Any,
     ) -> None:
         # Everything that can be wrong with the arguments fails here, before weights load.
+        pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
         if isinstance(pretrained, str):
-            config = transformers.AutoConfig.from_pretrained(
-                pretrained,
-                trust_remote_code=bool(kwargs.get("trust_remote_code", False)),
-                revision=kwargs.get("revision") or "main",
+            # the raw config.json: no remote code needed to read model_type and mask id
+            config, _ = transformers.PretrainedConfig.get_config_dict(
+                pretrained, revision=kwargs.get("revision") or "main"
             )
         else:
-            config = pretrained.config
-        self.family = family_for(getattr(config, "model_type", None), family)
+            config = pretrained.config.to_dict()
+        self.family = family_for(config.get("model_type"), family)
         self.settings = DiffusionSettings.build(self.family, user_settings)
+        if model_class is not None:
+            # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub
+            # repo): model_class=models:MMadaModelLM
+            self.AUTO_MODEL_CLASS = _import_object(model_class)
         if self.family.attn_implementation and isinstance(pretrained, str):
             kwargs.setdefault("attn_implementation", self.family.attn_implementation)
 
@@ -139,10 +152,10 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self.mask_id = self._resolve_mask_id(mask_id, config)
         self._init_masking(mask_config, rule="all")
 
-    def _resolve_mask_id(self, mask_id: int | None, config) -> int:
+    def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
             mask_id,
-            getattr(config, "mask_token_id", None),
+            config.get("mask_token_id"),
             getattr(self.tokenizer, "mask_token_id", None),
             self.family.mask_token_id,
         ):

@@ -14,6 +14,15 @@ from .intercept import NO_ATTENTION_HELP, MaskingStats, SinkMasker
 logger = logging.getLogger("lm_eval.sinkmask")
 
 
+def resolve_pretrained(pretrained):
+    """``zoo:llada`` (also ``zoo:arm``, ``zoo:dream``) names a checkpoint shipped in the package."""
+    if isinstance(pretrained, str) and pretrained.startswith("zoo:"):
+        from .zoo import checkpoint_path
+
+        return str(checkpoint_path(pretrained[len("zoo:"):]))
+    return pretrained
+
+
 class MaskingLMMixin:
     """Mix into an :class:`lm_eval.models.huggingface.HFLM` subclass, before HFLM."""
 
