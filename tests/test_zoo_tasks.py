@@ -1,0 +1,56 @@
+"""The zoo tasks load offline and score like the real ones: gold answers get 100%."""
+
+import pytest
+from lm_eval import simple_evaluate
+from lm_eval.api.model import LM
+from lm_eval.tasks import TaskManager
+
+from lm_eval_sinkmask.tasks import TASKS_DIR
+from lm_eval_sinkmask.zoo import data
+
+
+class GoldLM(LM):
+    """Answers each prompt with its gold continuation (or a wrong one)."""
+
+    def __init__(self, wrong=False):
+        super().__init__()
+        self.answers = {data.gsm_prompt(d): data.gsm_target(d) for d in data.mini_gsm_test()}
+        self.answers.update({data.code_prompt(d): data.code_target(d)
+                             for d in data.mini_code_test()})
+        self.wrong = wrong
+
+    def generate_until(self, requests):
+        out = []
+        for r in requests:
+            gold = self.answers[r.args[0]]
+            out.append("    return None\n" if self.wrong and gold.startswith("    ")
+                       else " #### -1" if self.wrong else gold + "\nQuestion: next")
+        return out
+
+    def loglikelihood(self, requests):
+        raise NotImplementedError
+
+    def loglikelihood_rolling(self, requests):
+        raise NotImplementedError
+
+
+def _run(lm):
+    tm = TaskManager(include_path=str(TASKS_DIR))
+    res = simple_evaluate(model=lm, tasks=["mini_gsm_sinkmask", "mini_code_sinkmask"],
+                          task_manager=tm, limit=20, confirm_run_unsafe_code=True)
+    return res["results"]
+
+
+def test_tasks_have_the_full_test_splits():
+    tm = TaskManager(include_path=str(TASKS_DIR))
+    tasks = tm.load_task_or_group(["mini_gsm_sinkmask", "mini_code_sinkmask"])
+    assert len(list(tasks["mini_gsm_sinkmask"].test_docs())) >= 300
+    assert len(list(tasks["mini_code_sinkmask"].test_docs())) >= 100
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_gold_answers_score_full_marks(wrong):
+    results = _run(GoldLM(wrong))
+    expect = 0.0 if wrong else 1.0
+    assert results["mini_gsm_sinkmask"]["exact_match,strict-match"] == expect
+    assert results["mini_code_sinkmask"]["pass@1,create_test"] == expect
