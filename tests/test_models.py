@@ -162,3 +162,10 @@ def test_task_max_gen_toks_must_fit_the_blocks(tiny_dirs):
 def test_instantiating_our_class_directly_also_works(tiny_dirs):
     lm = DLMSinkMaskLM(pretrained=str(tiny_dirs["dream"]), device="cpu", top_k=1, eps=0.0)
     assert lm.family.name == "dream" and lm.mask_config.top_k == 1
+
+
+def test_dlm_follows_the_tokenizers_chat_template(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4)
+    prompt = lm.apply_chat_template([{"role": "user", "content": "how many apples ?"}])
+    assert prompt == "user : how many apples ? . assistant : "
+    assert len(lm.generate_until(requests([prompt]))) == 1

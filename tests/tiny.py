@@ -22,6 +22,13 @@ WORDS = (
 )
 
 
+# A minimal chat template, so --apply_chat_template can be exercised offline.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} . {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
 def tokenizer() -> transformers.PreTrainedTokenizerFast:
     """Word-level, digits split: every test prompt tokenises to a few dozen ids."""
     vocab = {t: i for i, t in enumerate(dict.fromkeys(SPECIALS + WORDS))}
@@ -33,7 +40,7 @@ def tokenizer() -> transformers.PreTrainedTokenizerFast:
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", bos_token="<bos>",
-        eos_token="<eos>", mask_token="<mask>", model_max_length=512,
+        eos_token="<eos>", mask_token="<mask>", model_max_length=512, chat_template=CHAT_TEMPLATE,
     )
 
 

@@ -1,0 +1,63 @@
+"""The family table: detection, per-family model inputs, and the SDPA-path switch."""
+
+import pytest
+import torch
+
+from lm_eval_sinkmask.families import FAMILIES, disable_flash_attention, family_for
+
+
+@pytest.mark.parametrize(
+    "model_type, family",
+    [("llada", "llada"), ("mmada", "mmada"), ("Dream", "dream"), ("sinkmask_llada", "llada"),
+     ("sinkmask_dream", "dream")],
+)
+def test_model_types_map_to_families(model_type, family):
+    assert family_for(model_type).name == family
+
+
+def test_override_wins_and_unknown_names_are_explained():
+    assert family_for("llama", override="LLaDA").name == "llada"
+    with pytest.raises(ValueError, match="unknown family 'gpt'"):
+        family_for("llada", override="gpt")
+    with pytest.raises(ValueError, match="cannot tell the diffusion family of model_type 'llama'"):
+        family_for("llama")
+
+
+def test_dream_inputs_hide_pads_both_ways_and_count_positions_from_the_first_token():
+    x = torch.arange(10).view(2, 5)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    inputs = FAMILIES["dream"].model_inputs(x, mask)
+    square = inputs["attention_mask"]
+    assert square.shape == (2, 1, 5, 5) and square.dtype == torch.bool
+    assert not square[0, 0, :2].any() and not square[0, 0, :, :2].any()
+    assert square[0, 0, 2:, 2:].all() and square[1].all()
+    assert inputs["position_ids"].tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert FAMILIES["dream"].model_inputs(x, torch.ones_like(mask))["attention_mask"] is None
+
+
+def test_llada_inputs_pass_the_padding_mask_only_when_there_is_padding():
+    x = torch.arange(6).view(2, 3)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert torch.equal(FAMILIES["llada"].model_inputs(x, mask)["attention_mask"], mask)
+    assert FAMILIES["llada"].model_inputs(x, torch.ones_like(mask))["attention_mask"] is None
+
+
+def test_flash_attention_is_switched_off_so_sdpa_is_called():
+    """LLaDA's blocks prefer ``self.flash_attn_func`` when it is set and no mask is passed."""
+    calls = []
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.flash_attn_func = lambda q, k, v: calls.append("flash") or q
+
+        def forward(self, q):
+            if self.flash_attn_func is not None:
+                return self.flash_attn_func(q, q, q)
+            calls.append("sdpa")
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    model = torch.nn.Sequential(Block(), Block())
+    assert disable_flash_attention(model) == 2
+    model(torch.randn(1, 1, 3, 4))
+    assert calls == ["sdpa", "sdpa"]
