@@ -25,18 +25,22 @@ V, MASK = 16, 15
 class TinyBidir(nn.Module):
     """Bidirectional transformer, learned positions counted from the first real token."""
 
-    def __init__(self, vocab=V, d=32, heads=4, layers=2, max_len=64):
+    def __init__(self, vocab=V, d=32, heads=4, layers=2, max_len=64, honour_mask=True, relative_pos=True):
         super().__init__()
+        self.honour_mask, self.relative_pos = honour_mask, relative_pos
         torch.manual_seed(0)
         self.heads, self.emb, self.pos = heads, nn.Embedding(vocab, d), nn.Embedding(max_len, d)
         self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
         self.out = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
         self.head = nn.Linear(d, vocab)
+        for lin in [*self.qkv, *self.out]:  # larger weights: outputs depend strongly on context
+            lin.weight.data.mul_(3)
         self.double().eval()
 
     def forward(self, ids, attn):
         B, L = ids.shape
-        pos = (attn.long().cumsum(1) - 1).clamp_min(0)
+        attn = attn if self.honour_mask else torch.ones_like(attn)
+        pos = (attn.long().cumsum(1) - 1).clamp_min(0) if self.relative_pos else torch.arange(L)
         h = self.emb(ids) + self.pos(pos)
         keep = attn.bool()[:, None, None, :]  # pad keys get no attention
         for qkv, out in zip(self.qkv, self.out):
@@ -163,6 +167,33 @@ def test_block_batched_equals_alone(model, kw):
 @pytest.mark.parametrize("alg", ["entropy", "maskgit_plus", "topk_margin"])
 def test_dream_batched_equals_alone(model, alg):
     _alone_vs_batched(generate_dream, model, **DREAM, alg=alg)
+
+
+def _zoo(kind):
+    zoo = pytest.importorskip("lm_eval_sinkmask.zoo.modeling")
+    cls, cfg = (zoo.TinyLladaModel, zoo.TinyLladaConfig) if kind == "llada" else (zoo.TinyDreamModel, zoo.TinyDreamConfig)
+    torch.manual_seed(0)
+    model = cls(cfg(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2 if kind == "dream" else 4,  # Dream uses GQA
+                    mask_token_id=MASK, initializer_range=0.3)).double().eval()
+    # Positions from the first real token, as Dream's own sampler passes tok_idx.
+    return lambda ids, attn: model(ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp_min(0)).logits
+
+
+@pytest.mark.parametrize("kind,gen,kw", [("llada", generate_block, BLOCK), ("dream", generate_dream, DREAM)], ids=["llada", "dream"])
+def test_zoo_models_batched_equals_alone(kind, gen, kw):
+    _alone_vs_batched(gen, _zoo(kind), **kw)
+
+
+@pytest.mark.parametrize("flaw", ["ignores_mask", "absolute_positions"])
+def test_batch_invariance_needs_mask_and_relative_positions(flaw):
+    # Negative control: the invariance tests above have teeth. A model that ignores the mask
+    # breaks both sides; absolute positions break left padding only (right padding starts at 0).
+    bad = TinyBidir(honour_mask=flaw != "ignores_mask", relative_pos=flaw != "absolute_positions")
+    alone = torch.cat([generate_block(bad, *padded([p]), **BLOCK) for p in PROMPTS])
+    batched = {side: generate_block(bad, *padded(PROMPTS), **BLOCK, padding_side=side) for side in ("left", "right")}
+    assert not torch.equal(batched["left"], alone)
+    assert torch.equal(batched["right"], alone) == (flaw == "absolute_positions")
 
 
 # ---- block sampler behaviour -----------------------------------------------------------------
@@ -305,3 +336,13 @@ def test_dream_top_k_one_and_top_p_tiny_match_greedy():
 def test_dream_needs_a_prompt_token(model):
     with pytest.raises(ValueError, match="at least one real token"):
         generate_dream(model, torch.tensor([[1, 2], [0, 0]]), torch.tensor([[1, 1], [0, 0]]), **DREAM)
+
+
+def test_more_steps_than_tokens(model):
+    # Steps that reveal nothing (block: counts [1, 1, 0, 0]; Dream: nothing left to sample) are fine.
+    ids, mask = padded(PROMPTS)
+    assert not generate_block(model, ids, mask, mask_id=MASK, gen_length=4, steps=8, block_length=2).eq(MASK).any()
+    for alg in ("origin", "entropy"):
+        out = generate_dream(model, ids, mask, mask_id=MASK, gen_length=4, steps=20, alg=alg, temperature=1.0,
+                             generator=torch.Generator().manual_seed(0))
+        assert out.shape == (4, 4) and not out.eq(MASK).any()

@@ -94,34 +94,38 @@ def generate_dream(
     lay = build_layout(prompt_ids, prompt_mask, gen_length=gen_length, mask_id=mask_id,
                        padding_side=padding_side)
     x, attn, device = lay.x.clone(), lay.attention_mask, prompt_ids.device
-    rows = torch.arange(x.shape[0], device=device)[:, None]
     src = lay.gen_cols - 1  # the right shift by one: gen column c reads the logits of column c - 1
+    rows = torch.arange(x.shape[0], device=device)[:, None].expand_as(src)
+    positions = torch.arange(gen_length, device=device).expand_as(src)
     timesteps = torch.linspace(1, eps, steps + 1, device=device)  # float32, as Dream's int() sees it
 
     for i in range(steps):
         t, s, last = timesteps[i], timesteps[i + 1], i == steps - 1
         gen = x[rows, lay.gen_cols]  # [B, G]
         masked = gen == mask_id
-        logits = model_fn(x, attn)[rows, src].float()  # [B, G, V]
-        logits[..., mask_id] = -torch.inf
-        probs, x0 = sample_tokens(logits, temperature=temperature, top_p=top_p, top_k=top_k,
-                                  generator=generator)
+        # Only masked positions are sampled, as in Dream: on average half the work of the
+        # softmax/sort over V, for one host sync per step (the size of the masked set).
+        logits = model_fn(x, attn)[rows[masked], src[masked]].float()  # [N, V]
+        logits[:, mask_id] = -torch.inf
+        probs, sampled = sample_tokens(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       generator=generator)
+        x0 = torch.full_like(gen, mask_id).masked_scatter(masked, sampled)  # back to [B, G]
 
         if alg == "origin":
             p = 1.0 if last else 1 - s / t
             reveal = masked & (torch.rand(gen.shape, device=device, generator=generator) < p)
         else:
-            conf = confidence(probs, x0, alg)
+            conf = torch.full(gen.shape, -torch.inf, device=device).masked_scatter(
+                masked, confidence(probs, sampled, alg))
             # Per row, where Dream divides the batch's mask count by B: identical when no row holds
             # stray mask tokens, and batch invariant always. float32 as in Dream, then truncate.
             n_masked = masked.sum(1)
             k = n_masked if last else (n_masked.float() * (1 - s / t)).long()
             if alg_temp:  # Gumbel-top-k = sampling k without replacement from softmax(conf/alg_temp)
                 conf = conf / alg_temp + gumbel(conf.shape, device, generator)
-            conf = conf.masked_fill(~masked, -torch.inf)
             # Rank of each position by confidence (stable: ties go left); the top k[row] are revealed.
             order = conf.argsort(dim=1, descending=True, stable=True)
-            rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=device).expand_as(order))
+            rank = torch.empty_like(order).scatter_(1, order, positions)
             reveal = rank < k[:, None]
         x[rows, lay.gen_cols] = torch.where(reveal, x0, gen)
     return lay.generated(x)
