@@ -55,6 +55,10 @@ _BLOCK_DEFAULTS = MappingProxyType(
         "remasking": "low_confidence",
         "temperature": 0.0,
         "cfg_scale": 0.0,
+        # LLaDA's forward takes no position ids: with [prompt][gen][pads] every row keeps the
+        # positions it has alone, so batching is exactly invariant (left padding only up to
+        # RoPE rounding)
+        "padding_side": "right",
     }
 )
 
@@ -92,6 +96,7 @@ FAMILIES: dict[str, Family] = {
                     "temperature": 0.0,
                     "top_p": None,
                     "sampling_top_k": None,
+                    "padding_side": "left",  # position ids count from each row's first token
                 }
             ),
             model_inputs=_dream_inputs,

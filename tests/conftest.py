@@ -1,12 +1,16 @@
 import os
 
-import pytest
-import torch
+# One thread per process: under `pytest -n 2` (and the CLI subprocesses the tests start) more
+# threads only fight over the two cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from tests import tiny  # noqa: E402
 

@@ -29,8 +29,11 @@ def make(name, path, **args):
 
 
 @pytest.mark.parametrize("kind", ["llada", "dream"])
-def test_batched_generation_equals_batch_size_one(tiny_dirs, kind):
-    args = dict(top_k=1, eps=0.0, block_length=4) if kind == "llada" else dict(top_k=1, eps=0.0)
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_batched_generation_equals_batch_size_one(tiny_dirs, kind, padding_side):
+    args = dict(top_k=1, eps=0.0, padding_side=padding_side)
+    if kind == "llada":
+        args["block_length"] = 4
     one = make("dlm_sinkmask", tiny_dirs[kind], batch_size=1, **args).generate_until(requests())
     many = make("dlm_sinkmask", tiny_dirs[kind], batch_size=3, **args).generate_until(requests())
     assert one == many
