@@ -1,0 +1,165 @@
+"""``sinkmask``: the sweep, Table 1, and the sink traces and figures.
+
+    sinkmask sweep   --models llada=GSAI-ML/LLaDA-8B-Instruct,llama=arm:meta-llama/Llama-3.1-8B-Instruct \
+                     --tasks gsm8k_sinkmask,humaneval_sinkmask --top-k 0,1,5,10 --out results/paper
+    sinkmask table   results/paper
+    sinkmask sinks   --model PATH --prompt "..." --out figs/llada
+    sinkmask figures figs/llada          # redraw from the saved trace
+
+Heavy imports (torch, lm-eval) happen inside the subcommands, so ``sinkmask --help`` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+
+def _sweep(a: argparse.Namespace) -> int:
+    from .sweep import SweepPlan, parse_ks, parse_models, run_sweep
+
+    models = parse_models(a.models)
+    per_model = {}
+    for item in a.model_args_for or []:
+        name, sep, args = item.partition(":")
+        if not sep or name not in {m.name for m in models}:
+            raise SystemExit(f"--model-args-for takes NAME:ARGS with NAME one of the --models, got {item!r}")
+        per_model[name] = args
+    models = [dataclasses.replace(m, args=per_model.get(m.name, "")) for m in models]
+    limit = None if a.limit is None else (int(a.limit) if float(a.limit).is_integer() and a.limit >= 1 else a.limit)
+    plan = SweepPlan(
+        models=models,
+        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()],
+        ks=parse_ks(a.top_k),
+        out=Path(a.out),
+        eps=a.eps,
+        limit=limit,
+        model_args_extra=a.model_args_extra,
+        arm_rule=a.arm_rule,
+        batch_size=a.batch_size,
+        device=a.device,
+        num_fewshot=a.num_fewshot,
+        apply_chat_template=a.apply_chat_template,
+        include_path=a.include_path or [],
+        allow_code_execution=a.allow_code_execution,
+        seed=a.seed,
+    )
+    run_sweep(plan, max_cells=a.max_cells)
+    if not a.no_table:
+        _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2))
+    return 0
+
+
+def _table(a: argparse.Namespace) -> int:
+    from .table import render
+
+    metrics = dict(m.split("=", 1) for m in (a.metric or []))
+    out = render(Path(a.folder), title=a.title, metrics=metrics, digits=a.digits)
+    print(out["markdown"].read_text())
+    print("wrote " + ", ".join(str(p) for p in out.values()))
+    return 0
+
+
+def _sinks(a: argparse.Namespace) -> int:
+    from .figures import draw_all
+    from .sink_trace import parse_heads, trace_generation
+
+    parse_heads(a.heads)  # fail on a typo before loading the model
+    trace = trace_generation(
+        a.model, a.prompt, kind=a.kind, gen_length=a.gen_length, steps=a.steps, eps=a.eps,
+        top_k=a.top_k, topn=a.topn, full_steps=a.full_steps, model_args=a.model_args,
+        device=a.device, chat=a.chat, name=a.name,
+    )
+    folder = trace.save(Path(a.out))
+    print(f"completion: {trace.meta['completion']!r}")
+    for name, path in draw_all(folder, a.heads).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _figures(a: argparse.Namespace) -> int:
+    from .figures import draw_all
+
+    for name, path in draw_all(Path(a.folder), a.heads).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sinkmask", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("sweep", help="models x tasks x K through lm-eval, resumable")
+    s.add_argument("--models", required=True,
+                   help="name=path or name=kind:path (kind arm or dlm; default from config.model_type), comma-separated")
+    s.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
+    s.add_argument("--top-k", default="0,1,5,10", help="K values (0 = unmasked) [%(default)s]")
+    s.add_argument("--out", required=True, help="output folder (reuse it to resume)")
+    s.add_argument("--limit", type=float, default=None, help="lm-eval --limit (count, or fraction < 1)")
+    s.add_argument("--eps", type=float, default=3.0, help="Eq. 3 threshold [%(default)s]")
+    s.add_argument("--model-args-extra", default="", help="model_args appended for every model, e.g. dtype=bfloat16")
+    s.add_argument("--model-args-for", action="append", metavar="NAME:ARGS",
+                   help="model_args for one model, e.g. llada:block_length=32 (repeatable)")
+    s.add_argument("--arm-rule", default="last_row", choices=["last_row", "all_rows"],
+                   help="ARM query rule (SPEC 4) [%(default)s]")
+    s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
+    s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: lm-eval's)")
+    s.add_argument("--num-fewshot", type=int, default=None)
+    s.add_argument("--apply-chat-template", action="store_true", help="lm-eval's chat templating (instruct models)")
+    s.add_argument("--include-path", action="append", help="extra task folder (repeatable)")
+    s.add_argument("--allow-code-execution", action="store_true",
+                   help="run tasks that execute model-written code (HumanEval-like), in the sandbox")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-cells", type=int, default=None, help="stop after this many new cells")
+    s.add_argument("--title", default=None, help="title of the table rendered at the end")
+    s.add_argument("--no-table", action="store_true", help="do not render the table at the end")
+    s.set_defaults(func=_sweep)
+
+    t = sub.add_parser("table", help="Table 1 (Markdown, CSV, PNG) from a sweep folder")
+    t.add_argument("folder")
+    t.add_argument("--title", default=None)
+    t.add_argument("--metric", action="append", metavar="TASK=METRIC",
+                   help="override a task's metric, e.g. gsm8k_sinkmask=exact_match,flexible-extract")
+    t.add_argument("--digits", type=int, default=2)
+    t.set_defaults(func=_table)
+
+    k = sub.add_parser("sinks", help="trace one generation's sinks and draw Figs. 3, 5, 7, 10")
+    k.add_argument("--model", required=True, help="checkpoint path or hub id")
+    k.add_argument("--prompt", required=True)
+    k.add_argument("--out", required=True)
+    k.add_argument("--kind", choices=["arm", "dlm"], default=None, help="default: from config.model_type")
+    k.add_argument("--name", default=None, help="model name in titles (default: folder name)")
+    k.add_argument("--gen-length", type=int, default=64, help="tokens to generate [%(default)s]")
+    k.add_argument("--steps", type=int, default=None, help="DLM denoising steps (default: gen length)")
+    k.add_argument("--eps", type=float, default=3.0, help="Eq. 3 threshold used in the figures [%(default)s]")
+    k.add_argument("--top-k", type=int, default=0, help="trace a run with top-K sinks masked [unmasked]")
+    k.add_argument("--topn", type=int, default=5, help="top keys kept per (step, layer, head) [%(default)s]")
+    k.add_argument("--full-steps", type=int, default=8, help="steps whose full score vectors are kept [%(default)s]")
+    k.add_argument("--heads", default=None, help="layer:head pairs for Fig. 7, e.g. 0:1,3:2 (default: most sink-heavy)")
+    k.add_argument("--model-args", default="", help="more model_args, e.g. block_length=32,trust_remote_code=True")
+    k.add_argument("--device", default=None)
+    k.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    k.set_defaults(func=_sinks)
+
+    f = sub.add_parser("figures", help="redraw the figures from a saved trace")
+    f.add_argument("folder")
+    f.add_argument("--heads", default=None)
+    f.set_defaults(func=_figures)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "batch_size", None) is not None and str(args.batch_size).isdigit():
+        args.batch_size = int(args.batch_size)
+    try:
+        return args.func(args)
+    except ValueError as e:  # bad user input: one line, not a traceback
+        print(f"sinkmask: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Where the sinks are and how they move: one generation traced through the intercept.
+
+The model runs through the same lm-eval classes and intercept as the sweep (``dlm_sinkmask``
+with our samplers, ``arm_sinkmask`` greedy), with an observer on :class:`SinkMasker` that keeps,
+for every forward pass (denoising step, or generated token for an ARM), layer and head:
+
+- the top ``topn`` keys by Eq. 3 score (positions and scores, uniform-share units, SPEC 2),
+- the sum of scores and the number of keys (so "is the top key a sink at eps?" is exact),
+- the number of Eq. 3 sinks at the trace's eps,
+- a histogram of all scores over fixed log-spaced bins,
+
+plus the full score vectors of a few evenly spaced steps (for the share-selected-vs-eps curve,
+paper Fig. 10). Saved as ``trace.npz`` + ``meta.json``; :mod:`figures` draws from them alone.
+
+Tracing an unmasked run: the intercept emits events only when ``top_k >= 1``, so the trace runs
+with ``top_k=1`` and an eps no score can exceed (``OBSERVE_EPS``): every call is scored, nothing
+qualifies, nothing is masked. The output then comes from the intercept's own float32 softmax
+rather than the fused SDPA kernel (equal up to rounding). ``top_k >= 1`` traces a masked run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .intercept import AttentionEvent
+from .metric import find_sinks
+
+OBSERVE_EPS = 1e30
+# score bins, in units of the uniform share: [0, 1/16), [1/16, 1/8), ..., [512, 1024), [1024, inf)
+HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
+
+
+class TraceRecorder:
+    """Observer for :class:`SinkMasker`: a compact record per (step, layer, head)."""
+
+    def __init__(self, eps: float = 3.0, topn: int = 5, batch_index: int = 0):
+        self.eps, self.topn, self.b = eps, topn, batch_index
+        self.rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self.full: dict[tuple[int, int], np.ndarray] = {}
+        self.inputs: dict[int, np.ndarray] = {}  # step -> input ids the forward saw
+        self._edges = torch.tensor(HIST_EDGES[1:-1], dtype=torch.float32)
+
+    def __call__(self, event: AttentionEvent) -> None:
+        s = event.scores[self.b].detach().float().cpu()  # [H, Sk]
+        n = s.shape[-1]
+        k = min(self.topn, n)
+        top = torch.topk(s, k, dim=-1, sorted=True)
+        pos = torch.full((s.shape[0], self.topn), -1, dtype=torch.int32)
+        val = torch.full((s.shape[0], self.topn), float("nan"))
+        pos[:, :k], val[:, :k] = top.indices.int(), top.values
+        bins = torch.bucketize(s, self._edges, right=True)  # 0 .. len(edges)
+        hist = torch.zeros(s.shape[0], len(HIST_EDGES) - 1, dtype=torch.int32)
+        hist.scatter_add_(1, bins, torch.ones_like(bins, dtype=torch.int32))
+        sinks = find_sinks(s, torch.ones_like(s, dtype=torch.bool), self.eps).sum(-1)
+        self.rows[(event.forward_pass, event.layer)] = {
+            "top_pos": pos.numpy(), "top_score": val.numpy(), "total": s.sum(-1).numpy(),
+            "n_sinks": sinks.int().numpy(), "hist": hist.numpy(), "n_keys": np.int32(n),
+        }
+        self.full[(event.forward_pass, event.layer)] = s.half().numpy()
+
+    def input_hook(self, module, args, kwargs) -> None:
+        """Forward pre-hook on the model: the token ids of each pass (DLM: the masked canvas)."""
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor):
+            step = len(self.inputs) + 1
+            self.inputs[step] = ids[self.b].detach().cpu().numpy().astype(np.int64)
+
+    def arrays(self, full_steps: int = 8) -> dict[str, np.ndarray]:
+        """Stack into [T, L, H, ...] arrays; full vectors kept for ``full_steps`` steps."""
+        steps = sorted({t for t, _ in self.rows})
+        layers = sorted({l for _, l in self.rows})
+        if not steps:
+            raise RuntimeError("no attention event was recorded: did the model call SDPA?")
+        T, L = steps[-1], layers[-1] + 1
+        H = next(iter(self.rows.values()))["total"].shape[0]
+        out: dict[str, np.ndarray] = {
+            "top_pos": np.full((T, L, H, self.topn), -1, np.int32),
+            "top_score": np.full((T, L, H, self.topn), np.nan, np.float32),
+            "total": np.full((T, L, H), np.nan, np.float32),
+            "n_sinks": np.zeros((T, L, H), np.int32),
+            "hist": np.zeros((T, L, H, len(HIST_EDGES) - 1), np.int32),
+            "n_keys": np.zeros(T, np.int32),
+            "hist_edges": HIST_EDGES.astype(np.float64),
+        }
+        for (t, l), r in self.rows.items():
+            for name in ("top_pos", "top_score", "total", "n_sinks", "hist"):
+                out[name][t - 1, l] = r[name]
+            out["n_keys"][t - 1] = r["n_keys"]
+        picked = sorted(set(np.linspace(1, T, min(full_steps, T)).round().astype(int).tolist()))
+        width = max(int(out["n_keys"][t - 1]) for t in picked)
+        full = np.full((len(picked), L, H, width), np.nan, np.float16)
+        for i, t in enumerate(picked):
+            for l in layers:
+                v = self.full.get((t, l))
+                if v is not None:
+                    full[i, l, :, : v.shape[-1]] = v
+        out["full_steps"] = np.array(picked, np.int32)
+        out["full_scores"] = full
+        if self.inputs:
+            S = max(len(v) for v in self.inputs.values())
+            inputs = np.full((len(self.inputs), S), -1, np.int64)
+            for t, v in self.inputs.items():
+                inputs[t - 1, : len(v)] = v
+            out["inputs"] = inputs
+        return out
+
+
+@dataclass
+class Trace:
+    """A saved trace: ``meta`` (JSON) and the arrays of :meth:`TraceRecorder.arrays`."""
+
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    @property
+    def steps(self) -> int:
+        return self.arrays["total"].shape[0]
+
+    def top_is_sink(self, eps: float | None = None) -> np.ndarray:
+        """[T, L, H] bool: the top-scoring key passes Eq. 3 at eps (default: the trace's)."""
+        eps = self.meta["eps"] if eps is None else eps
+        s1 = self.arrays["top_score"][..., 0]
+        n = self.arrays["n_keys"][:, None, None].astype(np.float64)
+        others = (self.arrays["total"] - s1) / np.maximum(n - 1, 1)
+        return (n > 1) & (s1 > others + eps)
+
+    def save(self, folder: Path) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(folder / "trace.npz", **self.arrays)
+        (folder / "meta.json").write_text(json.dumps(self.meta, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: Path) -> Trace:
+        folder = Path(folder)
+        with np.load(folder / "trace.npz") as z:
+            arrays = {k: z[k] for k in z.files}
+        return cls(json.loads((folder / "meta.json").read_text()), arrays)
+
+
+def default_device() -> str:
+    """lm-eval's HFLM defaults to "cuda" even on a machine without one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def parse_heads(text: str | None) -> list[tuple[int, int]] | None:
+    """``"0:1,3:7"`` -> [(0, 1), (3, 7)] (layer:head)."""
+    if not text:
+        return None
+    out = []
+    for item in text.split(","):
+        layer, sep, head = item.strip().partition(":")
+        if not sep:
+            raise ValueError(f"--heads takes layer:head pairs, got {item!r}")
+        out.append((int(layer), int(head)))
+    return out
+
+
+def _kind(path: str, kind: str | None) -> str:
+    if kind:
+        return kind
+    from .sweep import infer_kind
+
+    return infer_kind(path)
+
+
+def trace_generation(
+    model: str,
+    prompt: str,
+    *,
+    kind: str | None = None,
+    gen_length: int = 64,
+    steps: int | None = None,
+    eps: float = 3.0,
+    top_k: int = 0,
+    topn: int = 5,
+    full_steps: int = 8,
+    model_args: str = "",
+    device: str | None = None,
+    chat: bool = False,
+    name: str | None = None,
+) -> Trace:
+    """Generate once from ``prompt`` and record the sinks of every step, layer and head."""
+    import lm_eval.models  # noqa: F401  (registers lm-eval's models, then ours via _autoload)
+    from lm_eval.api.registry import get_model
+    from lm_eval.utils import simple_parse_args_string
+
+    from .sweep import MODEL_CLASS, versions
+
+    kind = _kind(model, kind)
+    args: dict[str, Any] = simple_parse_args_string(model_args) if model_args else {}
+    if kind == "dlm" and steps is not None:
+        args["steps"] = steps
+    args["device"] = device or default_device()
+    args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
+    lm = get_model(MODEL_CLASS[kind])(pretrained=model, **args)
+    recorder = TraceRecorder(eps=eps, topn=topn)
+    lm.masker.observers.append(recorder)
+    handle = lm.model.register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
+    text = lm.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    try:
+        context, attn = lm.tok_batch_encode([text])
+        context, attn = context.to(lm.device), attn.to(lm.device)
+        with torch.inference_mode():
+            kwargs = {"attention_mask": attn, "do_sample": False} if kind == "arm" else {"attention_mask": attn}
+            full = lm._model_generate(context, context.shape[1] + gen_length, [], **kwargs)
+    finally:
+        handle.remove()
+        lm.masker.observers.remove(recorder)
+    arrays = recorder.arrays(full_steps)
+    if kind == "arm":
+        arrays.pop("inputs", None)  # one new token per pass: the final sequence says it all
+    seq = full[0].tolist()
+    config = lm.model.config
+    meta = {
+        "model": model,
+        "name": name or Path(str(model).rstrip("/")).name,
+        "kind": kind,
+        "family": getattr(getattr(lm, "family", None), "name", "arm"),
+        "model_type": getattr(config, "model_type", None),
+        "prompt": prompt,
+        "chat": chat,
+        "prompt_length": int(context.shape[1]),
+        "gen_length": gen_length,
+        "mask_id": getattr(lm, "mask_id", None),
+        "eps": eps,
+        "top_k": top_k,
+        "query_rule": lm.masker.rule,
+        "sampler": lm.get_model_info().get("sinkmask", {}).get("sampler"),
+        "tokens": [lm.tokenizer.decode([t]) for t in seq],
+        "completion": lm.tokenizer.decode(seq[context.shape[1]:], skip_special_tokens=True),
+        "layers": int(arrays["total"].shape[1]),
+        "heads": int(arrays["total"].shape[2]),
+        "steps": int(arrays["total"].shape[0]),
+        "counters": lm.mask_stats.as_dict(),
+        "versions": versions(),
+    }
+    del lm
+    return Trace(meta, arrays)

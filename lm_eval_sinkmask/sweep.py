@@ -1,0 +1,363 @@
+"""The Table 1 sweep (SPEC 6): models x tasks x K through lm-eval's Python API.
+
+Each cell (model, task, K) is one ``lm_eval.simple_evaluate`` call with our model classes, and
+leaves a folder ``DIR/cells/<model>/<task>/k<K>/`` holding lm-eval's own results JSON and
+per-sample JSONL (written by lm-eval's ``EvaluationTracker``, as ``lm_eval --output_path``
+does) and ``cell.json``: what was asked (exact model_args, task, K, limit), the versions, the
+masking counters and the primary numbers. ``cell.json`` is written last and atomically, so a
+cell counts as done only when everything else is on disk; a rerun skips done cells and redoes a
+cell that a kill interrupted. ``DIR/sweep.json`` records the grid (model order, tasks, K) that
+``sinkmask table`` lays out.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("lm_eval.sinkmask.sweep")
+
+KINDS = ("arm", "dlm")
+MODEL_CLASS = {"arm": "arm_sinkmask", "dlm": "dlm_sinkmask"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One column of the table: ``name=path``, ``name=kind:path`` (kind arm or dlm)."""
+
+    name: str
+    path: str
+    kind: str  # "arm" or "dlm"
+    args: str = ""  # model_args for this model only (``--model-args-for name:...``)
+
+    @property
+    def model_class(self) -> str:
+        return MODEL_CLASS[self.kind]
+
+
+def parse_models(text: str, kind_of=None) -> list[ModelSpec]:
+    """``llada=GSAI-ML/LLaDA-8B-Instruct,llama=arm:meta-llama/...``; the kind, when not given,
+    comes from the checkpoint's ``config.model_type`` (:func:`infer_kind`)."""
+    kind_of = kind_of or infer_kind
+    specs: list[ModelSpec] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, target = item.partition("=")
+        if not sep or not name or not target:
+            raise ValueError(f"--models entries are name=path or name=kind:path, got {item!r}")
+        kind, sep, path = target.partition(":")
+        if not sep or kind not in KINDS:  # a plain path (a Windows drive letter is not a kind)
+            kind, path = kind_of(target), target
+        if any(s.name == name for s in specs):
+            raise ValueError(f"model name {name!r} given twice")
+        specs.append(ModelSpec(name, path, kind))
+    if not specs:
+        raise ValueError("--models is empty")
+    return specs
+
+
+def infer_kind(path: str) -> str:
+    """"dlm" when ``config.model_type`` belongs to a diffusion family (families.py), else "arm".
+
+    Reads the raw config dict, so remote-code checkpoints need no ``trust_remote_code`` here.
+    """
+    import transformers
+
+    from .families import family_for
+
+    config, _ = transformers.PretrainedConfig.get_config_dict(path)
+    try:
+        family_for(config.get("model_type"))
+        return "dlm"
+    except ValueError:
+        return "arm"
+
+
+def parse_ks(text: str) -> list[int]:
+    ks = [int(k) for k in text.split(",") if k.strip()]
+    if not ks or any(k < 0 for k in ks) or len(set(ks)) != len(ks):
+        raise ValueError(f"--top-k needs distinct integers >= 0, got {text!r}")
+    return ks
+
+
+@dataclass
+class SweepPlan:
+    models: list[ModelSpec]
+    tasks: list[str]
+    ks: list[int]
+    out: Path
+    eps: float = 3.0
+    limit: int | float | None = None
+    model_args_extra: str = ""  # appended to every model's model_args
+    arm_rule: str = "last_row"
+    batch_size: int | str = 1
+    device: str | None = None
+    num_fewshot: int | None = None
+    apply_chat_template: bool = False
+    include_path: list[str] = field(default_factory=list)
+    allow_code_execution: bool = False
+    seed: int = 0
+
+    def cells(self) -> list[Cell]:
+        return [Cell(self, m, t, k) for m in self.models for t in self.tasks for k in self.ks]
+
+    def grid(self) -> dict[str, Any]:
+        return {
+            "models": [asdict(m) for m in self.models],
+            "tasks": self.tasks,
+            "ks": self.ks,
+            "eps": self.eps,
+            "limit": self.limit,
+        }
+
+
+@dataclass
+class Cell:
+    plan: SweepPlan
+    model: ModelSpec
+    task: str
+    k: int
+
+    @property
+    def folder(self) -> Path:
+        return self.plan.out / "cells" / self.model.name / self.task / f"k{self.k}"
+
+    @property
+    def model_args(self) -> str:
+        """Exactly what lm-eval parses; ``top_k``/``eps`` last so nothing extra overrides them."""
+        parts = [f"pretrained={self.model.path}"]
+        if self.model.kind == "arm":
+            parts.append(f"arm_rule={self.plan.arm_rule}")
+        parts += [self.plan.model_args_extra, self.model.args]
+        parts += [f"top_k={self.k}", f"eps={self.plan.eps:g}"]
+        return ",".join(p for p in parts if p)
+
+    def request(self) -> dict[str, Any]:
+        """What identifies this cell's run; a done cell with a different request is an error."""
+        return {
+            "model": self.model.name,
+            "model_class": self.model.model_class,
+            "model_args": self.model_args,
+            "task": self.task,
+            "top_k": self.k,
+            "limit": self.plan.limit,
+            "num_fewshot": self.plan.num_fewshot,
+            "apply_chat_template": self.plan.apply_chat_template,
+            "seed": self.plan.seed,
+        }
+
+    def record(self) -> dict[str, Any] | None:
+        path = self.folder / "cell.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def is_done(self) -> bool:
+        record = self.record()
+        if record is None:
+            return False
+        if record["request"] != self.request():
+            raise SystemExit(
+                f"{self.folder} was run with different settings:\n  done: {record['request']}\n"
+                f"  now:  {self.request()}\nUse another --out folder (or delete that cell) to "
+                "rerun it with the new settings."
+            )
+        return True
+
+
+def versions() -> dict[str, str]:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("lm-eval-sinkmask", "lm_eval", "torch", "transformers", "accelerate"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def task_manager(plan: SweepPlan):
+    """One TaskManager for the whole sweep. Our folder (added by _autoload) and --include-path
+    first; lm-eval's ~10k built-in YAMLs are indexed only when a task needs them."""
+    from lm_eval.tasks import TaskManager
+
+    tm = TaskManager(include_path=plan.include_path or None, include_defaults=False)
+    if not all(t in tm.all_tasks for t in plan.tasks):
+        tm = TaskManager(include_path=plan.include_path or None)
+    missing = [t for t in plan.tasks if t not in tm.all_tasks]
+    if missing:
+        raise SystemExit(f"unknown task(s) {missing}; add their folder with --include-path")
+    return tm
+
+
+def unsafe_tasks(tm, tasks: list[str]) -> list[str]:
+    """Tasks whose YAML sets ``unsafe_code`` (they execute model-written code)."""
+    out = []
+    for name in tasks:
+        entry = tm.task_index.get(name)
+        cfg = getattr(entry, "cfg", None) or {}
+        if cfg.get("unsafe_code"):
+            out.append(name)
+    return out
+
+
+def primary_metric(task_results: dict[str, Any]) -> str | None:
+    """The Table 1 metric of one task's lm-eval results: GSM8K-like tasks report exact_match
+    under the strict-match filter ("#### N", as the paper's GSM8K numbers), code tasks pass@1."""
+    keys = [k for k in task_results if "," in k and "_stderr" not in k]
+    for prefix in ("exact_match,strict-match", "pass@1,", "exact_match,", "acc,"):
+        for k in keys:
+            if k.startswith(prefix):
+                return k
+    return keys[0] if keys else None
+
+
+def run_cell(cell: Cell, tm) -> dict[str, Any] | None:
+    """One simple_evaluate call; writes lm-eval's files then ``cell.json``. None on ranks > 0."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
+    plan = cell.plan
+    if cell.folder.exists():  # a previous run died inside this cell: start it afresh
+        shutil.rmtree(cell.folder)
+    cell.folder.mkdir(parents=True)
+    unsafe = cell.task in unsafe_tasks(tm, [cell.task])
+    tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
+    started = time.time()
+    results = lm_eval.simple_evaluate(
+        model=cell.model.model_class,
+        model_args=cell.model_args,
+        tasks=[cell.task],
+        num_fewshot=plan.num_fewshot,
+        batch_size=plan.batch_size,
+        device=plan.device or _default_device(),
+        limit=plan.limit,
+        log_samples=True,
+        evaluation_tracker=tracker,
+        apply_chat_template=plan.apply_chat_template,
+        fewshot_as_multiturn=plan.apply_chat_template,
+        task_manager=tm,
+        confirm_run_unsafe_code=unsafe and plan.allow_code_execution,
+        random_seed=plan.seed,
+        numpy_random_seed=plan.seed,
+        torch_random_seed=plan.seed,
+        fewshot_random_seed=plan.seed,
+    )
+    if results is None:  # accelerate rank > 0: rank 0 writes
+        return None
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for name, task_samples in samples.items():
+        tracker.save_results_samples(task_name=name, samples=task_samples)
+
+    task_results = results["results"][cell.task]
+    metric = primary_metric(task_results)
+    name, _, filt = metric.partition(",")
+    stderr = task_results.get(f"{name}_stderr,{filt}")
+    record = {
+        "request": cell.request(),
+        "model_path": cell.model.path,
+        "kind": cell.model.kind,
+        "metric": metric,
+        "value": task_results[metric],
+        "stderr": stderr if isinstance(stderr, (int, float)) else None,
+        "n": results.get("n-samples", {}).get(cell.task, {}).get("effective"),
+        "sinkmask": results.get("config", {}).get("sinkmask"),
+        "model_type": _model_type(cell.model.path),
+        "versions": versions(),
+        "seconds": round(time.time() - started, 1),
+        "results_files": sorted(p.name for p in cell.folder.iterdir()),
+    }
+    tmp = cell.folder / "cell.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, cell.folder / "cell.json")
+    return record
+
+
+def _model_type(path: str) -> str | None:
+    try:
+        import transformers
+
+        return transformers.PretrainedConfig.get_config_dict(path)[0].get("model_type")
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _free_memory() -> None:
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def run_sweep(plan: SweepPlan, *, max_cells: int | None = None, progress: bool = True) -> int:
+    """Run every cell not already done; returns the number of cells run now.
+
+    ``max_cells`` stops after that many new cells (tests use it to simulate a kill).
+    """
+    from tqdm.auto import tqdm
+
+    plan.out.mkdir(parents=True, exist_ok=True)
+    grid_path = plan.out / "sweep.json"
+    grid = plan.grid()
+    if grid_path.exists():
+        old = json.loads(grid_path.read_text())
+        # keep earlier models/tasks/K in the layout: a sweep can be extended by rerunning wider
+        grid = _merge_grids(old, grid)
+    grid_path.write_text(json.dumps(grid, indent=2) + "\n")
+
+    cells = plan.cells()
+    todo = [c for c in cells if not c.is_done()]
+    tm = task_manager(plan)
+    blocked = unsafe_tasks(tm, sorted({c.task for c in todo}))
+    if blocked and not plan.allow_code_execution:
+        raise SystemExit(
+            f"task(s) {blocked} execute model-written code (in lm_eval_sinkmask's sandbox). "
+            "Pass --allow-code-execution to run them."
+        )
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep cells",
+               unit="cell", disable=not progress, dynamic_ncols=True)
+    ran = 0
+    with bar:
+        for cell in todo:
+            if max_cells is not None and ran >= max_cells:
+                break
+            bar.set_postfix_str(f"{cell.model.name} {cell.task} K={cell.k}")
+            record = run_cell(cell, tm)
+            _free_memory()
+            ran += 1
+            bar.update(1)
+            if record is not None:
+                bar.write(
+                    f"{cell.model.name:>10} {cell.task} K={cell.k}: {record['metric']} = "
+                    f"{record['value']:.4f} ({record['seconds']:.0f}s)"
+                )
+    return ran
+
+
+def _merge_grids(old: dict, new: dict) -> dict:
+    def union(a, b, key=lambda x: x):
+        seen = {key(x) for x in a}
+        return list(a) + [x for x in b if key(x) not in seen]
+
+    merged = dict(new)
+    merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
+    merged["tasks"] = union(old.get("tasks", []), new["tasks"])
+    merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))
+    return merged

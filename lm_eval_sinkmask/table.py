@@ -1,0 +1,222 @@
+"""Table 1 from a sweep folder (SPEC 6): Markdown, CSV and a plot of accuracy vs K.
+
+Rows are task x {Unmasked, K=1, K=5, K=10} (whatever K the sweep ran), columns are models, each
+cell ``mean ± stderr (Δ vs unmasked)`` read from the ``cell.json`` that :mod:`sweep` wrote next
+to lm-eval's results. Nothing here runs a model; the same folder always renders the same
+Markdown and CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .sweep import primary_metric
+
+ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
+
+
+@dataclass(frozen=True)
+class Entry:
+    model: str
+    kind: str
+    task: str
+    k: int
+    metric: str
+    value: float
+    stderr: float | None
+    n: int | None
+
+
+def is_zoo(record: dict) -> bool:
+    """A cell made from one of the project's tiny zoo checkpoints."""
+    path = str(record.get("model_path", "")).replace("\\", "/")
+    return "lm_eval_sinkmask/zoo/checkpoints" in path or str(record.get("model_type")).startswith("sinkmask_")
+
+
+def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, list[Entry], bool]:
+    """(grid, entries, made_from_zoo) of a sweep folder."""
+    folder = Path(folder)
+    grid = json.loads((folder / "sweep.json").read_text())
+    entries: list[Entry] = []
+    zoo = False
+    for record_path in sorted((folder / "cells").glob("*/*/k*/cell.json")):
+        record = json.loads(record_path.read_text())
+        req = record["request"]
+        metric, value, stderr = record["metric"], record["value"], record["stderr"]
+        wanted = (metrics or {}).get(req["task"])
+        if wanted and wanted != metric:
+            metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
+        zoo |= is_zoo(record)
+        entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
+                             value, stderr, record.get("n")))
+    return grid, entries, zoo
+
+
+def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:
+    [path] = sorted(cell.glob("results*.json"))[-1:]
+    res = json.loads(path.read_text())["results"][task]
+    if metric not in res:
+        raise SystemExit(f"{cell}: no metric {metric!r}; it has {sorted(res)}")
+    name, _, filt = metric.partition(",")
+    stderr = res.get(f"{name}_stderr,{filt}")
+    return metric, res[metric], stderr if isinstance(stderr, (int, float)) else None
+
+
+def default_title(grid: dict, zoo: bool) -> str:
+    title = f"Accuracy under attention-sink masking (top-K Eq. 3 sinks masked, eps = {grid.get('eps', 3):g})"
+    return with_zoo_note(title, zoo)
+
+
+def with_zoo_note(title: str, zoo: bool) -> str:
+    if zoo and "tiny zoo" not in title.lower():
+        title = f"{title} [{ZOO_NOTE}]"
+    return title
+
+
+def row_label(k: int) -> str:
+    return "Unmasked" if k == 0 else f"K={k}"
+
+
+def _fmt(x: float | None, digits: int, sign: bool = False) -> str:
+    if x is None:
+        return "n/a"
+    s = f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+    return "+0." + "0" * digits if sign and float(s) == 0 else s  # no "-0.00"
+
+
+def _index(entries: list[Entry]) -> dict[tuple[str, str, int], Entry]:
+    return {(e.model, e.task, e.k): e for e in entries}
+
+
+def rows(grid: dict, entries: list[Entry]) -> list[dict]:
+    """Long-form rows (the CSV), in the table's order; missing cells are left out."""
+    idx = _index(entries)
+    out = []
+    for task in grid["tasks"]:
+        for k in sorted(grid["ks"]):
+            for m in grid["models"]:
+                e = idx.get((m["name"], task, k))
+                if e is None:
+                    continue
+                base = idx.get((m["name"], task, 0))
+                delta = e.value - base.value if base is not None else None
+                out.append({
+                    "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
+                    "kind": m["kind"], "metric": e.metric, "value": e.value,
+                    "stderr": e.stderr, "delta_vs_unmasked": delta, "n": e.n,
+                })
+    return out
+
+
+def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
+    idx = _index(entries)
+    models = grid["models"]
+    header = ["Task", "Sinks masked"] + [f"{m['name']} ({m['kind'].upper()})" for m in models]
+    lines = [f"# {title}", "",
+             "| " + " | ".join(header) + " |",
+             "|" + "|".join(["---", "---"] + [":---:"] * len(models)) + "|"]
+    metrics: dict[str, str] = {}
+    for task in grid["tasks"]:
+        for i, k in enumerate(sorted(grid["ks"])):
+            cells = []
+            for m in models:
+                e = idx.get((m["name"], task, k))
+                if e is None:
+                    cells.append("-")
+                    continue
+                metrics.setdefault(task, e.metric)
+                text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
+                base = idx.get((m["name"], task, 0))
+                if k != 0 and base is not None:
+                    text += f" ({_fmt(e.value - base.value, digits, sign=True)})"
+                cells.append(text)
+            lines.append("| " + " | ".join([task if i == 0 else "", row_label(k)] + cells) + " |")
+    ns = sorted({e.n for e in entries if e.n is not None})
+    lines += ["",
+              "Cells: mean ± standard error from lm-eval; in parentheses the absolute change from "
+              "the unmasked run (K=0). K=k masks the k highest-scoring Eq. 3 sinks per layer and "
+              "head (the paper's eps0/eps1/eps2 columns are K=1/5/10).",
+              "Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
+              f"Samples per cell: {', '.join(map(str, ns)) or 'n/a'}"
+              + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(grid: dict, entries: list[Entry]) -> str:
+    buf = io.StringIO()
+    fields = ["task", "setting", "top_k", "model", "kind", "metric", "value", "stderr",
+              "delta_vs_unmasked", "n"]
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows(grid, entries):
+        writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
+                         for k, v in row.items()})
+    return buf.getvalue()
+
+
+def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
+    """Accuracy vs K, one panel per task, ARMs dashed and DLMs solid on the same axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = _index(entries)
+    ks = sorted(grid["ks"])
+    tasks = grid["tasks"]
+    width = max(7.0, 5.2 * len(tasks))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(width, 4.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        metric = None
+        for m in grid["models"]:
+            pts = [(i, idx[(m["name"], task, k)]) for i, k in enumerate(ks) if (m["name"], task, k) in idx]
+            if not pts:
+                continue
+            metric = metric or pts[0][1].metric
+            arm = m["kind"] == "arm"
+            ax.errorbar([i for i, _ in pts], [e.value for _, e in pts],
+                        yerr=[e.stderr or 0 for _, e in pts], capsize=3,
+                        linestyle="--" if arm else "-", marker="s" if arm else "o",
+                        linewidth=2.2 if arm else 1.6,
+                        label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
+        ax.set_xticks(range(len(ks)), [f"{k}\n(unmasked)" if k == 0 else str(k) for k in ks])
+        ax.set_xlabel("K: top-K sinks masked per layer and head")
+        ax.set_ylabel(f"accuracy ({metric or 'primary metric'})")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(_wrap(title, int(12 * width)), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def render(folder: Path, title: str | None = None, metrics: dict[str, str] | None = None,
+           digits: int = 2, figure: bool = True) -> dict[str, Path]:
+    """Write ``table.md``, ``table.csv`` and ``accuracy_vs_k.png`` into ``folder``."""
+    folder = Path(folder)
+    grid, entries, zoo = load(folder, metrics)
+    if not entries:
+        raise SystemExit(f"no finished cells under {folder}/cells")
+    title = with_zoo_note(title, zoo) if title else default_title(grid, zoo)
+    out = {"markdown": folder / "table.md", "csv": folder / "table.csv"}
+    out["markdown"].write_text(markdown(grid, entries, title, digits))
+    out["csv"].write_text(csv_text(grid, entries))
+    if figure:
+        out["figure"] = plot(grid, entries, title, folder / "accuracy_vs_k.png")
+    return out
+
+
+__all__ = ["render", "markdown", "csv_text", "load", "primary_metric", "is_zoo"]
