@@ -80,7 +80,7 @@ def fig_score_distribution(trace: Trace, path: Path) -> Path:
     b.set_xlabel(_step_word(trace))
     b.set_ylabel("Eq. 3 score (x uniform share)")
     b.set_title("all steps")
-    fig.colorbar(im, ax=b, label="log10 share of (key, layer, head)")
+    fig.colorbar(im, ax=b, label="log10 share of (key, layer, head); white: none")
     fig.suptitle(f"Distribution of cumulative attention scores: {_name(trace)}, steps 1-{T}")
     fig.tight_layout()
     return _save(fig, path)
@@ -145,7 +145,8 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
         ax.plot(steps, y, marker="o", markersize=3.5, linewidth=1.3, label=f"layer {l}, head {h}")
     P = trace.meta["prompt_length"]
     ax.axhline(P - 0.5, color="grey", linestyle=":", linewidth=1)
-    ax.text(1, P - 0.5, " prompt above / generation below", va="bottom", fontsize=8, color="grey")
+    ax.text(T + 0.4, P - 0.5, "prompt above / generation below ", va="bottom", ha="right",
+            fontsize=8, color="grey")
     if "inputs" in trace.arrays and trace.meta.get("mask_id") is not None:
         # the unmasking frontier: rightmost position still masked at each step
         masked = trace["inputs"] == trace.meta["mask_id"]
@@ -194,6 +195,7 @@ def fig_eps_selection(trace: Trace, path: Path, eps_max: float = 10.0) -> Path:
     ax.plot(eps_grid, 100 * share.mean(axis=(1, 2, 3)), color="black", linewidth=2.4, label="all layers")
     e = trace.meta["eps"]
     at = 100 * selected_share(trace["full_scores"], np.array([e])).mean()
+    ax.set_ylim(bottom=0)
     ax.axvline(e, color="tab:red", linestyle="--", linewidth=1)
     ax.text(e, ax.get_ylim()[1] * 0.9, f" eps={e:g}: {at:.1f}% selected", color="tab:red", fontsize=9)
     ax.set_xlabel("eps (Eq. 3 threshold, x uniform share)")

@@ -47,7 +47,7 @@ class TraceRecorder:
         self._edges = torch.tensor(HIST_EDGES[1:-1], dtype=torch.float32)
 
     def __call__(self, event: AttentionEvent) -> None:
-        s = event.scores[self.b].detach().float().cpu()  # [H, Sk]
+        s = event.scores[self.b].detach().float().cpu().contiguous()  # [H, Sk]
         n = s.shape[-1]
         k = min(self.topn, n)
         top = torch.topk(s, k, dim=-1, sorted=True)

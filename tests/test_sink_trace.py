@@ -1,0 +1,121 @@
+"""Sink traces: the recorder against Eq. 3, the saved trace, a traced generation equal to an
+unmasked one, and the four figures written from the trace alone."""
+
+import numpy as np
+import pytest
+import torch
+
+from lm_eval_sinkmask.cli import main
+from lm_eval_sinkmask.figures import FIGURES, draw_all, selected_share
+from lm_eval_sinkmask.intercept import AttentionEvent
+from lm_eval_sinkmask.metric import find_sinks
+from lm_eval_sinkmask.sink_trace import HIST_EDGES, Trace, TraceRecorder, parse_heads, trace_generation
+
+PROMPT = "Tom has 3 apples . Anna gives 2 more . how many apples ?"
+
+
+def event(step, layer, scores):
+    z = torch.zeros_like(scores, dtype=torch.bool)
+    return AttentionEvent(step, layer, scores, z, z, z)
+
+
+def synthetic_trace(steps=6, layers=2, heads=3, keys=20, seed=0) -> Trace:
+    """Near-uniform scores plus one big sink per head that moves right one key per step."""
+    g = torch.Generator().manual_seed(seed)
+    rec = TraceRecorder(eps=3.0, topn=3)
+    for t in range(1, steps + 1):
+        for l in range(layers):
+            s = torch.rand(1, heads, keys, generator=g) * 0.5
+            for h in range(heads):
+                s[0, h, (t + h + l) % keys] = 6.0 + h
+            rec(event(t, l, s * keys / s.sum(-1, keepdim=True)))  # mean 1: uniform-share units
+    meta = {"name": "synthetic", "kind": "dlm", "eps": 3.0, "top_k": 0, "steps": steps,
+            "prompt_length": 5, "tokens": ["x"] * keys, "mask_id": None}
+    return Trace(meta, rec.arrays(full_steps=3))
+
+
+def test_recorder_keeps_top_keys_histogram_and_eq3_sinks():
+    torch.manual_seed(0)
+    rec = TraceRecorder(eps=1.0, topn=4)
+    scores = torch.rand(1, 2, 10) * 2
+    scores[0, 0, 7] = 9.0
+    rec(event(1, 0, scores))
+    rec(event(2, 0, scores[..., :6]))  # fewer keys than before (ARM prefill vs. later is the other way)
+    a = rec.arrays(full_steps=2)
+    assert a["top_pos"][0, 0, 0, 0] == 7 and a["top_score"][0, 0, 0, 0] == pytest.approx(9.0)
+    assert a["top_pos"][0, 0, 1].tolist() == torch.topk(scores[0, 1], 4).indices.tolist()
+    assert a["hist"][0, 0].sum(-1).tolist() == [10, 10] and a["hist"][1, 0].sum(-1).tolist() == [6, 6]
+    assert len(HIST_EDGES) - 1 == a["hist"].shape[-1]
+    want = find_sinks(scores[0], torch.ones(2, 10, dtype=torch.bool), 1.0).sum(-1)
+    assert a["n_sinks"][0, 0].tolist() == want.tolist()
+    assert a["n_keys"].tolist() == [10, 6]
+    assert a["full_steps"].tolist() == [1, 2]
+    assert np.isnan(a["full_scores"][1, 0, 0, 6:]).all()
+    np.testing.assert_allclose(a["full_scores"][0, 0], scores[0].numpy(), rtol=1e-3)
+
+
+def test_saved_trace_round_trips_and_agrees_with_eq3(tmp_path):
+    trace = synthetic_trace()
+    loaded = Trace.load(trace.save(tmp_path / "t"))
+    assert loaded.meta == trace.meta and set(loaded.arrays) == set(trace.arrays)
+    assert loaded.top_is_sink().all()  # every head's top key is a planted sink
+    assert (loaded["top_pos"][:, 0, 0, 0] == np.arange(1, 7) % 20).all()  # ... and it moves
+    full = loaded["full_scores"].astype(np.float64)
+    share = selected_share(full, np.array([3.0]))[0]
+    want = find_sinks(torch.tensor(full), torch.ones(full.shape, dtype=torch.bool), 3.0).double().mean(-1)
+    np.testing.assert_allclose(share, want.numpy())
+
+
+def test_figures_from_a_saved_trace(tmp_path):
+    folder = synthetic_trace().save(tmp_path / "t")
+    paths = draw_all(folder, "0:1,1:2")
+    for key, name in FIGURES.items():
+        assert paths[key] == folder / name
+        assert paths[key].read_bytes()[:4] == b"\x89PNG" and paths[key].stat().st_size > 10_000
+    with pytest.raises(ValueError):
+        draw_all(folder, "5:0")
+    with pytest.raises(ValueError):
+        parse_heads("3")
+
+
+@pytest.mark.parametrize("kind, args", [("llada", "block_length=4"), ("llama", "")])
+def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind, args):
+    trace = trace_generation(str(tiny_dirs[kind]), PROMPT, gen_length=8, model_args=args,
+                             device="cpu", eps=0.5, full_steps=3)
+    m = trace.meta
+    assert m["kind"] == ("arm" if kind == "llama" else "dlm") and m["counters"]["keys_masked"] == 0
+    assert (m["layers"], m["heads"]) == (2, 4)
+    if kind == "llada":
+        assert m["steps"] == 8 and trace["inputs"].shape[0] == 8  # one pass per denoising step
+        assert (trace["inputs"][0, m["prompt_length"]:] == m["mask_id"]).all()
+    else:
+        assert 1 <= m["steps"] <= 8
+    n = trace["n_keys"]
+    assert (trace["hist"].sum(-1) == n[:, None, None]).all()
+
+    # the observer changes nothing: the same tokens as the model class at top_k=0
+    from lm_eval.api.registry import get_model
+    from lm_eval.utils import simple_parse_args_string
+
+    cls = get_model("dlm_sinkmask" if kind == "llada" else "arm_sinkmask")
+    extra = simple_parse_args_string(args) if args else {}
+    lm = cls(pretrained=str(tiny_dirs[kind]), device="cpu", top_k=0, **extra)
+    ids, mask = lm.tok_batch_encode([PROMPT])
+    kw = {"attention_mask": mask} | ({"do_sample": False} if kind == "llama" else {})
+    plain = lm._model_generate(ids, ids.shape[1] + 8, [], **kw)[0, ids.shape[1]:]
+    assert m["completion"] == lm.tokenizer.decode(plain, skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_sinks_and_figures_commands(tmp_path, tiny_dirs, capsys):
+    out = tmp_path / "dream"
+    assert main(["sinks", "--model", str(tiny_dirs["dream"]), "--prompt", PROMPT, "--out", str(out),
+                 "--gen-length", "6", "--steps", "3", "--eps", "0.2", "--device", "cpu"]) == 0
+    trace = Trace.load(out)
+    assert trace.meta["steps"] == 3 and trace.meta["family"] == "dream"
+    assert all((out / name).stat().st_size > 10_000 for name in FIGURES.values())
+    for name in FIGURES.values():
+        (out / name).unlink()
+    assert main(["figures", str(out), "--heads", "1:0"]) == 0
+    assert all((out / name).exists() for name in FIGURES.values())
+    assert "fig10" in capsys.readouterr().out

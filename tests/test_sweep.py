@@ -1,0 +1,99 @@
+"""The sweep: grid parsing, exact model_args, resume after a kill, the code-execution opt-in."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lm_eval_sinkmask.cli import main
+from lm_eval_sinkmask.sweep import Cell, ModelSpec, SweepPlan, parse_ks, parse_models, run_sweep
+
+
+def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
+    specs = parse_models(f"a=arm:{tiny_dirs['llada']},b={tiny_dirs['llada']},c={tiny_dirs['llama']},"
+                         f"d={tiny_dirs['dream']}")
+    assert [(s.name, s.kind, s.model_class) for s in specs] == [
+        ("a", "arm", "arm_sinkmask"), ("b", "dlm", "dlm_sinkmask"), ("c", "arm", "arm_sinkmask"),
+        ("d", "dlm", "dlm_sinkmask")]
+    assert specs[0].path == str(tiny_dirs["llada"])
+    for bad in ("nopath", "a=x,a=y", ""):
+        with pytest.raises(ValueError):
+            parse_models(bad, kind_of=lambda p: "arm")
+    assert parse_ks("0,1,5,10") == [0, 1, 5, 10]
+    with pytest.raises(ValueError):
+        parse_ks("1,1")
+
+
+def test_cell_model_args_are_exact_and_masking_keys_come_last(tmp_path):
+    plan = SweepPlan(models=[], tasks=["t"], ks=[5], out=tmp_path, eps=3.0,
+                     model_args_extra="dtype=float32", arm_rule="all_rows")
+    arm = Cell(plan, ModelSpec("llama", "/m/llama", "arm", "max_length=64"), "t", 5)
+    dlm = Cell(plan, ModelSpec("llada", "/m/llada", "dlm", "block_length=32"), "t", 0)
+    assert arm.model_args == "pretrained=/m/llama,arm_rule=all_rows,dtype=float32,max_length=64,top_k=5,eps=3"
+    assert dlm.model_args == "pretrained=/m/llada,dtype=float32,block_length=32,top_k=0,eps=3"
+    assert arm.folder == tmp_path / "cells" / "llama" / "t" / "k5"
+
+
+def plan_for(tiny_dirs, tiny_task, out: Path, **kw) -> SweepPlan:
+    return SweepPlan(
+        models=[ModelSpec("llama", str(tiny_dirs["llama"]), "arm"),
+                ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4")],
+        tasks=["tiny_gen"], ks=[0, 1], out=out, eps=0.0, limit=2, device="cpu",
+        include_path=[str(tiny_task)], **kw)
+
+
+def cell_files(out: Path) -> dict[str, dict]:
+    return {str(p.relative_to(out)): json.loads(p.read_text()) for p in sorted(out.rglob("cell.json"))}
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_to_the_same_table(tmp_path, tiny_dirs, tiny_task):
+    straight = tmp_path / "straight"
+    assert run_sweep(plan_for(tiny_dirs, tiny_task, straight), progress=False) == 4
+
+    resumed = tmp_path / "resumed"
+    plan = plan_for(tiny_dirs, tiny_task, resumed)
+    assert run_sweep(plan, max_cells=2, progress=False) == 2  # "killed" after two cells
+    first = cell_files(resumed)
+    assert len(first) == 2
+    # and killed again inside the third: lm-eval's files written, cell.json not yet
+    third = [c for c in plan.cells() if not c.is_done()][0]
+    third.folder.mkdir(parents=True)
+    (third.folder / "results_partial.json").write_text("{")
+    assert run_sweep(plan, progress=False) == 2  # only the two unfinished cells ran
+    done = cell_files(resumed)
+    assert {k: v for k, v in done.items() if k in first} == first  # finished cells untouched
+    assert not (third.folder / "results_partial.json").exists()
+    assert run_sweep(plan, progress=False) == 0  # nothing left
+
+    for out in (straight, resumed):
+        assert main(["table", str(out)]) == 0
+    assert (straight / "table.md").read_text() == (resumed / "table.md").read_text()
+    assert (straight / "table.csv").read_text() == (resumed / "table.csv").read_text()
+
+    record = done["cells/llada/tiny_gen/k1/cell.json"]
+    assert record["request"]["model_args"] == f"pretrained={tiny_dirs['llada']},block_length=4,top_k=1,eps=0"
+    assert record["sinkmask"]["config"]["top_k"] == 1 and record["sinkmask"]["counters"]["keys_masked"] > 0
+    assert record["n"] == 2 and {"lm_eval", "torch", "transformers"} <= set(record["versions"])
+    cell = resumed / "cells/llada/tiny_gen/k1"
+    [results] = cell.glob("results_*.json")
+    [samples] = cell.glob("samples_tiny_gen_*.jsonl")
+    assert json.loads(results.read_text())["config"]["model_args"] == record["request"]["model_args"]
+    assert len(samples.read_text().splitlines()) == 2
+
+    # a rerun into the same folder with other settings refuses instead of mixing runs
+    with pytest.raises(SystemExit, match="different settings"):
+        run_sweep(plan_for(tiny_dirs, tiny_task, resumed, seed=1), progress=False)
+
+
+def test_code_tasks_need_an_explicit_opt_in(tmp_path, tiny_dirs, tiny_task):
+    unsafe = tmp_path / "unsafe_task"
+    unsafe.mkdir()
+    yaml = (tiny_task / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: tiny_unsafe")
+    (unsafe / "tiny_unsafe.yaml").write_text(yaml + "unsafe_code: true\n")
+    args = ["sweep", "--models", f"m=arm:{tiny_dirs['llama']}", "--tasks", "tiny_unsafe",
+            "--include-path", str(unsafe), "--top-k", "0", "--out", str(tmp_path / "out"),
+            "--limit", "1", "--device", "cpu"]
+    with pytest.raises(SystemExit, match="--allow-code-execution"):
+        main(args)
+    assert not list((tmp_path / "out").rglob("cell.json"))

@@ -1,0 +1,102 @@
+"""Table 1 from synthetic sweep folders: exact Markdown and CSV, the zoo note, the plot."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lm_eval_sinkmask import table
+from lm_eval_sinkmask.cli import main
+from lm_eval_sinkmask.sweep import primary_metric
+
+GSM, CODE = "exact_match,strict-match", "pass@1,create_test"
+# (model, kind, task, K) -> (value, stderr)
+VALUES = {
+    ("llada", "dlm", "mini_gsm", 0): (0.76, 0.012), ("llada", "dlm", "mini_gsm", 1): (0.75, 0.012),
+    ("llada", "dlm", "mini_gsm", 5): (0.73, 0.0121), ("llama", "arm", "mini_gsm", 0): (0.85, 0.0098),
+    ("llama", "arm", "mini_gsm", 1): (0.02, 0.0039), ("llama", "arm", "mini_gsm", 5): (0.02, 0.0039),
+    ("llada", "dlm", "mini_code", 0): (0.37, 0.0378), ("llada", "dlm", "mini_code", 1): (0.37, 0.0378),
+    ("llada", "dlm", "mini_code", 5): (0.39, 0.0381), ("llama", "arm", "mini_code", 0): (0.66, 0.037),
+    ("llama", "arm", "mini_code", 1): (0.0, 0.0),
+}
+
+
+def write_sweep(folder: Path, model_root: str = "/ckpt") -> Path:
+    """A sweep folder as sweep.py leaves it (llama/code K=5 missing: an unfinished cell)."""
+    models = [{"name": "llada", "kind": "dlm", "path": f"{model_root}/llada", "args": ""},
+              {"name": "llama", "kind": "arm", "path": f"{model_root}/llama", "args": ""}]
+    (folder / "cells").mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps(
+        {"models": models, "tasks": ["mini_gsm", "mini_code"], "ks": [0, 1, 5], "eps": 3.0, "limit": 50}))
+    for (model, kind, task, k), (value, stderr) in VALUES.items():
+        metric = GSM if task == "mini_gsm" else CODE
+        cell = folder / "cells" / model / task / f"k{k}"
+        cell.mkdir(parents=True)
+        name, _, filt = metric.partition(",")
+        (cell / "results_2025-01-01T00-00-00.json").write_text(json.dumps({"results": {task: {
+            metric: value, f"{name}_stderr,{filt}": stderr,
+            "exact_match,flexible-extract": 0.5, "exact_match_stderr,flexible-extract": 0.05}}}))
+        (cell / "cell.json").write_text(json.dumps({
+            "request": {"model": model, "task": task, "top_k": k}, "kind": kind,
+            "model_path": f"{model_root}/{model}", "model_type": "llama" if kind == "arm" else "llada",
+            "metric": metric, "value": value, "stderr": stderr, "n": 50}))
+    return folder
+
+
+EXPECTED_MD = """\
+# Accuracy under attention-sink masking (top-K Eq. 3 sinks masked, eps = 3)
+
+| Task | Sinks masked | llada (DLM) | llama (ARM) |
+|---|---|:---:|:---:|
+| mini_gsm | Unmasked | 0.76 ± 0.01 | 0.85 ± 0.01 |
+|  | K=1 | 0.75 ± 0.01 (-0.01) | 0.02 ± 0.00 (-0.83) |
+|  | K=5 | 0.73 ± 0.01 (-0.03) | 0.02 ± 0.00 (-0.83) |
+| mini_code | Unmasked | 0.37 ± 0.04 | 0.66 ± 0.04 |
+|  | K=1 | 0.37 ± 0.04 (+0.00) | 0.00 ± 0.00 (-0.66) |
+|  | K=5 | 0.39 ± 0.04 (+0.02) | - |
+
+Cells: mean ± standard error from lm-eval; in parentheses the absolute change from the unmasked run (K=0). K=k masks the k highest-scoring Eq. 3 sinks per layer and head (the paper's eps0/eps1/eps2 columns are K=1/5/10).
+Metrics: mini_gsm: `exact_match,strict-match`; mini_code: `pass@1,create_test`.
+Samples per cell: 50 (--limit 50).
+"""
+
+
+def test_markdown_csv_and_plot_from_result_jsons(tmp_path):
+    out = table.render(write_sweep(tmp_path))
+    assert out["markdown"].read_text() == EXPECTED_MD
+    lines = out["csv"].read_text().splitlines()
+    assert lines[0] == "task,setting,top_k,model,kind,metric,value,stderr,delta_vs_unmasked,n"
+    assert lines[1] == 'mini_gsm,Unmasked,0,llada,dlm,"exact_match,strict-match",0.76,0.012,0.0,50'
+    assert lines[4] == 'mini_gsm,K=1,1,llama,arm,"exact_match,strict-match",0.02,0.0039,-0.83,50'
+    assert len(lines) == 1 + len(VALUES)
+    png = out["figure"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_rendering_is_deterministic_and_metric_can_be_overridden(tmp_path):
+    folder = write_sweep(tmp_path)
+    first = table.render(folder, figure=False)["markdown"].read_text()
+    assert table.render(folder, figure=False)["markdown"].read_text() == first
+    md = table.render(folder, figure=False, metrics={"mini_gsm": "exact_match,flexible-extract"})["markdown"]
+    text = md.read_text()
+    assert "| mini_gsm | Unmasked | 0.50 ± 0.05 | 0.50 ± 0.05 |" in text
+    assert "mini_gsm: `exact_match,flexible-extract`" in text
+
+
+def test_a_zoo_table_says_so_in_its_title_even_with_a_custom_title(tmp_path, capsys):
+    folder = write_sweep(tmp_path, model_root="/repo/lm_eval_sinkmask/zoo/checkpoints")
+    assert main(["table", str(folder), "--title", "Robustness on CPU"]) == 0
+    title = (folder / "table.md").read_text().splitlines()[0]
+    assert title == f"# Robustness on CPU [{table.ZOO_NOTE}]"
+    assert "wrote" in capsys.readouterr().out
+    table.render(folder, figure=False, title="Tiny zoo robustness")
+    assert (folder / "table.md").read_text().splitlines()[0] == "# Tiny zoo robustness"
+
+
+@pytest.mark.parametrize("keys, expected", [
+    (["exact_match,flexible-extract", "exact_match,strict-match", "exact_match_stderr,strict-match"], GSM),
+    (["pass@1,create_test", "pass@1_stderr,create_test"], CODE),
+    (["exact_match,none", "exact_match_stderr,none", "alias"], "exact_match,none"),
+])
+def test_primary_metric(keys, expected):
+    assert primary_metric(dict.fromkeys(keys, 0.0)) == expected
