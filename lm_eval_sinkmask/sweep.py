@@ -224,9 +224,10 @@ def run_cell(cell: Cell, tm) -> dict[str, Any] | None:
     from lm_eval.loggers import EvaluationTracker
 
     plan = cell.plan
-    if cell.folder.exists():  # a previous run died inside this cell: start it afresh
-        shutil.rmtree(cell.folder)
-    cell.folder.mkdir(parents=True)
+    if _rank() == 0:  # under accelerate launch only rank 0 touches the folder
+        if cell.folder.exists():  # a previous run died inside this cell: start it afresh
+            shutil.rmtree(cell.folder)
+        cell.folder.mkdir(parents=True)
     unsafe = cell.task in unsafe_tasks(tm, [cell.task])
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
     started = time.time()
@@ -289,6 +290,11 @@ def _model_type(path: str) -> str | None:
         return None
 
 
+def _rank() -> int:
+    """This process's rank under ``accelerate launch`` / torchrun (0 when run alone)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _default_device() -> str:
     import torch
 
@@ -320,7 +326,8 @@ def run_sweep(plan: SweepPlan, *, max_cells: int | None = None, progress: bool =
         old = json.loads(grid_path.read_text())
         # keep earlier models/tasks/K in the layout: a sweep can be extended by rerunning wider
         grid = _merge_grids(old, grid)
-    grid_path.write_text(json.dumps(grid, indent=2) + "\n")
+    if _rank() == 0:
+        grid_path.write_text(json.dumps(grid, indent=2) + "\n")
 
     cells = plan.cells()
     todo = [c for c in cells if not c.is_done()]
@@ -332,7 +339,7 @@ def run_sweep(plan: SweepPlan, *, max_cells: int | None = None, progress: bool =
             "Pass --allow-code-execution to run them."
         )
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep cells",
-               unit="cell", disable=not progress, dynamic_ncols=True)
+               unit="cell", disable=not progress or _rank() != 0, dynamic_ncols=True)
     ran = 0
     with bar:
         for cell in todo:
