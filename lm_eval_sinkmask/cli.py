@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def _sweep(a: argparse.Namespace) -> int:
-    from .sweep import SweepPlan, _rank, parse_ks, parse_models, run_sweep
+    from .sweep import SweepPlan, process_rank, parse_ks, parse_models, run_sweep
 
     models = parse_models(a.models)
     per_model = {}
@@ -47,7 +47,7 @@ def _sweep(a: argparse.Namespace) -> int:
         seed=a.seed,
     )
     run_sweep(plan, max_cells=a.max_cells)
-    if not a.no_table and _rank() == 0:  # under accelerate launch, rank 0 writes the table
+    if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
         _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2))
     return 0
 
@@ -88,7 +88,8 @@ def _figures(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sinkmask", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="sinkmask", description=__doc__.split("\n")[0].replace("``", ""),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("sweep", help="models x tasks x K through lm-eval, resumable")

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import gc
 import json
-import logging
 import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger("lm_eval.sinkmask.sweep")
 
 KINDS = ("arm", "dlm")
 MODEL_CLASS = {"arm": "arm_sinkmask", "dlm": "dlm_sinkmask"}
@@ -224,7 +221,7 @@ def run_cell(cell: Cell, tm) -> dict[str, Any] | None:
     from lm_eval.loggers import EvaluationTracker
 
     plan = cell.plan
-    if _rank() == 0:  # under accelerate launch only rank 0 touches the folder
+    if process_rank() == 0:  # under accelerate launch only rank 0 touches the folder
         if cell.folder.exists():  # a previous run died inside this cell: start it afresh
             shutil.rmtree(cell.folder)
         cell.folder.mkdir(parents=True)
@@ -290,7 +287,7 @@ def _model_type(path: str) -> str | None:
         return None
 
 
-def _rank() -> int:
+def process_rank() -> int:
     """This process's rank under ``accelerate launch`` / torchrun (0 when run alone)."""
     return int(os.environ.get("RANK", "0"))
 
@@ -326,7 +323,7 @@ def run_sweep(plan: SweepPlan, *, max_cells: int | None = None, progress: bool =
         old = json.loads(grid_path.read_text())
         # keep earlier models/tasks/K in the layout: a sweep can be extended by rerunning wider
         grid = _merge_grids(old, grid)
-    if _rank() == 0:
+    if process_rank() == 0:
         grid_path.write_text(json.dumps(grid, indent=2) + "\n")
 
     cells = plan.cells()
@@ -339,7 +336,7 @@ def run_sweep(plan: SweepPlan, *, max_cells: int | None = None, progress: bool =
             "Pass --allow-code-execution to run them."
         )
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep cells",
-               unit="cell", disable=not progress or _rank() != 0, dynamic_ncols=True)
+               unit="cell", disable=not progress or process_rank() != 0, dynamic_ncols=True)
     ran = 0
     with bar:
         for cell in todo:
