@@ -26,23 +26,22 @@ OBJECTS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "card
            "stamps", "coins", "balloons", "candies", "toys", "eggs", "flowers", "rocks",
            "buttons", "cupcakes", "oranges", "crayons"]
 
-# Each step: (kind, sentence in the question, line of the worked answer). {n} is the name,
+# Each step: (sentence in the question, worked lines of the answer). {n} is the name,
 # {p} the pronoun, {o} the object, {a} the operand, {b} a second operand, {x} the old
 # total, {y} the new total, {m} an intermediate product.
-ADD = [("{p_} buys {a} more {o}.", "{n} buys {a} more, so {x} + {a} = {y} {o}."),
-       ("{p_} finds {a} more {o}.", "After finding {a}, {n} has {x} + {a} = {y} {o}."),
-       ("A friend gives {n} {a} {o}.", "With the gift, {n} has {x} + {a} = {y} {o}."),
-       ("Then {p} gets {a} more {o}.", "{n} now has {x} + {a} = {y} {o}.")]
-SUB = [("{p_} gives away {a} {o}.", "{n} gives away {a}, so {x} - {a} = {y} {o}."),
-       ("{p_} loses {a} {o}.", "After losing {a}, {n} has {x} - {a} = {y} {o}."),
-       ("{p_} sells {a} of the {o}.", "Selling {a} leaves {x} - {a} = {y} {o}."),
-       ("Then {p} uses {a} {o}.", "{n} now has {x} - {a} = {y} {o}.")]
-MUL = [("{p_} buys {a} bags with {b} {o} in each bag.",
-        "The bags hold {a} * {b} = {m} {o}, so {n} has {x} + {m} = {y} {o}."),
+ADD = [("{p_} buys {a} more {o}.", "{x} + {a} = {y}"),
+       ("{p_} finds {a} more {o}.", "{x} + {a} = {y}"),
+       ("A friend gives {n} {a} {o}.", "{x} + {a} = {y}"),
+       ("Then {p} gets {a} more {o}.", "{x} + {a} = {y}")]
+SUB = [("{p_} gives away {a} {o}.", "{x} - {a} = {y}"),
+       ("{p_} loses {a} {o}.", "{x} - {a} = {y}"),
+       ("{p_} sells {a} of the {o}.", "{x} - {a} = {y}"),
+       ("Then {p} uses {a} {o}.", "{x} - {a} = {y}")]
+MUL = [("{p_} buys {a} bags with {b} {o} in each bag.", "{a} * {b} = {m}\n{x} + {m} = {y}"),
        ("{p_} gets {a} boxes of {o} with {b} in each box.",
-        "The boxes hold {a} * {b} = {m} {o}, so {n} has {x} + {m} = {y} {o}."),
+        "{a} * {b} = {m}\n{x} + {m} = {y}"),
        ("Each of {p_lo} {a} friends gives {p_obj} {b} {o}.",
-        "The friends give {a} * {b} = {m} {o}, so {n} has {x} + {m} = {y} {o}.")]
+        "{a} * {b} = {m}\n{x} + {m} = {y}")]
 START = ["{n} has {x} {o}.", "{n} starts with {x} {o}.", "There are {x} {o} in {n}'s bag.",
          "{n} collected {x} {o}."]
 ASK = ["How many {o} does {n} have now?", "How many {o} does {n} have at the end?",
@@ -54,19 +53,19 @@ def _gsm_problem(rng: random.Random, n_steps: int) -> dict:
     obj = rng.choice(OBJECTS)
     fmt = dict(n=name, p=pron, p_=pron.capitalize(), o=obj,
                p_lo="his" if pron == "he" else "her", p_obj="him" if pron == "he" else "her")
-    x = rng.randint(2, 60)
+    x = rng.randint(2, 30)
     question = [rng.choice(START).format(x=x, **fmt)]
     lines = []
     for _ in range(n_steps):
         kind = rng.choice("ASM") if x > 1 else rng.choice("AM")
         if kind == "A":
-            (q, s), a, b = rng.choice(ADD), rng.randint(1, 40), 0
+            (q, s), a, b = rng.choice(ADD), rng.randint(1, 20), 0
             y, m = x + a, 0
         elif kind == "S":
             (q, s), a, b = rng.choice(SUB), rng.randint(1, x - 1), 0
             y, m = x - a, 0
         else:
-            (q, s), a, b = rng.choice(MUL), rng.randint(2, 9), rng.randint(2, 12)
+            (q, s), a, b = rng.choice(MUL), rng.randint(2, 6), rng.randint(2, 9)
             m = a * b
             y = x + m
         question.append(q.format(a=a, b=b, **fmt))

@@ -287,14 +287,25 @@ def save(model, tok, out, name, info):
 
 # -------------------------------------------------------------------------------- main
 
+def _run_parallel(argv):
+    """Run ``--models arm,dream`` and ``--models llada`` as two one-thread processes."""
+    base = [a for a in argv if a != "--parallel"]
+    procs = [subprocess.Popen([sys.executable, "-m", "lm_eval_sinkmask.zoo.train", *base,
+                               "--models", models, "--threads", "1"])
+             for models in ("arm,dream", "llada")]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"training failed: exit codes {codes}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", default="arm,llada,dream")
-    ap.add_argument("--minutes-arm", type=float, default=14)
-    ap.add_argument("--minutes-llada", type=float, default=44)
-    ap.add_argument("--minutes-dream", type=float, default=16)
+    ap.add_argument("--minutes-arm", type=float, default=25)
+    ap.add_argument("--minutes-llada", type=float, default=50)
+    ap.add_argument("--minutes-dream", type=float, default=25)
     ap.add_argument("--minutes-per-model", type=float, default=None,
                     help="overrides the three --minutes-* at once")
     for m in ("arm", "llada", "dream"):
@@ -306,7 +317,12 @@ def main(argv=None):
     ap.add_argument("--eval-gsm", type=int, default=50)
     ap.add_argument("--eval-code", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parallel", action="store_true",
+                    help="two processes of one thread each: arm then dream, and llada "
+                         "(same total threads, no idle waits between them on a busy CPU)")
     args = ap.parse_args(argv)
+    if args.parallel:
+        return _run_parallel(argv if argv is not None else sys.argv[1:])
     if args.minutes_per_model is not None:
         args.minutes_arm = args.minutes_llada = args.minutes_dream = args.minutes_per_model
     torch.set_num_threads(args.threads)
@@ -319,8 +335,8 @@ def main(argv=None):
     arm_dims = dict(hidden_size=128 if full else 32, intermediate_size=384 if full else 64,
                     num_hidden_layers=4 if full else 1, num_attention_heads=4,
                     num_key_value_heads=2)
-    llada_dims = dict(hidden_size=160 if full else 32, intermediate_size=448 if full else 64,
-                      num_hidden_layers=5 if full else 1, num_attention_heads=5 if full else 4)
+    llada_dims = dict(hidden_size=128 if full else 32, intermediate_size=384 if full else 64,
+                      num_hidden_layers=6 if full else 1, num_attention_heads=4)
     common = dict(batch_size=args.batch_size, seed=args.seed, threads=args.threads,
                   command=command, mask_id=tok.mask_token_id, gen_len=GEN_LEN)
     gen = torch.Generator().manual_seed(args.seed)
