@@ -8,7 +8,7 @@ that its attention goes through ``torch.nn.functional.scaled_dot_product_attenti
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -62,27 +62,22 @@ _BLOCK_DEFAULTS = MappingProxyType(
     }
 )
 
+_LLADA = Family(
+    name="llada",
+    model_types=("llada", "sinkmask_llada"),
+    sampler="block",
+    mask_token_id=126336,
+    sampler_defaults=_BLOCK_DEFAULTS,
+    model_inputs=_padding_mask_inputs,
+    eot_tokens=("<|eot_id|>",),
+)
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family(
-            name="llada",
-            model_types=("llada", "sinkmask_llada"),
-            sampler="block",
-            mask_token_id=126336,
-            sampler_defaults=_BLOCK_DEFAULTS,
-            model_inputs=_padding_mask_inputs,
-            eot_tokens=("<|eot_id|>",),
-        ),
-        Family(
-            name="mmada",
-            model_types=("mmada",),
-            sampler="block",
-            mask_token_id=126336,
-            sampler_defaults=_BLOCK_DEFAULTS,
-            model_inputs=_padding_mask_inputs,
-            eot_tokens=("<|eot_id|>",),
-        ),
+        _LLADA,
+        # MMaDA decodes text with LLaDA's blocks, mask token and attention code
+        replace(_LLADA, name="mmada", model_types=("mmada",)),
         Family(
             name="dream",
             model_types=("dream", "sinkmask_dream"),
