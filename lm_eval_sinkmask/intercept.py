@@ -130,7 +130,13 @@ class _Detection:
 
 class _Scores:
     """One attention call's inputs, normalised: 4-D float32 q/k/v with GQA expanded, and a
-    chunk-wise view of the model's mask as (additive bias, visibility)."""
+    chunk-wise view of the model's mask as (additive bias, visibility).
+
+    float32 inputs are used as they are (no copy); other dtypes are upcast once. When the
+    model's mask does not depend on the query row (a key-padding mask, LLaDA's additive bias,
+    or a 4-D mask whose rows are all equal) and the call is not causal, the mask is folded once
+    into a single additive [B, 1 or H, 1, Sk] term (``key_bias``) instead of per chunk.
+    """
 
     def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa):
         if query.dim() != 4:
@@ -156,8 +162,21 @@ class _Scores:
             if not 2 <= attn_mask.dim() <= 4:
                 raise ValueError(f"unsupported attn_mask shape {tuple(attn_mask.shape)}")
             attn_mask = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+            if attn_mask.shape[-2] > 1 and not is_causal and _rows_all_equal(attn_mask):
+                attn_mask = attn_mask[..., :1, :]
         self.attn_mask = attn_mask  # 4-D, broadcastable to [B, H, Sq, Sk]
         self.is_causal = is_causal
+        # row-independent visibility: one additive term for every query row
+        self.key_only = not is_causal and (attn_mask is None or attn_mask.shape[-2] == 1)
+        self.key_bias = None  # [B or 1, H or 1, 1, Sk] float32, -inf where hidden
+        self.key_visible = None  # bool, same shape, or None when every key is visible
+        if self.key_only and attn_mask is not None:
+            bias, visible = self.mask_chunk(0, 1)
+            self.key_visible = visible
+            self.key_bias = (
+                bias.masked_fill(~visible, float("-inf")) if bias is not None
+                else torch.zeros(visible.shape, device=self.q.device).masked_fill(~visible, float("-inf"))
+            )
 
     def mask_chunk(self, r0: int, r1: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(additive bias, bool visibility) of query rows r0:r1, or None where unrestricted."""
@@ -177,18 +196,27 @@ class _Scores:
         return bias, visible
 
     def logits(self, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Pre-softmax scores of rows r0:r1 with the model's mask applied (-inf where hidden)."""
+        """Pre-softmax scores of rows r0:r1 with the model's mask applied (-inf where hidden),
+        and the visibility of those rows (None: every key visible)."""
         s = self.q[:, :, r0:r1] @ self.kt
+        if self.key_only:
+            if self.key_bias is not None:
+                s += self.key_bias
+            return s, self.key_visible
         bias, visible = self.mask_chunk(r0, r1)
         if bias is not None:
-            s = s + bias
+            s += bias
         if visible is not None:
-            s = s.masked_fill(~visible, float("-inf"))
+            s.masked_fill_(~visible, float("-inf"))
         return s, visible
 
     def validity(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(key_valid [B, Sk], query_valid [B, Sq]) read off the model's own mask, for models
         whose forward was not given a 2-D padding mask."""
+        if self.attn_mask is None and not self.is_causal:
+            every = torch.ones(self.batch, max(self.n_k, self.n_q), dtype=torch.bool,
+                               device=self.q.device)
+            return every[:, : self.n_k], every[:, : self.n_q]
         seen_k = torch.zeros(self.batch, self.n_k, dtype=torch.bool, device=self.q.device)
         seen_q = torch.zeros(self.batch, self.n_q, dtype=torch.bool, device=self.q.device)
         for r0, r1 in self.chunks(1024):
@@ -197,7 +225,7 @@ class _Scores:
                 seen_k[:] = True
                 seen_q[:, r0:r1] = True
                 continue
-            visible = visible.expand(self.batch, -1, r1 - r0, self.n_k).any(dim=1)
+            visible = visible.any(dim=1)  # [B or 1, rows or 1, Sk]
             seen_k |= visible.any(dim=-2)
             seen_q[:, r0:r1] = visible.any(dim=-1)
         return seen_k, seen_q
@@ -207,12 +235,43 @@ class _Scores:
             yield r0, min(r0 + size, self.n_q)
 
 
+def _rows_all_equal(mask: torch.Tensor) -> bool:
+    """Whether every query row of a 4-D mask is the same (a key-padding mask in 4-D form)."""
+    if mask.stride(-2) == 0:  # expanded from a single row
+        return True
+    return bool((mask == mask[..., :1, :]).all())
+
+
 def _safe_softmax(s: torch.Tensor) -> torch.Tensor:
     """Softmax whose fully hidden rows are 0, as torch's SDPA returns for them."""
     top = s.amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     p = torch.exp(s - top)
     return p / p.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(p.dtype).tiny)
+
+
+def _exp_scores(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: s -> exp(s - rowmax), and the row sums [..., 1]. Fully hidden rows are 0.
+
+    One exp serves both detection (divide by the row sum: the model's unmasked softmax) and
+    the masked output (zero the blocked keys, divide by what is left)."""
+    top = s.amax(dim=-1, keepdim=True)
+    top.masked_fill_(~torch.isfinite(top), 0.0)
+    p = s.sub_(top).exp_()
+    return p, p.sum(dim=-1, keepdim=True)
+
+
+# A row whose kept keys carry less than this share of exp(s - rowmax) is recomputed with its
+# own maximum: below it the kept keys' exp() could lose precision to underflow.
+_UNDERFLOW_GUARD = 1e-12
+
+
+def _row_keeps_some(visible: torch.Tensor | None, b: torch.Tensor, n_k: int) -> torch.Tensor:
+    """Whether each row can still see a key once the blocked keys b [B, H or 1, 1, Sk] are
+    removed; [B, H or 1, rows or 1, 1]."""
+    if visible is None:
+        return b.sum(dim=-1, keepdim=True) < n_k
+    return (visible & ~b).any(dim=-1, keepdim=True)
 
 
 def _sweep(
@@ -231,31 +290,101 @@ def _sweep(
     blocked: bool [B, H or 1, Sk], keys removed from the softmax of every row that can still
         see another key (SPEC 3: a row whose every visible key is blocked keeps its scores).
     output: compute the attention output (the same scores serve detection and output).
+
+    Per chunk: one score matmul, one exp; the column mass is a [1 x rows] @ [rows x Sk]
+    matmul with the softmax normalisation folded into the row weights, and the masked output
+    zeroes the blocked keys of the same exp() and divides the [rows x Dv] result by the kept
+    mass (masked keys get exactly zero weight).
     """
     out = None
     if output:
         out = torch.empty(sc.batch, sc.heads, sc.n_q, sc.v.shape[-1], device=sc.q.device)
     det = None
     if detect_rows is not None:
-        det = _Detection(torch.zeros(sc.batch, sc.heads, sc.n_k, device=sc.q.device), None)
+        det = _Detection(torch.zeros(sc.batch, sc.heads, 1, sc.n_k, device=sc.q.device), None)
         qv = detect_rows[:, None, :, None]  # [B, 1, Sq, 1]
+        qw = qv.float()
+        if sc.key_only:  # rows_j = |Q| for every key a row can see
+            n_rows = detect_rows.sum(dim=-1)[:, None, None]  # [B, 1, 1]
+            det.rows = (
+                n_rows.expand(sc.batch, 1, sc.n_k) if sc.key_visible is None
+                else sc.key_visible[:, :, 0] * n_rows
+            )
     b = blocked.unsqueeze(-2) if blocked is not None else None  # [B, H or 1, 1, Sk]
+    keeps = _row_keeps_some(sc.key_visible, b, sc.n_k) if (b is not None and sc.key_only) else None
+    underflow = None
     for r0, r1 in sc.chunks(chunk):
         s, visible = sc.logits(r0, r1)
+        p, z = _exp_scores(s)
         if det is not None:
-            qv_c = qv[:, :, r0:r1]
-            det.mass += (_safe_softmax(s) * qv_c).sum(dim=-2)
-            seen = qv_c if visible is None else visible & qv_c
-            seen = seen.expand(sc.batch, -1, r1 - r0, sc.n_k).sum(dim=-2)
-            det.rows = seen if det.rows is None else det.rows + seen
+            qw_c = qw[:, :, r0:r1]  # [B, 1, rows, 1]
+            w = qw_c / z.clamp(min=torch.finfo(z.dtype).tiny)  # [B, H, rows, 1]
+            det.mass += w.transpose(-1, -2) @ p
+            if not sc.key_only:
+                seen = (visible & qv[:, :, r0:r1]).sum(dim=-2)
+                det.rows = seen if det.rows is None else det.rows + seen
         if out is None:
+            del s, p  # free this chunk's block before the next one is allocated
             continue
-        if b is not None:
-            kept = ~b if visible is None else visible & ~b
-            row_keeps_some = kept.any(dim=-1, keepdim=True)
-            s = s.masked_fill(b & row_keeps_some, float("-inf"))
-        out[:, :, r0:r1] = _safe_softmax(s) @ sc.v
+        if b is None:
+            out[:, :, r0:r1] = (p @ sc.v) / z.clamp(min=torch.finfo(z.dtype).tiny)
+            del s, p
+            continue
+        keeps_c = keeps if keeps is not None else _row_keeps_some(visible, b, sc.n_k)
+        p.masked_fill_(b & keeps_c, 0.0)
+        kept = p.sum(dim=-1, keepdim=True)
+        out[:, :, r0:r1] = (p @ sc.v) / kept.clamp(min=torch.finfo(kept.dtype).tiny)
+        low = ((kept < _UNDERFLOW_GUARD * z) & keeps_c).any()
+        underflow = low if underflow is None else underflow | low
+        del s, p  # free this chunk's block before the next one is allocated
+    if underflow is not None and bool(underflow):
+        # rare: a sink so dominant that the remaining keys underflowed next to it; redo those
+        # chunks with the maximum of the kept keys (the textbook masked softmax)
+        for r0, r1 in sc.chunks(chunk):
+            s, visible = sc.logits(r0, r1)
+            keeps_c = keeps if keeps is not None else _row_keeps_some(visible, b, sc.n_k)
+            s.masked_fill_(b & keeps_c, float("-inf"))
+            out[:, :, r0:r1] = _safe_softmax(s) @ sc.v
+    if det is not None:
+        det.mass = det.mass.squeeze(-2)
     return (out.to(sc.dtype) if out is not None else None), det
+
+
+def _fused_masked_output(original, a: dict, sc: _Scores, blocked: torch.Tensor, chunk: int):
+    """The attention output with ``blocked`` keys removed, from the original fused SDPA kernel
+    given the model's mask with the blocked keys hidden.
+
+    Row-independent masks (no mask, key padding, LLaDA's bias) need one [B, H, 1, Sk] mask for
+    the whole call; otherwise (causal, per-row masks) the call is made per query chunk, so the
+    extra mask is O(batch x heads x chunk x Sk). Rows whose every visible key is blocked keep
+    their scores (SPEC 3). A float mask gets the dtype's most negative finite value, which
+    exp() turns into exactly zero weight, like the -inf of a bool mask.
+    """
+    q, k, v = a["query"], a["key"], a["value"]
+    kw = {"scale": a.get("scale"), "enable_gqa": a.get("enable_gqa", False)}
+    if not kw["enable_gqa"]:
+        del kw["enable_gqa"]  # older call sites and wrappers may not accept it
+    b = blocked.unsqueeze(-2)  # [B, H or 1, 1, Sk]
+    given = sc.attn_mask
+    float_mask = given is not None and given.dtype != torch.bool
+
+    def with_blocked(mask, visible, drop):
+        if float_mask:
+            return mask.masked_fill(drop, torch.finfo(mask.dtype).min)
+        return ~drop if visible is None else visible & ~drop
+
+    if sc.key_only:
+        drop = b & _row_keeps_some(sc.key_visible, b, sc.n_k)
+        return original(q, k, v, attn_mask=with_blocked(given, sc.key_visible, drop), **kw)
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    for r0, r1 in sc.chunks(chunk):
+        _, visible = sc.mask_chunk(r0, r1)
+        drop = b & _row_keeps_some(visible, b, sc.n_k)
+        mask = given if given is None or given.shape[-2] == 1 else given[..., r0:r1, :]
+        if float_mask and sc.is_causal:  # SDPA takes a mask or is_causal, never both
+            raise ValueError("SDPA was called with both attn_mask and is_causal=True")
+        out[:, :, r0:r1] = original(q[:, :, r0:r1], k, v, attn_mask=with_blocked(mask, visible, drop), **kw)
+    return out
 
 
 class SinkMasker:
@@ -379,7 +508,7 @@ class _Run:
         self.previous[layer] = chosen
         if blocked is None:
             blocked = chosen
-            out, _ = _sweep(sc, chunk, blocked=blocked)
+            out = _fused_masked_output(self.original, a, sc, blocked, chunk)
         for observe in self.masker.observers:
             observe(AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked))
         counters.sinks_detected += int(sinks.sum())

@@ -270,3 +270,98 @@ def test_dropout_in_training_mode_is_refused():
     m, _ = masker(top_k=1)
     with pytest.raises(ValueError, match="training mode"), m.attach(attn):
         attn()
+
+
+# -- the fast paths: single sweep (detect=previous), fused masked output, folded key masks ----
+
+
+def _two_pass_events(q_list, k, v, query_chunk, detect, **sdpa_kwargs):
+    """Run an SDPA module once per query tensor inside one attach block; return the outputs
+    and the events (the second pass of detect=previous takes the single-sweep path)."""
+    state = {}
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(state["q"], k, v, **sdpa_kwargs)
+
+    attn = Attn()
+    m, events = masker(top_k=2, detect=detect, query_chunk=query_chunk)
+    outs = []
+    with torch.no_grad(), m.attach(attn):
+        for q in q_list:
+            state["q"] = q
+            outs.append(attn())
+    return outs, events
+
+
+def _mask_forms():
+    torch.manual_seed(5)
+    B, S = 2, 9
+    pad = torch.ones(B, S, dtype=torch.bool)
+    pad[1, :3] = False  # left padding on the second element
+    key_only = pad[:, None, None, :]
+    per_row = key_only & pad[:, None, :, None]  # pads neither attend nor are attended (Dream)
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    return {
+        "none": {},
+        "bool_key": {"attn_mask": key_only},
+        "bool_key_expanded": {"attn_mask": key_only.expand(B, 1, S, S)},
+        "bool_key_materialised": {"attn_mask": key_only.expand(B, 1, S, S).clone()},
+        "float_key": {"attn_mask": torch.zeros(B, 1, 1, S).masked_fill(~key_only, torch.finfo(torch.float32).min)},
+        "bool_per_row": {"attn_mask": per_row},
+        "float_per_row": {"attn_mask": torch.zeros(B, 1, S, S).masked_fill(~per_row, float("-inf"))},
+        "causal": {"is_causal": True},
+        "bool_causal_2d": {"attn_mask": causal},
+    }
+
+
+@pytest.mark.parametrize("form", list(_mask_forms()))
+@pytest.mark.parametrize("detect", ["current", "previous"])
+@pytest.mark.parametrize("query_chunk", [1, 4, 256])
+def test_every_path_matches_eager_attention_without_the_blocked_keys(form, detect, query_chunk):
+    kwargs = _mask_forms()[form]
+    torch.manual_seed(6)
+    B, H, S, D = 2, 3, 9, 8
+    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    k[:, :, 4] *= 4  # a strong key, so that sinks exist and change little between passes
+    qs = [torch.randn(B, H, S, D) for _ in range(3)]
+    outs, events = _two_pass_events(qs, k, v, query_chunk, detect, **kwargs)
+    assert len(events) == 3 and all(int(e.blocked.sum()) > 0 for e in events)
+    for i, (q, out, event) in enumerate(zip(qs, outs, events, strict=True)):
+        if detect == "previous" and i > 0:
+            assert torch.equal(event.blocked, events[i - 1].chosen)
+        probs, expected, _ = eager_attention(q, k, v, **kwargs, blocked=event.blocked)
+        rows = probs.sum(-1) > 0  # fully hidden rows: torch's SDPA gives 0 or nan there
+        torch.testing.assert_close(out[rows], expected[rows], atol=2e-5, rtol=1e-4)
+        # and the scores equal Eq. 3 on the model's own (unmasked) attention
+        unmasked, _, _ = eager_attention(q, k, v, **kwargs)
+        if "attn_mask" not in kwargs and not kwargs.get("is_causal"):
+            expected_scores = unmasked.sum(-2) * S / S
+            torch.testing.assert_close(event.scores, expected_scores.float(), atol=1e-5, rtol=1e-4)
+
+
+def test_dominant_sink_does_not_underflow_the_other_keys():
+    """A sink 200 nats above every other key: exp(s - rowmax) of the rest is 0 in float32, so
+    the single sweep must fall back to the kept keys' own maximum, as the textbook masked
+    softmax does, instead of returning 0/0."""
+    torch.manual_seed(7)
+    B, H, S, D = 1, 2, 8, 4
+    q = torch.randn(B, H, S, D)
+    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    q[..., 0] = 10.0
+    k[..., 0] = 0.0
+    k[:, :, 2, 0] = 40.0  # key 2 scores 10 * 40 / 2 = 200 above the others in every row
+    outs, events = _two_pass_events([q, q], k, v, 3, "previous")
+    assert bool(events[1].blocked[:, :, 2].all())
+    _, expected, _ = eager_attention(q, k, v, blocked=events[1].blocked)
+    assert torch.isfinite(outs[1]).all()
+    torch.testing.assert_close(outs[1], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_float32_inputs_are_not_copied_for_keys_and_values():
+    from lm_eval_sinkmask.intercept import _Scores
+
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    sc = _Scores(q, k, v, None, False, None, False)
+    assert sc.kt.data_ptr() == k.data_ptr() and sc.v.data_ptr() == v.data_ptr()
+    assert sc.key_only and sc.key_bias is None

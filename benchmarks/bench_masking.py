@@ -1,0 +1,464 @@
+"""Cost of sink masking: tokens/s, ratios and extra peak memory of the SDPA intercept.
+
+    python benchmarks/bench_masking.py            # full run (CPU: about 10-15 minutes)
+    python benchmarks/bench_masking.py --quick    # smaller sizes, fewer repeats
+    python benchmarks/bench_masking.py --gpu      # also the 8B-shaped bf16 config on CUDA
+
+Variants, timed on the same model and inputs in one run, interleaved round-robin and
+repeated, reported as medians (the machine may be shared: only ratios measured in the same
+run mean anything):
+
+    (a) no intercept    (b) intercept, top_k=0    (c) top_k=5, detect=previous
+    (d) top_k=5, detect=current
+
+Sections:
+  1. tiny LLaDA-style model (the zoo checkpoint if trained, else random init of the same
+     shape) through the real block sampler ``generate_block``;
+  2. a wider random-init LLaDA-shaped model (d_model 1024) on CPU, forward passes at S=1024;
+  3. (--gpu) an 8B-shaped LLaDA config (d_model 4096, 32 heads, a few layers, bf16, batch 8,
+     S=700) on CUDA, or a line saying no GPU was available;
+  4. extra peak memory of one intercepted attention call at S=1024 against chunk size, with
+     the analytical O(batch x heads x S x chunk) term it should match;
+  5. our block sampler against a reference implementation of LLaDA's published algorithm:
+     same tokens (asserted), time ratio, throughput at batch 1, 4, 8.
+
+Random-init models rarely have a score above eps=3, so they run with eps=0 (every layer then
+masks top_k keys, which is the expensive path); a trained zoo checkpoint runs with the
+paper's eps=3. The number of keys masked is printed with each row so a "fast" figure can
+never come from a run that masked nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
+from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
+from lm_eval_sinkmask.samplers import generate_block  # noqa: E402
+from lm_eval_sinkmask.zoo.modeling import TinyLladaConfig, TinyLladaModel  # noqa: E402
+
+MMAP_THRESHOLD = 1 << 16  # bytes; fixed, so glibc never keeps freed large blocks in its heap
+CHECKPOINT = ROOT / "lm_eval_sinkmask" / "zoo" / "checkpoints" / "llada"
+VARIANTS = ("a", "b", "c", "d")
+LABELS = {
+    "a": "(a) no intercept",
+    "b": "(b) top_k=0",
+    "c": "(c) top_k=5 previous",
+    "d": "(d) top_k=5 current",
+}
+
+
+def configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
+    return {
+        "a": None,
+        "b": SinkMaskConfig(top_k=0, query_chunk=chunk),
+        "c": SinkMaskConfig(top_k=5, eps=eps, detect="previous", query_chunk=chunk),
+        "d": SinkMaskConfig(top_k=5, eps=eps, detect="current", query_chunk=chunk),
+    }
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(run_one, names, repeats: int, device) -> tuple[dict, dict]:
+    """Median seconds per variant, variants interleaved (a b c d, b c d a, ...) each repeat."""
+    times = {n: [] for n in names}
+    extra = {}
+    run_one(names[0])  # warm-up (allocations, kernels, lazy imports)
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            sync(device)
+            t0 = time.perf_counter()
+            extra[n] = run_one(n)
+            sync(device)
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(t) for n, t in times.items()}, extra
+
+
+def table(title, med, tokens, extra, note=""):
+    print(f"\n### {title}")
+    if note:
+        print(note)
+    print()
+    print("| variant | median s | tokens/s | ratio to (a) | keys masked |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for n in med:
+        print(f"| {LABELS[n]} | {med[n]:.3f} | {tokens / med[n]:,.0f} | {med[n] / med['a']:.3f} "
+              f"| {extra.get(n, '-')} |")
+    sys.stdout.flush()
+
+
+# -- 1. tiny model through the real sampler --------------------------------------------------
+
+
+def tiny_model():
+    if (CHECKPOINT / "config.json").exists():
+        from transformers import AutoModel
+
+        import lm_eval_sinkmask.zoo  # noqa: F401  (registers the zoo classes)
+
+        model = AutoModel.from_pretrained(CHECKPOINT).eval()
+        return model, f"zoo checkpoint {CHECKPOINT.relative_to(ROOT)}", 3.0
+    torch.manual_seed(0)
+    cfg = TinyLladaConfig(vocab_size=2048, hidden_size=192, num_hidden_layers=4,
+                          num_attention_heads=4, max_position_embeddings=1024, mask_token_id=2047)
+    return TinyLladaModel(cfg).eval(), "random-init TinyLladaConfig (hidden 192, 4 layers, 4 heads)", 0.0
+
+
+def mask_id_of(model):
+    mid = getattr(model.config, "mask_token_id", None)
+    return mid if mid is not None else model.config.vocab_size - 1
+
+
+def model_fn_of(model):
+    def model_fn(x, mask):  # as dlm_model does for LLaDA: a 2-D mask only when there is padding
+        return model(input_ids=x, attention_mask=None if bool(mask.all()) else mask).logits
+    return model_fn
+
+
+def prompts(batch, length, vocab, mask_id, ragged=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, min(vocab, mask_id) - 1, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if ragged:  # left padding of different lengths, as lm-eval batches prompts
+        for i in range(batch):
+            mask[i, : (i * 7) % (length // 2)] = 0
+    return ids, mask
+
+
+def bench_tiny(args):
+    model, what, eps = tiny_model()
+    mask_id = mask_id_of(model)
+    B, P = 4, 48
+    gen, steps, block = (32, 32, 16) if args.quick else (64, 64, 32)
+    ids, pmask = prompts(B, P, model.config.vocab_size, mask_id)
+    fn = model_fn_of(model)
+    cfgs = configs(eps, args.chunk)
+
+    def run_one(n):
+        kw = dict(mask_id=mask_id, gen_length=gen, steps=steps, block_length=block)
+        with torch.inference_mode():
+            if cfgs[n] is None:
+                generate_block(fn, ids, pmask, **kw)
+                return "-"
+            with SinkMasker(cfgs[n]).attach(model) as stats:
+                generate_block(fn, ids, pmask, **kw)
+            return stats.keys_masked
+
+    med, extra = interleaved(run_one, list(VARIANTS), args.repeats, torch.device("cpu"))
+    table(f"1. tiny LLaDA-style model, generate_block (CPU, {torch.get_num_threads()} threads)",
+          med, B * gen, extra,
+          f"{what}; batch {B}, prompt {P} (ragged left padding), gen_length {gen}, steps {steps}, "
+          f"block_length {block}, eps {eps}, query_chunk {args.chunk}; tokens/s = generated tokens / s")
+    return med
+
+
+# -- 2./3. wider LLaDA-shaped model, forward passes -------------------------------------------
+
+
+def wide_model(hidden, heads, layers, dtype, device):
+    torch.manual_seed(0)
+    cfg = TinyLladaConfig(vocab_size=2048, hidden_size=hidden, num_hidden_layers=layers,
+                          num_attention_heads=heads, max_position_embeddings=4096,
+                          mask_token_id=2047)
+    return TinyLladaModel(cfg).to(device=device, dtype=dtype).eval()
+
+
+def bench_forward(title, model, B, S, passes, args, device, ragged=True):
+    ids, mask = prompts(B, S, model.config.vocab_size, 2047, ragged=ragged, seed=1)
+    ids, mask = ids.to(device), mask.to(device)
+    am = None if bool(mask.all()) else mask
+    cfgs = configs(0.0, args.chunk)
+
+    def run_one(n):
+        # several passes per attach block, as in one denoising run: detect=previous then uses
+        # the single sweep (mask last pass's sinks, detect this pass's) after the first pass
+        with torch.inference_mode():
+            if cfgs[n] is None:
+                for _ in range(passes):
+                    model(input_ids=ids, attention_mask=am)
+                return "-"
+            with SinkMasker(cfgs[n]).attach(model) as stats:
+                for _ in range(passes):
+                    model(input_ids=ids, attention_mask=am)
+            return stats.keys_masked
+
+    med, extra = interleaved(run_one, list(VARIANTS), args.repeats, device)
+    c = model.config
+    table(title, med, B * S * passes, extra,
+          f"hidden {c.hidden_size}, {c.num_attention_heads} heads, {c.num_hidden_layers} layers, "
+          f"{next(model.parameters()).dtype}, batch {B}, S {S}, {passes} forward passes per timing, "
+          f"eps 0, query_chunk {args.chunk}; tokens/s = B x S x passes / s")
+    return med
+
+
+def bench_gpu(args):
+    if not torch.cuda.is_available():
+        print("\n### 3. 8B-shaped LLaDA config, bf16, batch 8, S 700 (GPU)\n")
+        print("No GPU was available in this run (torch.cuda.is_available() is False): "
+              "the 8B-shaped ratios were not measured.")
+        return None
+    device = torch.device("cuda")
+    model = wide_model(4096, 32, 2 if args.quick else 4, torch.bfloat16, device)
+    torch.cuda.reset_peak_memory_stats()
+    med = bench_forward("3. 8B-shaped LLaDA config on " + torch.cuda.get_device_name(),
+                        model, 8, 700, 4, args, device)
+    # extra peak memory of one masked pass over an unmasked one
+    ids = torch.randint(5, 2000, (8, 700), device=device)
+    peaks = {}
+    for n, cfg in configs(0.0, args.chunk).items():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.inference_mode():
+            if cfg is None:
+                model(input_ids=ids)
+                model(input_ids=ids)
+            else:
+                with SinkMasker(cfg).attach(model):
+                    model(input_ids=ids)
+                    model(input_ids=ids)
+        torch.cuda.synchronize()
+        peaks[n] = torch.cuda.max_memory_allocated()
+    print("\nGPU peak memory (torch.cuda.max_memory_allocated, two passes): " + ", ".join(
+        f"{LABELS[n]} {peaks[n] / 2**20:,.0f} MiB (+{(peaks[n] - peaks['a']) / 2**20:,.0f})"
+        for n in peaks))
+    return med
+
+
+# -- 4. memory ------------------------------------------------------------------------------
+
+
+def _status_kib(field):
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+def _reset_peak():
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: resets VmHWM to the current RSS
+
+
+def peak_extra_mib(fn) -> float:
+    """Peak resident memory of fn() above the resident memory before it, in MiB (VmHWM reset
+    through /proc/self/clear_refs, so it sees every tensor torch's CPU allocator touches)."""
+    gc.collect()
+    _reset_peak()
+    before = _status_kib("VmRSS")
+    out = fn()
+    peak = _status_kib("VmHWM")
+    del out
+    return (peak - before) / 1024
+
+
+def bench_memory(args):
+    if not Path("/proc/self/clear_refs").exists():
+        print("\n### 4. memory: /proc/self/clear_refs not available, skipped")
+        return
+    B, H, S, D = 1, 16, 1024, 64
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D) for _ in range(3))
+    bias = torch.zeros(B, 1, 1, S)
+    bias[..., :37] = torch.finfo(torch.float32).min  # padded keys, LLaDA's additive form
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    attn = Attn()
+
+    def unmasked():
+        with torch.inference_mode():
+            return attn()
+
+    def masked(cfg, passes):
+        def run():
+            with torch.inference_mode(), SinkMasker(cfg).attach(attn):
+                for _ in range(passes):
+                    out = attn()
+            return out
+        return run
+
+    reps = 3
+    base = min(peak_extra_mib(unmasked) for _ in range(reps))
+    print(f"\n### 4. extra peak memory of one attention call, B {B}, H {H}, S {S}, D {D} (CPU)\n")
+    print("Measured: peak RSS during the call minus RSS before it (VmHWM after resetting it via "
+          "/proc/self/clear_refs), min of "
+          f"{reps}; the unmasked fused SDPA call itself peaks at +{base:.1f} MiB (its output). "
+          "Intercept extra = masked peak - unmasked peak. Predicted chunk term: one float32 "
+          "[B, H, chunk, S] score/probability block = 4 B H S chunk bytes; the rest is "
+          "O(B H S D): scaled q copy and float32 output.\n")
+    print("| query_chunk | (c) previous, 2 passes: extra MiB | (d) current: extra MiB | "
+          "4·B·H·S·chunk MiB | O(BHSD) terms MiB |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    chunks = (64, 128, 256) if args.quick else (64, 128, 256, 512, 1024)
+    rows = []
+    for c in chunks:
+        prev = min(peak_extra_mib(masked(SinkMaskConfig(top_k=5, eps=0.0, query_chunk=c), 2))
+                   for _ in range(reps)) - base
+        cur = min(peak_extra_mib(masked(SinkMaskConfig(top_k=5, eps=0.0, detect="current",
+                                                       query_chunk=c), 1))
+                  for _ in range(reps)) - base
+        pred = 4 * B * H * S * c / 2**20
+        rows.append((c, prev, cur, pred))
+        print(f"| {c} | {prev:.1f} | {cur:.1f} | {pred:.1f} | {2 * 4 * B * H * S * D / 2**20:.1f} |")
+    if len(rows) >= 2:
+        (c0, p0, d0, _), (c1, p1, d1, _) = rows[0], rows[-1]
+        per = 4 * B * H * S / 2**20
+        print(f"\nSlope: (c) {(p1 - p0) / (c1 - c0) / per:.2f}, (d) {(d1 - d0) / (c1 - c0) / per:.2f} "
+              "float32 [B, H, 1, S] rows alive per query row of chunk (1 = one score block). "
+              "The unmasked model's own attention allocates none of this: the extra memory is "
+              "linear in chunk, i.e. O(batch x heads x S x chunk), not O(S^2) per layer.")
+    sys.stdout.flush()
+
+
+# -- 5. sampler against the reference algorithm -------------------------------------------
+
+
+@torch.no_grad()
+def reference_llada_generate(model, prompt, *, steps, gen_length, block_length, mask_id,
+                             temperature=0.0):
+    """LLaDA's published sampler (Nie et al. 2025, Alg. / App. B), written from its
+    description: the answer starts as gen_length mask tokens, decoded in semi-autoregressive
+    blocks; each block gets steps/num_blocks forward passes; at each the model predicts every
+    masked token and, per row, the top-k most confident predictions inside the current block
+    are kept (low-confidence remasking), k spread evenly over the block's steps with the
+    remainder first. Greedy (temperature 0). Like our sampler, the mask token itself is never
+    accepted as a prediction. Equal-length prompts (no padding)."""
+    B, P = prompt.shape
+    x = torch.full((B, P + gen_length), mask_id, dtype=torch.long)
+    x[:, :P] = prompt
+    num_blocks = gen_length // block_length
+    steps_per_block = steps // num_blocks
+    for nb in range(num_blocks):
+        start, end = P + nb * block_length, P + (nb + 1) * block_length
+        n_masked = (x[:, start:end] == mask_id).sum(dim=1, keepdim=True)
+        base, rem = n_masked // steps_per_block, n_masked % steps_per_block
+        num_transfer = base.repeat(1, steps_per_block)
+        for i in range(steps_per_block):
+            num_transfer[:, i] += (i < rem[:, 0]).long()
+        for i in range(steps_per_block):
+            mask_index = x == mask_id
+            logits = model(x).logits
+            logits[..., mask_id] = -torch.inf
+            x0 = logits.argmax(dim=-1)
+            p = F.softmax(logits.float(), dim=-1)
+            x0_p = torch.gather(p, -1, x0[..., None])[..., 0]
+            x0_p[:, end:] = -torch.inf
+            x0 = torch.where(mask_index, x0, x)
+            confidence = torch.where(mask_index, x0_p, torch.tensor(-torch.inf))
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            for j in range(B):
+                _, select = torch.topk(confidence[j], k=int(num_transfer[j, i]))
+                transfer[j, select] = True
+            x[transfer] = x0[transfer]
+    return x[:, P:]
+
+
+def bench_sampler(args):
+    model, what, _ = tiny_model()
+    mask_id = mask_id_of(model)
+    gen, steps, block = (32, 32, 16) if args.quick else (64, 64, 32)
+    P = 40
+    fn = model_fn_of(model)
+    print(f"\n### 5. block sampler vs reference LLaDA algorithm ({what}, CPU)\n")
+    print(f"gen_length {gen}, steps {steps}, block_length {block}, prompt {P}, greedy; "
+          "tokens/s = generated tokens / s; same tokens asserted at every batch size.\n")
+    print("| batch | ours s | reference s | ours / reference | ours tokens/s | reference tokens/s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    out = {}
+    for B in (1, 4, 8):
+        ids, _ = prompts(B, P, model.config.vocab_size, mask_id, ragged=False, seed=2)
+        ones = torch.ones_like(ids)
+        kw = dict(mask_id=mask_id, gen_length=gen, steps=steps, block_length=block)
+        ours = generate_block(fn, ids, ones, **kw)
+        ref = reference_llada_generate(model, ids, **kw)
+        assert torch.equal(ours, ref), f"batch {B}: our sampler and the reference disagree"
+
+        def run_one(n):
+            with torch.inference_mode():
+                if n == "ours":
+                    generate_block(fn, ids, ones, **kw)
+                else:
+                    reference_llada_generate(model, ids, **kw)
+
+        med, _ = interleaved(run_one, ["ours", "ref"], args.repeats, torch.device("cpu"))
+        out[B] = med
+        print(f"| {B} | {med['ours']:.3f} | {med['ref']:.3f} | {med['ours'] / med['ref']:.3f} "
+              f"| {B * gen / med['ours']:,.0f} | {B * gen / med['ref']:,.0f} |")
+        sys.stdout.flush()
+    return out
+
+
+def header(args):
+    print(f"# bench_masking: torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+          "CUDA " + ("available: " + torch.cuda.get_device_name() if torch.cuda.is_available()
+                     else "not available (no GPU in this run)")
+          + f", repeats {args.repeats}, command: python {' '.join(sys.argv)}")
+    print(f"# load average at start: {os.getloadavg()[0]:.1f} (ratios are medians of "
+          "interleaved repeats in this one run)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
+    ap.add_argument("--gpu", action="store_true", help="also the 8B-shaped bf16 config on CUDA")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats per variant")
+    ap.add_argument("--chunk", type=int, default=SinkMaskConfig().query_chunk,
+                    help="query_chunk for the masked variants")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: on a shared 2-core machine more threads "
+                         "mostly add spin-wait noise)")
+    ap.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--only", default="1,2,3,4,5", help="sections to run, e.g. 1,4")
+    args = ap.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    torch.set_num_threads(args.threads)
+    only = set(args.only.split(","))
+    if not args.no_header:
+        header(args)
+    if "1" in only:
+        bench_tiny(args)
+    if "2" in only:
+        S = 512 if args.quick else 1024
+        model = wide_model(1024, 16, 2, torch.float32, torch.device("cpu"))
+        bench_forward("2. wide random-init LLaDA-shaped model, forward passes (CPU)",
+                      model, 1, S, 3, args, torch.device("cpu"))
+        del model
+    if "3" in only:
+        if args.gpu or torch.cuda.is_available():
+            bench_gpu(args)
+        else:
+            print("\n### 3. 8B-shaped LLaDA config (GPU)\n\nNo GPU was available in this run: "
+                  "the 8B-shaped bf16 ratios were not measured (run with --gpu on a CUDA machine).")
+    if "4" in only:
+        if os.environ.get("MALLOC_MMAP_THRESHOLD_") == str(MMAP_THRESHOLD):
+            bench_memory(args)
+        else:  # a child whose large allocations are all mmap'ed: freed tensors leave RSS at once
+            import subprocess
+
+            cmd = [sys.executable, __file__, "--only", "4", "--threads", str(args.threads),
+                   "--no-header"] + (["--quick"] if args.quick else [])
+            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+            subprocess.run(cmd, env=env, check=True)
+            sys.stdout.flush()
+    if "5" in only:
+        bench_sampler(args)
+
+
+if __name__ == "__main__":
+    main()
