@@ -54,11 +54,12 @@ _EXIT_SETUP_FAILED = 97  # the child could not apply a limit or drop privileges:
 # Imported before the uid switch: once it drops root, the child may no longer be able to
 # read the interpreter's library directory (e.g. Python installed under /root).
 _PRELOAD = (
-    "array", "bisect", "calendar", "cmath", "collections", "collections.abc", "contextlib",
-    "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
-    "hashlib", "heapq", "itertools", "json", "math", "numbers", "operator", "queue",
-    "random", "re", "statistics", "string", "struct", "textwrap", "time", "typing",
-    "unicodedata",
+    "abc", "array", "ast", "bisect", "calendar", "cmath", "collections", "collections.abc",
+    "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions",
+    "functools", "glob", "hashlib", "heapq", "inspect", "io", "itertools", "json", "math",
+    "numbers", "operator", "pathlib", "queue", "random", "re", "shutil", "statistics",
+    "string", "struct", "subprocess", "tempfile", "textwrap", "time", "traceback", "types",
+    "typing", "unicodedata", "warnings", "weakref",
     # Not for use: preloaded so that a socket opens and the empty network namespace, not an
     # unreadable library directory, is what stops it.
     "socket",
