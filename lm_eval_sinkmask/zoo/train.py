@@ -317,6 +317,10 @@ def main(argv=None):
     ap.add_argument("--eval-gsm", type=int, default=50)
     ap.add_argument("--eval-code", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--init-arm", default=None,
+                    help="continue training this arm checkpoint (a second phase: no "
+                         "curriculum, fresh data, --lr-arm)")
+    ap.add_argument("--lr-arm", type=float, default=3e-3)
     ap.add_argument("--parallel", action="store_true",
                     help="two processes of one thread each: arm then dream, and llada "
                          "(same total threads, no idle waits between them on a busy CPU)")
@@ -350,16 +354,25 @@ def main(argv=None):
                           eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                           attn_implementation="sdpa", **arm_dims)
         torch.manual_seed(args.seed)
-        arm = LlamaForCausalLM(cfg)
-        lr = 3e-3
-        info = train("arm", arm, Batches(tok, args.seed), arm_loss, args.minutes_arm,
-                     args.steps_arm, lr, args.batch_size, 0.2, False)
+        lr, phase = args.lr_arm, ""
+        if args.init_arm:
+            arm = LlamaForCausalLM.from_pretrained(args.init_arm)
+            prev = json.loads((Path(args.init_arm) / "train_info.json").read_text())
+            phase = (f"; phase 2: continued from a checkpoint trained {prev['steps']} steps "
+                     f"({prev['train_seconds']} s, loss {prev['final_loss']}, command "
+                     f"`{prev['command']}`), no curriculum, fresh data")
+        else:
+            arm = LlamaForCausalLM(cfg)
+        info = train("arm", arm, Batches(tok, args.seed + (3 if args.init_arm else 0)),
+                     arm_loss, args.minutes_arm, args.steps_arm, lr, args.batch_size,
+                     0.0 if args.init_arm else 0.2, False)
         info.update(quick_eval("arm", arm, tok, args.eval_gsm, args.eval_code))
         info.update(common, lr=lr, params=sum(p.numel() for p in arm.parameters()),
                     what="Autoregressive Llama (`LlamaForCausalLM`, SDPA attention).",
                     arch=f"Llama {arm_dims}", eval_how="greedy decoding",
                     train_desc="next-token cross-entropy on the answer, prompt as context; "
-                               "curriculum 1 -> 2 -> 3-step problems over the first 20%")
+                               "curriculum 1 -> 2 -> 3-step problems over the first 20%"
+                               + phase)
         if "arm" in models:
             save(arm, tok, args.out, "arm", info)
 
