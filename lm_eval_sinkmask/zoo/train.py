@@ -321,6 +321,9 @@ def main(argv=None):
                     help="continue training this arm checkpoint (a second phase: no "
                          "curriculum, fresh data, --lr-arm)")
     ap.add_argument("--lr-arm", type=float, default=3e-3)
+    ap.add_argument("--init-dream", default=None,
+                    help="continue training this dream checkpoint instead of adapting the arm")
+    ap.add_argument("--lr-dream", type=float, default=1e-3)
     ap.add_argument("--parallel", action="store_true",
                     help="two processes of one thread each: arm then dream, and llada "
                          "(same total threads, no idle waits between them on a busy CPU)")
@@ -347,7 +350,7 @@ def main(argv=None):
     mask_id = tok.mask_token_id
     arm = None
 
-    if "arm" in models or "dream" in models:
+    if "arm" in models or ("dream" in models and not args.init_dream):
         from transformers import LlamaConfig, LlamaForCausalLM
         cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=1024, rope_theta=10000.0,
                           tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
@@ -397,10 +400,17 @@ def main(argv=None):
         save(model, tok, args.out, "llada", info)
 
     if "dream" in models:
-        model = TinyDreamModel.from_llama(arm)
+        lr, phase = args.lr_dream, ""
+        if args.init_dream:
+            model = TinyDreamModel.from_pretrained(args.init_dream)
+            prev = json.loads((Path(args.init_dream) / "train_info.json").read_text())
+            phase = (f"; phase 2: continued from a checkpoint trained {prev['steps']} steps "
+                     f"({prev['train_seconds']} s, loss {prev['final_loss']}, command "
+                     f"`{prev['command']}`), fresh data")
+        else:
+            model = TinyDreamModel.from_llama(arm)
         model.config.mask_token_id = mask_id
-        lr = 1e-3
-        info = train("dream", model, Batches(tok, args.seed + 2),
+        info = train("dream", model, Batches(tok, args.seed + (5 if args.init_dream else 2)),
                      lambda m, i, r, v: diffusion_loss(m, i, r, v, mask_id, True, gen),
                      args.minutes_dream, args.steps_dream, lr, args.batch_size, 0.0, True)
         info.update(quick_eval("dream", model, tok, args.eval_gsm, args.eval_code))
@@ -410,7 +420,8 @@ def main(argv=None):
                     arch=f"TinyDream (= the ARM's shapes) {arm_dims}",
                     eval_how="own global low-confidence sampler, 2 tokens per step",
                     train_desc="initialised from the arm model; shifted masked diffusion "
-                               "(logits at i-1 predict masked token i), answer EOS-padded")
+                               "(logits at i-1 predict masked token i), answer EOS-padded"
+                               + phase)
         save(model, tok, args.out, "dream", info)
 
 
