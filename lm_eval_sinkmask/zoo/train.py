@@ -9,6 +9,9 @@ Objectives (SPEC section 7):
          kept clean; cross-entropy on masked positions weighted by 1/t.
 - dream: the same objective with Dream's shift: logits at i - 1 predict a masked token at i;
          weights start from the arm model.
+- llada_sink: llada's recipe (same data, steps, seed and initial weights) plus an extra sink
+         token (``<|sink|>``, a new id past the shared vocabulary) inserted before BOS, which
+         attends only to itself and is visible to every token (``lm_eval_sinkmask.sink_token``).
 
 Each model trains for a wall-clock budget (``--minutes-*``; the CPUs are shared, so the
 learning-rate schedule and the curriculum follow elapsed time). The number of steps reached
@@ -17,6 +20,7 @@ the schedule spread evenly over the steps, so a run is reproducible without the 
 """
 
 import argparse
+import copy
 import itertools
 import json
 import math
@@ -30,10 +34,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import sink_token
 from . import data
 from .modeling import TinyDreamModel, TinyLladaConfig, TinyLladaModel
 from .tokenizer import train_tokenizer
 
+SINK = "<|sink|>"  # llada_sink's extra token, added after the shared vocabulary
 GEN_LEN = 128  # longest answer region the DLMs are trained on (the sampler's gen_length)
 EPS = 1e-3
 
@@ -93,14 +99,17 @@ def arm_loss(model, ids, region, valid):
     return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
 
 
-def diffusion_loss(model, ids, region, valid, mask_id, shift, gen):
+def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None):
     B = ids.shape[0]
     # Stratified t in (eps, 1): lower-variance estimate of the same objective.
     t = ((torch.arange(B) + torch.rand(B, generator=gen)) / B)[torch.randperm(B, generator=gen)]
     t = EPS + (1 - EPS) * t
     masked = (torch.rand(ids.shape, generator=gen) < t[:, None]) & region
     noisy = ids.masked_fill(masked, mask_id)
-    logits = model(noisy, attention_mask=valid.long()).logits
+    if sink is None:
+        logits = model(noisy, attention_mask=valid.long()).logits
+    else:  # the extra sink token, as dlm_sinkmask inserts it at inference
+        logits = sink_token.forward(model, noisy, valid, sink, with_position_ids=False)
     if shift:  # Dream: logits at i - 1 predict token i
         logits, masked, target = logits[:, :-1], masked[:, 1:], ids[:, 1:]
     else:
@@ -108,6 +117,18 @@ def diffusion_loss(model, ids, region, valid, mask_id, shift, gen):
     ce = F.cross_entropy(logits[masked], target[masked], reduction="none")
     w = (1.0 / t)[:, None].expand_as(masked)[masked]
     return (ce * w).sum() / region.sum()
+
+
+def add_sink_embedding(model, sink, seed):
+    """One more (tied) embedding row for the sink token, drawn from its own generator, so the
+    other rows keep exactly the initial values the baseline model gets."""
+    model.resize_token_embeddings(sink.token_id + 1, mean_resizing=False)
+    emb = model.get_input_embeddings().weight
+    g = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        emb[sink.token_id] = torch.randn(emb.shape[1], generator=g) * model.config.initializer_range
+    model.config.sink_token_id = sink.token_id
+    model.config.sink_token_position = sink.position
 
 
 # ----------------------------------------------------------------------------- training
@@ -169,7 +190,7 @@ def generate_arm(model, tok, prompts, max_new):
 
 
 @torch.no_grad()
-def generate_dlm(model, tok, prompts, gen_len, shift, block=32, per_step=2):
+def generate_dlm(model, tok, prompts, gen_len, shift, block=32, per_step=2, sink=None):
     """Progress-metric sampler: low-confidence remasking, semi-AR blocks (LLaDA) or one
     global block (Dream), ``per_step`` tokens unmasked per forward pass."""
     mask_id = tok.mask_token_id
@@ -183,7 +204,10 @@ def generate_dlm(model, tok, prompts, gen_len, shift, block=32, per_step=2):
             todo = ids[:, b0:b0 + block] == mask_id
             if not todo.any():
                 break
-            logits = model(ids, attention_mask=att, position_ids=pos).logits
+            if sink is None:
+                logits = model(ids, attention_mask=att, position_ids=pos).logits
+            else:
+                logits = sink_token.forward(model, ids, att, sink, with_position_ids=True)
             if shift:
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
             logits = logits[:, b0:b0 + block].float()
@@ -220,7 +244,7 @@ def _truncate_code(gen):
     return gen
 
 
-def quick_eval(kind, model, tok, n_gsm, n_code, batch=32):
+def quick_eval(kind, model, tok, n_gsm, n_code, batch=32, sink=None):
     gsm, code = data.mini_gsm_test()[:n_gsm], data.mini_code_test()[:n_code]
     def gen(prompts, max_new):
         out = []
@@ -229,7 +253,8 @@ def quick_eval(kind, model, tok, n_gsm, n_code, batch=32):
             if kind == "arm":
                 out += generate_arm(model, tok, chunk, max_new)
             else:
-                out += generate_dlm(model, tok, chunk, max_new, shift=kind == "dream")
+                out += generate_dlm(model, tok, chunk, max_new, shift=kind == "dream",
+                                    sink=sink)
         return out
     g = gen([data.gsm_prompt(d) for d in gsm], GEN_LEN)
     c = gen([data.code_prompt(d) for d in code], 64)
@@ -302,7 +327,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--models", default="arm,llada,dream")
+    ap.add_argument("--models", default="arm,llada,dream",
+                    help="any of arm, llada, dream, llada_sink (llada_sink follows the llada "
+                         "schedule: --minutes-llada / --steps-llada)")
     ap.add_argument("--minutes-arm", type=float, default=25)
     ap.add_argument("--minutes-llada", type=float, default=50)
     ap.add_argument("--minutes-dream", type=float, default=25)
@@ -379,25 +406,44 @@ def main(argv=None):
         if "arm" in models:
             save(arm, tok, args.out, "arm", info)
 
-    if "llada" in models:
+    for name in ("llada", "llada_sink"):
+        if name not in models:
+            continue
+        # llada_sink: the same seed, data, schedule and initial weights as llada; only the
+        # extra sink token (one embedding row past the shared vocabulary) differs.
+        sink, model_tok = None, tok
+        if name == "llada_sink":
+            model_tok = copy.deepcopy(tok)
+            model_tok.add_special_tokens({"additional_special_tokens": [SINK]})
+            sink = sink_token.SinkToken(model_tok.convert_tokens_to_ids(SINK), "start")
         torch.manual_seed(args.seed + 1)
         model = TinyLladaModel(TinyLladaConfig(
             vocab_size=vocab, mask_token_id=mask_id, bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **llada_dims))
+        if sink is not None:
+            add_sink_embedding(model, sink, args.seed)
         lr = 2e-3
-        info = train("llada", model, Batches(tok, args.seed + 1),
-                     lambda m, i, r, v: diffusion_loss(m, i, r, v, mask_id, False, gen),
+        g = torch.Generator().manual_seed(args.seed)  # own stream: llada_sink masks as llada
+        info = train(name, model, Batches(tok, args.seed + 1),
+                     lambda m, i, r, v, s=sink: diffusion_loss(m, i, r, v, mask_id, False, g, s),
                      args.minutes_llada, args.steps_llada, lr, args.batch_size, 0.3, True)
-        info.update(quick_eval("llada", model, tok, args.eval_gsm, args.eval_code))
+        info.update(quick_eval("llada", model, tok, args.eval_gsm, args.eval_code, sink=sink))
         info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
                     what="LLaDA-style masked diffusion LM trained from scratch "
-                         "(`TinyLladaModel`, bidirectional MHA).",
+                         "(`TinyLladaModel`, bidirectional MHA)." + (
+                             "" if sink is None else
+                             f" With an extra sink token `{SINK}` (id {sink.token_id}) "
+                             "inserted before BOS: it attends only to itself and every token "
+                             "can attend to it (config `sink_token_id`, `sink_token_position`)."),
                     arch=f"TinyLlada {llada_dims}",
                     eval_how="own low-confidence sampler, blocks of 32, 2 tokens per step",
                     train_desc="masked diffusion (t ~ U(eps,1), answer tokens masked with prob "
                                "t, prompt clean, CE on masked weighted 1/t); curriculum "
-                               "1 -> 2 -> 3-step problems over the first 30%")
-        save(model, tok, args.out, "llada", info)
+                               "1 -> 2 -> 3-step problems over the first 30%" + (
+                                   "" if sink is None else
+                                   "; identical to `llada` (seed, data, steps, initial "
+                                   "weights) except for the extra sink token"))
+        save(model, model_tok, args.out, name, info)
 
     if "dream" in models:
         lr, phase = args.lr_dream, ""

@@ -1,0 +1,148 @@
+"""An extra sink token ("One Token Is Enough", Sec. 3): inserted into every sequence, it attends
+only to itself while every real token can attend to it, so it can become a position-stable,
+dedicated attention sink.
+
+A checkpoint declares it in its config.json::
+
+    "sink_token_id": 842,            # the token inserted (a special token of its tokenizer)
+    "sink_token_position": "start"   # "start": before each row's first real token (BOS
+                                     # included); "end": after its last real token
+
+Pure functions used by both the training script (``zoo/train.py``) and ``dlm_sinkmask``, so
+that training and inference build the same sequences and masks:
+
+    ids, valid, cols = insert(x, mask, sink)         # [B, T] -> [B, T + 1]
+    inputs = model_inputs(ids, valid, cols, ...)     # 4-D bool mask (+ position ids)
+    logits = strip(model(**inputs).logits, cols, sink)   # [B, T + 1, V] -> [B, T, V]
+
+The samplers never see the extra token: they get exactly the logits of the sequence they
+passed, and the sink token's own logit is -inf, so it is never predicted nor decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+POSITIONS = ("start", "end")
+
+
+@dataclass(frozen=True)
+class SinkToken:
+    token_id: int
+    position: str = "start"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.token_id, bool) or not isinstance(self.token_id, int) or self.token_id < 0:
+            raise ValueError(f"sink_token_id must be a non-negative integer, got {self.token_id!r}")
+        if self.position not in POSITIONS:
+            raise ValueError(
+                f"sink_token_position must be one of {POSITIONS}, got {self.position!r}"
+            )
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> SinkToken | None:
+        """The sink token a raw config.json declares, validated; None when it declares none.
+
+        Reads only the dict, so a bad declaration fails before any weight is loaded.
+        """
+        token_id = config.get("sink_token_id")
+        if token_id is None:
+            if config.get("sink_token_position") is not None:
+                raise ValueError("config sets sink_token_position but no sink_token_id")
+            return None
+        sink = cls(token_id, config.get("sink_token_position") or "start")
+        vocab = config.get("vocab_size")
+        if vocab is not None and sink.token_id >= vocab:
+            raise ValueError(
+                f"sink_token_id={sink.token_id} is outside the vocabulary (vocab_size={vocab})"
+            )
+        return sink
+
+
+def insert(
+    ids: torch.Tensor, valid: torch.Tensor, sink: SinkToken
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Insert the sink token into each row, next to its real tokens.
+
+    ids, valid: [B, T], each row's real tokens (valid) contiguous, padding on either side.
+    Returns the new ids and validity [B, T + 1] and the column of the sink token per row [B].
+    "start" puts it just before the first real token (so left and right padding keep it
+    adjacent to the text), "end" just after the last one.
+    """
+    valid = valid.bool()
+    B, T = ids.shape
+    if sink.position == "start":
+        cols = valid.long().argmax(1)  # 0 for a row without real tokens
+    else:
+        cols = T - valid.flip(1).long().argmax(1)
+        cols = torch.where(valid.any(1), cols, torch.zeros_like(cols))
+    c = torch.arange(T + 1, device=ids.device)[None, :]
+    src = (c - (c > cols[:, None]).long()).clamp(0, max(T - 1, 0))
+    at = c == cols[:, None]
+    if T == 0:
+        new_ids = torch.full((B, 1), sink.token_id, dtype=ids.dtype, device=ids.device)
+        return new_ids, at, cols
+    new_ids = ids.gather(1, src).masked_fill(at, sink.token_id)
+    new_valid = valid.gather(1, src) | at
+    return new_ids, new_valid, cols
+
+
+def attention_mask(valid: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """4-D bool mask [B, 1, S, S] (True = may attend): the sink token's row sees only itself,
+    every other real row sees every real key including the sink; padding neither attends nor
+    is attended (as Dream's own padded mask)."""
+    S = valid.shape[1]
+    is_sink = torch.arange(S, device=valid.device)[None, :] == cols[:, None]  # [B, S]
+    both_real = valid[:, :, None] & valid[:, None, :]
+    return torch.where(is_sink[:, :, None], is_sink[:, None, :], both_real)[:, None]
+
+
+def position_ids(valid: torch.Tensor) -> torch.Tensor:
+    """Positions counted from each row's first real token (the sink token included)."""
+    return (valid.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def model_inputs(ids: torch.Tensor, valid: torch.Tensor, cols: torch.Tensor,
+                 with_position_ids: bool) -> dict[str, Any]:
+    """Forward kwargs for a sequence that already holds the sink token (see :func:`insert`).
+
+    LLaDA-style forwards take no position ids (positions are columns); Dream-style ones do.
+    """
+    inputs = {"input_ids": ids, "attention_mask": attention_mask(valid, cols)}
+    if with_position_ids:
+        inputs["position_ids"] = position_ids(valid)
+    return inputs
+
+
+def strip(logits: torch.Tensor, cols: torch.Tensor, sink: SinkToken) -> torch.Tensor:
+    """Drop the sink token's position from logits [B, T + 1, V] -> [B, T, V] and make the sink
+    token id unpredictable (-inf), so callers see the logits of the sequence they passed."""
+    B, S, V = logits.shape
+    c = torch.arange(S - 1, device=logits.device)[None, :]
+    keep = c + (c >= cols[:, None]).long()
+    out = logits.gather(1, keep[..., None].expand(B, S - 1, V))
+    ban = torch.zeros(V, dtype=torch.bool, device=logits.device)
+    ban[sink.token_id] = True
+    return out.masked_fill(ban, float("-inf"))
+
+
+def key_columns(cols: torch.Tensor, length: int) -> torch.Tensor:
+    """Bool [B, length], True at each row's sink token (the keys the masker may exclude)."""
+    return torch.arange(length, device=cols.device)[None, :] == cols[:, None]
+
+
+def forward(model, ids: torch.Tensor, valid: torch.Tensor, sink: SinkToken,
+            with_position_ids: bool, on_keys=None) -> torch.Tensor:
+    """``model``'s logits for ids [B, T] with the sink token inserted and stripped again.
+
+    on_keys, if given, is called with the sink token's key columns [B, T + 1] before the
+    forward (how the masker learns which keys to exclude).
+    """
+    ids, valid, cols = insert(ids, valid, sink)
+    if on_keys is not None:
+        on_keys(key_columns(cols, ids.shape[1]))
+    logits = model(**model_inputs(ids, valid, cols, with_position_ids)).logits
+    return strip(logits, cols, sink)
