@@ -13,6 +13,7 @@ from typing import Any
 DETECT_MODES = ("previous", "current")
 GRANULARITIES = ("head", "layer")
 ARM_RULES = ("last_row", "all_rows")
+SINK_TOKEN_MODES = ("include", "exclude")
 
 
 def parse_layers(value: Any) -> tuple[int, ...] | None:
@@ -56,6 +57,10 @@ class SinkMaskConfig:
     arm_rule: query rows used by the ARM rule (SPEC 4): "last_row" (paper) or "all_rows".
     query_chunk: query rows processed at once by the intercept, bounding its extra memory to
         O(batch x heads x keys x query_chunk).
+    sink_token: for checkpoints that declare an extra sink token (``sink_token.py``):
+        "include" (default: Eq. 3 applies to every key, as for any model) lets it be chosen
+        and masked like any sink; "exclude" never masks it, so top_k counts the other sinks.
+        It is scored and reported either way. No effect on models without the token.
     """
 
     top_k: int = 0
@@ -65,6 +70,7 @@ class SinkMaskConfig:
     layers: tuple[int, ...] | None = None
     arm_rule: str = "last_row"
     query_chunk: int = 256
+    sink_token: str = "include"
 
     def __post_init__(self) -> None:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
@@ -81,6 +87,10 @@ class SinkMaskConfig:
             )
         if self.arm_rule not in ARM_RULES:
             raise ValueError(f"arm_rule must be one of {ARM_RULES}, got {self.arm_rule!r}")
+        if self.sink_token not in SINK_TOKEN_MODES:
+            raise ValueError(
+                f"sink_token must be one of {SINK_TOKEN_MODES}, got {self.sink_token!r}"
+            )
         if not isinstance(self.query_chunk, int) or self.query_chunk < 1:
             raise ValueError(f"query_chunk must be a positive integer, got {self.query_chunk!r}")
 
@@ -121,7 +131,7 @@ class SinkMaskConfig:
             args["top_k"] = number("top_k", kwargs.pop("top_k"), int)
         if "eps" in kwargs:
             args["eps"] = number("eps", kwargs.pop("eps"), float)
-        for name in ("detect", "granularity", "arm_rule"):
+        for name in ("detect", "granularity", "arm_rule", "sink_token"):
             if name in kwargs:
                 args[name] = str(kwargs.pop(name))
         if "layers" in kwargs:

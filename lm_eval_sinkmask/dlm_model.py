@@ -18,7 +18,7 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import zoo
+from . import sink_token, zoo
 from .config import SinkMaskConfig
 from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, resolve_pretrained
@@ -139,6 +139,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             config = pretrained.config.to_dict()
         self.family = family_for(config.get("model_type"), family)
         self.settings = DiffusionSettings.build(self.family, user_settings)
+        # an extra sink token declared by the checkpoint: inserted around every forward
+        self.sink = sink_token.SinkToken.from_config(config)
         if model_class is not None:
             # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub
             # repo): model_class=models:MMadaModelLM
@@ -173,9 +175,12 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         if prompt_mask is None:
             prompt_mask = torch.ones_like(context)
         s = self.settings.for_request(max_length - context.shape[1], self.family)
-        family = self.family
+        family, sink = self.family, self.sink
 
         def model_fn(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            if sink is not None:  # the samplers see neither the token nor its logits
+                return sink_token.forward(self.model, x, mask, sink, family.takes_position_ids,
+                                          on_keys=self.masker.set_extra_keys)
             return self.model(**family.model_inputs(x, mask)).logits
 
         common = dict(
@@ -221,4 +226,5 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["family"] = self.family.name
         info["sinkmask"]["sampler"] = {"name": self.family.sampler, **asdict(self.settings)}
         info["sinkmask"]["mask_id"] = self.mask_id
+        info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         return info

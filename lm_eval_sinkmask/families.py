@@ -45,6 +45,9 @@ class Family:
     # transformers' attn_implementation to request at load time; None for remote code that
     # does not take the argument (LLaDA decides itself, see ``disable_flash_attention``).
     attn_implementation: str | None = None
+    # whether the forward takes position_ids: with an extra sink token (sink_token.py) the
+    # inputs are built generically, and LLaDA's forward has no position_ids argument
+    takes_position_ids: bool = False
     eot_tokens: tuple[str, ...] = field(default=())
 
 
@@ -96,6 +99,7 @@ FAMILIES: dict[str, Family] = {
             ),
             model_inputs=_dream_inputs,
             attn_implementation="sdpa",
+            takes_position_ids=True,
         ),
     )
 }

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import SinkMaskConfig
-from .metric import select_sinks
+from .metric import select_sinks, top_k_sinks
 
 logger = logging.getLogger(__name__)
 
@@ -404,6 +404,14 @@ class SinkMasker:
         self.config = config
         self.rule = rule
         self.observers: list = list(observers)  # callables taking an AttentionEvent
+        # bool [B, S]: the extra sink token's key columns in the coming forward passes, set
+        # by the caller that inserts the token (sink_token.forward's on_keys)
+        self.extra_keys: torch.Tensor | None = None
+
+    def set_extra_keys(self, keys: torch.Tensor | None) -> None:
+        """Declare which keys of the next forward passes are the extra sink token, for
+        ``sink_token=exclude`` (they stay scored but are never chosen)."""
+        self.extra_keys = keys
 
     # -- scoping --------------------------------------------------------------------------
 
@@ -434,6 +442,7 @@ class SinkMasker:
         try:
             yield stats
         finally:
+            self.extra_keys = None
             F.scaled_dot_product_attention = run.original
             for h in handles:
                 h.remove()
@@ -505,6 +514,14 @@ class _Run:
             eps=self.config.eps, k=self.config.top_k,
             per_layer=self.config.granularity == "layer",
         )
+        extra = self.masker.extra_keys
+        if self.config.sink_token == "exclude" and extra is not None:
+            if extra.shape != (sc.batch, sc.n_k):
+                raise ValueError(
+                    f"extra sink token keys have shape {tuple(extra.shape)}, but the attention "
+                    f"call has batch {sc.batch} and {sc.n_k} keys"
+                )
+            chosen = top_k_sinks(scores, sinks & ~extra[:, None].to(sinks.device), self.config.top_k)
         self.previous[layer] = chosen
         if blocked is None:
             blocked = chosen

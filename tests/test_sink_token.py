@@ -1,0 +1,238 @@
+"""The extra sink token: insertion, its attention mask (checked against an eager recomputation),
+padding and batching, decoding, the masker's include/exclude choice, bad declarations, and a
+few training steps of the zoo's llada_sink."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lm_eval_sinkmask import sink_token
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
+from lm_eval_sinkmask.sink_token import SinkToken
+from lm_eval_sinkmask.zoo.train import add_sink_embedding
+from tests import tiny
+from tests.test_models import PROMPTS, make, requests
+
+
+def sink_llada(seed=0, position="start"):
+    """The tests' tiny LLaDA-style model with one extra embedding row for ``<|sink|>``."""
+    model = tiny.build("llada", seed)
+    tok = tiny.tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|sink|>"]})
+    sink = SinkToken(tok.convert_tokens_to_ids("<|sink|>"), position)
+    add_sink_embedding(model, sink, seed)
+    return model.eval(), tok, sink
+
+
+def padded(lengths, side, vocab=20, seed=0):
+    """Random ids [B, T] with each row's real tokens on the left or right; valid mask."""
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    ids = torch.full((len(lengths), T), 1)
+    valid = torch.zeros(len(lengths), T, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        cols = slice(T - n, T) if side == "left" else slice(0, n)
+        ids[i, cols] = torch.randint(5, vocab, (n,), generator=g)
+        valid[i, cols] = True
+    return ids, valid
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("position", ["start", "end"])
+def test_insert_then_strip_round_trips(side, position):
+    ids, valid = padded([5, 2, 7], side)
+    sink = SinkToken(99, position)
+    new_ids, new_valid, cols = sink_token.insert(ids, valid, sink)
+    assert new_ids.shape == (3, 8) and (new_ids == 99).sum() == 3
+    for b, n in enumerate([5, 2, 7]):
+        real = new_ids[b][new_valid[b]].tolist()
+        expect = ids[b][valid[b]].tolist()
+        assert real == ([99] + expect if position == "start" else expect + [99])
+        assert new_valid[b].sum() == n + 1 and new_ids[b, cols[b]] == 99
+    # strip() hands back exactly the columns of the sequence that was passed
+    fake_logits = F.one_hot(new_ids, 100).float()
+    back = sink_token.strip(fake_logits, cols, sink)
+    assert torch.equal(back[..., :99].argmax(-1), ids)
+    assert torch.isinf(back[..., 99]).all()
+
+
+def _capture_attention(monkeypatch):
+    calls = []
+    original = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        out = original(q, k, v, attn_mask=attn_mask, **kw)
+        calls.append((q, k, v, attn_mask, out))
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_sink_row_attends_only_to_itself_and_every_row_attends_to_it(monkeypatch, side):
+    model, _, sink = sink_llada()
+    lengths = [6, 3, 9]
+    ids, valid = padded(lengths, side, vocab=sink.token_id)
+    calls = _capture_attention(monkeypatch)
+    with torch.no_grad():
+        sink_token.forward(model, ids, valid, sink, with_position_ids=False)
+    assert len(calls) == model.config.num_hidden_layers
+    T = ids.shape[1] + 1
+    for q, k, v, mask, out in calls:
+        # eager recomputation: softmax(QK^T / sqrt(d) + mask)
+        bias = mask if mask.dtype != torch.bool else torch.zeros(mask.shape).masked_fill(~mask, -math.inf)
+        attn = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias, dim=-1)
+        torch.testing.assert_close(attn @ v, out, atol=1e-5, rtol=1e-4)  # it is the model's
+        for b, n in enumerate(lengths):
+            first = T - (n + 1) if side == "left" else 0
+            s = first  # "start": the sink token sits just before the row's first real token
+            real = list(range(first + 1, first + n + 1))
+            a = attn[b]  # [H, T, T]
+            assert torch.equal(a[:, s, s], torch.ones(a.shape[0]))  # its row: only itself
+            assert (a[:, real, s] > 0).all()  # every real row gives it nonzero attention
+            pads = [j for j in range(T) if j != s and j not in real]
+            assert (a[:, real][..., pads] == 0).all()  # padding keys stay masked
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_batch_of_different_lengths_matches_each_row_alone(side):
+    model, _, sink = sink_llada()
+    lengths = [4, 9, 6]
+    ids, valid = padded(lengths, side, vocab=sink.token_id)
+    with torch.no_grad():
+        batch = sink_token.forward(model, ids, valid, sink, with_position_ids=False)
+        assert batch.shape[:2] == ids.shape
+        for b in range(3):
+            row = ids[b][valid[b]][None]
+            alone = sink_token.forward(model, row, torch.ones_like(row, dtype=torch.bool), sink,
+                                       with_position_ids=False)
+            torch.testing.assert_close(batch[b][valid[b]], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def test_masker_excludes_or_includes_the_extra_token():
+    model, _, sink = sink_llada()
+    ids, valid = padded([7, 4], "right", vocab=sink.token_id)
+    chosen = {}
+    for mode in ("include", "exclude"):
+        # eps very negative and top_k above the length: every valid key is a candidate sink
+        masker = SinkMasker(SinkMaskConfig(top_k=50, eps=-1e9, sink_token=mode),
+                            observers=[lambda e, m=mode: chosen.setdefault(m, []).append(e)])
+        with torch.no_grad(), masker.attach(model):
+            for _ in range(2):  # the second pass masks what the first chose
+                sink_token.forward(model, ids, valid, sink, False, on_keys=masker.set_extra_keys)
+        assert masker.extra_keys is None  # state ends with the batch
+    _, new_valid, cols = sink_token.insert(ids, valid, sink)
+    is_sink = sink_token.key_columns(cols, new_valid.shape[1])[:, None]
+    for inc, exc in zip(chosen["include"], chosen["exclude"]):
+        assert (inc.chosen & is_sink).any(-1).all()  # included: the token is masked
+        assert not (exc.chosen & is_sink).any() and not (exc.blocked & is_sink).any()
+        others = new_valid[:, None] & ~is_sink
+        assert torch.equal(inc.chosen & others, exc.chosen & others)
+    # the same first attention call is scored alike either way (later ones see other masks)
+    torch.testing.assert_close(chosen["include"][0].scores, chosen["exclude"][0].scores)
+    assert (chosen["include"][-1].blocked & is_sink).any()
+
+
+@pytest.fixture(scope="module")
+def sink_dir(tmp_path_factory):
+    model, tok, _ = sink_llada()
+    path = tmp_path_factory.mktemp("llada_sink")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_generation_never_decodes_the_sink_token_and_matches_batch_one(sink_dir):
+    lm = make("dlm_sinkmask", sink_dir, top_k=1, eps=0.0, block_length=4, batch_size=3)
+    assert lm.sink == SinkToken(lm.tokenizer.convert_tokens_to_ids("<|sink|>"), "start")
+    # a model that would rather say <|sink|> everywhere: the token must still never appear
+    lm.model.lm_head.register_forward_hook(
+        lambda mod, inp, out: out.index_add(-1, torch.tensor([lm.sink.token_id]),
+                                            torch.full(out.shape[:-1] + (1,), 1e4)))
+    seen = []
+    sampler_fn = lm._model_generate
+
+    def spy(context, max_length, stop, **kw):
+        out = sampler_fn(context, max_length, stop, **kw)
+        seen.append(out)
+        return out
+
+    lm._model_generate = spy
+    texts = lm.generate_until(requests(until=("?",)))
+    assert all("<|sink|>" not in t for t in texts)
+    assert seen and all((o != lm.sink.token_id).all() for o in seen)
+    one = make("dlm_sinkmask", sink_dir, top_k=1, eps=0.0, block_length=4, batch_size=1)
+    assert one.generate_until(requests(until=("?",))) == make(
+        "dlm_sinkmask", sink_dir, top_k=1, eps=0.0, block_length=4, batch_size=3
+    ).generate_until(requests(until=("?",)))
+    info = lm.get_model_info()["sinkmask"]
+    assert info["sink_token"] == {"token_id": lm.sink.token_id, "position": "start"}
+    json.dumps(info)
+
+
+def test_sink_token_exclude_through_model_args(sink_dir):
+    lm = make("dlm_sinkmask", sink_dir, top_k=1, eps=-1e9, block_length=4, sink_token="exclude")
+    assert lm.mask_config.sink_token == "exclude"
+    lm.generate_until(requests(PROMPTS[:1]))
+    assert lm.mask_stats.keys_masked > 0
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"sink_token_id": 900, "vocab_size": 843}, "outside the vocabulary"),
+    ({"sink_token_id": 5, "sink_token_position": "middle"}, "sink_token_position"),
+    ({"sink_token_id": -1}, "non-negative"),
+    ({"sink_token_position": "start"}, "no sink_token_id"),
+])
+def test_bad_declarations_fail_clearly(config, message):
+    with pytest.raises(ValueError, match=message):
+        SinkToken.from_config(config)
+
+
+def test_bad_declaration_fails_in_dlm_sinkmask_and_bad_mode_in_config(sink_dir, tmp_path):
+    cfg = json.loads((sink_dir / "config.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in sink_dir.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "config.json").write_text(json.dumps({**cfg, "sink_token_position": "middle"}))
+    with pytest.raises(ValueError, match="sink_token_position"):
+        make("dlm_sinkmask", bad)
+    assert SinkToken.from_config({"vocab_size": 10}) is None
+    with pytest.raises(ValueError, match="sink_token must be one of"):
+        SinkMaskConfig.pop_from({"sink_token": "maybe"})
+    assert SinkMaskConfig().sink_token == "include"
+
+
+def test_sink_embedding_leaves_every_other_initial_weight_alone():
+    base = tiny.build("llada", 0)
+    model, _, sink = sink_llada(0)
+    emb = model.get_input_embeddings().weight
+    assert emb.shape[0] == base.config.vocab_size + 1 == model.config.vocab_size
+    assert torch.equal(emb[:-1], base.get_input_embeddings().weight)
+    assert model.lm_head.weight.data_ptr() == emb.data_ptr()  # still tied
+    for (name, p), (_, q) in zip(model.named_parameters(), base.named_parameters()):
+        if "embed" not in name:
+            assert torch.equal(p, q), name
+
+
+def test_a_few_training_steps_of_llada_sink(tmp_path):
+    from transformers import AutoModel, AutoTokenizer
+
+    from lm_eval_sinkmask.zoo import train
+
+    train.main(["--out", str(tmp_path), "--size", "test", "--models", "llada_sink",
+                "--steps-llada", "2", "--eval-gsm", "1", "--eval-code", "1", "--seed", "0"])
+    path = tmp_path / "llada_sink"
+    info = json.loads((path / "train_info.json").read_text())
+    assert info["steps"] == 2 and info["final_loss"] > 0
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path)
+    sink = SinkToken.from_config(model.config.to_dict())
+    assert sink == SinkToken(tok.convert_tokens_to_ids("<|sink|>"), "start")
+    assert sink.token_id == len(tok) - 1 == model.config.vocab_size - 1
+    assert "sink token" in (path / "README.md").read_text()
