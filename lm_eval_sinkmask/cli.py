@@ -63,6 +63,8 @@ def _table(a: argparse.Namespace) -> int:
 
 
 def _sinks(a: argparse.Namespace) -> int:
+    import numpy as np
+
     from .figures import draw_all
     from .sink_trace import parse_heads, trace_generation
 
@@ -70,18 +72,47 @@ def _sinks(a: argparse.Namespace) -> int:
     trace = trace_generation(
         a.model, a.prompt, kind=a.kind, gen_length=a.gen_length, steps=a.steps, eps=a.eps,
         top_k=a.top_k, topn=a.topn, full_steps=a.full_steps, model_args=a.model_args,
-        device=a.device, chat=a.chat, name=a.name,
+        device=a.device, chat=a.chat, name=a.name, watch=_positions(a.watch),
     )
     folder = trace.save(Path(a.out))
     print(f"completion: {trace.meta['completion']!r}")
+    print(stability_line(trace.meta["stability"]))
+    for p in trace.meta["watch_positions"]:
+        share = trace.share_on_position(p)
+        print(f"attention share on position {p}: mean {np.nanmean(share):.3f} over steps, layers and heads"
+              if np.isfinite(share).any() else f"attention share on position {p}: position not in the sequence")
     for name, path in draw_all(folder, a.heads).items():
         print(f"{name}: {path}")
     return 0
 
 
+def _positions(text: str | None) -> list[int]:
+    try:
+        return [int(x) for x in (text or "").split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--watch takes comma-separated key positions, got {text!r}") from None
+
+
+def stability_line(block: dict) -> str:
+    """One line of a trace's ``stability`` block, for the terminal."""
+    g = block["aggregate"]
+
+    def f(x, spec=".2f"):
+        return "n/a" if x is None else format(x, spec)
+
+    return (f"sink stability (eps={block['eps']:g}): keep rate {f(g['keep_rate'])} per head "
+            f"({g['heads_with_pairs']}/{g['heads']} heads with a sink at consecutive steps; pooled "
+            f"{g['kept']}/{g['pairs']} pairs = {f(g['pooled_keep_rate'])}), "
+            f"{f(g['distinct_positions'], '.1f')} distinct positions, "
+            f"main sink share {f(g['main_share'], '.3f')} ({g['heads_with_sink']} heads with a sink)")
+
+
 def _figures(a: argparse.Namespace) -> int:
     from .figures import draw_all
+    from .sink_trace import Trace
 
+    trace = Trace.load(Path(a.folder))
+    print(stability_line(trace.meta.get("stability") or trace.stability()))  # version-1 traces lack it
     for name, path in draw_all(Path(a.folder), a.heads).items():
         print(f"{name}: {path}")
     return 0
@@ -142,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--model-args", default="", help="more model_args, e.g. block_length=32,trust_remote_code=True")
     k.add_argument("--device", default=None)
     k.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    k.add_argument("--watch", default=None, metavar="POSITIONS",
+                   help="key positions whose attention share is kept at every step, e.g. 0 (extra sink token)")
     k.set_defaults(func=_sinks)
 
     f = sub.add_parser("figures", help="redraw the figures from a saved trace")

@@ -1,4 +1,5 @@
-"""The sink-dynamics figures (paper Figs. 3, 5, 7, 10), drawn from a saved trace alone.
+"""The sink-dynamics figures (paper Figs. 3, 5, 7, 10, and sink stability), drawn from a saved
+trace alone.
 
 Every figure's title names the model and the steps it covers; scores are Eq. 3 scores in units
 of the uniform attention share (SPEC 2: 1 = the attention a key would get if every query spread
@@ -18,6 +19,7 @@ FIGURES = {
     "fig5": "fig5_main_sink_heatmap.png",
     "fig7": "fig7_sink_position.png",
     "fig10": "fig10_eps_selection.png",
+    "stability": "sink_stability.png",
 }
 
 
@@ -210,6 +212,52 @@ def fig_eps_selection(trace: Trace, path: Path, eps_max: float = 10.0) -> Path:
     return _save(fig, path)
 
 
+def fig_stability(trace: Trace, path: Path) -> Path:
+    """Issue 7: per (layer, head), how often the main sink keeps its position between steps, and
+    the share of attention it receives (a moving sink is what the sink-token paper blames)."""
+    plt = _plt()
+    block = trace.stability()
+    per = {k: np.array(v, dtype=float) for k, v in block["per_head"].items()}  # None -> NaN
+    keep, share, distinct = per["keep_rate"], per["main_share"], per["distinct_positions"]
+    L, H = keep.shape
+    fig, axes = plt.subplots(1, 2, figsize=(max(11.0, 0.9 * H + 5), max(4.0, 0.4 * L + 2.4)))
+    panels = [
+        (axes[0], keep, "keep rate (same position at t and t+1)", dict(vmin=0, vmax=1, cmap="RdYlGn")),
+        (axes[1], share, "main sink's share of attention (mean over its steps)",
+         dict(vmin=0, vmax=max(float(np.nanmax(share)) if np.isfinite(share).any() else 1.0, 1e-3),
+              cmap="viridis")),
+    ]
+    for ax, img, label, kw in panels:
+        cmap = plt.get_cmap(kw.pop("cmap")).with_extremes(bad="lightgrey")
+        im = ax.imshow(np.ma.masked_invalid(img), aspect="auto", origin="upper", interpolation="nearest",
+                       cmap=cmap, **kw)
+        if L * H <= 256:
+            for l in range(L):
+                for h in range(H):
+                    text = "-" if not np.isfinite(img[l, h]) else f"{img[l, h]:.2f}"
+                    if img is keep and distinct[l, h] > 0:
+                        text += f"\n{int(distinct[l, h])} pos"
+                    ax.text(h, l, text, ha="center", va="center", fontsize=6.5)
+        ax.set_xticks(range(H))
+        ax.set_yticks(range(L))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(im, ax=ax, label=label)
+    g = block["aggregate"]
+
+    def f(x, spec=".2f"):
+        return "n/a" if x is None else format(x, spec)
+
+    axes[0].set_title(f"keep rate, mean {f(g['keep_rate'])} over {g['heads_with_pairs']}/{g['heads']} heads; "
+                      f"\"n pos\": distinct positions\n(grey: no sink at two consecutive steps)", fontsize=8)
+    axes[1].set_title(f"main sink share, mean {f(g['main_share'], '.3f')} over {g['heads_with_sink']} heads"
+                      "\n(grey: never a sink)", fontsize=8)
+    fig.suptitle(f"Sink stability over steps 1-{trace.steps}: {_name(trace)}, eps={block['eps']:g}",
+                 fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=120, metadata={"Software": None})
     _plt().close(fig)
@@ -227,4 +275,5 @@ def draw_all(folder: Path, heads: str | list[tuple[int, int]] | None = None) -> 
         "fig5": fig_main_sink_heatmap(trace, folder / FIGURES["fig5"]),
         "fig7": fig_sink_position(trace, folder / FIGURES["fig7"], heads),
         "fig10": fig_eps_selection(trace, folder / FIGURES["fig10"]),
+        "stability": fig_stability(trace, folder / FIGURES["stability"]),
     }

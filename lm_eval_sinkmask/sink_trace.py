@@ -10,7 +10,12 @@ for every forward pass (denoising step, or generated token for an ARM), layer an
 - a histogram of all scores over fixed log-spaced bins,
 
 plus the full score vectors of a few evenly spaced steps (for the share-selected-vs-eps curve,
-paper Fig. 10). Saved as ``trace.npz`` + ``meta.json``; :mod:`figures` draws from them alone.
+paper Fig. 10), and optionally the scores of a few fixed ``watch`` positions at every step (e.g.
+an extra sink token's). Saved as ``trace.npz`` + ``meta.json``; :mod:`figures` draws from them
+alone. ``meta["stability"]`` holds the sink-stability summary (:mod:`stability`, issue 7): how
+often the main sink keeps its position from one step to the next, per (layer, head) and overall.
+A share of attention is a score divided by the step's key count (``n_keys``): exact for the
+single, unpadded sequence a trace records.
 
 Tracing an unmasked run: the intercept emits events only when ``top_k >= 1``, so the trace runs
 with ``top_k=1`` and an eps no score can exceed (``OBSERVE_EPS``): every call is scored, nothing
@@ -23,15 +28,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
+from . import stability
 from .intercept import AttentionEvent
 from .metric import find_sinks
 
 OBSERVE_EPS = 1e30
+# 2: stability summary in meta, optional watch_pos / watch_score arrays (version 1 had neither;
+# its stability is recomputed from top_pos / top_score / n_keys, which both versions keep)
+TRACE_VERSION = 2
 # score bins, in units of the uniform share: [0, 1/16), [1/16, 1/8), ..., [512, 1024), [1024, inf)
 HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
 
@@ -39,8 +48,9 @@ HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
 class TraceRecorder:
     """Observer for :class:`SinkMasker`: a compact record per (step, layer, head)."""
 
-    def __init__(self, eps: float = 3.0, topn: int = 5, batch_index: int = 0):
+    def __init__(self, eps: float = 3.0, topn: int = 5, batch_index: int = 0, watch: Sequence[int] = ()):
         self.eps, self.topn, self.b = eps, topn, batch_index
+        self.watch = [int(p) for p in watch]  # key positions whose score is kept at every step
         self.rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self.full: dict[tuple[int, int], np.ndarray] = {}
         self.inputs: dict[int, np.ndarray] = {}  # step -> input ids the forward saw
@@ -62,6 +72,12 @@ class TraceRecorder:
             "top_pos": pos.numpy(), "top_score": val.numpy(), "total": s.sum(-1).numpy(),
             "n_sinks": sinks.int().numpy(), "hist": hist.numpy(), "n_keys": np.int32(n),
         }
+        if self.watch:
+            w = torch.full((s.shape[0], len(self.watch)), float("nan"))
+            for i, p in enumerate(self.watch):
+                if -n <= p < n:
+                    w[:, i] = s[:, p]
+            self.rows[(event.forward_pass, event.layer)]["watch_score"] = w.numpy()
         self.full[(event.forward_pass, event.layer)] = s.half().numpy()
 
     def input_hook(self, module, args, kwargs) -> None:
@@ -88,9 +104,13 @@ class TraceRecorder:
             "n_keys": np.zeros(T, np.int32),
             "hist_edges": HIST_EDGES.astype(np.float64),
         }
+        if self.watch:
+            out["watch_pos"] = np.array(self.watch, np.int32)
+            out["watch_score"] = np.full((T, L, H, len(self.watch)), np.nan, np.float32)
         for (t, l), r in self.rows.items():
-            for name in ("top_pos", "top_score", "total", "n_sinks", "hist"):
-                out[name][t - 1, l] = r[name]
+            for name in ("top_pos", "top_score", "total", "n_sinks", "hist", "watch_score"):
+                if name in r:
+                    out[name][t - 1, l] = r[name]
             out["n_keys"][t - 1] = r["n_keys"]
         picked = sorted(set(np.linspace(1, T, min(full_steps, T)).round().astype(int).tolist()))
         width = max(int(out["n_keys"][t - 1]) for t in picked)
@@ -132,6 +152,34 @@ class Trace:
         n = self.arrays["n_keys"][:, None, None].astype(np.float64)
         others = (self.arrays["total"] - s1) / np.maximum(n - 1, 1)
         return (n > 1) & (s1 > others + eps)
+
+    def main_sink(self, eps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """[T, L, H] position (-1: no sink) and attention share of each step's main sink."""
+        return stability.main_sink(self.arrays["top_pos"][..., 0], self.arrays["top_score"][..., 0],
+                                   self.arrays["n_keys"], self.top_is_sink(eps))
+
+    def stability(self, eps: float | None = None) -> dict[str, Any]:
+        """Sink-stability summary (issue 7), JSON-ready: per (layer, head) and aggregated."""
+        per_head = stability.head_stability(*self.main_sink(eps))
+        return {
+            "eps": self.meta["eps"] if eps is None else eps,
+            "aggregate": stability.aggregate(per_head),
+            "per_head": stability.to_json(per_head),
+        }
+
+    def share_on_position(self, pos: int) -> np.ndarray:
+        """[T, L, H] share of attention on key ``pos`` at every step (the extra sink token's).
+
+        Exact for a position the recorder watched; otherwise known only at the steps where the
+        key was among the ``topn`` kept keys, NaN elsewhere.
+        """
+        if "watch_pos" in self.arrays:
+            hit = np.flatnonzero(self.arrays["watch_pos"] == pos)
+            if hit.size:
+                n = np.maximum(self.arrays["n_keys"][:, None, None].astype(np.float64), 1)
+                return self.arrays["watch_score"][..., hit[0]].astype(np.float64) / n
+        return stability.position_share(self.arrays["top_pos"], self.arrays["top_score"],
+                                        self.arrays["n_keys"], pos)
 
     def save(self, folder: Path) -> Path:
         folder = Path(folder)
@@ -189,8 +237,12 @@ def trace_generation(
     device: str | None = None,
     chat: bool = False,
     name: str | None = None,
+    watch: Sequence[int] = (),
 ) -> Trace:
-    """Generate once from ``prompt`` and record the sinks of every step, layer and head."""
+    """Generate once from ``prompt`` and record the sinks of every step, layer and head.
+
+    ``watch``: key positions whose score is kept at every step (negative counts from the end).
+    """
     import lm_eval.models  # noqa: F401  (registers lm-eval's models, then ours via _autoload)
     from lm_eval.api.registry import get_model
     from lm_eval.utils import simple_parse_args_string
@@ -204,7 +256,7 @@ def trace_generation(
     args["device"] = device or default_device()
     args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
     lm = get_model(MODEL_CLASS[kind])(pretrained=model, **args)
-    recorder = TraceRecorder(eps=eps, topn=topn)
+    recorder = TraceRecorder(eps=eps, topn=topn, watch=watch)
     lm.masker.observers.append(recorder)
     handle = lm.model.register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
     text = lm.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
@@ -223,6 +275,7 @@ def trace_generation(
     seq = full[0].tolist()
     config = lm.model.config
     meta = {
+        "trace_version": TRACE_VERSION,
         "model": model,
         "name": name or Path(str(model).rstrip("/")).name,
         "kind": kind,
@@ -244,6 +297,9 @@ def trace_generation(
         "steps": int(arrays["total"].shape[0]),
         "counters": lm.mask_stats.as_dict(),
         "versions": versions(),
+        "watch_positions": [int(p) for p in watch],
     }
     del lm
-    return Trace(meta, arrays)
+    trace = Trace(meta, arrays)
+    meta["stability"] = trace.stability()
+    return trace
