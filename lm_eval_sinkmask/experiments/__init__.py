@@ -1,0 +1,1 @@
+"""Experiments built on the package: each module runs one study end to end and writes its report."""

@@ -1,0 +1,293 @@
+"""Does one extra sink token help a diffusion LM? (issue 7; "One Token Is Enough")
+
+    python -m lm_eval_sinkmask.experiments.sink_token --out results/sink_token
+
+Compares the zoo's LLaDA-style baseline (``zoo:llada``) with the same recipe retrained with an
+extra sink token (``zoo:llada_sink``; the two differ in that token only):
+
+1. accuracy: ``sinkmask sweep``'s cells on mini_gsm and mini_code at K = 0, 1, 5, 10 (the
+   extra token among the sink candidates, the default ``sink_token=include``), and the masking
+   ablation with it excluded (``sink_token=exclude``, model ``llada_sink_excl``) at K = 1, 5, 10;
+2. sinks: unmasked ``sinkmask sinks`` traces of a few test prompts per model: sink stability
+   (``stability.py``: does the main sink keep its position from one denoising step to the
+   next), the share of attention on the extra token and on BOS, and how often the extra token
+   is the main sink;
+3. report: ``table.md``, ``table.csv``, ``summary.json`` and ``sink_token.png`` in ``--out``.
+
+Resumable: finished sweep cells and traces are skipped on a rerun (``--report-only`` just
+redraws). Tiny CPU models: a test bed, not a claim about 8B models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TASKS = {"mini_gsm_sinkmask": "mini_gsm", "mini_code_sinkmask": "mini_code"}
+KS = (0, 1, 5, 10)
+# name -> (checkpoint, model_args, K values): the excluded variant needs no K = 0 (it is
+# llada_sink's K = 0 exactly: nothing is masked)
+MODELS = {
+    "llada": ("zoo:llada", "", KS),
+    "llada_sink": ("zoo:llada_sink", "sink_token=include", KS),
+    "llada_sink_excl": ("zoo:llada_sink", "sink_token=exclude", KS[1:]),
+}
+LABELS = {
+    "llada": "llada (baseline)",
+    "llada_sink": "llada_sink, token among candidates",
+    "llada_sink_excl": "llada_sink, token excluded",
+}
+TRACED = ("llada", "llada_sink")
+GEN_LENGTH = {"mini_gsm_sinkmask": 128, "mini_code_sinkmask": 64}  # the tasks' max_gen_toks
+
+
+# --------------------------------------------------------------------------- accuracy
+
+def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, tasks) -> None:
+    from ..sweep import ModelSpec, SweepPlan, run_sweep
+
+    for task in tasks:
+        for name, (path, args, ks) in MODELS.items():
+            plan = SweepPlan(models=[ModelSpec(name, path, "dlm", args)], tasks=[task],
+                             ks=list(ks), out=out, limit=limits[task], batch_size=batch_size,
+                             device="cpu", allow_code_execution=True)
+            run_sweep(plan)
+
+
+def read_cells(out: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted((out / "cells").glob("*/*/k*/cell.json")):
+        r = json.loads(path.read_text())
+        req = r["request"]
+        if req["model"] not in MODELS or req["task"] not in TASKS:
+            continue
+        counters = (r.get("sinkmask") or {}).get("counters") or {}
+        rows.append({"model": req["model"], "task": req["task"], "k": req["top_k"],
+                     "metric": r["metric"], "value": r["value"], "stderr": r["stderr"],
+                     "n": r["n"], "limit": req["limit"], "seconds": r["seconds"],
+                     "keys_masked": counters.get("keys_masked"),
+                     "forward_passes": counters.get("forward_passes")})
+    return rows
+
+
+# ------------------------------------------------------------------------------ sinks
+
+def trace_prompts(n: int) -> list[tuple[str, str]]:
+    from ..zoo import data
+
+    gsm = [("mini_gsm_sinkmask", data.gsm_prompt(d)) for d in data.mini_gsm_test()[:n]]
+    code = [("mini_code_sinkmask", data.code_prompt(d)) for d in data.mini_code_test()[:n]]
+    return gsm + code
+
+
+def run_traces(out: Path, n_prompts: int) -> None:
+    """One unmasked traced generation per (model, prompt), saved under out/traces/."""
+    from ..sink_trace import trace_generation
+
+    for name in TRACED:
+        path = MODELS[name][0]
+        for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
+            folder = out / "traces" / name / f"{TASKS[task]}_{i % n_prompts}"
+            if (folder / "meta.json").exists():
+                continue
+            # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink token
+            # (position 0, "start") and BOS (llada_sink)
+            trace = trace_generation(path, prompt, kind="dlm", gen_length=GEN_LENGTH[task],
+                                     device="cpu", name=name, watch=(0, 1))
+            trace.save(folder)
+            print(f"traced {name} {folder.name}: {trace.meta['stability']['aggregate']}",
+                  flush=True)
+
+
+def _mean(values) -> float | None:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    return float(np.mean(v)) if v else None
+
+
+def trace_summary(out: Path) -> dict[str, dict[str, Any]]:
+    """Per model: stability numbers and attention shares, averaged over its traces."""
+    from ..sink_trace import Trace
+
+    summary = {}
+    for name in TRACED:
+        folders = sorted((out / "traces" / name).glob("*/meta.json"))
+        if not folders:
+            continue
+        per_trace = []
+        for meta in folders:
+            trace = Trace.load(meta.parent)
+            agg = trace.meta.get("stability", trace.stability())["aggregate"]
+            pos, _ = trace.main_sink()
+            has = pos >= 0
+            sink_pos = 0 if name == "llada_sink" else None  # the extra token's key position
+            bos_pos = 1 if name == "llada_sink" else 0
+            per_trace.append({
+                "keep_rate": agg["keep_rate"],
+                "pooled_keep_rate": agg["pooled_keep_rate"],
+                "distinct_positions": agg["distinct_positions"],
+                "main_share": agg["main_share"],
+                "heads_with_sink": agg["heads_with_sink"] / max(agg["heads"], 1),
+                "extra_share": (float(np.nanmean(trace.share_on_position(sink_pos)))
+                                if sink_pos is not None else None),
+                "bos_share": float(np.nanmean(trace.share_on_position(bos_pos))),
+                "main_is_extra": (float((pos[has] == sink_pos).mean())
+                                  if sink_pos is not None and has.any() else None),
+                "main_is_bos": float((pos[has] == bos_pos).mean()) if has.any() else None,
+            })
+        summary[name] = {k: _mean(t[k] for t in per_trace) for k in per_trace[0]}
+        summary[name]["traces"] = len(per_trace)
+    return summary
+
+
+# ----------------------------------------------------------------------------- report
+
+def _fmt(value, stderr=None, pct=True):
+    if value is None:
+        return "-"
+    if pct:
+        s = f"{100 * value:.1f}"
+        return s + (f" ± {100 * stderr:.1f}" if stderr is not None else "")
+    return f"{value:.2f}"
+
+
+STABILITY_COLUMNS = [
+    ("keep_rate", "main sink keeps its position (per-head mean)"),
+    ("pooled_keep_rate", "... pooled over step pairs"),
+    ("distinct_positions", "distinct main-sink positions per head"),
+    ("main_share", "attention share of the main sink"),
+    ("heads_with_sink", "heads with a sink"),
+    ("extra_share", "attention share of the extra token"),
+    ("bos_share", "attention share of BOS"),
+    ("main_is_extra", "main sink = extra token"),
+    ("main_is_bos", "main sink = BOS"),
+]
+
+
+def write_report(out: Path) -> dict[str, Any]:
+    rows = read_cells(out)
+    stab = trace_summary(out)
+    cell = {(r["model"], r["task"], r["k"]): r for r in rows}
+    lines = ["# Extra sink token: llada vs llada_sink (tiny zoo)", "",
+             "Tiny CPU models (1.4M parameters, synthetic tasks): a test bed, not a claim about "
+             "8B models. Accuracy in %, mean ± stderr (lm-eval's), greedy, project's block "
+             "sampler (block 32, steps = gen_length).", ""]
+    for task, short in TASKS.items():
+        n = {r["n"] for r in rows if r["task"] == task}
+        metric = {r["metric"] for r in rows if r["task"] == task}
+        lines += [f"## {short} ({', '.join(map(str, sorted(metric)))}; n = "
+                  f"{', '.join(map(str, sorted(n)))})", "",
+                  "| model | " + " | ".join(f"K={k}" for k in KS) + " |",
+                  "|---|" + "---|" * len(KS)]
+        for name in MODELS:
+            cells = [cell.get((name, task, k)) for k in KS]
+            if not any(cells):
+                continue
+            lines.append(f"| {LABELS[name]} | " + " | ".join(
+                _fmt(c["value"], c["stderr"]) if c else "(= K=0 above)" if k == 0 else "-"
+                for c, k in zip(cells, KS)) + " |")
+        lines.append("")
+    if stab:
+        lines += ["## Sinks in unmasked generations (eps = 3, means over traced prompts)", "",
+                  "| | " + " | ".join(stab) + " |", "|---|" + "---|" * len(stab)]
+        for key, label in STABILITY_COLUMNS:
+            pct = key not in ("distinct_positions",)
+            lines.append(f"| {label} | " + " | ".join(
+                _fmt(stab[m].get(key), pct=pct) + ("%" if pct and stab[m].get(key) is not None else "")
+                for m in stab) + " |")
+        lines += ["", "Traced prompts per model: " + ", ".join(
+            f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
+            " Shares are the mean attention a valid query row gives the key (uniform share "
+            "= 1/|K|), averaged over steps, layers and heads.", ""]
+    (out / "table.md").write_text("\n".join(lines))
+    with (out / "table.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
+        w.writeheader()
+        w.writerows(rows)
+    summary = {"accuracy": rows, "sinks": stab}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    draw(out, cell, stab)
+    return summary
+
+
+def draw(out: Path, cell: dict, stab: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    styles = {"llada": ("C0", "o-"), "llada_sink": ("C3", "s-"), "llada_sink_excl": ("C3", "^--")}
+    for ax, (task, short) in zip(axes, TASKS.items()):
+        for name in MODELS:
+            pts = [(k, cell[(name, task, k)]) for k in KS if (name, task, k) in cell]
+            if name == "llada_sink_excl" and ("llada_sink", task, 0) in cell:
+                pts = [(0, cell[("llada_sink", task, 0)])] + pts
+            if not pts:
+                continue
+            x = np.arange(len(KS))[[KS.index(k) for k, _ in pts]]
+            y = np.array([100 * c["value"] for _, c in pts])
+            e = np.array([100 * (c["stderr"] or 0) for _, c in pts])
+            color, style = styles[name]
+            ax.errorbar(x, y, yerr=e, fmt=style, color=color, capsize=3, label=LABELS[name])
+        ax.set_xticks(range(len(KS)), [f"K={k}" for k in KS])
+        ax.set_title(f"{short}: accuracy vs sinks masked")
+        ax.set_ylabel("accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    ax = axes[2]
+    keys = [("keep_rate", "main sink\nkeeps position"), ("main_share", "share of\nmain sink"),
+            ("extra_share", "share of\nextra token"), ("bos_share", "share of\nBOS")]
+    for j, name in enumerate(m for m in TRACED if m in stab):
+        vals = [100 * (stab[name].get(k) or 0) for k, _ in keys]
+        ax.bar(np.arange(len(keys)) + 0.38 * (j - 0.5), vals, width=0.38,
+               color=styles[name][0], label=name)
+    ax.set_xticks(range(len(keys)), [label for _, label in keys], fontsize=8)
+    ax.set_ylabel("%")
+    ax.set_title("sinks, unmasked generations (eps = 3)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.suptitle("Extra sink token on the tiny zoo (1.4M-parameter LLaDA-style models; "
+                 "not a claim about 8B models)", fontsize=10)
+    fig.tight_layout()
+    path = out / "sink_token.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/sink_token")
+    ap.add_argument("--limit-gsm", type=int, default=100, help="mini_gsm problems [%(default)s]")
+    ap.add_argument("--limit-code", type=int, default=100, help="mini_code problems [%(default)s]")
+    ap.add_argument("--tasks", default=",".join(TASKS), help="subset of the tasks to run now")
+    ap.add_argument("--trace-prompts", type=int, default=4,
+                    help="traced prompts per task and model [%(default)s]")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--skip-traces", action="store_true")
+    ap.add_argument("--report-only", action="store_true", help="only redraw from what is saved")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not a.report_only:
+        limits = {"mini_gsm_sinkmask": a.limit_gsm, "mini_code_sinkmask": a.limit_code}
+        tasks = [t for t in a.tasks.split(",") if t]
+        unknown = sorted(set(tasks) - set(TASKS))
+        if unknown:
+            raise SystemExit(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
+        run_accuracy(out, limits, a.batch_size, tasks)
+        if not a.skip_traces:
+            run_traces(out, a.trace_prompts)
+    write_report(out)
+    print((out / "table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
