@@ -49,11 +49,13 @@ GEN_LENGTH = {"mini_gsm_sinkmask": 128, "mini_code_sinkmask": 64}  # the tasks' 
 
 # --------------------------------------------------------------------------- accuracy
 
-def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, tasks) -> None:
+def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, tasks,
+                 models) -> None:
     from ..sweep import ModelSpec, SweepPlan, run_sweep
 
     for task in tasks:
-        for name, (path, args, ks) in MODELS.items():
+        for name in models:
+            path, args, ks = MODELS[name]
             plan = SweepPlan(models=[ModelSpec(name, path, "dlm", args)], tasks=[task],
                              ks=list(ks), out=out, limit=limits[task], batch_size=batch_size,
                              device="cpu", allow_code_execution=True)
@@ -267,6 +269,9 @@ def main(argv=None) -> int:
     ap.add_argument("--limit-gsm", type=int, default=100, help="mini_gsm problems [%(default)s]")
     ap.add_argument("--limit-code", type=int, default=100, help="mini_code problems [%(default)s]")
     ap.add_argument("--tasks", default=",".join(TASKS), help="subset of the tasks to run now")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="subset of the models to run now (e.g. to split the work over two "
+                         "processes; the report always covers everything saved)")
     ap.add_argument("--trace-prompts", type=int, default=4,
                     help="traced prompts per task and model [%(default)s]")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -278,10 +283,12 @@ def main(argv=None) -> int:
     if not a.report_only:
         limits = {"mini_gsm_sinkmask": a.limit_gsm, "mini_code_sinkmask": a.limit_code}
         tasks = [t for t in a.tasks.split(",") if t]
-        unknown = sorted(set(tasks) - set(TASKS))
+        models = [m for m in a.models.split(",") if m]
+        unknown = sorted(set(tasks) - set(TASKS)) + sorted(set(models) - set(MODELS))
         if unknown:
-            raise SystemExit(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
-        run_accuracy(out, limits, a.batch_size, tasks)
+            raise SystemExit(f"unknown task(s)/model(s) {unknown}; choose from "
+                             f"{list(TASKS)} and {list(MODELS)}")
+        run_accuracy(out, limits, a.batch_size, tasks, models)
         if not a.skip_traces:
             run_traces(out, a.trace_prompts)
     write_report(out)
