@@ -1,0 +1,187 @@
+"""benchmarks/gpu_hours.py (the paper recipe's cost estimate) and results/paper/README.md.
+
+Fast and CPU-only: the arithmetic on stubbed timings, one real smoke measurement on tiny
+shapes, and every sweep command of the recipe parsed by the real CLI with each model's
+model_args validated against its family's sampler settings.
+"""
+
+import inspect
+import math
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_hours  # noqa: E402
+
+RECIPE = ROOT / "results" / "paper" / "README.md"
+
+
+def test_cell_arithmetic():
+    # hours = step_time x steps x ceil(N / batch) / 3600
+    assert gpu_hours.dlm_cell_hours(0.05, 256, 1319, 8) == pytest.approx(0.05 * 256 * 165 / 3600)
+    assert gpu_hours.dlm_cell_hours(0.02, 512, 164, 1) == pytest.approx(0.02 * 512 * 164 / 3600)
+    assert gpu_hours.arm_cell_hours(0.1, 0.025, 256, 1319, 8) == pytest.approx(
+        (0.1 + 256 * 0.025) * 165 / 3600)
+
+
+def test_fit_to_full_depth():
+    times = {n: 0.3 + 0.02 * n for n in (2, 4)}  # fixed (embedding, head) + per layer
+    assert gpu_hours.at_depth(times, 32) == pytest.approx(0.3 + 0.02 * 32)
+    assert gpu_hours.at_depth({1: 0.5}, 32) == pytest.approx(16.0)  # one count: proportional
+
+
+def test_flops_of_the_8b_shapes():
+    llada = gpu_hours.SHAPES["llada"]
+    # LLaDA-8B: 32 x 218 M + 4096 x 126464 head ~ 7.5 G matmul parameters
+    assert llada.layers * llada.params_per_layer() + llada.hidden * llada.vocab == pytest.approx(
+        7.497e9, rel=1e-3)
+    assert llada.flops_per_forward(1, 1056) == pytest.approx(16.4e12, rel=0.01)
+
+
+def stub_timer(key, shape, task, batch, prompt, gen, args, device, layer_counts, dtype):
+    """Fixed per-step costs instead of a measurement."""
+    step = {"llada": 0.04, "dream": 0.03, "llama": 0.02}[key]
+    return gpu_hours.Timing(key, task, batch, prompt, gen, step_a=step, step_c=step * 1.5,
+                            prefill_a=0.1 if key == "llama" else 0.0,
+                            prefill_c=0.2 if key == "llama" else 0.0, keys_masked=7,
+                            flops_step=1e12)
+
+
+def test_hours_from_stubbed_timings(capsys):
+    out = gpu_hours.main(["--device", "cpu", "--batch", "1,8"], timer=stub_timer)
+    rows = out["rows"]
+    # 4 sweep columns (mmada reuses llada's timing) x 2 tasks x 2 batch sizes
+    assert sorted({r["model"] for r in rows}) == ["dream", "llada", "llama", "mmada"]
+    assert len(rows) == 16
+    for r in rows:
+        n, steps, b = gpu_hours.PROBLEMS[r["task"]], gpu_hours.GEN_LENGTH[r["task"]], r["batch"]
+        assert r["gen"] == steps and r["problems"] == n
+        step = {"llada": 0.04, "mmada": 0.04, "dream": 0.03, "llama": 0.02}[r["model"]]
+        for k in gpu_hours.KS:
+            s = step * (1.5 if k else 1.0)
+            if r["model"] == "llama":
+                want = ((0.2 if k else 0.1) + steps * s) * math.ceil(n / b) / 3600
+            else:
+                want = s * steps * math.ceil(n / b) / 3600
+            assert r["hours"][k] == pytest.approx(want)
+        assert r["cell_total"] == pytest.approx(sum(r["hours"].values()))
+    text = capsys.readouterr().out
+    assert "NOT GPU estimates" in text
+    total1 = sum(r["cell_total"] for r in rows if r["batch"] == 1)
+    assert f"Whole sweep (4 models x 2 tasks x K in {{0, 1, 5, 10}} = 32 cells) at batch 1: " \
+           f"**{total1:.1f} CPU-h" in text
+
+
+def test_cpu_smoke_run(tmp_path, capsys):
+    """The real measurement path (models, SinkMasker, fit) on tiny shapes, in seconds."""
+    out = gpu_hours.main(["--device", "cpu", "--quick", "--models", "llada,llama",
+                          "--tasks", "gsm8k_sinkmask", "--batch", "2",
+                          "--json", str(tmp_path / "g.json")])
+    assert not out["on_gpu"] and (tmp_path / "g.json").exists()
+    for t in out["timings"]:
+        assert t["step_a"] > 0 and t["step_c"] > 0 and t["keys_masked"] > 0
+    for r in out["rows"]:
+        assert r["hours"][0] > 0
+        if r["model"] != "llama":
+            assert r["hours"][5] == pytest.approx(r["step_c"] * r["gen"] * 660 / 3600)
+    assert "CPU numbers are NOT GPU estimates" in capsys.readouterr().out
+
+
+# -- the recipe's commands --------------------------------------------------------------------
+
+
+def recipe_commands():
+    """Shell commands of the README's indented code blocks, continuation lines joined."""
+    cmds, parts = [], []
+    for line in RECIPE.read_text().splitlines():
+        if not line.startswith("    "):
+            parts = []
+            continue
+        text = line.strip()
+        parts.append(text.rstrip("\\"))
+        if not text.endswith("\\"):
+            cmds.append(" ".join(parts))
+            parts = []
+    return [shlex.split(c, comments=True) for c in cmds]
+
+
+def sweep_argvs():
+    out = []
+    for argv in recipe_commands():
+        if argv[:2] == ["sinkmask", "sweep"]:
+            out.append(argv[1:])
+        elif argv[:2] == ["accelerate", "launch"]:
+            from accelerate.commands.launch import launch_command_parser
+
+            i = argv.index("-m")
+            launch = launch_command_parser().parse_args(argv[2:i + 2])
+            assert launch.multi_gpu and launch.num_processes == 8 and launch.module
+            assert argv[i + 1] == "lm_eval_sinkmask.cli"
+            out.append(argv[i + 2:])
+    return out
+
+
+def test_recipe_sweeps_parse_and_validate():
+    from lm_eval.utils import simple_parse_args_string
+
+    from lm_eval.models.huggingface import HFLM
+
+    from lm_eval_sinkmask import cli, dlm_model
+    from lm_eval_sinkmask.config import SinkMaskConfig
+    from lm_eval_sinkmask.families import FAMILIES
+    from lm_eval_sinkmask.sweep import Cell, SweepPlan, parse_models
+
+    argvs = sweep_argvs()
+    assert len(argvs) == 3  # the main sweep, its accelerate variant, Dream's chat protocol
+    assert argvs[0] == argvs[1]  # the multi-GPU command runs exactly the same sweep
+    hflm_args = set(inspect.signature(HFLM.__init__).parameters)
+    seen = set()
+    for argv in argvs:
+        a = cli.build_parser().parse_args(argv)
+        assert a.func is cli._sweep and a.allow_code_execution
+        models = parse_models(a.models, kind_of=lambda p: pytest.fail(f"kind not given: {p}"))
+        per = dict(item.split(":", 1) for item in a.model_args_for or [])
+        assert set(per) <= {m.name for m in models}
+        tasks = a.tasks.split(",")
+        for m in models:
+            seen.add(m.name)
+            m = type(m)(m.name, m.path, m.kind, per.get(m.name, ""))
+            plan = SweepPlan(models=[m], tasks=tasks, ks=[int(k) for k in a.top_k.split(",")],
+                             out=Path("unused"), model_args_extra=a.model_args_extra)
+            for k in plan.ks:
+                kwargs = simple_parse_args_string(Cell(plan, m, tasks[0], k).model_args)
+                assert kwargs["dtype"] == "bfloat16" and kwargs["top_k"] == k
+                mask = SinkMaskConfig.pop_from(kwargs)
+                assert mask.top_k == k and mask.eps == 3.0
+                if m.kind == "dlm":
+                    family = FAMILIES[kwargs.pop("family", m.name)]
+                    settings = dlm_model.DiffusionSettings.build(
+                        family, dlm_model.DiffusionSettings.pop_from(kwargs))
+                    for gen in (256, 512):  # GSM8K, HumanEval: steps = gen_length
+                        req = settings.for_request(gen, family)
+                        assert req.steps == req.gen_length == gen
+                    if family.sampler == "block":
+                        assert settings.block_length == 32
+                    else:
+                        assert settings.alg == "entropy"
+                    assert settings.temperature == 0
+                    kwargs.pop("model_class", None)
+                assert set(kwargs) <= hflm_args, f"{m.name}: unknown model_args {kwargs}"
+    assert seen == {"llada", "dream", "mmada", "llama"}
+
+
+def test_recipe_tasks_exist():
+    from lm_eval_sinkmask import cli
+    from lm_eval_sinkmask.tasks import TASKS_DIR
+
+    names = {re.search(r"^task: (\S+)", p.read_text(), re.M).group(1)
+             for p in Path(TASKS_DIR).glob("*.yaml")}
+    for argv in sweep_argvs():
+        a = cli.build_parser().parse_args(argv)
+        assert set(a.tasks.split(",")) <= names
