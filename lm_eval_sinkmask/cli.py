@@ -46,7 +46,7 @@ def _sweep(a: argparse.Namespace) -> int:
         allow_code_execution=a.allow_code_execution,
         seed=a.seed,
     )
-    run_sweep(plan, max_cells=a.max_cells)
+    run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
         _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2))
     return 0
@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-code-execution", action="store_true",
                    help="run tasks that execute model-written code (HumanEval-like), in the sandbox")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--jobs", type=int, default=1,
+                   help="cells run at once, each in its own process (CPU sweeps; set "
+                        "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")
     s.add_argument("--max-cells", type=int, default=None, help="stop after this many new cells")
     s.add_argument("--title", default=None, help="title of the table rendered at the end")
     s.add_argument("--no-table", action="store_true", help="do not render the table at the end")

@@ -309,13 +309,22 @@ def _free_memory() -> None:
         pass
 
 
-def run_sweep(plan: SweepPlan, *, max_cells: int | None = None, progress: bool = True) -> int:
+def run_sweep(
+    plan: SweepPlan, *, max_cells: int | None = None, progress: bool = True, jobs: int = 1
+) -> int:
     """Run every cell not already done; returns the number of cells run now.
 
-    ``max_cells`` stops after that many new cells (tests use it to simulate a kill).
+    ``jobs`` > 1 runs that many cells at once, each in its own process (CPU sweeps: with
+    ``OMP_NUM_THREADS=1`` every process is one core and the numbers do not depend on the
+    thread count). ``max_cells`` stops after that many new cells (tests use it to simulate a
+    kill).
     """
     from tqdm.auto import tqdm
 
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SystemExit("--jobs > 1 and accelerate launch do not mix: use one or the other")
     plan.out.mkdir(parents=True, exist_ok=True)
     grid_path = plan.out / "sweep.json"
     grid = plan.grid()
@@ -327,32 +336,50 @@ def run_sweep(plan: SweepPlan, *, max_cells: int | None = None, progress: bool =
         grid_path.write_text(json.dumps(grid, indent=2) + "\n")
 
     cells = plan.cells()
-    todo = [c for c in cells if not c.is_done()]
+    pending = [i for i, c in enumerate(cells) if not c.is_done()]
+    todo = pending[:max_cells]
     tm = task_manager(plan)
-    blocked = unsafe_tasks(tm, sorted({c.task for c in todo}))
+    blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))
     if blocked and not plan.allow_code_execution:
         raise SystemExit(
             f"task(s) {blocked} execute model-written code (in lm_eval_sinkmask's sandbox). "
             "Pass --allow-code-execution to run them."
         )
-    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep cells",
+    bar = tqdm(total=len(cells), initial=len(cells) - len(pending), desc="sweep cells",
                unit="cell", disable=not progress or process_rank() != 0, dynamic_ncols=True)
-    ran = 0
+
+    def report(cell: Cell, record: dict[str, Any] | None) -> None:
+        bar.update(1)
+        if record is not None:
+            bar.write(
+                f"{cell.model.name:>10} {cell.task} K={cell.k}: {record['metric']} = "
+                f"{record['value']:.4f} ({record['seconds']:.0f}s)"
+            )
+
     with bar:
-        for cell in todo:
-            if max_cells is not None and ran >= max_cells:
-                break
-            bar.set_postfix_str(f"{cell.model.name} {cell.task} K={cell.k}")
-            record = run_cell(cell, tm)
-            _free_memory()
-            ran += 1
-            bar.update(1)
-            if record is not None:
-                bar.write(
-                    f"{cell.model.name:>10} {cell.task} K={cell.k}: {record['metric']} = "
-                    f"{record['value']:.4f} ({record['seconds']:.0f}s)"
-                )
-    return ran
+        if jobs == 1:
+            for i in todo:
+                cell = cells[i]
+                bar.set_postfix_str(f"{cell.model.name} {cell.task} K={cell.k}")
+                record = run_cell(cell, tm)
+                _free_memory()
+                report(cell, record)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            # spawn: a fresh interpreter per worker, nothing inherited from a forked torch
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+                futures = {pool.submit(_run_cell_job, plan, i): cells[i] for i in todo}
+                for future in as_completed(futures):
+                    report(futures[future], future.result())
+    return len(todo)
+
+
+def _run_cell_job(plan: SweepPlan, index: int) -> dict[str, Any] | None:
+    """One cell in a worker process of ``run_sweep(jobs=N)``."""
+    return run_cell(plan.cells()[index], task_manager(plan))
 
 
 def _merge_grids(old: dict, new: dict) -> dict:

@@ -66,10 +66,15 @@ def test_a_killed_sweep_resumes_to_the_same_table(tmp_path, tiny_dirs, tiny_task
     assert not (third.folder / "results_partial.json").exists()
     assert run_sweep(plan, progress=False) == 0  # nothing left
 
-    for out in (straight, resumed):
+    # the same grid with two cells at a time, each in its own process
+    parallel = tmp_path / "parallel"
+    assert run_sweep(plan_for(tiny_dirs, tiny_task, parallel), progress=False, jobs=2) == 4
+
+    for out in (straight, resumed, parallel):
         assert main(["table", str(out)]) == 0
-    assert (straight / "table.md").read_text() == (resumed / "table.md").read_text()
-    assert (straight / "table.csv").read_text() == (resumed / "table.csv").read_text()
+    for out in (resumed, parallel):
+        assert (straight / "table.md").read_text() == (out / "table.md").read_text()
+        assert (straight / "table.csv").read_text() == (out / "table.csv").read_text()
 
     record = done["cells/llada/tiny_gen/k1/cell.json"]
     assert record["request"]["model_args"] == f"pretrained={tiny_dirs['llada']},block_length=4,top_k=1,eps=0"
