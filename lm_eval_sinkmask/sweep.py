@@ -67,8 +67,9 @@ def infer_kind(path: str) -> str:
     import transformers
 
     from .families import family_for
+    from .masking_lm import resolve_pretrained
 
-    config, _ = transformers.PretrainedConfig.get_config_dict(path)
+    config, _ = transformers.PretrainedConfig.get_config_dict(resolve_pretrained(path))
     try:
         family_for(config.get("model_type"))
         return "dlm"
@@ -282,7 +283,10 @@ def _model_type(path: str) -> str | None:
     try:
         import transformers
 
-        return transformers.PretrainedConfig.get_config_dict(path)[0].get("model_type")
+        from .masking_lm import resolve_pretrained
+
+        config, _ = transformers.PretrainedConfig.get_config_dict(resolve_pretrained(path))
+        return config.get("model_type")
     except Exception:  # noqa: BLE001 - informational only
         return None
 

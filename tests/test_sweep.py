@@ -16,6 +16,8 @@ def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
         ("a", "arm", "arm_sinkmask"), ("b", "dlm", "dlm_sinkmask"), ("c", "arm", "arm_sinkmask"),
         ("d", "dlm", "dlm_sinkmask")]
     assert specs[0].path == str(tiny_dirs["llada"])
+    assert [(s.kind, s.path) for s in parse_models("z=zoo:llada,y=zoo:arm")] == [
+        ("dlm", "zoo:llada"), ("arm", "zoo:arm")]  # the package's zoo names resolve too
     for bad in ("nopath", "a=x,a=y", ""):
         with pytest.raises(ValueError):
             parse_models(bad, kind_of=lambda p: "arm")
