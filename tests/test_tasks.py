@@ -40,7 +40,9 @@ def task_manager():
 
 @pytest.fixture(scope="module")
 def tasks(task_manager):
-    return task_manager.load(list(TASK_NAMES))["tasks"]
+    # without the local GSM8K copy the GSM8K tests skip; the HumanEval ones still run
+    names = [n for n in TASK_NAMES if "gsm8k" not in n or (GSM8K_DIR / "test.jsonl").is_file()]
+    return task_manager.load(names)["tasks"]
 
 
 def score_responses(task, responses: list[str], docs: list[dict]) -> dict[str, list[dict]]:
