@@ -64,24 +64,63 @@ class LayerCounters:
 
 @dataclass
 class MaskingStats:
-    """What the intercept did: every run reports these (SPEC 4)."""
+    """What the intercept did: every run reports these (SPEC 4).
+
+    The per-call counts of sinks and masked keys are tensors on the model's device; reading
+    each one as an int would stall the GPU once per attention call. They wait in a pending
+    list instead and :meth:`settle` adds them to the integer counters with one host sync, at
+    the end of every forward pass and before any total, :meth:`as_dict` or :meth:`merge`, so
+    every reader outside a forward pass sees exact integers.
+    """
 
     forward_passes: int = 0
     attention_calls: int = 0
     layers: dict[int, LayerCounters] = field(default_factory=dict)
+    # (counters, sinks count, masked count, keys per masked entry): not yet in `layers`
+    _pending: list[tuple[LayerCounters, torch.Tensor, torch.Tensor, int]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     @property
     def sinks_detected(self) -> int:
+        self.settle()
         return sum(c.sinks_detected for c in self.layers.values())
 
     @property
     def keys_masked(self) -> int:
+        self.settle()
         return sum(c.keys_masked for c in self.layers.values())
 
     def layer(self, index: int) -> LayerCounters:
         return self.layers.setdefault(index, LayerCounters())
 
+    def defer(self, counters: LayerCounters, sinks: torch.Tensor, blocked: torch.Tensor,
+              per_key: int) -> None:
+        """Count one masked call's sinks and blocked keys (bool tensors) without waiting for
+        the device: the sums stay tensors until :meth:`settle`. ``per_key``: masked
+        (element, head, key) triples per True in ``blocked`` (heads sharing one layer mask)."""
+        self._pending.append((counters, sinks.sum(), blocked.sum(), per_key))
+
+    def settle(self) -> None:
+        """Add the deferred counts to the integer counters: one ``tolist`` (one host sync) per
+        device, however many calls are pending; nothing when none are."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        by_device: dict[torch.device, list] = {}
+        for entry in pending:  # a model split over devices keeps its counts on each
+            by_device.setdefault(entry[1].device, []).append(entry)
+        for entries in by_device.values():
+            counts = torch.stack([t for _, sinks, masked, _ in entries for t in (sinks, masked)])
+            values = counts.tolist()
+            for (c, _, _, per_key), sinks, masked in zip(entries, values[::2], values[1::2]):
+                c.sinks_detected += sinks
+                c.keys_masked += masked * per_key
+                c.calls_masked += masked > 0
+
     def merge(self, other: MaskingStats) -> None:
+        self.settle()
+        other.settle()
         self.forward_passes += other.forward_passes
         self.attention_calls += other.attention_calls
         for index, c in other.layers.items():
@@ -92,6 +131,7 @@ class MaskingStats:
             mine.calls_masked += c.calls_masked
 
     def as_dict(self) -> dict:
+        self.settle()
         return {
             "forward_passes": self.forward_passes,
             "attention_calls": self.attention_calls,
@@ -432,7 +472,7 @@ class SinkMasker:
 
         def post_hook(module, args, kwargs, output):
             if threading.get_ident() == run.thread:
-                run.active = False
+                run.end_pass()
 
         handles = [
             model.register_forward_pre_hook(pre_hook, with_kwargs=True),
@@ -442,6 +482,7 @@ class SinkMasker:
         try:
             yield stats
         finally:
+            stats.settle()
             self.extra_keys = None
             F.scaled_dot_product_attention = run.original
             for h in handles:
@@ -471,6 +512,11 @@ class _Run:
             if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
             else None
         )
+
+    def end_pass(self) -> None:
+        """The pass's counts become integers here: one host sync per forward pass."""
+        self.active = False
+        self.stats.settle()
 
     def sdpa(self, *args, **kwargs):
         if not self.active or threading.get_ident() != self.thread:
@@ -528,10 +574,7 @@ class _Run:
             out = _fused_masked_output(self.original, a, sc, blocked, chunk)
         for observe in self.masker.observers:
             observe(AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked))
-        counters.sinks_detected += int(sinks.sum())
-        n_masked = int(blocked.sum()) * (sc.heads // blocked.shape[1])
-        counters.keys_masked += n_masked
-        counters.calls_masked += n_masked > 0
+        self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
         return out
 
     def _validity(self, sc: _Scores) -> tuple[torch.Tensor, torch.Tensor]:

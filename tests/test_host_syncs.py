@@ -1,0 +1,105 @@
+"""Host syncs of the intercept: on a GPU every tensor -> Python conversion (int(), bool(),
+.item(), .tolist()) waits for the device, so the counters must not cost one per attention call.
+
+Counted on CPU by wrapping the conversions and keeping those called from intercept.py; a
+model with twice the layers must cost the same number per forward pass.
+"""
+
+import collections
+import sys
+
+import pytest
+import torch
+
+from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
+from tests import tiny
+
+CONVERSIONS = ("__int__", "__bool__", "__float__", "__index__", "item", "tolist")
+
+
+@pytest.fixture
+def syncs(monkeypatch):
+    """Counter of the conversions made from intercept.py, by method name."""
+    counts = collections.Counter()
+    for name in CONVERSIONS:
+
+        def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
+            if sys._getframe(1).f_code.co_filename == intercept.__file__:
+                counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts
+
+
+def model_with(kind: str, layers: int) -> torch.nn.Module:
+    config = tiny.build(kind).config
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    return type(tiny.build(kind))(config).eval()
+
+
+def syncs_per_pass(model, config: SinkMaskConfig, syncs, passes: int = 3):
+    """Conversions made in each forward pass, and the stats and events of the block."""
+    events = []
+    per_pass = []
+    ids = torch.randint(5, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), SinkMasker(config, observers=[events.append]).attach(model) as stats:
+        for _ in range(passes):
+            syncs.clear()
+            model(ids)
+            per_pass.append(dict(syncs))
+    return per_pass, stats, events
+
+
+@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
+def test_counters_cost_one_host_sync_per_forward_pass_whatever_the_depth(kind, syncs):
+    config = SinkMaskConfig(top_k=2, eps=0.0, detect="current")
+    for layers in (2, 4):
+        per_pass, stats, events = syncs_per_pass(model_with(kind, layers), config, syncs)
+        assert stats.keys_masked > 0 and len(events) == 3 * layers
+        # detect=current masks through the fused kernel: the counters' one tolist is all
+        assert per_pass == [{"tolist": 1}] * 3, (layers, per_pass)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
+def test_detect_previous_adds_only_the_underflow_check(kind, syncs):
+    """The one-sweep path (mask last pass's sinks, detect this pass's) must learn on the host
+    whether a row underflowed before it returns: one bool() per masked call remains."""
+    layers = 4
+    per_pass, stats, _ = syncs_per_pass(model_with(kind, layers), SinkMaskConfig(top_k=2, eps=0.0), syncs)
+    assert stats.keys_masked > 0
+    assert per_pass[0] == {"tolist": 1}  # first pass: detect and mask within it
+    assert per_pass[1:] == [{"tolist": 1, "__bool__": layers}] * 2
+
+
+def test_top_k_zero_makes_no_host_sync(syncs):
+    per_pass, stats, _ = syncs_per_pass(model_with("llada", 2), SinkMaskConfig(top_k=0), syncs)
+    assert per_pass == [{}] * 3 and stats.attention_calls == 6 and stats.keys_masked == 0
+
+
+@pytest.mark.parametrize("granularity", ["head", "layer"])
+def test_deferred_counters_are_exact_integers_after_every_pass(granularity):
+    model = model_with("dream", 3)
+    heads = model.config.num_attention_heads
+    events = []
+    m = SinkMasker(SinkMaskConfig(top_k=2, eps=0.0, granularity=granularity), observers=[events.append])
+    ids = torch.randint(5, 50, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), m.attach(model) as stats:
+        for step in range(1, 4):
+            model(ids)
+            # read the plain attributes, which do not settle anything themselves
+            for layer, c in stats.layers.items():
+                mine = [e for e in events if e.layer == layer]
+                masked = [int(e.blocked.sum()) * heads // e.blocked.shape[1] for e in mine]
+                assert c.calls == step
+                assert type(c.sinks_detected) is int and type(c.keys_masked) is int
+                assert type(c.calls_masked) is int
+                assert c.sinks_detected == sum(int(e.sinks.sum()) for e in mine)
+                assert c.keys_masked == sum(masked) > 0
+                assert c.calls_masked == sum(n > 0 for n in masked)
+    d = stats.as_dict()
+    assert d["keys_masked"] == stats.keys_masked == sum(c["keys_masked"] for c in d["per_layer"].values())
+    assert intercept.MaskingStats.from_dict(d).as_dict() == d
