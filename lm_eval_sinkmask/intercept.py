@@ -502,6 +502,8 @@ class _Run:
         self.layer = 0
         self.token_valid: torch.Tensor | None = None
         self.previous: dict[int, torch.Tensor] = {}
+        # all_rows under a KV cache: per layer, the mass and row counts of every row so far
+        self.history: dict[int, _Detection] = {}
 
     def begin_pass(self, attention_mask) -> None:
         self.active = True
@@ -554,6 +556,8 @@ class _Run:
             # first pass, or detect=current: detect on this pass's unmasked attention first
             _, det = _sweep(sc, chunk, detect_rows=metric_rows, output=False)
             blocked = None
+        if self.masker.rule == "all_rows":
+            det = self._with_history(layer, sc, det)
         key_valid = key_valid & (det.rows.amax(dim=1) > 0)
         scores, sinks, chosen = select_sinks(
             det.mass, det.rows.expand(-1, sc.heads, -1), key_valid,
@@ -582,6 +586,23 @@ class _Run:
         if tv is not None and tv.shape == (sc.batch, sc.n_k) and sc.n_q <= sc.n_k:
             return tv, tv[:, sc.n_k - sc.n_q :]
         return sc.validity()
+
+    def _with_history(self, layer: int, sc: _Scores, det: _Detection) -> _Detection:
+        """The all_rows rule over every row of the sequence so far, not only this call's.
+
+        With a KV cache a decoding step computes one new query row; the rows of earlier steps
+        are not recomputed. Their column mass and row counts (computed when they were new,
+        on unmasked attention, exactly as an uncached pass would) are kept per layer and added
+        to this call's, so s_j = |K| * mean_{i >= j} A_ij covers all rows. A call that is not
+        the continuation of the last one (same batch, keys = old keys + new rows) starts over.
+        """
+        old = self.history.get(layer)
+        if old is not None and old.mass.shape[0] == sc.batch and old.mass.shape[1] == sc.heads \
+                and old.mass.shape[-1] + sc.n_q == sc.n_k:
+            pad = (0, sc.n_q)
+            det = _Detection(F.pad(old.mass, pad) + det.mass, F.pad(old.rows, pad) + det.rows)
+        self.history[layer] = det
+        return det
 
     def _previous(self, layer: int, sc: _Scores) -> torch.Tensor | None:
         """Sinks chosen at this layer on the previous pass, aligned to this pass's keys.

@@ -248,6 +248,39 @@ def test_arm_last_row_rule_detects_on_the_last_query_only():
     torch.testing.assert_close(events[0].scores[0, 0], expected.float(), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("granularity", ["head", "layer"])
+def test_arm_all_rows_rule_counts_every_row_under_a_kv_cache(granularity):
+    """SPEC 4's all_rows: s_j = |K| * mean_{i >= j} A_ij over every causal row. A cached decode
+    step computes only its new row; the scores must still be those of one uncached pass over
+    the same tokens (earlier rows' attention does not change under a causal mask)."""
+    model = tiny.build("llama").eval()
+    ids = torch.randint(5, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    # nothing qualifies at this eps, so nothing is masked and every row's attention is unmasked
+    config = SinkMaskConfig(top_k=1, eps=1e30, granularity=granularity)
+
+    def scores_by_pass(run):
+        events = []
+        with torch.no_grad(), SinkMasker(config, rule="all_rows", observers=[events.append]).attach(model):
+            run()
+        return {(e.forward_pass, e.layer): e.scores for e in events}
+
+    def cached():
+        out = model(ids[:, :5], use_cache=True)
+        for t in range(5, 9):
+            out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+
+    steps = scores_by_pass(cached)
+    for n_tokens, step in ((5, 1), (7, 3), (9, 5)):
+        full = scores_by_pass(lambda: model(ids[:, :n_tokens]))
+        for layer in range(model.config.num_hidden_layers):
+            torch.testing.assert_close(steps[(step, layer)], full[(1, layer)], atol=1e-5, rtol=1e-4)
+    # and it is not the last row alone: the last_row rule gives other scores at the last step
+    last = []
+    with torch.no_grad(), SinkMasker(config, rule="last_row", observers=[last.append]).attach(model):
+        cached()
+    assert not torch.allclose(last[-1].scores, steps[(5, 1)], atol=1e-3)
+
+
 def test_calls_outside_the_model_forward_are_untouched():
     q = k = v = torch.randn(1, 1, 4, 8)
     model = tiny.build("llada")
