@@ -1,0 +1,53 @@
+"""The zoo report's sink statistics, on hand-built traces."""
+
+import numpy as np
+
+from lm_eval_sinkmask.zoo import report
+
+
+def test_sinks_among_top_applies_eq3_to_every_recorded_key():
+    # one step, one layer, one head, 4 keys with scores 6, 1, 0.5, 0.5 (total 8): key 0 is a
+    # sink at eps 3 (6 > 2/3 + 3), key 1 is not (1 < 7/3 + 3); at eps 0, key 1 still is not
+    # (1 < 7/3), while the NaN padding of a short top list never counts
+    top = np.array([6.0, 1.0, 0.5, np.nan], dtype=np.float32).reshape(1, 1, 1, 4)
+    total = np.array([8.0]).reshape(1, 1, 1)
+    n = np.array([4])
+    assert report.sinks_among_top(top, total, n, 3.0)[0, 0, 0].tolist() == [True, False, False, False]
+    assert report.sinks_among_top(top, total, n, 5.4)[0, 0, 0].tolist() == [False] * 4
+    # a single key is never a sink: nothing to compare it with
+    assert not report.sinks_among_top(top[..., :1], np.array([6.0]).reshape(1, 1, 1),
+                                      np.array([1]), 0.0).any()
+
+
+def test_position_labels_compare_across_prompt_lengths():
+    assert report.position_label(0, 10) == "0 (BOS)"
+    assert report.position_label(9, 10) == "prompt end -1"
+    assert report.position_label(12, 10) == "answer +2"
+
+
+def test_sink_summary_counts_pairs_tokens_and_positions():
+    T, L, H = 4, 2, 2
+    n_sinks = np.zeros((T, L, H), int)
+    n_sinks[:, 0, 0] = 1          # always one sink: on average >= 1
+    n_sinks[:2, 0, 1] = 1         # half the steps: 0.5 on average, does not count
+    n_sinks[:, 1, 1] = 3
+    top_pos = np.zeros((T, L, H, 2), int)
+    top_pos[..., 1] = 7
+    is_sink = np.zeros((T, L, H, 2), bool)
+    is_sink[:, 0, 0, 0] = True    # BOS, every step
+    is_sink[0, 1, 1, 1] = True    # position 7 once, where the canvas holds "<mask>" at step 0
+    tokens = {0: "<bos>", 7: "7"}
+    s = report.sink_summary(n_sinks, top_pos, is_sink,
+                            lambda t, p: "<mask>" if (t, p) == (0, 7) else tokens[p], 5)
+    assert s["pairs"] == 4 and s["pairs_with_sink"] == 2
+    assert s["mean_sinks_per_pair"] == (1 + 0.5 + 0 + 3) / 4
+    assert s["tokens"] == {"<bos>": 4, "<mask>": 1}
+    assert s["positions"] == {"0 (BOS)": 4, "answer +2": 1}
+    both = report.combine([s, s])
+    assert both["generations"] == 2 and both["share_of_pairs_with_sink"] == 0.5
+    assert both["top_tokens"] == [["<bos>", 0.8], ["<mask>", 0.2]]
+
+
+def test_the_arm_is_traced_under_both_query_rules():
+    variants = report.traced_variants(["arm", "llada"])
+    assert [v[2] for v in variants] == ["arm_rule=last_row", "arm_rule=all_rows", ""]
