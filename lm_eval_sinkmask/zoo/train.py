@@ -9,6 +9,11 @@ Objectives (SPEC section 7):
          kept clean; cross-entropy on masked positions weighted by 1/t.
 - dream: the same objective with Dream's shift: logits at i - 1 predict a masked token at i;
          weights start from the arm model.
+
+``--prefix-frac F`` turns a share F of the rows into the state a roughly left-to-right sampler
+is in: a clean answer prefix of random length, the rest noised as above (``noise_answer``;
+``--window-llada W`` masks everything past W tokens after the prefix outright, as LLaDA's
+blocks do). F = 0, the default, is exactly the plain objective and draws the same noise.
 - llada_sink: llada's recipe (same data, steps, seed and initial weights) plus an extra sink
          token (``<|sink|>``, a new id past the shared vocabulary) inserted before BOS, which
          attends only to itself and is visible to every token (``lm_eval_sinkmask.sink_token``).
@@ -99,23 +104,47 @@ def arm_loss(model, ids, region, valid):
     return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
 
 
-def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None):
+def noise_answer(region, t, gen, prefix_frac=0.0, window=None):
+    """Which answer tokens are masked: each with probability t (LLaDA's forward process).
+
+    A ``prefix_frac`` share of the rows instead keeps a clean answer prefix of uniform random
+    length, the state a sampler that decodes roughly left to right is in; after it, ``window``
+    tokens (all, if None) are masked with probability t and the rest are masked outright, as
+    in semi-autoregressive sampling with blocks of ``window``. Returns (masked, forced), both
+    [B, L] bool: ``forced`` marks the masked-outright tokens (their t is 1).
+    """
+    B, L = region.shape
+    masked = (torch.rand(B, L, generator=gen) < t[:, None]) & region
+    forced = torch.zeros_like(region)
+    if prefix_frac == 0:  # plain LLaDA noise; draws nothing more from ``gen``
+        return masked, forced
+    offset = region.long().cumsum(-1) - 1  # index within the answer
+    cut = (torch.rand(B, 1, generator=gen) * region.sum(-1, keepdim=True)).long()
+    cut = torch.where(torch.rand(B, 1, generator=gen) < prefix_frac, cut, torch.zeros_like(cut))
+    after = region & (offset >= cut)
+    if window is not None:
+        forced = after & (offset >= cut + window)
+    return (masked & after) | forced, forced
+
+
+def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None, prefix_frac=0.0,
+                   window=None):
     B = ids.shape[0]
     # Stratified t in (eps, 1): lower-variance estimate of the same objective.
     t = ((torch.arange(B) + torch.rand(B, generator=gen)) / B)[torch.randperm(B, generator=gen)]
     t = EPS + (1 - EPS) * t
-    masked = (torch.rand(ids.shape, generator=gen) < t[:, None]) & region
+    masked, forced = noise_answer(region, t, gen, prefix_frac, window)
     noisy = ids.masked_fill(masked, mask_id)
     if sink is None:
         logits = model(noisy, attention_mask=valid.long()).logits
     else:  # the extra sink token, as dlm_sinkmask inserts it at inference
         logits = sink_token.forward(model, noisy, valid, sink, with_position_ids=False)
     if shift:  # Dream: logits at i - 1 predict token i
-        logits, masked, target = logits[:, :-1], masked[:, 1:], ids[:, 1:]
+        logits, masked, forced, target = logits[:, :-1], masked[:, 1:], forced[:, 1:], ids[:, 1:]
     else:
         target = ids
     ce = F.cross_entropy(logits[masked], target[masked], reduction="none")
-    w = (1.0 / t)[:, None].expand_as(masked)[masked]
+    w = torch.where(forced, 1.0, (1.0 / t)[:, None])[masked]
     return (ce * w).sum() / region.sum()
 
 
@@ -351,6 +380,17 @@ def main(argv=None):
     ap.add_argument("--init-dream", default=None,
                     help="continue training this dream checkpoint instead of adapting the arm")
     ap.add_argument("--lr-dream", type=float, default=1e-3)
+    ap.add_argument("--dream-from", default=None,
+                    help="adapt the dream model from this arm checkpoint instead of the arm "
+                         "trained in this run")
+    ap.add_argument("--init-llada", default=None,
+                    help="continue training this llada checkpoint instead of starting fresh")
+    ap.add_argument("--prefix-frac", type=float, default=0.0,
+                    help="share of DLM training rows that keep a clean answer prefix "
+                         "(see noise_answer)")
+    ap.add_argument("--window-llada", type=int, default=None,
+                    help="llada: tokens after the clean prefix masked with prob t (the rest "
+                         "fully), as in block sampling with blocks of this length")
     ap.add_argument("--parallel", action="store_true",
                     help="two processes of one thread each: arm then dream, and llada "
                          "(same total threads, no idle waits between them on a busy CPU)")
@@ -377,7 +417,7 @@ def main(argv=None):
     mask_id = tok.mask_token_id
     arm = None
 
-    if "arm" in models or ("dream" in models and not args.init_dream):
+    if "arm" in models or ("dream" in models and not (args.init_dream or args.dream_from)):
         from transformers import LlamaConfig, LlamaForCausalLM
         cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=1024, rope_theta=10000.0,
                           tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
@@ -417,15 +457,20 @@ def main(argv=None):
             model_tok.add_special_tokens({"additional_special_tokens": [SINK]})
             sink = sink_token.SinkToken(model_tok.convert_tokens_to_ids(SINK), "start")
         torch.manual_seed(args.seed + 1)
-        model = TinyLladaModel(TinyLladaConfig(
-            vocab_size=vocab, mask_token_id=mask_id, bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **llada_dims))
+        if args.init_llada:
+            model = TinyLladaModel.from_pretrained(args.init_llada)
+        else:
+            model = TinyLladaModel(TinyLladaConfig(
+                vocab_size=vocab, mask_token_id=mask_id, bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **llada_dims))
         if sink is not None:
             add_sink_embedding(model, sink, args.seed)
         lr = 2e-3
         g = torch.Generator().manual_seed(args.seed)  # own stream: llada_sink masks as llada
         info = train(name, model, Batches(tok, args.seed + 1),
-                     lambda m, i, r, v, s=sink: diffusion_loss(m, i, r, v, mask_id, False, g, s),
+                     lambda m, i, r, v, s=sink: diffusion_loss(m, i, r, v, mask_id, False, g, s,
+                                                                args.prefix_frac,
+                                                                args.window_llada),
                      args.minutes_llada, args.steps_llada, lr, args.batch_size, 0.3, True)
         info.update(quick_eval("llada", model, tok, args.eval_gsm, args.eval_code, sink=sink))
         info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
@@ -454,10 +499,14 @@ def main(argv=None):
                      f"({prev['train_seconds']} s, loss {prev['final_loss']}, command "
                      f"`{prev['command']}`), fresh data")
         else:
+            if args.dream_from:
+                from transformers import LlamaForCausalLM
+                arm = LlamaForCausalLM.from_pretrained(args.dream_from)
             model = TinyDreamModel.from_llama(arm)
         model.config.mask_token_id = mask_id
         info = train("dream", model, Batches(tok, args.seed + (5 if args.init_dream else 2)),
-                     lambda m, i, r, v: diffusion_loss(m, i, r, v, mask_id, True, gen),
+                     lambda m, i, r, v: diffusion_loss(m, i, r, v, mask_id, True, gen,
+                                                        prefix_frac=args.prefix_frac),
                      args.minutes_dream, args.steps_dream, lr, args.batch_size, 0.0, True)
         info.update(quick_eval("dream", model, tok, args.eval_gsm, args.eval_code))
         info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
