@@ -15,7 +15,8 @@ logger = logging.getLogger("lm_eval.sinkmask")
 
 
 def resolve_pretrained(pretrained):
-    """``zoo:llada`` (also ``zoo:arm``, ``zoo:dream``) names a checkpoint shipped in the package."""
+    """``zoo:llada`` (also ``zoo:arm``, ``zoo:dream``, ``zoo:llada_sink``) names a checkpoint
+    shipped in the package."""
     if isinstance(pretrained, str) and pretrained.startswith("zoo:"):
         from .zoo import checkpoint_path
 
