@@ -137,7 +137,8 @@ def model_fn_of(model):
 
 def prompts(batch, length, vocab, mask_id, ragged=True, seed=0):
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, min(vocab, mask_id) - 1, (batch, length), generator=g)
+    ids = torch.randint(5, vocab, (batch, length), generator=g)
+    ids = ids.masked_fill(ids == mask_id, 5)  # a prompt holds no mask token (the zoo's is id 3)
     mask = torch.ones(batch, length, dtype=torch.long)
     if ragged:  # left padding of different lengths, as lm-eval batches prompts
         for i in range(batch):
