@@ -145,13 +145,18 @@ class Trace:
     def steps(self) -> int:
         return self.arrays["total"].shape[0]
 
+    def top_are_sinks(self, eps: float | None = None) -> np.ndarray:
+        """[T, L, H, topn] bool: which recorded top keys pass Eq. 3 at eps (default: the
+        trace's), s > (total - s) / (|K| - 1) + eps. NaN scores (fewer keys than topn) never do."""
+        eps = self.meta["eps"] if eps is None else eps
+        s = self.arrays["top_score"]
+        n = self.arrays["n_keys"][:, None, None, None].astype(np.float64)
+        others = (self.arrays["total"][..., None] - s) / np.maximum(n - 1, 1)
+        return (n > 1) & (s > others + eps)
+
     def top_is_sink(self, eps: float | None = None) -> np.ndarray:
         """[T, L, H] bool: the top-scoring key passes Eq. 3 at eps (default: the trace's)."""
-        eps = self.meta["eps"] if eps is None else eps
-        s1 = self.arrays["top_score"][..., 0]
-        n = self.arrays["n_keys"][:, None, None].astype(np.float64)
-        others = (self.arrays["total"] - s1) / np.maximum(n - 1, 1)
-        return (n > 1) & (s1 > others + eps)
+        return self.top_are_sinks(eps)[..., 0]
 
     def main_sink(self, eps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """[T, L, H] position (-1: no sink) and attention share of each step's main sink."""

@@ -1,7 +1,8 @@
-"""The zoo report's sink statistics, on hand-built traces."""
+"""The zoo report's sink statistics (and the Eq. 3 check of a trace's top keys), on hand-built traces."""
 
 import numpy as np
 
+from lm_eval_sinkmask.sink_trace import Trace
 from lm_eval_sinkmask.zoo import report
 
 
@@ -9,14 +10,18 @@ def test_sinks_among_top_applies_eq3_to_every_recorded_key():
     # one step, one layer, one head, 4 keys with scores 6, 1, 0.5, 0.5 (total 8): key 0 is a
     # sink at eps 3 (6 > 2/3 + 3), key 1 is not (1 < 7/3 + 3); at eps 0, key 1 still is not
     # (1 < 7/3), while the NaN padding of a short top list never counts
+    def sinks_among_top(top, total, n, eps):
+        arrays = {"top_score": top, "total": total, "n_keys": n}
+        return Trace({"eps": eps}, arrays).top_are_sinks()
+
     top = np.array([6.0, 1.0, 0.5, np.nan], dtype=np.float32).reshape(1, 1, 1, 4)
     total = np.array([8.0]).reshape(1, 1, 1)
     n = np.array([4])
-    assert report.sinks_among_top(top, total, n, 3.0)[0, 0, 0].tolist() == [True, False, False, False]
-    assert report.sinks_among_top(top, total, n, 5.4)[0, 0, 0].tolist() == [False] * 4
+    assert sinks_among_top(top, total, n, 3.0)[0, 0, 0].tolist() == [True, False, False, False]
+    assert sinks_among_top(top, total, n, 5.4)[0, 0, 0].tolist() == [False] * 4
     # a single key is never a sink: nothing to compare it with
-    assert not report.sinks_among_top(top[..., :1], np.array([6.0]).reshape(1, 1, 1),
-                                      np.array([1]), 0.0).any()
+    assert not sinks_among_top(top[..., :1], np.array([6.0]).reshape(1, 1, 1),
+                               np.array([1]), 0.0).any()
 
 
 def test_position_labels_compare_across_prompt_lengths():

@@ -37,19 +37,6 @@ ARM_RULES = ("last_row", "all_rows")
 
 # ------------------------------------------------------------------- sink statistics
 
-def sinks_among_top(top_score: np.ndarray, total: np.ndarray, n_keys: np.ndarray,
-                    eps: float) -> np.ndarray:
-    """[T, L, H, n] bool: which of the recorded top-n keys are Eq. 3 sinks at ``eps``.
-
-    A key with score s is a sink iff s > (total - s) / (|K| - 1) + eps (SPEC 2), with the
-    step's total score and key count; NaN scores (fewer keys than n) are not sinks.
-    """
-    n = n_keys[:, None, None, None].astype(np.float64)
-    s = np.nan_to_num(top_score.astype(np.float64), nan=-np.inf)
-    others = (total[..., None] - s) / np.maximum(n - 1, 1)
-    return (n > 1) & np.isfinite(s) & (s > others + eps)
-
-
 def position_label(pos: int, prompt_length: int) -> str:
     """Positions comparable across prompts: BOS, counted back from the prompt's end, or
     forward into the generated answer."""
@@ -124,6 +111,11 @@ def traced_variants(models: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
+def trace_folder(out: Path, label: str) -> Path:
+    """Where a variant's traces live: ``arm (last_row)`` -> ``traces/arm_last_row``."""
+    return out / "traces" / label.replace(" (", "_").rstrip(")")
+
+
 def run_traces(out: Path, models: list[str], n_prompts: int) -> None:
     from ..sink_trace import trace_generation
     from . import data
@@ -131,7 +123,7 @@ def run_traces(out: Path, models: list[str], n_prompts: int) -> None:
     prompts = [data.gsm_prompt(d) for d in data.mini_gsm_test()[:n_prompts]]
     for label, name, args in traced_variants(models):
         for i, prompt in enumerate(prompts):
-            folder = out / "traces" / label.replace(" (", "_").rstrip(")") / f"gsm_{i}"
+            folder = trace_folder(out, label) / f"gsm_{i}"
             if (folder / "meta.json").exists():
                 continue
             trace_generation(str(checkpoint_path(name)), prompt, gen_length=GEN_LENGTH,
@@ -143,8 +135,7 @@ def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
     from ..sink_trace import Trace
 
     trace = Trace.load(folder)
-    is_sink = sinks_among_top(trace["top_score"], trace["total"], trace["n_keys"],
-                              trace.meta["eps"])
+    is_sink = trace.top_are_sinks()
     inputs = trace.arrays.get("inputs")
     final = trace.meta["tokens"]
 
@@ -172,7 +163,7 @@ def write_report(out: Path, models: list[str]) -> dict[str, Any]:
     acc = read_accuracy(out)
     sinks = {}
     for label, name, _ in traced_variants(models):
-        folders = sorted((out / "traces" / label.replace(" (", "_").rstrip(")")).glob("*/meta.json"))
+        folders = sorted(trace_folder(out, label).glob("*/meta.json"))
         if folders:
             tok = AutoTokenizer.from_pretrained(checkpoint_path(name))
             sinks[label] = combine([trace_sinks(f.parent, tok) for f in folders])

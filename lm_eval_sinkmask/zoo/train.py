@@ -9,14 +9,14 @@ Objectives (SPEC section 7):
          kept clean; cross-entropy on masked positions weighted by 1/t.
 - dream: the same objective with Dream's shift: logits at i - 1 predict a masked token at i;
          weights start from the arm model.
+- llada_sink: llada's recipe (same data, steps, seed and initial weights) plus an extra sink
+         token (``<|sink|>``, a new id past the shared vocabulary) inserted before BOS, which
+         attends only to itself and is visible to every token (``lm_eval_sinkmask.sink_token``).
 
 ``--prefix-frac F`` turns a share F of the rows into the state a roughly left-to-right sampler
 is in: a clean answer prefix of random length, the rest noised as above (``noise_answer``;
 ``--window-llada W`` masks everything past W tokens after the prefix outright, as LLaDA's
 blocks do). F = 0, the default, is exactly the plain objective and draws the same noise.
-- llada_sink: llada's recipe (same data, steps, seed and initial weights) plus an extra sink
-         token (``<|sink|>``, a new id past the shared vocabulary) inserted before BOS, which
-         attends only to itself and is visible to every token (``lm_eval_sinkmask.sink_token``).
 
 Each model trains for a wall-clock budget (``--minutes-*``; the CPUs are shared, so the
 learning-rate schedule and the curriculum follow elapsed time). The number of steps reached
