@@ -175,7 +175,10 @@ class _TinyBidirectionalLM(PreTrainedModel):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def _attention_mask(self, attention_mask, dtype):
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must say how it passes masks to SDPA: TinyLladaModel "
+            "builds LLaDA's additive bias, TinyDreamModel Dream's 4-D bool mask"
+        )
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None,
                 **kwargs):
