@@ -242,7 +242,29 @@ def bench_gpu(args):
     print("\nGPU peak memory (torch.cuda.max_memory_allocated, two passes): " + ", ".join(
         f"{LABELS[n]} {peaks[n] / 2**20:,.0f} MiB (+{(peaks[n] - peaks['a']) / 2**20:,.0f})"
         for n in peaks))
+    del model
+    same_on_cuda_and_cpu()
     return med
+
+
+def same_on_cuda_and_cpu():
+    """The accelerator makes the masked output with the fused kernel, the CPU from the
+    sweep's own scores (intercept._output_from_scores): both must decode the same tokens."""
+    model, what, eps = tiny_model()
+    mask_id = mask_id_of(model)
+    ids, pmask = prompts(4, 40, model.config.vocab_size, mask_id)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        model = model.to(device)
+        with torch.inference_mode(), \
+                SinkMasker(SinkMaskConfig(top_k=5, eps=eps)).attach(model) as stats:
+            tokens = generate_block(model_fn_of(model), ids.to(device), pmask.to(device),
+                                    mask_id=mask_id, gen_length=32, steps=32, block_length=16)
+        runs[device] = (tokens.cpu(), stats.keys_masked)
+    same = torch.equal(runs["cpu"][0], runs["cuda"][0]) and runs["cpu"][1] == runs["cuda"][1]
+    print(f"\n{what}, top_k 5, detect=previous, 32 tokens x batch 4: CUDA and CPU "
+          f"{'decode the same tokens' if same else 'DIFFER'} (keys masked: CPU "
+          f"{runs['cpu'][1]}, CUDA {runs['cuda'][1]})")
 
 
 # -- 4. memory ------------------------------------------------------------------------------

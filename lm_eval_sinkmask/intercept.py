@@ -168,36 +168,27 @@ class _Detection:
     rows: torch.Tensor  # [B, H or 1, Sk] valid query rows that can see each key
 
 
-class _Scores:
-    """One attention call's inputs, normalised: 4-D float32 q/k/v with GQA expanded, and a
-    chunk-wise view of the model's mask as (additive bias, visibility).
+class _MaskView:
+    """One attention mask as the intercept reads it, built once per forward pass and shared by
+    every layer given the same mask (in the models we know, one tensor serves every layer).
 
-    float32 inputs are used as they are (no copy); other dtypes are upcast once. When the
-    model's mask does not depend on the query row (a key-padding mask, LLaDA's additive bias,
-    or a 4-D mask whose rows are all equal) and the call is not causal, the mask is folded once
-    into a single additive [B, 1 or H, 1, Sk] term (``key_bias``) instead of per chunk.
+    Holds the mask as one additive float term per chunk of query rows (0 visible, -inf
+    hidden), the key and query validity, the metric's query rows Q and, per key, how many of
+    them can see it. Per attention call, only q/k/v (:class:`_Scores`) and the blocked keys
+    differ; on a CPU the per-call cost of a tiny model is mostly the number of torch calls,
+    so everything that depends on the mask alone is made here once.
+
+    When the mask does not depend on the query row (a key-padding mask, LLaDA's additive
+    bias, or a 4-D mask whose rows are all equal) and the call is not causal, it is folded
+    into a single additive [B, 1 or H, 1, Sk] term (``key_bias``) instead of per chunk. A row
+    that sees no key at all (a fully padded batch element) would softmax to NaN; its scores
+    are left finite and its row factor (``alive``) is 0: it weighs nothing in the detection
+    and its output is 0, as SDPA returns for it.
     """
 
-    def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa):
-        if query.dim() != 4:
-            raise ValueError(
-                f"sink masking expects [batch, heads, seq, dim] attention inputs, got {tuple(query.shape)}"
-            )
-        heads, kv_heads = query.shape[1], key.shape[1]
-        if kv_heads != heads:
-            if not enable_gqa or heads % kv_heads:
-                raise ValueError(
-                    f"query has {heads} heads but key has {kv_heads}: pass enable_gqa=True "
-                    "or repeat the key/value heads"
-                )
-            key = key.repeat_interleave(heads // kv_heads, dim=1)
-            value = value.repeat_interleave(heads // kv_heads, dim=1)
-        self.dtype = query.dtype
-        self.q = query.float() * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
-        self.kt = key.float().transpose(-1, -2)
-        self.v = value.float()
-        self.batch, self.heads, self.n_q, _ = query.shape
-        self.n_k = key.shape[-2]
+    def __init__(self, attn_mask, is_causal, batch, n_q, n_k, device, token_valid, rule, chunk):
+        self.source = attn_mask  # the model's own tensor, compared by identity in :meth:`fits`
+        self.shape = (is_causal, batch, n_q, n_k)
         if attn_mask is not None:
             if not 2 <= attn_mask.dim() <= 4:
                 raise ValueError(f"unsupported attn_mask shape {tuple(attn_mask.shape)}")
@@ -206,17 +197,44 @@ class _Scores:
                 attn_mask = attn_mask[..., :1, :]
         self.attn_mask = attn_mask  # 4-D, broadcastable to [B, H, Sq, Sk]
         self.is_causal = is_causal
+        self.batch, self.n_q, self.n_k, self.device = batch, n_q, n_k, device
         # row-independent visibility: one additive term for every query row
         self.key_only = not is_causal and (attn_mask is None or attn_mask.shape[-2] == 1)
         self.key_bias = None  # [B or 1, H or 1, 1, Sk] float32, -inf where hidden
         self.key_visible = None  # bool, same shape, or None when every key is visible
+        self.key_alive = None  # float [B or 1, H or 1, 1, 1]: 0 where no key is visible
         if self.key_only and attn_mask is not None:
-            bias, visible = self.mask_chunk(0, 1)
-            self.key_visible = visible
-            self.key_bias = (
-                bias.masked_fill(~visible, float("-inf")) if bias is not None
-                else torch.zeros(visible.shape, device=self.q.device).masked_fill(~visible, float("-inf"))
+            bias, self.key_visible = self.mask_chunk(0, 1)
+            self.key_bias, self.key_alive = _additive(bias, self.key_visible)
+
+        tv = token_valid
+        if tv is not None and tv.shape == (batch, n_k) and n_q <= n_k:
+            key_valid, query_valid = tv, tv[:, n_k - n_q:]
+        else:
+            key_valid, query_valid = self.validity()
+        metric_rows = query_valid
+        if rule == "last_row":
+            metric_rows = torch.zeros_like(query_valid)
+            metric_rows[:, -1] = query_valid[:, -1]
+        self.key_valid = key_valid  # [B, Sk]
+        self.qv = metric_rows[:, None, :, None]  # [B, 1, Sq, 1]: the metric's query rows Q
+        self.qw = self.qv.float().transpose(-1, -2)  # [B, 1, 1, Sq]: the same, as row weights
+        # rows [B, H or 1, Sk]: the rows of Q that can see each key
+        if self.key_only:  # rows_j = |Q| for every key a row can see
+            n_rows = metric_rows.sum(dim=-1)[:, None, None]  # [B, 1, 1]
+            self.rows = (
+                n_rows.expand(batch, 1, n_k) if self.key_visible is None
+                else self.key_visible[:, :, 0] * n_rows
             )
+        else:
+            self.rows = sum((self.mask_chunk(r0, r1)[1] & self.qv[:, :, r0:r1]).sum(dim=-2)
+                            for r0, r1 in self.chunks(chunk))
+        # keys Eq. 3 ranges over: valid, and seen by at least one row of Q
+        self.key_seen = key_valid & (self.rows.amax(dim=1) > 0)
+
+    def fits(self, attn_mask, is_causal, batch, n_q, n_k) -> bool:
+        """Whether a call with these arguments has exactly this mask (the same tensor)."""
+        return attn_mask is self.source and (is_causal, batch, n_q, n_k) == self.shape
 
     def mask_chunk(self, r0: int, r1: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(additive bias, bool visibility) of query rows r0:r1, or None where unrestricted."""
@@ -230,35 +248,29 @@ class _Scores:
                 visible = m > torch.finfo(m.dtype).min / 2
                 bias = m.float()
         if self.is_causal:
-            rows = torch.arange(r0, r1, device=self.q.device).unsqueeze(-1)
-            causal = (rows >= torch.arange(self.n_k, device=self.q.device))[None, None]
+            rows = torch.arange(r0, r1, device=self.device).unsqueeze(-1)
+            causal = (rows >= torch.arange(self.n_k, device=self.device))[None, None]
             visible = causal if visible is None else visible & causal
         return bias, visible
 
-    def logits(self, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Pre-softmax scores of rows r0:r1 with the model's mask applied (-inf where hidden),
-        and the visibility of those rows (None: every key visible)."""
-        s = self.q[:, :, r0:r1] @ self.kt
+    def additive(self, r0: int, r1: int):
+        """(float term to add to the scores or None, bool visibility or None, row factor or
+        None) of query rows r0:r1; see :func:`_additive`."""
         if self.key_only:
-            if self.key_bias is not None:
-                s += self.key_bias
-            return s, self.key_visible
+            return self.key_bias, self.key_visible, self.key_alive
         bias, visible = self.mask_chunk(r0, r1)
-        if bias is not None:
-            s += bias
-        if visible is not None:
-            s.masked_fill_(~visible, float("-inf"))
-        return s, visible
+        bias, alive = _additive(bias, visible)
+        return bias, visible, alive
 
     def validity(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(key_valid [B, Sk], query_valid [B, Sq]) read off the model's own mask, for models
         whose forward was not given a 2-D padding mask."""
         if self.attn_mask is None and not self.is_causal:
             every = torch.ones(self.batch, max(self.n_k, self.n_q), dtype=torch.bool,
-                               device=self.q.device)
+                               device=self.device)
             return every[:, : self.n_k], every[:, : self.n_q]
-        seen_k = torch.zeros(self.batch, self.n_k, dtype=torch.bool, device=self.q.device)
-        seen_q = torch.zeros(self.batch, self.n_q, dtype=torch.bool, device=self.q.device)
+        seen_k = torch.zeros(self.batch, self.n_k, dtype=torch.bool, device=self.device)
+        seen_q = torch.zeros(self.batch, self.n_q, dtype=torch.bool, device=self.device)
         for r0, r1 in self.chunks(1024):
             _, visible = self.mask_chunk(r0, r1)
             if visible is None:
@@ -275,6 +287,69 @@ class _Scores:
             yield r0, min(r0 + size, self.n_q)
 
 
+class _Scores:
+    """One attention call's inputs, normalised: 4-D float32 q/k/v with GQA expanded, and the
+    pass's :class:`_MaskView` for the model's mask.
+
+    float32 inputs are used as they are (no copy); other dtypes are upcast once.
+    """
+
+    def __init__(self, query, key, value, mask: _MaskView, scale, enable_gqa):
+        heads, kv_heads = query.shape[1], key.shape[1]
+        if kv_heads != heads:
+            if not enable_gqa or heads % kv_heads:
+                raise ValueError(
+                    f"query has {heads} heads but key has {kv_heads}: pass enable_gqa=True "
+                    "or repeat the key/value heads"
+                )
+            key = key.repeat_interleave(heads // kv_heads, dim=1)
+            value = value.repeat_interleave(heads // kv_heads, dim=1)
+        self.dtype = query.dtype
+        self.q = query.float() * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+        self.kt = key.float().transpose(-1, -2)
+        self.v = value.float()
+        self.batch, self.heads, self.n_q, _ = query.shape
+        self.n_k = key.shape[-2]
+        self.mask = mask
+
+    def logits(self, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Pre-softmax scores of rows r0:r1 with the model's mask applied (-inf where hidden),
+        their visibility (None: every key visible), and the row factor of :func:`_additive`."""
+        q = self.q[:, :, r0:r1]
+        bias, visible, alive = self.mask.additive(r0, r1)
+        if bias is None:
+            return q @ self.kt, visible, alive
+        return _matmul_plus(bias, q, self.kt), visible, alive
+
+    def chunks(self, size: int) -> Iterator[tuple[int, int]]:
+        return self.mask.chunks(size)
+
+
+def _additive(bias: torch.Tensor | None, visible: torch.Tensor | None):
+    """A chunk's mask as one float term to add to the scores (the model's bias, -inf where
+    hidden), and a float row factor that is 0 for rows seeing no key: their scores stay
+    finite so the softmax makes no NaN to clean up. (bias, None) when every key is visible."""
+    if visible is None:
+        return bias, None
+    alive = visible.any(dim=-1, keepdim=True)
+    hidden = ~visible & alive
+    add = torch.zeros(hidden.shape, device=hidden.device) if bias is None else bias.expand(hidden.shape)
+    return add.masked_fill(hidden, float("-inf")), alive.float()
+
+
+def _matmul_plus(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bias + a @ b for 4-D a [B, H, r, d] and b [B, H, d, n], bias broadcastable to the
+    result: one baddbmm, which writes the product onto the bias instead of a second pass."""
+    B, H, r, _ = a.shape
+    n = b.shape[-1]
+    out = torch.baddbmm(
+        bias.expand(B, H, bias.shape[-2], n).reshape(B * H, bias.shape[-2], n),
+        a.reshape(B * H, r, -1),
+        b.reshape(B * H, -1, n),
+    )
+    return out.view(B, H, r, n)
+
+
 def _rows_all_equal(mask: torch.Tensor) -> bool:
     """Whether every query row of a 4-D mask is the same (a key-padding mask in 4-D form)."""
     if mask.stride(-2) == 0:  # expanded from a single row
@@ -282,27 +357,8 @@ def _rows_all_equal(mask: torch.Tensor) -> bool:
     return bool((mask == mask[..., :1, :]).all())
 
 
-def _safe_softmax(s: torch.Tensor) -> torch.Tensor:
-    """Softmax whose fully hidden rows are 0, as torch's SDPA returns for them."""
-    top = s.amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    p = torch.exp(s - top)
-    return p / p.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(p.dtype).tiny)
-
-
-def _exp_scores(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """In place: s -> exp(s - rowmax), and the row sums [..., 1]. Fully hidden rows are 0.
-
-    One exp serves both detection (divide by the row sum: the model's unmasked softmax) and
-    the masked output (zero the blocked keys, divide by what is left)."""
-    top = s.amax(dim=-1, keepdim=True)
-    top.masked_fill_(~torch.isfinite(top), 0.0)
-    p = s.sub_(top).exp_()
-    return p, p.sum(dim=-1, keepdim=True)
-
-
-# A row whose kept keys carry less than this share of exp(s - rowmax) is recomputed with its
-# own maximum: below it the kept keys' exp() could lose precision to underflow.
+# A row whose kept keys carry less than this share of its attention is recomputed with its
+# own maximum: below it the kept keys' probabilities could have lost precision to underflow.
 _UNDERFLOW_GUARD = 1e-12
 
 
@@ -314,80 +370,98 @@ def _row_keeps_some(visible: torch.Tensor | None, b: torch.Tensor, n_k: int) -> 
     return (visible & ~b).any(dim=-1, keepdim=True)
 
 
+def _keep_factor(b: torch.Tensor, keeps: torch.Tensor, alive: torch.Tensor | None) -> torch.Tensor:
+    """Float factor on the probabilities: 0 for blocked keys of rows that keep another key,
+    and for rows seeing no key at all; 1 elsewhere."""
+    keep = (~(b & keeps)).float()
+    return keep if alive is None else keep * alive
+
+
 def _sweep(
     sc: _Scores,
     chunk: int,
     *,
-    detect_rows: torch.Tensor | None = None,
+    detect: bool = True,
     blocked: torch.Tensor | None = None,
     output: bool = True,
 ) -> tuple[torch.Tensor | None, _Detection | None]:
     """One pass over the query chunks of an attention call.
 
-    detect_rows: bool [B, Sq], the query rows Q of the metric; when given, accumulates the
-        unmasked attention mass each key receives from them (detection never keeps more than
-        one chunk of probabilities alive).
+    detect: accumulate the unmasked attention mass each key receives from the metric's query
+        rows Q (the mask view's; detection never keeps more than one chunk of probabilities
+        alive).
     blocked: bool [B, H or 1, Sk], keys removed from the softmax of every row that can still
         see another key (SPEC 3: a row whose every visible key is blocked keeps its scores).
     output: compute the attention output (the same scores serve detection and output).
 
-    Per chunk: one score matmul, one exp; the column mass is a [1 x rows] @ [rows x Sk]
-    matmul with the softmax normalisation folded into the row weights, and the masked output
-    zeroes the blocked keys of the same exp() and divides the [rows x Dv] result by the kept
-    mass (masked keys get exactly zero weight).
+    Per chunk: one score matmul, one softmax; the column mass is a [1 x rows] @ [rows x Sk]
+    matmul, and the masked output zeroes the blocked keys of the same probabilities (a
+    multiply: masked keys get exactly zero weight) and divides the [rows x Dv] result by the
+    mass that is left.
     """
     out = None
     if output:
         out = torch.empty(sc.batch, sc.heads, sc.n_q, sc.v.shape[-1], device=sc.q.device)
+    m = sc.mask
     det = None
-    if detect_rows is not None:
-        det = _Detection(torch.zeros(sc.batch, sc.heads, 1, sc.n_k, device=sc.q.device), None)
-        qv = detect_rows[:, None, :, None]  # [B, 1, Sq, 1]
-        qw = qv.float()
-        if sc.key_only:  # rows_j = |Q| for every key a row can see
-            n_rows = detect_rows.sum(dim=-1)[:, None, None]  # [B, 1, 1]
-            det.rows = (
-                n_rows.expand(sc.batch, 1, sc.n_k) if sc.key_visible is None
-                else sc.key_visible[:, :, 0] * n_rows
-            )
-    b = blocked.unsqueeze(-2) if blocked is not None else None  # [B, H or 1, 1, Sk]
-    keeps = _row_keeps_some(sc.key_visible, b, sc.n_k) if (b is not None and sc.key_only) else None
+    if detect:
+        det = _Detection(torch.zeros(sc.batch, sc.heads, 1, sc.n_k, device=sc.q.device), m.rows)
+    # [B, H or 1, 1, Sk]; only the output uses it
+    b = blocked.unsqueeze(-2) if blocked is not None and output else None
+    keep = keeps = None
+    if b is not None and m.key_only:
+        keeps = _row_keeps_some(m.key_visible, b, sc.n_k)
+        keep = _keep_factor(b, keeps, m.key_alive)
     underflow = None
     for r0, r1 in sc.chunks(chunk):
-        s, visible = sc.logits(r0, r1)
-        p, z = _exp_scores(s)
+        s, visible, alive = sc.logits(r0, r1)
+        # rows seeing no key are finite here; the row factor ``alive`` gives them weight 0
+        p = torch.softmax(s, dim=-1)
+        del s
         if det is not None:
-            qw_c = qw[:, :, r0:r1]  # [B, 1, rows, 1]
-            w = qw_c / z.clamp(min=torch.finfo(z.dtype).tiny)  # [B, H, rows, 1]
-            det.mass += w.transpose(-1, -2) @ p
-            if not sc.key_only:
-                seen = (visible & qv[:, :, r0:r1]).sum(dim=-2)
-                det.rows = seen if det.rows is None else det.rows + seen
+            w = m.qw[..., r0:r1]  # [B, 1, 1, rows]
+            det.mass += (w if alive is None else w * alive.transpose(-1, -2)) @ p
         if out is None:
-            del s, p  # free this chunk's block before the next one is allocated
+            del p  # free this chunk's block before the next one is allocated
             continue
         if b is None:
-            out[:, :, r0:r1] = (p @ sc.v) / z.clamp(min=torch.finfo(z.dtype).tiny)
-            del s, p
+            o = p @ sc.v
+            out[:, :, r0:r1] = o if alive is None else o.mul_(alive)
+            del p
             continue
-        keeps_c = keeps if keeps is not None else _row_keeps_some(visible, b, sc.n_k)
-        p.masked_fill_(b & keeps_c, 0.0)
+        keeps_c, keep_c = keeps, keep
+        if keep_c is None:
+            keeps_c = _row_keeps_some(visible, b, sc.n_k)
+            keep_c = _keep_factor(b, keeps_c, alive)
+        p.mul_(keep_c)
         kept = p.sum(dim=-1, keepdim=True)
         out[:, :, r0:r1] = (p @ sc.v) / kept.clamp(min=torch.finfo(kept.dtype).tiny)
-        low = ((kept < _UNDERFLOW_GUARD * z) & keeps_c).any()
+        low = ((kept < _UNDERFLOW_GUARD) & keeps_c).any()
         underflow = low if underflow is None else underflow | low
-        del s, p  # free this chunk's block before the next one is allocated
+        del p  # free this chunk's block before the next one is allocated
     if underflow is not None and bool(underflow):
         # rare: a sink so dominant that the remaining keys underflowed next to it; redo those
         # chunks with the maximum of the kept keys (the textbook masked softmax)
         for r0, r1 in sc.chunks(chunk):
-            s, visible = sc.logits(r0, r1)
+            s, visible, alive = sc.logits(r0, r1)
             keeps_c = keeps if keeps is not None else _row_keeps_some(visible, b, sc.n_k)
-            s.masked_fill_(b & keeps_c, float("-inf"))
-            out[:, :, r0:r1] = _safe_softmax(s) @ sc.v
+            o = torch.softmax(s.masked_fill_(b & keeps_c, float("-inf")), dim=-1) @ sc.v
+            out[:, :, r0:r1] = o if alive is None else o.mul_(alive)
     if det is not None:
         det.mass = det.mass.squeeze(-2)
     return (out.to(sc.dtype) if out is not None else None), det
+
+
+def _output_from_scores(device: torch.device) -> bool:
+    """Whether a sweep that already has the scores should also make the masked output.
+
+    On a CPU, yes: the unfused float32 product with the probabilities it already holds costs
+    less than a second call of the fused kernel. On an accelerator, no: the fused kernel
+    (flash/memory-efficient attention, with the blocked keys hidden by its mask) is cheaper
+    than more float32 passes over [B, H, chunk, Sk], and it needs no host sync for the
+    underflow check (benchmarks/bench_masking.py measures both).
+    """
+    return device.type == "cpu"
 
 
 def _fused_masked_output(original, a: dict, sc: _Scores, blocked: torch.Tensor, chunk: int):
@@ -405,7 +479,8 @@ def _fused_masked_output(original, a: dict, sc: _Scores, blocked: torch.Tensor, 
     if not kw["enable_gqa"]:
         del kw["enable_gqa"]  # older call sites and wrappers may not accept it
     b = blocked.unsqueeze(-2)  # [B, H or 1, 1, Sk]
-    given = sc.attn_mask
+    m = sc.mask
+    given = m.attn_mask
     float_mask = given is not None and given.dtype != torch.bool
 
     def with_blocked(mask, visible, drop):
@@ -413,15 +488,15 @@ def _fused_masked_output(original, a: dict, sc: _Scores, blocked: torch.Tensor, 
             return mask.masked_fill(drop, torch.finfo(mask.dtype).min)
         return ~drop if visible is None else visible & ~drop
 
-    if sc.key_only:
-        drop = b & _row_keeps_some(sc.key_visible, b, sc.n_k)
-        return original(q, k, v, attn_mask=with_blocked(given, sc.key_visible, drop), **kw)
+    if m.key_only:
+        drop = b & _row_keeps_some(m.key_visible, b, sc.n_k)
+        return original(q, k, v, attn_mask=with_blocked(given, m.key_visible, drop), **kw)
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     for r0, r1 in sc.chunks(chunk):
-        _, visible = sc.mask_chunk(r0, r1)
+        _, visible = m.mask_chunk(r0, r1)
         drop = b & _row_keeps_some(visible, b, sc.n_k)
         mask = given if given is None or given.shape[-2] == 1 else given[..., r0:r1, :]
-        if float_mask and sc.is_causal:  # SDPA takes a mask or is_causal, never both
+        if float_mask and m.is_causal:  # SDPA takes a mask or is_causal, never both
             raise ValueError("SDPA was called with both attn_mask and is_causal=True")
         out[:, :, r0:r1] = original(q[:, :, r0:r1], k, v, attn_mask=with_blocked(mask, visible, drop), **kw)
     return out
@@ -501,6 +576,7 @@ class _Run:
         self.active = False
         self.layer = 0
         self.token_valid: torch.Tensor | None = None
+        self.mask_view: _MaskView | None = None  # this pass's, shared by its layers
         self.previous: dict[int, torch.Tensor] = {}
         # all_rows under a KV cache: per layer, the mass and row counts of every row so far
         self.history: dict[int, _Detection] = {}
@@ -514,10 +590,12 @@ class _Run:
             if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
             else None
         )
+        self.mask_view = None
 
     def end_pass(self) -> None:
         """The pass's counts become integers here: one host sync per forward pass."""
         self.active = False
+        self.mask_view = None
         self.stats.settle()
 
     def sdpa(self, *args, **kwargs):
@@ -536,31 +614,29 @@ class _Run:
                 "sink masking needs deterministic attention: the model called SDPA with "
                 f"dropout_p={a['dropout_p']} (is it in training mode? call model.eval())"
             )
-        sc = _Scores(
-            a["query"], a["key"], a["value"], a.get("attn_mask"), a.get("is_causal", False),
-            a.get("scale"), a.get("enable_gqa", False),
-        )
-        key_valid, query_valid = self._validity(sc)
-        metric_rows = query_valid
-        if self.masker.rule == "last_row":
-            metric_rows = torch.zeros_like(query_valid)
-            metric_rows[:, -1] = query_valid[:, -1]
-
+        query = a["query"]
+        if query.dim() != 4:
+            raise ValueError(
+                f"sink masking expects [batch, heads, seq, dim] attention inputs, got {tuple(query.shape)}"
+            )
         chunk = self.config.query_chunk
-        previous = self._previous(layer, sc)
-        if self.config.detect == "previous" and previous is not None:
-            # one sweep: mask last pass's sinks, detect this pass's on the same scores
-            out, det = _sweep(sc, chunk, detect_rows=metric_rows, blocked=previous)
-            blocked = previous
-        else:
-            # first pass, or detect=current: detect on this pass's unmasked attention first
-            _, det = _sweep(sc, chunk, detect_rows=metric_rows, output=False)
-            blocked = None
+        mask = self._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0],
+                               query.shape[-2], a["key"].shape[-2], query.device, chunk)
+        sc = _Scores(query, a["key"], a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
+
+        # keys masked in this call: last pass's sinks, or (first pass, detect=current) this
+        # pass's, known only once the sweep below has detected them
+        blocked = self._previous(layer, sc) if self.config.detect == "previous" else None
+        # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
+        # make the masked output from its scores, where that beats a second fused call
+        out, det = _sweep(sc, chunk, blocked=blocked,
+                          output=blocked is not None and _output_from_scores(query.device))
+        key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
-        key_valid = key_valid & (det.rows.amax(dim=1) > 0)
+            key_seen = mask.key_valid & (det.rows.amax(dim=1) > 0)
         scores, sinks, chosen = select_sinks(
-            det.mass, det.rows.expand(-1, sc.heads, -1), key_valid,
+            det.mass, det.rows.expand(-1, sc.heads, -1), key_seen,
             eps=self.config.eps, k=self.config.top_k,
             per_layer=self.config.granularity == "layer",
         )
@@ -575,17 +651,21 @@ class _Run:
         self.previous[layer] = chosen
         if blocked is None:
             blocked = chosen
+        if out is None:
             out = _fused_masked_output(self.original, a, sc, blocked, chunk)
         for observe in self.masker.observers:
             observe(AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked))
         self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
         return out
 
-    def _validity(self, sc: _Scores) -> tuple[torch.Tensor, torch.Tensor]:
-        tv = self.token_valid
-        if tv is not None and tv.shape == (sc.batch, sc.n_k) and sc.n_q <= sc.n_k:
-            return tv, tv[:, sc.n_k - sc.n_q :]
-        return sc.validity()
+    def _mask_view(self, attn_mask, is_causal, batch, n_q, n_k, device, chunk) -> _MaskView:
+        """The pass's view of this mask: made by the first layer, reused by the others."""
+        view = self.mask_view
+        if view is None or not view.fits(attn_mask, is_causal, batch, n_q, n_k):
+            view = _MaskView(attn_mask, is_causal, batch, n_q, n_k, device, self.token_valid,
+                             self.masker.rule, chunk)
+            self.mask_view = view
+        return view
 
     def _with_history(self, layer: int, sc: _Scores, det: _Detection) -> _Detection:
         """The all_rows rule over every row of the sequence so far, not only this call's.

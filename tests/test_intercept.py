@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask import intercept
 from lm_eval_sinkmask.intercept import SinkMasker
 from tests import tiny
 
@@ -351,7 +352,13 @@ def _mask_forms():
 @pytest.mark.parametrize("form", list(_mask_forms()))
 @pytest.mark.parametrize("detect", ["current", "previous"])
 @pytest.mark.parametrize("query_chunk", [1, 4, 256])
-def test_every_path_matches_eager_attention_without_the_blocked_keys(form, detect, query_chunk):
+@pytest.mark.parametrize("output_from_scores", [True, False], ids=["cpu_strategy", "gpu_strategy"])
+def test_every_path_matches_eager_attention_without_the_blocked_keys(
+    form, detect, query_chunk, output_from_scores, monkeypatch
+):
+    """Both output strategies (the sweep's own product on a CPU, the fused kernel with the
+    blocked keys hidden on an accelerator) are checked here on the CPU."""
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: output_from_scores)
     kwargs = _mask_forms()[form]
     torch.manual_seed(6)
     B, H, S, D = 2, 3, 9, 8
@@ -392,9 +399,10 @@ def test_dominant_sink_does_not_underflow_the_other_keys():
 
 
 def test_float32_inputs_are_not_copied_for_keys_and_values():
-    from lm_eval_sinkmask.intercept import _Scores
+    from lm_eval_sinkmask.intercept import _MaskView, _Scores
 
     q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
-    sc = _Scores(q, k, v, None, False, None, False)
+    mask = _MaskView(None, False, 1, 5, 5, q.device, None, "all", 256)
+    sc = _Scores(q, k, v, mask, None, False)
     assert sc.kt.data_ptr() == k.data_ptr() and sc.v.data_ptr() == v.data_ptr()
-    assert sc.key_only and sc.key_bias is None
+    assert mask.key_only and mask.key_bias is None
