@@ -76,7 +76,12 @@ def sync(device):
 
 
 def interleaved(run_one, names, repeats: int, device) -> tuple[dict, dict]:
-    """Median seconds per variant, variants interleaved (a b c d, b c d a, ...) each repeat."""
+    """Median seconds per variant, variants interleaved (a b c d, b c d a, ...) each repeat.
+
+    On the CPU the clock is the process's CPU time (``time.process_time``): a shared virtual
+    machine's stolen time and other tenants' preemptions do not count, which wall time on
+    such a machine scatters by +-10% between identical runs. On CUDA: wall time, synced."""
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
     times = {n: [] for n in names}
     extra = {}
     run_one(names[0])  # warm-up (allocations, kernels, lazy imports)
@@ -84,10 +89,10 @@ def interleaved(run_one, names, repeats: int, device) -> tuple[dict, dict]:
         order = names[r % len(names):] + names[: r % len(names)]
         for n in order:
             sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             extra[n] = run_one(n)
             sync(device)
-            times[n].append(time.perf_counter() - t0)
+            times[n].append(clock() - t0)
     interleaved.last_min = {n: min(t) for n, t in times.items()}
     return {n: statistics.median(t) for n, t in times.items()}, extra
 
@@ -324,11 +329,12 @@ def bench_memory(args):
     print("Measured: peak RSS during the call minus RSS before it (VmHWM after resetting it via "
           "/proc/self/clear_refs), min of "
           f"{reps}; the unmasked fused SDPA call itself peaks at +{base:.1f} MiB (its output). "
-          "Intercept extra = masked peak - unmasked peak. Predicted chunk term: one float32 "
-          "[B, H, chunk, S] score/probability block = 4 B H S chunk bytes; the rest is "
-          "O(B H S D): scaled q copy and float32 output.\n")
+          "Intercept extra = masked peak - unmasked peak. Predicted chunk term: two float32 "
+          "[B, H, chunk, S] blocks, the scores and their softmax (alive together for the "
+          "length of one softmax call) = 8 B H S chunk bytes; the rest is O(B H S D): scaled "
+          "q copy and float32 output.\n")
     print("| query_chunk | (c) previous, 2 passes: extra MiB | (d) current: extra MiB | "
-          "4·B·H·S·chunk MiB | O(BHSD) terms MiB |")
+          "8·B·H·S·chunk MiB | O(BHSD) terms MiB |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     chunks = (64, 128, 256) if args.quick else (64, 128, 256, 512, 1024)
     rows = []
@@ -338,14 +344,14 @@ def bench_memory(args):
         cur = min(peak_extra_mib(masked(SinkMaskConfig(top_k=5, eps=0.0, detect="current",
                                                        query_chunk=c), 1))
                   for _ in range(reps)) - base
-        pred = 4 * B * H * S * c / 2**20
+        pred = 8 * B * H * S * c / 2**20
         rows.append((c, prev, cur, pred))
         print(f"| {c} | {prev:.1f} | {cur:.1f} | {pred:.1f} | {2 * 4 * B * H * S * D / 2**20:.1f} |")
     if len(rows) >= 2:
         (c0, p0, d0, _), (c1, p1, d1, _) = rows[0], rows[-1]
         per = 4 * B * H * S / 2**20
         print(f"\nSlope: (c) {(p1 - p0) / (c1 - c0) / per:.2f}, (d) {(d1 - d0) / (c1 - c0) / per:.2f} "
-              "float32 [B, H, 1, S] rows alive per query row of chunk (1 = one score block). "
+              "float32 [B, H, 1, S] rows alive per query row of chunk (2 = scores and softmax). "
               "The unmasked model's own attention allocates none of this: the extra memory is "
               "linear in chunk, i.e. O(batch x heads x S x chunk), not O(S^2) per layer.")
     sys.stdout.flush()
@@ -435,7 +441,8 @@ def header(args):
                      else "not available (no GPU in this run)")
           + f", repeats {args.repeats}, command: python {' '.join(sys.argv)}")
     print(f"# load average at start: {os.getloadavg()[0]:.1f} (ratios are medians of "
-          "interleaved repeats in this one run)")
+          "interleaved repeats in this one run; 's' on the CPU is the process's CPU time, "
+          "on CUDA wall time)")
 
 
 def main(argv=None):
