@@ -188,7 +188,7 @@ class _MaskView:
 
     def __init__(self, attn_mask, is_causal, batch, n_q, n_k, device, token_valid, rule, chunk):
         self.source = attn_mask  # the model's own tensor, compared by identity in :meth:`fits`
-        self.shape = (is_causal, batch, n_q, n_k)
+        self.signature = (is_causal, batch, n_q, n_k)
         if attn_mask is not None:
             if not 2 <= attn_mask.dim() <= 4:
                 raise ValueError(f"unsupported attn_mask shape {tuple(attn_mask.shape)}")
@@ -229,12 +229,11 @@ class _MaskView:
         else:
             self.rows = sum((self.mask_chunk(r0, r1)[1] & self.qv[:, :, r0:r1]).sum(dim=-2)
                             for r0, r1 in self.chunks(chunk))
-        # keys Eq. 3 ranges over: valid, and seen by at least one row of Q
-        self.key_seen = key_valid & (self.rows.amax(dim=1) > 0)
+        self.key_seen = _keys_seen(key_valid, self.rows)
 
     def fits(self, attn_mask, is_causal, batch, n_q, n_k) -> bool:
         """Whether a call with these arguments has exactly this mask (the same tensor)."""
-        return attn_mask is self.source and (is_causal, batch, n_q, n_k) == self.shape
+        return attn_mask is self.source and (is_causal, batch, n_q, n_k) == self.signature
 
     def mask_chunk(self, r0: int, r1: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(additive bias, bool visibility) of query rows r0:r1, or None where unrestricted."""
@@ -325,6 +324,12 @@ class _Scores:
         return self.mask.chunks(size)
 
 
+def _keys_seen(key_valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The keys Eq. 3 ranges over, [B, Sk]: valid, and seen by at least one row of Q in some
+    head (rows [B, H or 1, Sk])."""
+    return key_valid & (rows.amax(dim=1) > 0)
+
+
 def _additive(bias: torch.Tensor | None, visible: torch.Tensor | None):
     """A chunk's mask as one float term to add to the scores (the model's bias, -inf where
     hidden), and a float row factor that is 0 for rows seeing no key: their scores stay
@@ -381,15 +386,14 @@ def _sweep(
     sc: _Scores,
     chunk: int,
     *,
-    detect: bool = True,
     blocked: torch.Tensor | None = None,
     output: bool = True,
-) -> tuple[torch.Tensor | None, _Detection | None]:
-    """One pass over the query chunks of an attention call.
+) -> tuple[torch.Tensor | None, _Detection]:
+    """One pass over the query chunks of an attention call: detection, and optionally the
+    masked output.
 
-    detect: accumulate the unmasked attention mass each key receives from the metric's query
-        rows Q (the mask view's; detection never keeps more than one chunk of probabilities
-        alive).
+    Detection accumulates the unmasked attention mass each key receives from the metric's
+    query rows Q (the mask view's), never keeping more than one chunk of probabilities alive.
     blocked: bool [B, H or 1, Sk], keys removed from the softmax of every row that can still
         see another key (SPEC 3: a row whose every visible key is blocked keeps its scores).
     output: compute the attention output (the same scores serve detection and output).
@@ -403,9 +407,7 @@ def _sweep(
     if output:
         out = torch.empty(sc.batch, sc.heads, sc.n_q, sc.v.shape[-1], device=sc.q.device)
     m = sc.mask
-    det = None
-    if detect:
-        det = _Detection(torch.zeros(sc.batch, sc.heads, 1, sc.n_k, device=sc.q.device), m.rows)
+    mass = torch.zeros(sc.batch, sc.heads, 1, sc.n_k, device=sc.q.device)
     # [B, H or 1, 1, Sk]; only the output uses it
     b = blocked.unsqueeze(-2) if blocked is not None and output else None
     keep = keeps = None
@@ -418,9 +420,8 @@ def _sweep(
         # rows seeing no key are finite here; the row factor ``alive`` gives them weight 0
         p = torch.softmax(s, dim=-1)
         del s
-        if det is not None:
-            w = m.qw[..., r0:r1]  # [B, 1, 1, rows]
-            det.mass += (w if alive is None else w * alive.transpose(-1, -2)) @ p
+        w = m.qw[..., r0:r1]  # [B, 1, 1, rows]
+        mass += (w if alive is None else w * alive.transpose(-1, -2)) @ p
         if out is None:
             del p  # free this chunk's block before the next one is allocated
             continue
@@ -447,9 +448,7 @@ def _sweep(
             keeps_c = keeps if keeps is not None else _row_keeps_some(visible, b, sc.n_k)
             o = torch.softmax(s.masked_fill_(b & keeps_c, float("-inf")), dim=-1) @ sc.v
             out[:, :, r0:r1] = o if alive is None else o.mul_(alive)
-    if det is not None:
-        det.mass = det.mass.squeeze(-2)
-    return (out.to(sc.dtype) if out is not None else None), det
+    return (out.to(sc.dtype) if out is not None else None), _Detection(mass.squeeze(-2), m.rows)
 
 
 def _output_from_scores(device: torch.device) -> bool:
@@ -634,7 +633,7 @@ class _Run:
         key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
-            key_seen = mask.key_valid & (det.rows.amax(dim=1) > 0)
+            key_seen = _keys_seen(mask.key_valid, det.rows)
         scores, sinks, chosen = select_sinks(
             det.mass, det.rows.expand(-1, sc.heads, -1), key_seen,
             eps=self.config.eps, k=self.config.top_k,
