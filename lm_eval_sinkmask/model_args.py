@@ -74,8 +74,8 @@ ARGS: tuple[ModelArg, ...] = (
              "`right` keeps every row's positions from 0, `left` suits models that count "
              "positions from the first real token", (DLM,), "sampling"),
     # -- loading
-    ModelArg("pretrained", "required", "hub id, local folder, or `zoo:arm|llada|dream|llada_sink` "
-             "(the tiny checkpoints shipped with the package)", BOTH, "loading"),
+    ModelArg("pretrained", "required", "hub id, local folder, or `zoo:arm`, `zoo:llada`, `zoo:dream`, "
+             "`zoo:llada_sink` (the tiny checkpoints shipped with the package)", BOTH, "loading"),
     ModelArg("mask_id", "config, tokenizer, family", "mask token id (LLaDA 126336, Dream 151666)",
              (DLM,), "loading"),
     ModelArg("model_class", "`transformers.AutoModel`", "`module:Class` for checkpoints without "
@@ -134,7 +134,7 @@ def _doc_of(doc: str, name: str) -> str:
     if not m:
         return ""
     text = " ".join(m.group(1).split())
-    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0].replace("``", "`")
+    return re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<=\.)\s+(?=[A-Z`])", text, maxsplit=1)[0].replace("``", "`")
 
 
 def known(model: str) -> set[str]:
@@ -197,7 +197,7 @@ def markdown() -> str:
 def text(model: str, with_lm_eval: bool = True) -> str:
     """What ``sinkmask args`` prints for one model."""
     plain = lambda s: s.replace("`", "")  # noqa: E731
-    width = max(len(a.name) for a in ARGS) + 2
+    width = max(len(n) for n in [a.name for a in ARGS] + list(FROM_PRETRAINED)) + 2
     lines = [f"{model}:"]
     for group, title in GROUP_TITLES.items():
         rows = [a for a in ours(model) if a.group == group]
