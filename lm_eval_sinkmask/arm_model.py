@@ -2,7 +2,7 @@
 
 lm-eval's ``HFLM`` does everything (loglikelihood, chat templates, batching, ``generate``
 with a KV cache); we only wrap its model calls in the intercept, with the ARM query rule of
-SPEC 4 (``arm_rule=last_row`` by default, or ``all_rows``).
+docs/method.md section 5 (``arm_rule=last_row`` by default, or ``all_rows``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
 
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None):
         # one forward per loglikelihood batch: with detect=previous its first (only) pass
-        # detects on its own attention, as SPEC 3 prescribes for a first step
+        # detects on its own attention, as docs/method.md section 4 prescribes for a first step
         with self.masking():
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-args-for", action="append", metavar="NAME:ARGS",
                    help="model_args for one model, e.g. llada:block_length=32 (repeatable)")
     s.add_argument("--arm-rule", default="last_row", choices=["last_row", "all_rows"],
-                   help="ARM query rule (SPEC 4) [%(default)s]")
+                   help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
     s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: lm-eval's)")
     s.add_argument("--num-fewshot", type=int, default=None)

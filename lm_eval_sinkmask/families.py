@@ -1,4 +1,4 @@
-"""Model families: every per-family difference lives in this one table (SPEC 4).
+"""Model families: every per-family difference lives in this one table (docs/method.md sections 6, 8).
 
 A family says which checkpoints belong to it (``config.model_type``), which sampler runs it and
 with what defaults, its mask token, how our samplers call its forward, and how to load it so

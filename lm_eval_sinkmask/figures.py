@@ -2,7 +2,7 @@
 trace alone.
 
 Every figure's title names the model and the steps it covers; scores are Eq. 3 scores in units
-of the uniform attention share (SPEC 2: 1 = the attention a key would get if every query spread
+of the uniform attention share (docs/method.md section 2: 1 = the attention a key would get if every query spread
 its attention evenly).
 """
 

@@ -2,7 +2,7 @@
 
     python -m lm_eval_sinkmask.zoo.train --out lm_eval_sinkmask/zoo/checkpoints --seed 0
 
-Objectives (SPEC section 7):
+Objectives (docs/method.md section 10):
 - arm:   next-token cross-entropy on the answer (prompt as context).
 - llada: masked diffusion, as LLaDA's SFT: t ~ U(eps, 1), every answer token (the answer is
          padded with EOS, as LLaDA pads its SFT answers) masked with probability t, prompt
