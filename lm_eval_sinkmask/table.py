@@ -4,6 +4,10 @@ Rows are task x {Unmasked, K=1, K=5, K=10} (whatever K the sweep ran), columns a
 cell ``mean ± stderr (Δ vs unmasked)`` read from the ``cell.json`` that :mod:`sweep` wrote next
 to lm-eval's results. Nothing here runs a model; the same folder always renders the same
 Markdown and CSV.
+
+A sweep over several training seeds (``sweep --seeds``) shows in each cell the mean over seeds,
+the spread across seeds and the mean lm-eval standard error, and the drop from K=0 computed
+seed by seed (:mod:`seed_stats`); with one seed the table is the plain one above.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import seed_stats
 from .sweep import primary_metric
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
@@ -29,30 +34,37 @@ class Entry:
     value: float
     stderr: float | None
     n: int | None
+    seed: int | None = None  # training seed (sweeps with --seeds)
 
 
 def is_zoo(record: dict) -> bool:
     """A cell made from one of the project's tiny zoo checkpoints."""
+    from .zoo import identify
+
     path = str(record.get("model_path", "")).replace("\\", "/")
-    return "lm_eval_sinkmask/zoo/checkpoints" in path or str(record.get("model_type")).startswith("sinkmask_")
+    return "lm_eval_sinkmask/zoo/checkpoints" in path or identify(path) is not None or str(record.get("model_type")).startswith("sinkmask_")
 
 
 def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, list[Entry], bool]:
     """(grid, entries, made_from_zoo) of a sweep folder."""
     folder = Path(folder)
     grid = json.loads((folder / "sweep.json").read_text())
+    seeds = grid.get("seeds")
     entries: list[Entry] = []
     zoo = False
-    for record_path in sorted((folder / "cells").glob("*/*/k*/cell.json")):
+    cells = folder / "cells"
+    for record_path in sorted([*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")]):
         record = json.loads(record_path.read_text())
         req = record["request"]
+        if seeds is not None and req.get("checkpoint_seed") not in seeds:
+            continue
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
         wanted = (metrics or {}).get(req["task"])
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
         zoo |= is_zoo(record)
         entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
-                             value, stderr, record.get("n")))
+                             value, stderr, record.get("n"), req.get("checkpoint_seed")))
     return grid, entries, zoo
 
 
@@ -113,6 +125,8 @@ def rows(grid: dict, entries: list[Entry]) -> list[dict]:
 
 
 def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
+    if seed_stats.multi_seed(grid):
+        return seed_stats.markdown(grid, entries, title, digits)
     idx = _index(entries)
     models = grid["models"]
     header = ["Task", "Sinks masked"] + [f"{m['name']} ({m['kind'].upper()})" for m in models]
@@ -143,10 +157,14 @@ def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> s
               "Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
               f"Samples per cell: {', '.join(map(str, ns)) or 'n/a'}"
               + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+    if grid.get("seeds"):
+        lines.append(f"Training seed: {grid['seeds'][0]}.")
     return "\n".join(lines) + "\n"
 
 
 def csv_text(grid: dict, entries: list[Entry]) -> str:
+    if seed_stats.multi_seed(grid):
+        return seed_stats.csv_text(grid, entries)
     buf = io.StringIO()
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "value", "stderr",
               "delta_vs_unmasked", "n"]
@@ -168,6 +186,9 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     idx = _index(entries)
     ks = sorted(grid["ks"])
     tasks = grid["tasks"]
+    multi = seed_stats.multi_seed(grid)
+    if multi:
+        idx = seed_stats.aggregate(grid, entries)
     width = max(7.0, 5.2 * len(tasks))
     fig, axes = plt.subplots(1, len(tasks), figsize=(width, 4.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -178,6 +199,16 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
                 continue
             metric = metric or pts[0][1].metric
             arm = m["kind"] == "arm"
+            if multi:
+                line = ax.errorbar([i for i, _ in pts], [e.mean for _, e in pts],
+                                   yerr=[e.std or 0 for _, e in pts], capsize=3,
+                                   linestyle="--" if arm else "-", marker="s" if arm else "o",
+                                   linewidth=2.2 if arm else 1.6,
+                                   label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
+                seeds = [(i, v) for i, e in pts for v in e.values.values()]
+                ax.plot([i for i, _ in seeds], [v for _, v in seeds], linestyle="none",
+                        marker=".", alpha=0.35, color=line[0].get_color())
+                continue
             ax.errorbar([i for i, _ in pts], [e.value for _, e in pts],
                         yerr=[e.stderr or 0 for _, e in pts], capsize=3,
                         linestyle="--" if arm else "-", marker="s" if arm else "o",
@@ -190,6 +221,9 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
         ax.set_title(task)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if multi:
+        title += (f" - mean over seeds {', '.join(map(str, grid['seeds']))}; error bars: std "
+                  "across seeds; dots: single seeds")
     fig.suptitle(_wrap(title, int(12 * width)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata={"Software": None})
