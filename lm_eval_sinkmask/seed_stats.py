@@ -11,8 +11,6 @@ own mean and standard deviation across seeds. Pure arithmetic on :class:`table.E
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 from dataclasses import dataclass
 
@@ -103,26 +101,16 @@ def cell_text(cell: SeedCell, n_seeds: int, digits: int) -> str:
 
 
 def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
-    from .table import row_label
+    from .table import layout, metric_and_sample_notes
 
     idx = aggregate(grid, entries)
-    models, seeds = grid["models"], grid["seeds"]
-    header = ["Task", "Sinks masked"] + [f"{m['name']} ({m['kind'].upper()})" for m in models]
-    lines = [f"# {title}", "",
-             "| " + " | ".join(header) + " |",
-             "|" + "|".join(["---", "---"] + [":---:"] * len(models)) + "|"]
-    metrics: dict[str, str] = {}
-    for task in grid["tasks"]:
-        for i, k in enumerate(sorted(grid["ks"])):
-            cells = []
-            for m in models:
-                c = idx.get((m["name"], task, k))
-                if c is None:
-                    cells.append("-")
-                    continue
-                metrics.setdefault(task, c.metric)
-                cells.append(cell_text(c, len(seeds), digits))
-            lines.append("| " + " | ".join([task if i == 0 else "", row_label(k)] + cells) + " |")
+    seeds = grid["seeds"]
+
+    def text_of(model: str, task: str, k: int):
+        c = idx.get((model, task, k))
+        return None if c is None else (cell_text(c, len(seeds), digits), c.metric)
+
+    lines, metrics = layout(grid, title, text_of)
     ns = sorted({n for c in idx.values() for n in c.ns})
     lines += ["",
               f"Cells: mean over {len(seeds)} training seeds ({', '.join(map(str, seeds))}) ± "
@@ -131,49 +119,37 @@ def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
               "computed within each seed, mean ± standard deviation across seeds. K=k masks the "
               "k highest-scoring Eq. 3 sinks per layer and head (the paper's eps0/eps1/eps2 "
               "columns are K=1/5/10). Per-seed values and min-max: table.csv.",
-              "Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
-              f"Samples per cell and seed: {', '.join(map(str, ns)) or 'n/a'}"
-              + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+              *metric_and_sample_notes(grid, metrics, ns, "Samples per cell and seed")]
     return "\n".join(lines) + "\n"
 
 
 def csv_rows(grid: dict, entries) -> list[dict]:
     """One row per table cell: the aggregates, then every seed's value, stderr and Δ."""
-    from .table import row_label
+    from .table import in_table_order, row_label
 
-    idx = aggregate(grid, entries)
     out = []
-    for task in grid["tasks"]:
-        for k in sorted(grid["ks"]):
-            for m in grid["models"]:
-                c = idx.get((m["name"], task, k))
-                if c is None:
-                    continue
-                row = {
-                    "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
-                    "kind": m["kind"], "metric": c.metric,
-                    "seeds": ";".join(map(str, c.values)), "mean": c.mean, "std": c.std,
-                    "min": min(c.values.values()), "max": max(c.values.values()),
-                    "stderr_mean": c.stderr_mean, "delta_mean": c.delta_mean,
-                    "delta_std": c.delta_std, "n": ";".join(map(str, c.ns)),
-                }
-                for s in grid["seeds"]:
-                    row[f"value_seed{s}"] = c.values.get(s)
-                    row[f"stderr_seed{s}"] = c.stderrs.get(s)
-                    row[f"delta_seed{s}"] = c.deltas.get(s)
-                out.append(row)
+    for task, k, m, c in in_table_order(grid, aggregate(grid, entries)):
+        row = {
+            "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
+            "kind": m["kind"], "metric": c.metric,
+            "seeds": ";".join(map(str, c.values)), "mean": c.mean, "std": c.std,
+            "min": min(c.values.values()), "max": max(c.values.values()),
+            "stderr_mean": c.stderr_mean, "delta_mean": c.delta_mean,
+            "delta_std": c.delta_std, "n": ";".join(map(str, c.ns)),
+        }
+        for s in grid["seeds"]:
+            row[f"value_seed{s}"] = c.values.get(s)
+            row[f"stderr_seed{s}"] = c.stderrs.get(s)
+            row[f"delta_seed{s}"] = c.deltas.get(s)
+        out.append(row)
     return out
 
 
 def csv_text(grid: dict, entries) -> str:
+    from .table import write_csv
+
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "seeds", "mean", "std",
               "min", "max", "stderr_mean", "delta_mean", "delta_std", "n"]
     for s in grid["seeds"]:
         fields += [f"value_seed{s}", f"stderr_seed{s}", f"delta_seed{s}"]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    for row in csv_rows(grid, entries):
-        writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
-                         for k, v in row.items()})
-    return buf.getvalue()
+    return write_csv(fields, csv_rows(grid, entries))

@@ -104,30 +104,34 @@ def _index(entries: list[Entry]) -> dict[tuple[str, str, int], Entry]:
     return {(e.model, e.task, e.k): e for e in entries}
 
 
-def rows(grid: dict, entries: list[Entry]) -> list[dict]:
-    """Long-form rows (the CSV), in the table's order; missing cells are left out."""
-    idx = _index(entries)
-    out = []
+def in_table_order(grid: dict, idx: dict):
+    """(task, K, model dict, idx entry) of every cell present in ``idx``, in the CSV's order."""
     for task in grid["tasks"]:
         for k in sorted(grid["ks"]):
             for m in grid["models"]:
                 e = idx.get((m["name"], task, k))
-                if e is None:
-                    continue
-                base = idx.get((m["name"], task, 0))
-                delta = e.value - base.value if base is not None else None
-                out.append({
-                    "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
-                    "kind": m["kind"], "metric": e.metric, "value": e.value,
-                    "stderr": e.stderr, "delta_vs_unmasked": delta, "n": e.n,
-                })
+                if e is not None:
+                    yield task, k, m, e
+
+
+def rows(grid: dict, entries: list[Entry]) -> list[dict]:
+    """Long-form rows (the CSV), in the table's order; missing cells are left out."""
+    idx = _index(entries)
+    out = []
+    for task, k, m, e in in_table_order(grid, idx):
+        base = idx.get((m["name"], task, 0))
+        delta = e.value - base.value if base is not None else None
+        out.append({
+            "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
+            "kind": m["kind"], "metric": e.metric, "value": e.value,
+            "stderr": e.stderr, "delta_vs_unmasked": delta, "n": e.n,
+        })
     return out
 
 
-def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
-    if seed_stats.multi_seed(grid):
-        return seed_stats.markdown(grid, entries, title, digits)
-    idx = _index(entries)
+def layout(grid: dict, title: str, text_of) -> tuple[list[str], dict[str, str]]:
+    """The table's title, header and rows; ``text_of(model, task, k)`` gives a cell's
+    (text, metric), or None for a cell not run. Returns the lines and each task's metric."""
     models = grid["models"]
     header = ["Task", "Sinks masked"] + [f"{m['name']} ({m['kind'].upper()})" for m in models]
     lines = [f"# {title}", "",
@@ -138,39 +142,65 @@ def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> s
         for i, k in enumerate(sorted(grid["ks"])):
             cells = []
             for m in models:
-                e = idx.get((m["name"], task, k))
-                if e is None:
+                found = text_of(m["name"], task, k)
+                if found is None:
                     cells.append("-")
                     continue
-                metrics.setdefault(task, e.metric)
-                text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
-                base = idx.get((m["name"], task, 0))
-                if k != 0 and base is not None:
-                    text += f" ({_fmt(e.value - base.value, digits, sign=True)})"
-                cells.append(text)
+                metrics.setdefault(task, found[1])
+                cells.append(found[0])
             lines.append("| " + " | ".join([task if i == 0 else "", row_label(k)] + cells) + " |")
+    return lines, metrics
+
+
+def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
+    if seed_stats.multi_seed(grid):
+        return seed_stats.markdown(grid, entries, title, digits)
+    idx = _index(entries)
+
+    def text_of(model: str, task: str, k: int):
+        e = idx.get((model, task, k))
+        if e is None:
+            return None
+        text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
+        base = idx.get((model, task, 0))
+        if k != 0 and base is not None:
+            text += f" ({_fmt(e.value - base.value, digits, sign=True)})"
+        return text, e.metric
+
+    lines, metrics = layout(grid, title, text_of)
     ns = sorted({e.n for e in entries if e.n is not None})
     lines += ["",
               "Cells: mean ± standard error from lm-eval; in parentheses the absolute change from "
               "the unmasked run (K=0). K=k masks the k highest-scoring Eq. 3 sinks per layer and "
               "head (the paper's eps0/eps1/eps2 columns are K=1/5/10).",
-              "Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
-              f"Samples per cell: {', '.join(map(str, ns)) or 'n/a'}"
-              + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+              *metric_and_sample_notes(grid, metrics, ns, "Samples per cell")]
     if grid.get("seeds"):
         lines.append(f"Training seed: {grid['seeds'][0]}.")
     return "\n".join(lines) + "\n"
 
 
+def metric_and_sample_notes(grid: dict, metrics: dict[str, str], ns: list[int],
+                            label: str) -> list[str]:
+    """The footer lines naming each task's metric and the samples per cell."""
+    return ["Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
+            f"{label}: {', '.join(map(str, ns)) or 'n/a'}"
+            + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+
+
 def csv_text(grid: dict, entries: list[Entry]) -> str:
     if seed_stats.multi_seed(grid):
         return seed_stats.csv_text(grid, entries)
-    buf = io.StringIO()
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "value", "stderr",
               "delta_vs_unmasked", "n"]
+    return write_csv(fields, rows(grid, entries))
+
+
+def write_csv(fields: list[str], rows: list[dict]) -> str:
+    """CSV text; floats as repr (exact round trip), None as empty."""
+    buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
-    for row in rows(grid, entries):
+    for row in rows:
         writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
                          for k, v in row.items()})
     return buf.getvalue()
