@@ -223,27 +223,24 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(tasks), figsize=(width, 4.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         metric = None
-        for m in grid["models"]:
+        for j, m in enumerate(grid["models"]):
             pts = [(i, idx[(m["name"], task, k)]) for i, k in enumerate(ks) if (m["name"], task, k) in idx]
             if not pts:
                 continue
             metric = metric or pts[0][1].metric
             arm = m["kind"] == "arm"
+            # over seeds: the mean with the across-seed std, models dodged so the bars stay apart
+            dodge = 0.04 * (j - (len(grid["models"]) - 1) / 2) if multi else 0.0
+            x = [i + dodge for i, _ in pts]
+            line = ax.errorbar(x, [e.mean if multi else e.value for _, e in pts],
+                               yerr=[(e.std if multi else e.stderr) or 0 for _, e in pts],
+                               capsize=3, linestyle="--" if arm else "-",
+                               marker="s" if arm else "o", linewidth=2.2 if arm else 1.6,
+                               label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
             if multi:
-                line = ax.errorbar([i for i, _ in pts], [e.mean for _, e in pts],
-                                   yerr=[e.std or 0 for _, e in pts], capsize=3,
-                                   linestyle="--" if arm else "-", marker="s" if arm else "o",
-                                   linewidth=2.2 if arm else 1.6,
-                                   label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
-                seeds = [(i, v) for i, e in pts for v in e.values.values()]
-                ax.plot([i for i, _ in seeds], [v for _, v in seeds], linestyle="none",
+                seeds = [(xi, v) for xi, (_, e) in zip(x, pts) for v in e.values.values()]
+                ax.plot([xi for xi, _ in seeds], [v for _, v in seeds], linestyle="none",
                         marker=".", alpha=0.35, color=line[0].get_color())
-                continue
-            ax.errorbar([i for i, _ in pts], [e.value for _, e in pts],
-                        yerr=[e.stderr or 0 for _, e in pts], capsize=3,
-                        linestyle="--" if arm else "-", marker="s" if arm else "o",
-                        linewidth=2.2 if arm else 1.6,
-                        label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
         ax.set_xticks(range(len(ks)), [f"{k}\n(unmasked)" if k == 0 else str(k) for k in ks])
         ax.set_xlabel("K: top-K sinks masked per layer and head")
         ax.set_ylabel(f"accuracy ({metric or 'primary metric'})")
