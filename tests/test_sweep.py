@@ -159,7 +159,9 @@ def test_zoo_seeds_resolve_from_the_seeds_folder_or_fail_naming_it(tmp_path, mon
     assert zoo.identify("/gpu/box/lm_eval_sinkmask/zoo/checkpoints/arm") == ("arm", 0)
     assert zoo.identify("/elsewhere/zoo_seeds/llada_sink/seed2") == ("llada_sink", 2)
     assert zoo.identify(str(tmp_path / "llada" / "seed1")) == ("llada", 1)
+    assert zoo.identify("/gpu/runs/zoo2/seed2/dream") == ("dream", 2)  # gpu_zoo's layout
     assert zoo.identify("/ckpt/llada/seed1") is None
+    assert zoo.identify("/ckpt/seed1/llama") is None
 
 
 @pytest.mark.slow

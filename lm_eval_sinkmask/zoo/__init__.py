@@ -57,8 +57,10 @@ def parse_ref(ref: str) -> tuple[str, int]:
 
 def identify(path: str) -> tuple[str, int] | None:
     """(zoo name, seed) of a checkpoint reference, or None when it is not a zoo checkpoint:
-    ``zoo:llada@1``, a path ending in ``zoo/checkpoints/llada`` (seed 0) or in
-    ``<name>/seed<S>`` under a seeds folder. Works on paths written on another machine."""
+    ``zoo:llada@1``, a path ending in ``zoo/checkpoints/llada`` (seed 0), in
+    ``zoo_seeds/<name>/seed<S>`` or ``<name>/seed<S>`` under ``$SINKMASK_ZOO_SEEDS``, or in
+    ``seed<S>/<name>`` (where ``gpu_zoo`` trains them). Works on paths written on another
+    machine."""
     text = str(path).replace("\\", "/").rstrip("/")
     if text.startswith("zoo:"):
         return parse_ref(text[len("zoo:"):])
@@ -68,6 +70,9 @@ def identify(path: str) -> tuple[str, int] | None:
     m = re.search(r"(?:^|/)zoo_seeds/([a-z_]+)/seed(\d+)$", text)
     if m and m.group(1) in ZOO_NAMES:
         return m.group(1), int(m.group(2))
+    m = re.search(r"(?:^|/)seed(\d+)/([a-z_]+)$", text)
+    if m and m.group(2) in ZOO_NAMES:
+        return m.group(2), int(m.group(1))
     env = os.environ.get(SEEDS_ENV)
     if env:
         m = re.fullmatch(re.escape(str(Path(env)).rstrip("/")) + r"/([a-z_]+)/seed(\d+)", text)
