@@ -19,9 +19,10 @@ from pathlib import Path
 
 
 def _sweep(a: argparse.Namespace) -> int:
-    from .sweep import SweepPlan, process_rank, parse_ks, parse_models, run_sweep
+    from .sweep import SweepPlan, process_rank, parse_ks, parse_models, parse_seeds, run_sweep
 
-    models = parse_models(a.models)
+    seeds = parse_seeds(a.seeds)
+    models = parse_models(a.models, seeds=seeds)
     per_model = {}
     for item in a.model_args_for or []:
         name, sep, args = item.partition(":")
@@ -46,6 +47,7 @@ def _sweep(a: argparse.Namespace) -> int:
         include_path=a.include_path or [],
         allow_code_execution=a.allow_code_execution,
         seed=a.seed,
+        seeds=seeds,
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
@@ -154,7 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--include-path", action="append", help="extra task folder (repeatable)")
     s.add_argument("--allow-code-execution", action="store_true",
                    help="run tasks that execute model-written code (HumanEval-like), in the sandbox")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="lm-eval's sampling seeds [%(default)s]")
+    s.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="training seeds: run every model once per checkpoint seed (zoo:NAME -> "
+                        "zoo:NAME@S; other paths take a {seed} placeholder); the table shows "
+                        "the mean and spread across seeds")
     s.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, each in its own process (CPU sweeps; set "
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")

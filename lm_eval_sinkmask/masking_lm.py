@@ -16,11 +16,11 @@ logger = logging.getLogger("lm_eval.sinkmask")
 
 def resolve_pretrained(pretrained):
     """``zoo:llada`` (also ``zoo:arm``, ``zoo:dream``, ``zoo:llada_sink``) names a checkpoint
-    shipped in the package."""
+    shipped in the package (training seed 0); ``zoo:llada@2`` names another seed."""
     if isinstance(pretrained, str) and pretrained.startswith("zoo:"):
-        from .zoo import checkpoint_path
+        from .zoo import checkpoint_path, parse_ref
 
-        return str(checkpoint_path(pretrained[len("zoo:"):]))
+        return str(checkpoint_path(*parse_ref(pretrained[len("zoo:"):])))
     return pretrained
 
 

@@ -75,7 +75,8 @@ ARGS: tuple[ModelArg, ...] = (
              "positions from the first real token", (DLM,), "sampling"),
     # -- loading
     ModelArg("pretrained", "required", "hub id, local folder, or `zoo:arm`, `zoo:llada`, `zoo:dream`, "
-             "`zoo:llada_sink` (the tiny checkpoints shipped with the package)", BOTH, "loading"),
+             "`zoo:llada_sink` (the tiny checkpoints shipped with the package; `zoo:NAME@S` for "
+             "training seed S)", BOTH, "loading"),
     ModelArg("mask_id", "config, tokenizer, family", "mask token id (LLaDA 126336, Dream 151666)",
              (DLM,), "loading"),
     ModelArg("model_class", "`transformers.AutoModel`", "`module:Class` for checkpoints without "

@@ -8,6 +8,11 @@ masking counters and the primary numbers. ``cell.json`` is written last and atom
 cell counts as done only when everything else is on disk; a rerun skips done cells and redoes a
 cell that a kill interrupted. ``DIR/sweep.json`` records the grid (model order, tasks, K) that
 ``sinkmask table`` lays out.
+
+A seed axis (``--seeds 0,1,2``) runs every model once per training seed: ``zoo:llada`` becomes
+``zoo:llada@S`` and any other path names its seed with a ``{seed}`` placeholder
+(``/ckpt/llada-s{seed}``). Its cells live one level deeper, ``DIR/cells/<model>/seed<S>/<task>/k<K>/``,
+and ``sweep.json`` lists the seeds; without the axis the layout is the one above.
 """
 
 from __future__ import annotations
@@ -38,10 +43,50 @@ class ModelSpec:
     def model_class(self) -> str:
         return MODEL_CLASS[self.kind]
 
+    def path_for_seed(self, seed: int | None) -> str:
+        return seed_path(self.path, seed)
 
-def parse_models(text: str, kind_of=None) -> list[ModelSpec]:
+
+SEED_PLACEHOLDER = "{seed}"
+
+
+def seed_path(path: str, seed: int | None) -> str:
+    """The checkpoint of one training seed: ``zoo:NAME`` -> ``zoo:NAME@S``, ``{seed}`` replaced.
+
+    ``seed`` None (no seed axis) returns ``path`` unchanged. A path that names no seed is an
+    error: running one checkpoint once per "seed" would report a spread of zero.
+    """
+    if seed is None:
+        return path
+    if path.startswith("zoo:") and "@" not in path and SEED_PLACEHOLDER not in path:
+        return f"{path}@{seed}"
+    if SEED_PLACEHOLDER in path:
+        return path.replace(SEED_PLACEHOLDER, str(seed))
+    raise ValueError(
+        f"with --seeds every model path must name its seed: use zoo:NAME (without @S) or a "
+        f"{SEED_PLACEHOLDER} placeholder, e.g. /ckpt/llada-s{SEED_PLACEHOLDER}; got {path!r}"
+    )
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """``0,1,2`` -> [0, 1, 2]; None or empty -> None (no seed axis)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds needs distinct integers >= 0, got {text!r}")
+    return seeds
+
+
+def parse_models(text: str, kind_of=None, seeds: list[int] | None = None) -> list[ModelSpec]:
     """``llada=GSAI-ML/LLaDA-8B-Instruct,llama=arm:meta-llama/...``; the kind, when not given,
-    comes from the checkpoint's ``config.model_type`` (:func:`infer_kind`)."""
+    comes from the checkpoint's ``config.model_type`` (:func:`infer_kind`).
+
+    With ``seeds``, every seed's checkpoint is resolved now (a missing zoo seed fails here,
+    before any weights load) and must be of the same kind."""
     kind_of = kind_of or infer_kind
     specs: list[ModelSpec] = []
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -50,13 +95,29 @@ def parse_models(text: str, kind_of=None) -> list[ModelSpec]:
             raise ValueError(f"--models entries are name=path or name=kind:path, got {item!r}")
         kind, sep, path = target.partition(":")
         if not sep or kind not in KINDS:  # a plain path (a Windows drive letter is not a kind)
-            kind, path = kind_of(target), target
+            kind, path = None, target
+        kinds = {_kind_or_check(kind, seed_path(path, s), kind_of) for s in seeds or [None]}
+        if len(kinds) > 1:
+            raise ValueError(f"the seeds of {name!r} are of different kinds {sorted(kinds)}")
+        kind = kinds.pop()
         if any(s.name == name for s in specs):
             raise ValueError(f"model name {name!r} given twice")
         specs.append(ModelSpec(name, path, kind))
     if not specs:
         raise ValueError("--models is empty")
     return specs
+
+
+def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
+    """The given kind (a zoo reference is still resolved, so a missing seed fails now), or the
+    one read off the checkpoint."""
+    if kind is None:
+        return kind_of(path)
+    if path.startswith("zoo:"):
+        from .masking_lm import resolve_pretrained
+
+        resolve_pretrained(path)
+    return kind
 
 
 def infer_kind(path: str) -> str:
@@ -101,18 +162,23 @@ class SweepPlan:
     include_path: list[str] = field(default_factory=list)
     allow_code_execution: bool = False
     seed: int = 0
+    seeds: list[int] | None = None  # training seeds of every model (None: no seed axis)
 
     def cells(self) -> list[Cell]:
-        return [Cell(self, m, t, k) for m in self.models for t in self.tasks for k in self.ks]
+        return [Cell(self, m, t, k, s) for m in self.models for s in self.seeds or [None]
+                for t in self.tasks for k in self.ks]
 
     def grid(self) -> dict[str, Any]:
-        return {
+        grid = {
             "models": [asdict(m) for m in self.models],
             "tasks": self.tasks,
             "ks": self.ks,
             "eps": self.eps,
             "limit": self.limit,
         }
+        if self.seeds is not None:
+            grid["seeds"] = self.seeds
+        return grid
 
 
 @dataclass
@@ -121,15 +187,24 @@ class Cell:
     model: ModelSpec
     task: str
     k: int
+    seed: int | None = None  # training seed of the checkpoint (None: no seed axis)
 
     @property
     def folder(self) -> Path:
-        return self.plan.out / "cells" / self.model.name / self.task / f"k{self.k}"
+        model = self.plan.out / "cells" / self.model.name
+        if self.seed is not None:
+            model = model / f"seed{self.seed}"
+        return model / self.task / f"k{self.k}"
+
+    @property
+    def path(self) -> str:
+        """This cell's checkpoint (the model's path for this cell's seed)."""
+        return self.model.path_for_seed(self.seed)
 
     @property
     def model_args(self) -> str:
         """Exactly what lm-eval parses; ``top_k``/``eps`` last so nothing extra overrides them."""
-        parts = [f"pretrained={self.model.path}"]
+        parts = [f"pretrained={self.path}"]
         if self.model.kind == "arm":
             parts.append(f"arm_rule={self.plan.arm_rule}")
         parts += [self.plan.model_args_extra, self.model.args]
@@ -138,7 +213,7 @@ class Cell:
 
     def request(self) -> dict[str, Any]:
         """What identifies this cell's run; a done cell with a different request is an error."""
-        return {
+        request = {
             "model": self.model.name,
             "model_class": self.model.model_class,
             "model_args": self.model_args,
@@ -149,6 +224,9 @@ class Cell:
             "apply_chat_template": self.plan.apply_chat_template,
             "seed": self.plan.seed,
         }
+        if self.seed is not None:  # only on a seed axis: older cells keep their exact request
+            request["checkpoint_seed"] = self.seed
+        return request
 
     def record(self) -> dict[str, Any] | None:
         path = self.folder / "cell.json"
@@ -261,14 +339,14 @@ def run_cell(cell: Cell, tm) -> dict[str, Any] | None:
     stderr = task_results.get(f"{name}_stderr,{filt}")
     record = {
         "request": cell.request(),
-        "model_path": cell.model.path,
+        "model_path": cell.path,
         "kind": cell.model.kind,
         "metric": metric,
         "value": task_results[metric],
         "stderr": stderr if isinstance(stderr, (int, float)) else None,
         "n": results.get("n-samples", {}).get(cell.task, {}).get("effective"),
         "sinkmask": results.get("config", {}).get("sinkmask"),
-        "model_type": _model_type(cell.model.path),
+        "model_type": _model_type(cell.path),
         "versions": versions(),
         "seconds": round(time.time() - started, 1),
         "results_files": sorted(p.name for p in cell.folder.iterdir()),
@@ -355,8 +433,9 @@ def run_sweep(
     def report(cell: Cell, record: dict[str, Any] | None) -> None:
         bar.update(1)
         if record is not None:
+            seed = "" if cell.seed is None else f" seed {cell.seed}"
             bar.write(
-                f"{cell.model.name:>10} {cell.task} K={cell.k}: {record['metric']} = "
+                f"{cell.model.name:>10}{seed} {cell.task} K={cell.k}: {record['metric']} = "
                 f"{record['value']:.4f} ({record['seconds']:.0f}s)"
             )
 
@@ -364,7 +443,8 @@ def run_sweep(
         if jobs == 1:
             for i in todo:
                 cell = cells[i]
-                bar.set_postfix_str(f"{cell.model.name} {cell.task} K={cell.k}")
+                seed = "" if cell.seed is None else f"@{cell.seed}"
+                bar.set_postfix_str(f"{cell.model.name}{seed} {cell.task} K={cell.k}")
                 record = run_cell(cell, tm)
                 _free_memory()
                 report(cell, record)
@@ -391,7 +471,13 @@ def _merge_grids(old: dict, new: dict) -> dict:
         seen = {key(x) for x in a}
         return list(a) + [x for x in b if key(x) not in seen]
 
+    if ("seeds" in old) != ("seeds" in new):
+        with_axis = "with" if "seeds" in old else "without"
+        raise SystemExit(f"this folder was swept {with_axis} a seed axis (--seeds); use another "
+                         "--out folder rather than mixing the two layouts")
     merged = dict(new)
+    if "seeds" in new:
+        merged["seeds"] = sorted(set(old["seeds"]) | set(new["seeds"]))
     merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
     merged["tasks"] = union(old.get("tasks", []), new["tasks"])
     merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))

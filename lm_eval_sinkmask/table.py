@@ -4,6 +4,10 @@ Rows are task x {Unmasked, K=1, K=5, K=10} (whatever K the sweep ran), columns a
 cell ``mean ± stderr (Δ vs unmasked)`` read from the ``cell.json`` that :mod:`sweep` wrote next
 to lm-eval's results. Nothing here runs a model; the same folder always renders the same
 Markdown and CSV.
+
+A sweep over several training seeds (``sweep --seeds``) shows in each cell the mean over seeds,
+the spread across seeds and the mean lm-eval standard error, and the drop from K=0 computed
+seed by seed (:mod:`seed_stats`); with one seed the table is the plain one above.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import seed_stats
 from .sweep import primary_metric
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
@@ -29,30 +34,37 @@ class Entry:
     value: float
     stderr: float | None
     n: int | None
+    seed: int | None = None  # training seed (sweeps with --seeds)
 
 
 def is_zoo(record: dict) -> bool:
     """A cell made from one of the project's tiny zoo checkpoints."""
+    from .zoo import identify
+
     path = str(record.get("model_path", "")).replace("\\", "/")
-    return "lm_eval_sinkmask/zoo/checkpoints" in path or str(record.get("model_type")).startswith("sinkmask_")
+    return "lm_eval_sinkmask/zoo/checkpoints" in path or identify(path) is not None or str(record.get("model_type")).startswith("sinkmask_")
 
 
 def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, list[Entry], bool]:
     """(grid, entries, made_from_zoo) of a sweep folder."""
     folder = Path(folder)
     grid = json.loads((folder / "sweep.json").read_text())
+    seeds = grid.get("seeds")
     entries: list[Entry] = []
     zoo = False
-    for record_path in sorted((folder / "cells").glob("*/*/k*/cell.json")):
+    cells = folder / "cells"
+    for record_path in sorted([*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")]):
         record = json.loads(record_path.read_text())
         req = record["request"]
+        if seeds is not None and req.get("checkpoint_seed") not in seeds:
+            continue
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
         wanted = (metrics or {}).get(req["task"])
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
         zoo |= is_zoo(record)
         entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
-                             value, stderr, record.get("n")))
+                             value, stderr, record.get("n"), req.get("checkpoint_seed")))
     return grid, entries, zoo
 
 
@@ -92,28 +104,34 @@ def _index(entries: list[Entry]) -> dict[tuple[str, str, int], Entry]:
     return {(e.model, e.task, e.k): e for e in entries}
 
 
-def rows(grid: dict, entries: list[Entry]) -> list[dict]:
-    """Long-form rows (the CSV), in the table's order; missing cells are left out."""
-    idx = _index(entries)
-    out = []
+def in_table_order(grid: dict, idx: dict):
+    """(task, K, model dict, idx entry) of every cell present in ``idx``, in the CSV's order."""
     for task in grid["tasks"]:
         for k in sorted(grid["ks"]):
             for m in grid["models"]:
                 e = idx.get((m["name"], task, k))
-                if e is None:
-                    continue
-                base = idx.get((m["name"], task, 0))
-                delta = e.value - base.value if base is not None else None
-                out.append({
-                    "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
-                    "kind": m["kind"], "metric": e.metric, "value": e.value,
-                    "stderr": e.stderr, "delta_vs_unmasked": delta, "n": e.n,
-                })
+                if e is not None:
+                    yield task, k, m, e
+
+
+def rows(grid: dict, entries: list[Entry]) -> list[dict]:
+    """Long-form rows (the CSV), in the table's order; missing cells are left out."""
+    idx = _index(entries)
+    out = []
+    for task, k, m, e in in_table_order(grid, idx):
+        base = idx.get((m["name"], task, 0))
+        delta = e.value - base.value if base is not None else None
+        out.append({
+            "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
+            "kind": m["kind"], "metric": e.metric, "value": e.value,
+            "stderr": e.stderr, "delta_vs_unmasked": delta, "n": e.n,
+        })
     return out
 
 
-def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
-    idx = _index(entries)
+def layout(grid: dict, title: str, text_of) -> tuple[list[str], dict[str, str]]:
+    """The table's title, header and rows; ``text_of(model, task, k)`` gives a cell's
+    (text, metric), or None for a cell not run. Returns the lines and each task's metric."""
     models = grid["models"]
     header = ["Task", "Sinks masked"] + [f"{m['name']} ({m['kind'].upper()})" for m in models]
     lines = [f"# {title}", "",
@@ -124,35 +142,65 @@ def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> s
         for i, k in enumerate(sorted(grid["ks"])):
             cells = []
             for m in models:
-                e = idx.get((m["name"], task, k))
-                if e is None:
+                found = text_of(m["name"], task, k)
+                if found is None:
                     cells.append("-")
                     continue
-                metrics.setdefault(task, e.metric)
-                text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
-                base = idx.get((m["name"], task, 0))
-                if k != 0 and base is not None:
-                    text += f" ({_fmt(e.value - base.value, digits, sign=True)})"
-                cells.append(text)
+                metrics.setdefault(task, found[1])
+                cells.append(found[0])
             lines.append("| " + " | ".join([task if i == 0 else "", row_label(k)] + cells) + " |")
+    return lines, metrics
+
+
+def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
+    if seed_stats.multi_seed(grid):
+        return seed_stats.markdown(grid, entries, title, digits)
+    idx = _index(entries)
+
+    def text_of(model: str, task: str, k: int):
+        e = idx.get((model, task, k))
+        if e is None:
+            return None
+        text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
+        base = idx.get((model, task, 0))
+        if k != 0 and base is not None:
+            text += f" ({_fmt(e.value - base.value, digits, sign=True)})"
+        return text, e.metric
+
+    lines, metrics = layout(grid, title, text_of)
     ns = sorted({e.n for e in entries if e.n is not None})
     lines += ["",
               "Cells: mean ± standard error from lm-eval; in parentheses the absolute change from "
               "the unmasked run (K=0). K=k masks the k highest-scoring Eq. 3 sinks per layer and "
               "head (the paper's eps0/eps1/eps2 columns are K=1/5/10).",
-              "Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
-              f"Samples per cell: {', '.join(map(str, ns)) or 'n/a'}"
-              + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+              *metric_and_sample_notes(grid, metrics, ns, "Samples per cell")]
+    if grid.get("seeds"):
+        lines.append(f"Training seed: {grid['seeds'][0]}.")
     return "\n".join(lines) + "\n"
 
 
+def metric_and_sample_notes(grid: dict, metrics: dict[str, str], ns: list[int],
+                            label: str) -> list[str]:
+    """The footer lines naming each task's metric and the samples per cell."""
+    return ["Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
+            f"{label}: {', '.join(map(str, ns)) or 'n/a'}"
+            + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+
+
 def csv_text(grid: dict, entries: list[Entry]) -> str:
-    buf = io.StringIO()
+    if seed_stats.multi_seed(grid):
+        return seed_stats.csv_text(grid, entries)
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "value", "stderr",
               "delta_vs_unmasked", "n"]
+    return write_csv(fields, rows(grid, entries))
+
+
+def write_csv(fields: list[str], rows: list[dict]) -> str:
+    """CSV text; floats as repr (exact round trip), None as empty."""
+    buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
-    for row in rows(grid, entries):
+    for row in rows:
         writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
                          for k, v in row.items()})
     return buf.getvalue()
@@ -168,21 +216,31 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     idx = _index(entries)
     ks = sorted(grid["ks"])
     tasks = grid["tasks"]
+    multi = seed_stats.multi_seed(grid)
+    if multi:
+        idx = seed_stats.aggregate(grid, entries)
     width = max(7.0, 5.2 * len(tasks))
     fig, axes = plt.subplots(1, len(tasks), figsize=(width, 4.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         metric = None
-        for m in grid["models"]:
+        for j, m in enumerate(grid["models"]):
             pts = [(i, idx[(m["name"], task, k)]) for i, k in enumerate(ks) if (m["name"], task, k) in idx]
             if not pts:
                 continue
             metric = metric or pts[0][1].metric
             arm = m["kind"] == "arm"
-            ax.errorbar([i for i, _ in pts], [e.value for _, e in pts],
-                        yerr=[e.stderr or 0 for _, e in pts], capsize=3,
-                        linestyle="--" if arm else "-", marker="s" if arm else "o",
-                        linewidth=2.2 if arm else 1.6,
-                        label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
+            # over seeds: the mean with the across-seed std, models dodged so the bars stay apart
+            dodge = 0.04 * (j - (len(grid["models"]) - 1) / 2) if multi else 0.0
+            x = [i + dodge for i, _ in pts]
+            line = ax.errorbar(x, [e.mean if multi else e.value for _, e in pts],
+                               yerr=[(e.std if multi else e.stderr) or 0 for _, e in pts],
+                               capsize=3, linestyle="--" if arm else "-",
+                               marker="s" if arm else "o", linewidth=2.2 if arm else 1.6,
+                               label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
+            if multi:
+                seeds = [(xi, v) for xi, (_, e) in zip(x, pts) for v in e.values.values()]
+                ax.plot([xi for xi, _ in seeds], [v for _, v in seeds], linestyle="none",
+                        marker=".", alpha=0.35, color=line[0].get_color())
         ax.set_xticks(range(len(ks)), [f"{k}\n(unmasked)" if k == 0 else str(k) for k in ks])
         ax.set_xlabel("K: top-K sinks masked per layer and head")
         ax.set_ylabel(f"accuracy ({metric or 'primary metric'})")
@@ -190,6 +248,9 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
         ax.set_title(task)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if multi:
+        title += (f" - mean over seeds {', '.join(map(str, grid['seeds']))}; error bars: std "
+                  "across seeds; dots: single seeds")
     fig.suptitle(_wrap(title, int(12 * width)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata={"Software": None})

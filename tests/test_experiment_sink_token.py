@@ -3,15 +3,20 @@
 import csv
 import json
 
+import pytest
+
 from lm_eval_sinkmask.experiments import sink_token as exp
 
 
-def _cell(out, model, task, k, value):
-    folder = out / "cells" / model / task / f"k{k}"
+def _cell(out, model, task, k, value, root=None, seed=None):
+    folder = (out if seed is not None else out / "cells" / model) / task / f"k{k}"
     folder.mkdir(parents=True)
     metric = "exact_match,strict-match" if "gsm" in task else "pass@1,create_test"
+    request = {"model": model, "task": task, "top_k": k, "limit": 10}
+    if seed is not None:
+        request["checkpoint_seed"] = seed
     (folder / "cell.json").write_text(json.dumps({
-        "request": {"model": model, "task": task, "top_k": k, "limit": 10},
+        "request": request,
         "metric": metric, "value": value, "stderr": 0.05, "n": 10, "seconds": 1.0,
         "sinkmask": {"counters": {"keys_masked": 3 * k, "forward_passes": 8}},
     }))
@@ -29,3 +34,29 @@ def test_report_lays_out_every_model_task_and_k(tmp_path):
     rows = list(csv.DictReader((tmp_path / "table.csv").open()))
     assert len(rows) == len(summary["accuracy"]) == 2 * (4 + 4 + 3)
     assert (tmp_path / "sink_token.png").stat().st_size > 0
+
+
+def test_seed_pairs_report_the_gain_per_pair_and_across_pairs(tmp_path):
+    # llada_sink ahead by 10, 0 and 20 points unmasked on mini_code: positive in 2 of 3 pairs
+    base = {0: 0.50, 1: 0.60, 2: 0.40}
+    gain = {0: 0.10, 1: 0.00, 2: 0.20}
+    for seed in base:
+        for task in exp.TASKS:
+            for name, (_, _, ks) in exp.MODELS.items():
+                for k in ks:
+                    value = base[seed] - 0.01 * k + (gain[seed] if name != "llada" else 0.0)
+                    _cell(tmp_path / "cells" / name / f"seed{seed}", name, task, k, value,
+                          root=tmp_path, seed=seed)
+    summary = exp.write_report(tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    assert summary["seeds"] == [0, 1, 2]
+    # llada K=0 over seeds: mean 50.0, std 10.0, lm-eval's se 5.0
+    assert "| llada (baseline) | 50.0 ± 10.0 (3 seeds; se 5.0) | 49.0 ± 10.0 (3 seeds; se 5.0) |" in table
+    assert ("| mini_code | llada_sink - llada | 0 | +10.0 | +0.0 | +20.0 | +10.0 ± 10.0 | 2 of 3 |"
+            in table)
+    assert "Unmasked mini_code: llada_sink is ahead in 2 of 3 pairs only (mean +10.0 ± 10.0" in table
+    [g] = [g for g in summary["paired_gains"] if g["task"] == "mini_code_sinkmask"
+           and g["comparison"] == "llada_sink, token excluded - llada" and g["k"] == 5]
+    assert g["per_seed"] == pytest.approx({0: 0.1, 1: 0.0, 2: 0.2}) and g["pairs"] == 3
+    rows = list(csv.DictReader((tmp_path / "table.csv").open()))
+    assert len(rows) == 3 * 2 * (4 + 4 + 3) and {r["seed"] for r in rows} == {"0", "1", "2"}

@@ -173,3 +173,17 @@ def test_dlm_follows_the_tokenizers_chat_template(tiny_dirs):
     prompt = lm.apply_chat_template([{"role": "user", "content": "how many apples ?"}])
     assert prompt == "user : how many apples ? . assistant : "
     assert len(lm.generate_until(requests([prompt]))) == 1
+
+
+@pytest.mark.parametrize("top_k", [0, 1])
+def test_left_to_right_decoding_one_pass_per_token_with_masking(tiny_dirs, top_k):
+    # the decoding-order ablation as model_args: blocks of one token, steps = gen_length
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=top_k, eps=0.0, block_length=1, batch_size=3)
+    out = lm.generate_until(requests(max_gen_toks=8, until=("never",)))
+    assert all(out)
+    info = lm.get_model_info()["sinkmask"]
+    assert info["sampler"]["block_length"] == 1
+    layers = lm.model.config.num_hidden_layers
+    assert info["counters"]["forward_passes"] == 8  # one batch, one pass per token
+    assert info["counters"]["attention_calls"] == 8 * layers
+    assert (info["counters"]["keys_masked"] > 0) == (top_k > 0)

@@ -346,3 +346,24 @@ def test_more_steps_than_tokens(model):
         out = generate_dream(model, ids, mask, mask_id=MASK, gen_length=4, steps=20, alg=alg, temperature=1.0,
                              generator=torch.Generator().manual_seed(0))
         assert out.shape == (4, 4) and not out.eq(MASK).any()
+
+
+def test_blocks_of_one_token_decode_strictly_left_to_right():
+    # The decoding-order ablation (block_length=1, steps=gen_length): one forward pass per
+    # token, and each pass fixes the leftmost masked position, even where the model is far more
+    # confident about a later one (confidence here rises with position, so the default
+    # low-confidence order within one block of 8 would go right to left).
+    rec = Recorder(toy(score=lambda r: r.double()))
+    ids, mask = padded([[1, 2, 3], [4]], side="right")
+    out = generate_block(rec, ids, mask, mask_id=MASK, gen_length=8, steps=8, block_length=1,
+                         padding_side="right")
+    lay = build_layout(ids, mask, gen_length=8, mask_id=MASK, padding_side="right")
+    assert len(rec.inputs) == 8
+    assert unmask_step(rec, lay.generated).tolist() == [list(range(1, 9))] * 2
+    assert out.tolist() == [[(3 + j) % 15 for j in range(8)], [(1 + j) % 15 for j in range(8)]]
+    default = Recorder(toy(score=lambda r: r.double()))
+    generate_block(default, ids, mask, mask_id=MASK, gen_length=8, steps=8, block_length=8,
+                   padding_side="right")
+    assert unmask_step(default, lay.generated).tolist() == [list(range(8, 0, -1))] * 2
+    with pytest.raises(ValueError, match="multiple of the number of blocks"):
+        validate_block_args(8, 4, 1)  # fewer steps than one-token blocks

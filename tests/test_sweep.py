@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from lm_eval_sinkmask.cli import main
-from lm_eval_sinkmask.sweep import Cell, ModelSpec, SweepPlan, parse_ks, parse_models, run_sweep
+from lm_eval_sinkmask.sweep import (Cell, ModelSpec, SweepPlan, parse_ks, parse_models, parse_seeds,
+                                    run_sweep, seed_path)
 
 
 def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
@@ -104,3 +105,92 @@ def test_code_tasks_need_an_explicit_opt_in(tmp_path, tiny_dirs, tiny_task):
     with pytest.raises(SystemExit, match="--allow-code-execution"):
         main(args)
     assert not list((tmp_path / "out").rglob("cell.json"))
+
+
+# ---- seed axis -------------------------------------------------------------------------------
+
+def test_seed_paths_and_the_seeded_cell_layout(tmp_path):
+    assert parse_seeds("0,1,2") == [0, 1, 2] and parse_seeds(None) is None
+    for bad in ("1,1", "-1", "a", ","):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+    assert seed_path("zoo:llada", 2) == "zoo:llada@2"
+    assert seed_path("/ckpt/llada-s{seed}/final", 1) == "/ckpt/llada-s1/final"
+    assert seed_path("/ckpt/llada", None) == "/ckpt/llada"
+    for fixed in ("/ckpt/llada", "zoo:llada@1"):  # one checkpoint run per "seed": refused
+        with pytest.raises(ValueError, match="must name its seed"):
+            seed_path(fixed, 0)
+
+    plan = SweepPlan(models=[ModelSpec("l2r", "zoo:llada", "dlm", "block_length=1")],
+                     tasks=["t"], ks=[0, 5], out=tmp_path, seeds=[0, 1])
+    cells = plan.cells()
+    assert [(c.seed, c.k) for c in cells] == [(0, 0), (0, 5), (1, 0), (1, 5)]
+    assert cells[3].folder == tmp_path / "cells" / "l2r" / "seed1" / "t" / "k5"
+    assert cells[3].model_args == "pretrained=zoo:llada@1,block_length=1,top_k=5,eps=3"
+    assert cells[3].request()["checkpoint_seed"] == 1
+    assert plan.grid()["seeds"] == [0, 1]
+    unseeded = SweepPlan(models=plan.models, tasks=["t"], ks=[0], out=tmp_path).cells()[0]
+    assert "checkpoint_seed" not in unseeded.request()  # older folders resume unchanged
+    assert "seeds" not in unseeded.plan.grid()
+
+
+def test_zoo_seeds_resolve_from_the_seeds_folder_or_fail_naming_it(tmp_path, monkeypatch):
+    from lm_eval_sinkmask import zoo
+    from lm_eval_sinkmask.masking_lm import resolve_pretrained
+
+    monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path))
+    (tmp_path / "llada").mkdir()
+    (tmp_path / "llada" / "seed1").symlink_to(zoo.checkpoint_path("llada"))
+    assert resolve_pretrained("zoo:llada") == str(zoo.CHECKPOINTS_DIR / "llada")  # seed 0
+    assert resolve_pretrained("zoo:llada@0") == str(zoo.CHECKPOINTS_DIR / "llada")
+    assert resolve_pretrained("zoo:llada@1") == str(tmp_path / "llada" / "seed1")
+    with pytest.raises(ValueError, match=f"{tmp_path}/llada/seed2.*{zoo.SEEDS_ENV}"):
+        resolve_pretrained("zoo:llada@2")
+    with pytest.raises(ValueError, match="integer"):
+        resolve_pretrained("zoo:llada@x")
+    # a sweep fails on a missing seed while parsing --models, before anything runs
+    specs = parse_models("l=zoo:llada,d=dlm:zoo:llada", seeds=[0, 1])
+    assert [(s.name, s.kind, s.path) for s in specs] == [("l", "dlm", "zoo:llada"),
+                                                         ("d", "dlm", "zoo:llada")]
+    for models in ("a=zoo:arm", "a=arm:zoo:arm"):  # the kind given or read off the config
+        with pytest.raises(ValueError, match="zoo checkpoint arm@1 not found"):
+            parse_models(models, seeds=[0, 1])
+    assert zoo.identify("zoo:dream@2") == ("dream", 2)
+    assert zoo.identify("/gpu/box/lm_eval_sinkmask/zoo/checkpoints/arm") == ("arm", 0)
+    assert zoo.identify("/elsewhere/zoo_seeds/llada_sink/seed2") == ("llada_sink", 2)
+    assert zoo.identify(str(tmp_path / "llada" / "seed1")) == ("llada", 1)
+    assert zoo.identify("/gpu/runs/zoo2/seed2/dream") == ("dream", 2)  # gpu_zoo's layout
+    assert zoo.identify("/ckpt/llada/seed1") is None
+    assert zoo.identify("/ckpt/seed1/llama") is None
+
+
+@pytest.mark.slow
+def test_a_seeded_sweep_resumes_runs_in_parallel_and_tables_over_seeds(tmp_path, tiny_dirs, tiny_task):
+    # two "training seeds" of a tiny LLaDA: different random inits saved side by side
+    for seed in (0, 1):
+        __import__("tests.tiny").tiny.save("llada", tmp_path / "ckpt" / f"llada-s{seed}", seed=seed)
+    args = ["sweep", "--models", f"llada={tmp_path}/ckpt/llada-s{{seed}}", "--seeds", "0,1",
+            "--tasks", "tiny_gen", "--include-path", str(tiny_task), "--top-k", "0,1",
+            "--eps", "0", "--limit", "2", "--device", "cpu",
+            "--model-args-for", "llada:block_length=1"]
+    resumed = tmp_path / "resumed"
+    assert main(args + ["--out", str(resumed), "--max-cells", "3", "--no-table"]) == 0
+    assert len(cell_files(resumed)) == 3
+    assert main(args + ["--out", str(resumed)]) == 0
+    parallel = tmp_path / "parallel"
+    assert main(args + ["--out", str(parallel), "--jobs", "2"]) == 0
+    done = cell_files(resumed)
+    assert sorted(done) == [f"cells/llada/seed{s}/tiny_gen/k{k}/cell.json"
+                            for s in (0, 1) for k in (0, 1)]
+    assert done == {k: {**v, "seconds": done[k]["seconds"], "results_files": done[k]["results_files"]}
+                    for k, v in cell_files(parallel).items()}
+    record = done["cells/llada/seed1/tiny_gen/k1/cell.json"]
+    assert record["request"]["model_args"] == (f"pretrained={tmp_path}/ckpt/llada-s1,"
+                                               "block_length=1,top_k=1,eps=0")
+    assert record["sinkmask"]["counters"]["keys_masked"] > 0
+    assert json.loads((resumed / "sweep.json").read_text())["seeds"] == [0, 1]
+    assert (resumed / "table.md").read_text() == (parallel / "table.md").read_text()
+    assert "mean over 2 training seeds (0, 1)" in (resumed / "table.md").read_text()
+    with pytest.raises(SystemExit, match="seed axis"):  # the two layouts never mix
+        main(["sweep", "--models", f"llada={tmp_path}/ckpt/llada-s0", "--tasks", "tiny_gen",
+              "--include-path", str(tiny_task), "--top-k", "0", "--out", str(resumed)])

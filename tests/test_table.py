@@ -1,5 +1,7 @@
 """Table 1 from synthetic sweep folders: exact Markdown and CSV, the zoo note, the plot."""
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -100,3 +102,65 @@ def test_a_zoo_table_says_so_in_its_title_even_with_a_custom_title(tmp_path, cap
 ])
 def test_primary_metric(keys, expected):
     assert primary_metric(dict.fromkeys(keys, 0.0)) == expected
+
+
+# ---- over training seeds ---------------------------------------------------------------------
+
+# (model, task, K) -> value per seed 0, 1, 2 (llama seed 2 K=1 not finished yet)
+SEEDED = {
+    ("llada", 0): (0.70, 0.80, 0.75), ("llada", 1): (0.60, 0.80, 0.70),
+    ("llama", 0): (0.90, 0.80, 0.85), ("llama", 1): (0.10, 0.00, None),
+}
+
+
+def write_seeded_sweep(folder: Path) -> Path:
+    """A ``sweep --seeds 0,1,2`` folder: cells/<model>/seed<S>/<task>/k<K>/cell.json."""
+    models = [{"name": "llada", "kind": "dlm", "path": "zoo:llada", "args": ""},
+              {"name": "llama", "kind": "arm", "path": "/ckpt/llama-s{seed}", "args": ""}]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sweep.json").write_text(json.dumps(
+        {"models": models, "tasks": ["mini_gsm"], "ks": [0, 1], "eps": 3.0, "limit": 40,
+         "seeds": [0, 1, 2]}))
+    for (model, k), values in SEEDED.items():
+        for seed, value in enumerate(values):
+            if value is None:
+                continue
+            cell = folder / "cells" / model / f"seed{seed}" / "mini_gsm" / f"k{k}"
+            cell.mkdir(parents=True)
+            (cell / "cell.json").write_text(json.dumps({
+                "request": {"model": model, "task": "mini_gsm", "top_k": k, "checkpoint_seed": seed},
+                "kind": "arm" if model == "llama" else "dlm",
+                "model_path": f"zoo:llada@{seed}" if model == "llada" else f"/ckpt/llama-s{seed}",
+                "metric": GSM, "value": value, "stderr": 0.01 * (seed + 1), "n": 40}))
+    return folder
+
+
+def test_seeded_table_shows_mean_spread_stderr_and_the_per_seed_drop(tmp_path):
+    out = table.render(write_seeded_sweep(tmp_path))
+    md = out["markdown"].read_text().splitlines()
+    assert md[0].endswith(f"[{table.ZOO_NOTE}]")  # zoo:llada@S cells are zoo cells
+    # llada K=0: mean 0.75, std 0.05, se mean(0.01, 0.02, 0.03) = 0.02
+    # llada K=1: drops -0.10, 0.00, -0.05 -> mean -0.05, std 0.05
+    # llama K=1: seeds 0 and 1 only: drops -0.80, -0.80 -> std 0
+    assert md[4] == "| mini_gsm | Unmasked | 0.75 ± 0.05 (se 0.02) | 0.85 ± 0.05 (se 0.02) |"
+    assert md[5] == ("|  | K=1 | 0.70 ± 0.10 (Δ -0.05 ± 0.05; se 0.02) | "
+                     "0.05 ± 0.07 (Δ -0.80 ± 0.00; se 0.01) [2 of 3 seeds] |")
+    assert "mean over 3 training seeds (0, 1, 2)" in md[7] and "sample standard deviation" in md[7]
+    rows = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    assert [r["model"] for r in rows] == ["llada", "llama", "llada", "llama"]
+    llada1 = rows[2]
+    assert llada1["seeds"] == "0;1;2" and llada1["n"] == "40"
+    assert float(llada1["min"]) == 0.6 and float(llada1["max"]) == 0.8
+    assert [round(float(llada1[f"delta_seed{s}"]), 6) for s in range(3)] == [-0.1, 0.0, -0.05]
+    assert rows[3]["value_seed2"] == "" and rows[3]["seeds"] == "0;1"
+    png = out["figure"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_one_seed_renders_as_the_plain_table(tmp_path):
+    folder = write_seeded_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "seeds": [1]}))
+    md = table.render(folder, figure=False)["markdown"].read_text()
+    assert "| mini_gsm | Unmasked | 0.80 ± 0.02 | 0.80 ± 0.02 |" in md
+    assert "|  | K=1 | 0.80 ± 0.02 (+0.00) | 0.00 ± 0.02 (-0.80) |" in md

@@ -1,6 +1,9 @@
 """The zoo report's sink statistics (and the Eq. 3 check of a trace's top keys), on hand-built traces."""
 
+import json
+
 import numpy as np
+import pytest
 
 from lm_eval_sinkmask.sink_trace import Trace
 from lm_eval_sinkmask.zoo import report
@@ -56,3 +59,50 @@ def test_sink_summary_counts_pairs_tokens_and_positions():
 def test_the_arm_is_traced_under_both_query_rules():
     variants = report.traced_variants(["arm", "llada"])
     assert [v[2] for v in variants] == ["arm_rule=last_row", "arm_rule=all_rows", ""]
+
+
+def _cell(root, model, seed, task, value, n, args="", path=None):
+    """A K=0 cell as ``sinkmask sweep --seeds`` leaves it (possibly written on another machine)."""
+    folder = root / "cells" / model / f"seed{seed}" / task / "k0"
+    folder.mkdir(parents=True)
+    pretrained = path or f"zoo:{model.split('_l2r')[0]}@{seed}"
+    folder.joinpath("cell.json").write_text(json.dumps({
+        "request": {"model": model, "task": task, "top_k": 0, "checkpoint_seed": seed,
+                    "model_args": ",".join(filter(None, [f"pretrained={pretrained}", args,
+                                                         "top_k=0", "eps=3"]))},
+        "metric": "m", "value": value, "stderr": 0.01, "n": n}))
+
+
+def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path):
+    gsm, code = report.TASKS
+    here, gpu = tmp_path / "here", tmp_path / "gpu"
+    _cell(here, "llada", 0, gsm, 0.40, 32)  # a quick local run, superseded by the GPU's
+    for seed, (g, c) in enumerate([(0.55, 0.70), (0.45, 0.90), (0.50, 0.80)]):
+        _cell(gpu, "llada", seed, gsm, g, 300)
+        _cell(gpu, "llada", seed, code, c, 100)
+        _cell(gpu, "llada_l2r", seed, gsm, 0.99, 300, args="block_length=1")  # not the default sampler
+    _cell(gpu, "arm", 0, gsm, 0.95, 300, path="/gpu/repo/lm_eval_sinkmask/zoo/checkpoints/arm")
+    _cell(gpu, "arm", 1, gsm, 0.97, 120, path="/gpu/repo/zoo_seeds/arm/seed1")
+    acc = report.read_accuracy([here, gpu])
+    assert sorted(acc) == [("arm", 0), ("arm", 1), ("llada", 0), ("llada", 1), ("llada", 2)]
+    assert acc[("llada", 0)][gsm]["value"] == 0.55 and acc[("llada", 0)][gsm]["n"] == 300
+
+    share = lambda x: {"share_of_pairs_with_sink": x, "generations": 1, "mean_sinks_per_pair": 1.0,  # noqa: E731
+                       "top_tokens": [], "top_positions": []}
+    sinks = {("llada", 0): share(0.7), ("llada", 1): share(0.3), ("arm (last_row)", 0): share(1.0)}
+    rep = report.build_report(acc, sinks, list(report.ZOO_NAMES))
+    rows = {(c["model"], c["seed"]): c["bars"] for c in rep["checkpoints"]}
+    assert rows[("llada", 0)] == {gsm: "met", code: "met", "sinks": "met"}
+    assert rows[("llada", 1)] == {gsm: "not met", code: "met", "sinks": "not met"}
+    assert rows[("llada", 2)]["sinks"] is None  # not traced: not judged
+    assert rows[("arm", 0)] == {gsm: "met", code: None, "sinks": None}
+    assert rows[("arm", 1)][gsm] == "partial"  # 120 of 300 problems: never judged
+    summary = rep["summary"]["llada"]
+    assert summary[gsm]["mean"] == pytest.approx(0.5) and summary[gsm]["std"] == pytest.approx(0.05)
+    assert (summary[gsm]["min"], summary[gsm]["max"], summary[gsm]["seeds"]) == (0.45, 0.55, 3)
+    assert summary["bars_met"] == {gsm: [2, 3], code: [3, 3], "sinks": [1, 2]}
+    md = report.markdown(rep)
+    assert ("| llada | 1 | 0.450 ± 0.010 (n=300) | **not met** (>= 0.50) | 0.900 ± 0.010 (n=100) "
+            "| met (>= 0.60) | 30% | **not met** (>= 50%) |") in md
+    assert "| arm | 1 | 0.970 ± 0.010 (n=120) | not judged (n=120 of 300) |" in md
+    assert "| llada | 3 | 0.500 ± 0.050 (0.450-0.550, n=3) |" in md

@@ -1,9 +1,12 @@
 """Does one extra sink token help a diffusion LM? (issue 7; "One Token Is Enough")
 
-    python -m lm_eval_sinkmask.experiments.sink_token --out results/sink_token
+    python -m lm_eval_sinkmask.experiments.sink_token --out results/sink_token --seeds 0,1,2
 
 Compares the zoo's LLaDA-style baseline (``zoo:llada``) with the same recipe retrained with an
-extra sink token (``zoo:llada_sink``; the two differ in that token only):
+extra sink token (``zoo:llada_sink``; the two differ in that token only), in every training
+seed: seed S of one is paired with seed S of the other (same init and data order apart from
+the token), and the report gives the gain per pair and its mean and spread across pairs, since
+one pair's gap can be run-to-run luck:
 
 1. accuracy: ``sinkmask sweep``'s cells on mini_gsm and mini_code at K = 0, 1, 5, 10 (the
    extra token among the sink candidates, the default ``sink_token=include``), and the masking
@@ -24,6 +27,7 @@ import argparse
 import csv
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +54,8 @@ GEN_LENGTH = {"mini_gsm_sinkmask": 128, "mini_code_sinkmask": 64}  # the tasks' 
 # --------------------------------------------------------------------------- accuracy
 
 def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, tasks,
-                 models) -> None:
+                 models, seeds: list[int] | None = None) -> None:
+    """The sweep cells; ``seeds`` None is the older single-run layout (the embedded checkpoints)."""
     from ..sweep import ModelSpec, SweepPlan, run_sweep
 
     for task in tasks:
@@ -58,19 +63,21 @@ def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, task
             path, args, ks = MODELS[name]
             plan = SweepPlan(models=[ModelSpec(name, path, "dlm", args)], tasks=[task],
                              ks=list(ks), out=out, limit=limits[task], batch_size=batch_size,
-                             device="cpu", allow_code_execution=True)
+                             device="cpu", allow_code_execution=True, seeds=seeds)
             run_sweep(plan)
 
 
 def read_cells(out: Path) -> list[dict[str, Any]]:
     rows = []
-    for path in sorted((out / "cells").glob("*/*/k*/cell.json")):
+    cells = out / "cells"
+    for path in sorted([*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")]):
         r = json.loads(path.read_text())
         req = r["request"]
         if req["model"] not in MODELS or req["task"] not in TASKS:
             continue
         counters = (r.get("sinkmask") or {}).get("counters") or {}
-        rows.append({"model": req["model"], "task": req["task"], "k": req["top_k"],
+        rows.append({"model": req["model"], "seed": req.get("checkpoint_seed"),
+                     "task": req["task"], "k": req["top_k"],
                      "metric": r["metric"], "value": r["value"], "stderr": r["stderr"],
                      "n": r["n"], "limit": req["limit"], "seconds": r["seconds"],
                      "keys_masked": counters.get("keys_masked"),
@@ -88,23 +95,26 @@ def trace_prompts(n: int) -> list[tuple[str, str]]:
     return gsm + code
 
 
-def run_traces(out: Path, n_prompts: int) -> None:
-    """One unmasked traced generation per (model, prompt), saved under out/traces/."""
+def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> None:
+    """One unmasked traced generation per (model, seed, prompt), saved under out/traces/."""
     from ..sink_trace import trace_generation
+    from ..sweep import seed_path
 
     for name in TRACED:
-        path = MODELS[name][0]
-        for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
-            folder = out / "traces" / name / f"{TASKS[task]}_{i % n_prompts}"
-            if (folder / "meta.json").exists():
-                continue
-            # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink token
-            # (position 0, "start") and BOS (llada_sink)
-            trace = trace_generation(path, prompt, kind="dlm", gen_length=GEN_LENGTH[task],
-                                     device="cpu", name=name, watch=(0, 1))
-            trace.save(folder)
-            print(f"traced {name} {folder.name}: {trace.meta['stability']['aggregate']}",
-                  flush=True)
+        for seed in seeds or [None]:
+            path = seed_path(MODELS[name][0], seed)
+            root = out / "traces" / name / ("" if seed is None else f"seed{seed}")
+            for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
+                folder = root / f"{TASKS[task]}_{i % n_prompts}"
+                if (folder / "meta.json").exists():
+                    continue
+                # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink
+                # token (position 0, "start") and BOS (llada_sink)
+                trace = trace_generation(path, prompt, kind="dlm", gen_length=GEN_LENGTH[task],
+                                         device="cpu", name=name, watch=(0, 1))
+                trace.save(folder)
+                print(f"traced {path} {folder.name}: {trace.meta['stability']['aggregate']}",
+                      flush=True)
 
 
 def _mean(values) -> float | None:
@@ -118,7 +128,8 @@ def trace_summary(out: Path) -> dict[str, dict[str, Any]]:
 
     summary = {}
     for name in TRACED:
-        folders = sorted((out / "traces" / name).glob("*/meta.json"))
+        root = out / "traces" / name  # one run's traces, or one folder per seed
+        folders = sorted([*root.glob("*/meta.json"), *root.glob("seed*/*/meta.json")])
         if not folders:
             continue
         per_trace = []
@@ -171,13 +182,82 @@ STABILITY_COLUMNS = [
 ]
 
 
+def across_seeds(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """(model, task, K) -> mean over seeds as ``value``, the sample std across seeds as
+    ``stderr`` (what the plot's error bars show), lm-eval's mean stderr as ``se``."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["task"], r["k"]), []).append(r)
+    return {key: {"value": statistics.fmean(r["value"] for r in g),
+                  "stderr": statistics.stdev(r["value"] for r in g) if len(g) > 1 else None,
+                  "se": _mean(r["stderr"] for r in g), "seeds": len(g)}
+            for key, g in groups.items()}
+
+
+# (label, model with the token, K values): each is compared with llada at the same K and seed
+GAINS = [("llada_sink - llada", "llada_sink", KS),
+         ("llada_sink, token excluded - llada", "llada_sink_excl", KS[1:])]
+
+
+def paired_gains(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The token's gain per seed pair (llada_sink@S minus llada@S, same task and K), with its
+    mean, sample std, min and max across pairs and the number of pairs where it is positive."""
+    by = {(r["model"], r["seed"], r["task"], r["k"]): r["value"] for r in rows}
+    seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
+    out = []
+    for task in TASKS:
+        for label, model, ks in GAINS:
+            for k in ks:
+                base = "llada_sink" if model == "llada_sink_excl" and k == 0 else model
+                diffs = {s: by[(base, s, task, k)] - by[("llada", s, task, k)] for s in seeds
+                         if (base, s, task, k) in by and ("llada", s, task, k) in by}
+                if not diffs:
+                    continue
+                d = list(diffs.values())
+                out.append({"task": task, "comparison": label, "k": k, "per_seed": diffs,
+                            "mean": statistics.fmean(d),
+                            "std": statistics.stdev(d) if len(d) > 1 else None,
+                            "min": min(d), "max": max(d), "pairs": len(d),
+                            "pairs_with_gain": sum(x > 0 for x in d)})
+    return out
+
+
+def _gain_lines(gains: list[dict[str, Any]], seeds: list[int]) -> list[str]:
+    pp = lambda x: "-" if x is None else f"{100 * x:+.1f}"  # noqa: E731
+    lines = ["## Does the gain survive seeds? (paired by seed, percentage points)", "",
+             "Each seed of llada_sink against the same seed of llada (same init and data order "
+             "apart from the token): the difference per pair, then its mean ± sample standard "
+             "deviation (n - 1) and the pairs where llada_sink is ahead.", "",
+             "| task | comparison | K | " + " | ".join(f"seed {s}" for s in seeds)
+             + " | mean ± std | pairs with a gain |",
+             "|---|---|---|" + "---|" * len(seeds) + "---|---|"]
+    for g in gains:
+        std = "n/a" if g["std"] is None else f"{100 * g['std']:.1f}"
+        lines.append(f"| {TASKS[g['task']]} | {g['comparison']} | {g['k']} | "
+                     + " | ".join(pp(g["per_seed"].get(s)) for s in seeds)
+                     + f" | {pp(g['mean'])} ± {std} | {g['pairs_with_gain']} of {g['pairs']} |")
+    for g in gains:
+        if g["comparison"] == GAINS[0][0] and g["k"] == 0:
+            held = "in every pair" if g["pairs_with_gain"] == g["pairs"] else (
+                f"in {g['pairs_with_gain']} of {g['pairs']} pairs only")
+            std = "n/a" if g["std"] is None else f"{100 * g['std']:.1f}"
+            lines.append(f"\nUnmasked {TASKS[g['task']]}: llada_sink is ahead {held} "
+                         f"(mean {pp(g['mean'])} ± {std} percentage points).")
+    return lines + [""]
+
+
 def write_report(out: Path) -> dict[str, Any]:
     rows = read_cells(out)
     stab = trace_summary(out)
-    cell = {(r["model"], r["task"], r["k"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
+    multi = len(seeds) > 1
+    cell = across_seeds(rows) if multi else {(r["model"], r["task"], r["k"]): r for r in rows}
+    spread = (f"mean over the {len(seeds)} training seeds ({', '.join(map(str, seeds))}) ± "
+              "their sample standard deviation, with lm-eval's mean stderr (se)") if multi else (
+              "mean ± stderr (lm-eval's)")
     lines = ["# Extra sink token: llada vs llada_sink (tiny zoo)", "",
-             "Tiny CPU models (1.4M parameters, synthetic tasks): a test bed, not a claim about "
-             "8B models. Accuracy in %, mean ± stderr (lm-eval's), greedy, project's block "
+             "Tiny models (synthetic tasks): a test bed, not a claim about "
+             f"8B models. Accuracy in %, {spread}, greedy, project's block "
              "sampler (block 32, steps = gen_length).", ""]
     for task, short in TASKS.items():
         n = {r["n"] for r in rows if r["task"] == task}
@@ -191,9 +271,12 @@ def write_report(out: Path) -> dict[str, Any]:
             if not any(cells):
                 continue
             lines.append(f"| {LABELS[name]} | " + " | ".join(
-                _fmt(c["value"], c["stderr"]) if c else "(= K=0 above)" if k == 0 else "-"
+                _fmt_cell(c, multi) if c else "(= K=0 above)" if k == 0 else "-"
                 for c, k in zip(cells, KS)) + " |")
         lines.append("")
+    gains = paired_gains(rows) if multi else []
+    if gains:
+        lines += _gain_lines(gains, seeds)
     if stab:
         lines += ["## Sinks in unmasked generations (eps = 3, means over traced prompts)", "",
                   "| | " + " | ".join(stab) + " |", "|---|" + "---|" * len(stab)]
@@ -212,12 +295,22 @@ def write_report(out: Path) -> dict[str, Any]:
         w.writeheader()
         w.writerows(rows)
     summary = {"accuracy": rows, "sinks": stab}
+    if multi:
+        summary.update(seeds=seeds, paired_gains=gains)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    draw(out, cell, stab)
+    draw(out, cell, stab, seeds if multi else None)
     return summary
 
 
-def draw(out: Path, cell: dict, stab: dict) -> Path:
+def _fmt_cell(c: dict[str, Any], multi: bool) -> str:
+    if not multi:
+        return _fmt(c["value"], c["stderr"])
+    std = "n/a" if c["stderr"] is None else f"{100 * c['stderr']:.1f}"
+    se = "" if c["se"] is None else f"; se {100 * c['se']:.1f}"
+    return f"{100 * c['value']:.1f} ± {std} ({c['seeds']} seeds{se})"
+
+
+def draw(out: Path, cell: dict, stab: dict, seeds: list[int] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,8 +347,10 @@ def draw(out: Path, cell: dict, stab: dict) -> Path:
     ax.set_title("sinks, unmasked generations (eps = 3)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    fig.suptitle("Extra sink token on the tiny zoo (1.4M-parameter LLaDA-style models; "
-                 "not a claim about 8B models)", fontsize=10)
+    over = (f"; accuracy: mean over seeds {', '.join(map(str, seeds))}, error bars: std across "
+            "seeds") if seeds else ""
+    fig.suptitle("Extra sink token on the tiny zoo (LLaDA-style models; not a claim about 8B "
+                 f"models{over})", fontsize=10)
     fig.tight_layout()
     path = out / "sink_token.png"
     fig.savefig(path, dpi=120)
@@ -275,6 +370,10 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-prompts", type=int, default=4,
                     help="traced prompts per task and model [%(default)s]")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seeds", default="0,1,2",
+                    help="training seeds: seed S of llada is paired with seed S of llada_sink "
+                         "(empty: only the embedded checkpoints, the older single-run layout) "
+                         "[%(default)s]")
     ap.add_argument("--skip-traces", action="store_true")
     ap.add_argument("--report-only", action="store_true", help="only redraw from what is saved")
     a = ap.parse_args(argv)
@@ -288,9 +387,19 @@ def main(argv=None) -> int:
         if unknown:
             raise SystemExit(f"unknown task(s)/model(s) {unknown}; choose from "
                              f"{list(TASKS)} and {list(MODELS)}")
-        run_accuracy(out, limits, a.batch_size, tasks, models)
+        from ..masking_lm import resolve_pretrained
+        from ..sweep import parse_seeds, seed_path
+
+        try:
+            seeds = parse_seeds(a.seeds)
+            for name in {*models, *TRACED}:  # a missing seed fails before anything runs
+                for seed in seeds or [None]:
+                    resolve_pretrained(seed_path(MODELS[name][0], seed))
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        run_accuracy(out, limits, a.batch_size, tasks, models, seeds)
         if not a.skip_traces:
-            run_traces(out, a.trace_prompts)
+            run_traces(out, a.trace_prompts, seeds)
     write_report(out)
     print((out / "table.md").read_text())
     return 0

@@ -1,23 +1,84 @@
 """Tiny zoo: small trained ARM / LLaDA-style / Dream-style checkpoints (docs/method.md section 10), and
 the LLaDA-style one retrained with an extra sink token (``llada_sink``, issue 7).
 
+Every zoo model comes in several training seeds (init and data order). Seed 0 ships inside the
+package (``zoo:llada``, the embedded default); the others live in the repository, outside the
+package, at ``zoo_seeds/<name>/seed<S>/`` (or under ``$SINKMASK_ZOO_SEEDS``), and are named
+``zoo:llada@1``.
+
 Kept import-light (no torch, no transformers): ``register()`` imports the model classes,
 which registers them with transformers' Auto classes.
 """
 
+import os
+import re
 from pathlib import Path
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
 ZOO_MODEL_TYPES = ("sinkmask_llada", "sinkmask_dream")
 ZOO_NAMES = ("arm", "llada", "dream", "llada_sink")
+SEEDS_ENV = "SINKMASK_ZOO_SEEDS"
+# the repository's top-level zoo_seeds/ (not part of an installed wheel: set the env var there)
+REPO_SEEDS_DIR = Path(__file__).resolve().parents[2] / "zoo_seeds"
 
 
-def checkpoint_path(name: str) -> Path:
-    """Local directory of a shipped zoo checkpoint: ``arm``, ``llada``, ``dream`` or
-    ``llada_sink``."""
+def seeds_dir() -> Path:
+    """Where seeds >= 1 live: ``$SINKMASK_ZOO_SEEDS`` if set, else the repo's ``zoo_seeds/``."""
+    env = os.environ.get(SEEDS_ENV)
+    return Path(env) if env else REPO_SEEDS_DIR
+
+
+def checkpoint_path(name: str, seed: int = 0) -> Path:
+    """Local directory of a zoo checkpoint: ``arm``, ``llada``, ``dream`` or ``llada_sink``;
+    seed 0 is the one in the package, seeds >= 1 are looked up in :func:`seeds_dir`."""
     if name not in ZOO_NAMES:
         raise ValueError(f"unknown zoo model {name!r}; expected one of {ZOO_NAMES}")
-    return CHECKPOINTS_DIR / name
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"zoo seed must be an integer >= 0, got {seed!r}")
+    if seed == 0:
+        return CHECKPOINTS_DIR / name
+    path = seeds_dir() / name / f"seed{seed}"
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"zoo checkpoint {name}@{seed} not found: no {path}/config.json. Seeds >= 1 live in "
+            f"{seeds_dir()}/<name>/seed<S>/ (the repo's zoo_seeds/ folder unless {SEEDS_ENV} "
+            "points elsewhere)"
+        )
+    return path
+
+
+def parse_ref(ref: str) -> tuple[str, int]:
+    """``llada`` -> ("llada", 0); ``llada@2`` -> ("llada", 2) (what follows ``zoo:``)."""
+    name, sep, seed = ref.partition("@")
+    if sep and not seed.isdigit():
+        raise ValueError(f"zoo:{ref}: the seed after '@' must be an integer >= 0")
+    return name, int(seed) if sep else 0
+
+
+def identify(path: str) -> tuple[str, int] | None:
+    """(zoo name, seed) of a checkpoint reference, or None when it is not a zoo checkpoint:
+    ``zoo:llada@1``, a path ending in ``zoo/checkpoints/llada`` (seed 0), in
+    ``zoo_seeds/<name>/seed<S>`` or ``<name>/seed<S>`` under ``$SINKMASK_ZOO_SEEDS``, or in
+    ``seed<S>/<name>`` (where ``gpu_zoo`` trains them). Works on paths written on another
+    machine."""
+    text = str(path).replace("\\", "/").rstrip("/")
+    if text.startswith("zoo:"):
+        return parse_ref(text[len("zoo:"):])
+    m = re.search(r"zoo/checkpoints/([a-z_]+)$", text)
+    if m and m.group(1) in ZOO_NAMES:
+        return m.group(1), 0
+    m = re.search(r"(?:^|/)zoo_seeds/([a-z_]+)/seed(\d+)$", text)
+    if m and m.group(1) in ZOO_NAMES:
+        return m.group(1), int(m.group(2))
+    m = re.search(r"(?:^|/)seed(\d+)/([a-z_]+)$", text)
+    if m and m.group(2) in ZOO_NAMES:
+        return m.group(2), int(m.group(1))
+    env = os.environ.get(SEEDS_ENV)
+    if env:
+        m = re.fullmatch(re.escape(str(Path(env)).rstrip("/")) + r"/([a-z_]+)/seed(\d+)", text)
+        if m and m.group(1) in ZOO_NAMES:
+            return m.group(1), int(m.group(2))
+    return None
 
 
 def register() -> None:

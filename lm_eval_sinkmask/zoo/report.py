@@ -1,38 +1,53 @@
-"""The tiny zoo's report card (issue 4): accuracy on the full test splits, and where the sinks are.
+"""The tiny zoo's report card: every checkpoint's accuracy on the whole test splits, and where its sinks are.
 
-    python -m lm_eval_sinkmask.zoo.report --out results/zoo
+    python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds 0,1,2
 
-1. Accuracy: the zoo's ARM, LLaDA-style and Dream-style checkpoints (``llada_sink`` has its
-   own experiment, ``experiments/sink_token.py``), unmasked and greedy, on the whole mini_gsm (300) and
+1. Accuracy: every zoo model (ARM, LLaDA-style, Dream-style and the extra-sink-token twin
+   ``llada_sink``) in every training seed, unmasked and greedy, on the whole mini_gsm (300) and
    mini_code (100) test splits, through the sweep (so through lm-eval and our model classes,
-   scored by the same filters and sandbox as the real tasks); cells are resumable.
-2. Sinks: a few mini_gsm generations traced through the intercept (``sink_trace``), eps = 3.
-   DLMs score keys over all queries (docs/method.md section 2); the ARM is traced under both query rules (docs/method.md section 5)
-   (``last_row``, the paper's, and ``all_rows``). Per model: the mean number of Eq. 3 sinks per
-   (layer, head) per step, the share of (layer, head) pairs with at least one sink on average
-   over a generation's steps, and the most common sink tokens and positions.
-3. ``report.md`` and ``report.json`` in ``--out``.
+   scored by the same filters and sandbox as the real tasks); cells are resumable. The cells
+   may also come from elsewhere (``--cells DIR``, e.g. a ``sinkmask sweep --seeds 0,1,2
+   --top-k 0`` folder computed on a GPU): any K=0 cell of a zoo checkpoint run with the
+   family's default sampler counts.
+2. Sinks: a few mini_gsm generations per checkpoint traced through the intercept
+   (``sink_trace``), eps = 3. DLMs score keys over all queries; the ARM is traced under both
+   query rules (``last_row``, the paper's, and ``all_rows``). Per checkpoint: the mean number of
+   Eq. 3 sinks per (layer, head) per step, the share of (layer, head) pairs with at least one
+   sink on average over a generation's steps, and the most common sink tokens and positions.
+3. The bars each checkpoint is held to (:data:`TARGETS`, :data:`SINK_BAR`), met or not per
+   checkpoint, and per model the mean and spread across seeds; ``report.md`` and
+   ``report.json`` in ``--out``.
 
-Tiny CPU models on synthetic tasks: a test bed, not a claim about 8B models.
+Tiny models on synthetic tasks: a test bed, not a claim about 8B models.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import ZOO_NAMES, checkpoint_path
+from . import ZOO_NAMES, checkpoint_path, identify
+from .data import N_TEST_CODE, N_TEST_GSM
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
+SPLIT_SIZE = {"mini_gsm_sinkmask": N_TEST_GSM, "mini_code_sinkmask": N_TEST_CODE}  # whole test splits
 GEN_LENGTH = 128  # mini_gsm's max_gen_toks: the traced generations are mini_gsm answers
-# issue 4's bars, unmasked: (mini_gsm exact match, mini_code pass@1)
-TARGETS = {"arm": (0.80, 0.50), "dream": (0.50, 0.30), "llada": (0.20, 0.15)}
+# the zoo v2 bars, unmasked, whole test splits: (mini_gsm exact match, mini_code pass@1)
+TARGETS = {"arm": (0.90, 0.60), "dream": (0.60, 0.60), "llada": (0.50, 0.60),
+           "llada_sink": (0.50, 0.60)}
+# every DLM checkpoint must have sinks: at least this share of its (layer, head) pairs
+SINK_BAR = 0.5
 ARM_RULES = ("last_row", "all_rows")
+# model_args that leave an unmasked run's sampler at the family default (anything else, e.g.
+# block_length=1, is another experiment and not read as the checkpoint's accuracy)
+NEUTRAL_ARGS = {"pretrained", "top_k", "eps", "arm_rule", "sink_token", "dtype",
+                "trust_remote_code", "detect", "granularity", "layers", "query_chunk"}
 
 
 # ------------------------------------------------------------------- sink statistics
@@ -90,13 +105,14 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- runners
 
-def run_accuracy(out: Path, models: list[str], limit: int | None, jobs: int) -> None:
-    from ..sweep import ModelSpec, SweepPlan, infer_kind, run_sweep
+def run_accuracy(out: Path, models: list[str], seeds: list[int], limit: int | None, jobs: int,
+                 device: str = "cpu", batch_size: int = 32) -> None:
+    from ..sweep import SweepPlan, parse_models, run_sweep
 
-    specs = [ModelSpec(m, str(checkpoint_path(m)), infer_kind(str(checkpoint_path(m))))
-             for m in models]
+    specs = parse_models(",".join(f"{m}=zoo:{m}" for m in models), seeds=seeds)
     plan = SweepPlan(models=specs, tasks=list(TASKS), ks=[0], out=out, limit=limit,
-                     batch_size=32, device="cpu", allow_code_execution=True)
+                     batch_size=batch_size, device=device, allow_code_execution=True,
+                     seeds=seeds)
     run_sweep(plan, jobs=jobs)
 
 
@@ -111,24 +127,27 @@ def traced_variants(models: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
-def trace_folder(out: Path, label: str) -> Path:
-    """Where a variant's traces live: ``arm (last_row)`` -> ``traces/arm_last_row``."""
-    return out / "traces" / label.replace(" (", "_").rstrip(")")
+def trace_folder(out: Path, label: str, seed: int) -> Path:
+    """Where a variant's traces live: ``arm (last_row)``, seed 1 -> ``traces/arm_last_row/seed1``."""
+    return out / "traces" / label.replace(" (", "_").rstrip(")") / f"seed{seed}"
 
 
-def run_traces(out: Path, models: list[str], n_prompts: int) -> None:
+def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
+               device: str = "cpu") -> None:
     from ..sink_trace import trace_generation
     from . import data
 
     prompts = [data.gsm_prompt(d) for d in data.mini_gsm_test()[:n_prompts]]
     for label, name, args in traced_variants(models):
-        for i, prompt in enumerate(prompts):
-            folder = trace_folder(out, label) / f"gsm_{i}"
-            if (folder / "meta.json").exists():
-                continue
-            trace_generation(str(checkpoint_path(name)), prompt, gen_length=GEN_LENGTH,
-                             model_args=args, device="cpu", name=label).save(folder)
-            print(f"traced {label} {folder.name}", flush=True)
+        for seed in seeds:
+            for i, prompt in enumerate(prompts):
+                folder = trace_folder(out, label, seed) / f"gsm_{i}"
+                if (folder / "meta.json").exists():
+                    continue
+                trace_generation(str(checkpoint_path(name, seed)), prompt, gen_length=GEN_LENGTH,
+                                 model_args=args, device=device,
+                                 name=f"{label} seed {seed}").save(folder)
+                print(f"traced {label} seed {seed} {folder.name}", flush=True)
 
 
 def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
@@ -148,58 +167,204 @@ def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
                         trace.meta["prompt_length"])
 
 
-def read_accuracy(out: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    acc: dict[str, dict[str, dict[str, Any]]] = {}
-    for path in sorted((out / "cells").glob("*/*/k0/cell.json")):
-        r = json.loads(path.read_text())
-        acc.setdefault(r["request"]["model"], {})[r["request"]["task"]] = {
-            "metric": r["metric"], "value": r["value"], "stderr": r["stderr"], "n": r["n"]}
+# --------------------------------------------------------------------------- reading
+
+def _args(model_args: str) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in model_args.split(",") if "=" in a)
+
+
+def read_accuracy(folders: list[Path]) -> dict[tuple[str, int], dict[str, dict[str, Any]]]:
+    """(zoo name, seed) -> task -> the unmasked result, from the K=0 cells of sweep folders.
+
+    A cell counts when its checkpoint is a zoo checkpoint (``zoo:NAME@S`` or a path to one,
+    wherever it was computed) run with the family's default sampler. When two folders hold
+    the same (checkpoint, task), the one with more problems wins, then the earlier folder.
+    """
+    acc: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("cells/**/k0/cell.json")):
+            r = json.loads(path.read_text())
+            req = r["request"]
+            args = _args(req.get("model_args", ""))
+            ckpt = identify(args.get("pretrained", r.get("model_path", "")))
+            if ckpt is None or req["task"] not in TASKS or set(args) - NEUTRAL_ARGS:
+                continue
+            new = {"metric": r["metric"], "value": r["value"], "stderr": r["stderr"],
+                   "n": r["n"], "cell": str(path.parent), "dtype": args.get("dtype")}
+            old = acc.setdefault(ckpt, {}).get(req["task"])
+            if old is None or (new["n"] or 0) > (old["n"] or 0):
+                acc[ckpt][req["task"]] = new
     return acc
 
 
-def write_report(out: Path, models: list[str]) -> dict[str, Any]:
+def read_sinks(out: Path, models: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(traced variant label, seed) -> its combined sink statistics."""
     from transformers import AutoTokenizer
 
-    acc = read_accuracy(out)
     sinks = {}
     for label, name, _ in traced_variants(models):
-        folders = sorted(trace_folder(out, label).glob("*/meta.json"))
-        if folders:
-            tok = AutoTokenizer.from_pretrained(checkpoint_path(name))
-            sinks[label] = combine([trace_sinks(f.parent, tok) for f in folders])
-    report = {"accuracy": acc, "targets": TARGETS, "sinks": sinks}
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        seed_folders = sorted(trace_folder(out, label, 0).parent.glob("seed*"),
+                              key=lambda p: int(p.name[4:]) if p.name[4:].isdigit() else -1)
+        tok = None
+        for seed_folder in seed_folders:
+            if not seed_folder.name[4:].isdigit():
+                continue
+            folders = sorted(seed_folder.glob("*/meta.json"))
+            if folders:
+                tok = tok or AutoTokenizer.from_pretrained(checkpoint_path(name))  # seeds share it
+                sinks[(label, int(seed_folder.name[4:]))] = combine(
+                    [trace_sinks(f.parent, tok) for f in folders])
+    return sinks
 
-    def cell(model, task, i):
-        r = acc.get(model, {}).get(task)
-        if r is None:
-            return "-"
-        bar = TARGETS.get(model, (None, None))[i]
-        mark = "" if bar is None else (" (target >= %.2f: %s)" % (bar, "met" if r["value"] >= bar else "**not met**"))
-        return f"{r['value']:.3f} ± {r['stderr']:.3f} (n={r['n']}){mark}"
 
+# --------------------------------------------------------------------------- verdicts
+
+def accuracy_verdict(model: str, task: str, result: dict[str, Any] | None) -> str | None:
+    """"met", "not met", "partial" (fewer problems than the whole split) or None (no bar/result)."""
+    bar = TARGETS.get(model, (None, None))[TASKS.index(task)]
+    if bar is None or result is None:
+        return None
+    if (result["n"] or 0) < SPLIT_SIZE[task]:
+        return "partial"
+    return "met" if result["value"] >= bar else "not met"
+
+
+def sink_verdict(model: str, stats: dict[str, Any] | None) -> str | None:
+    if model == "arm" or stats is None:
+        return None
+    return "met" if stats["share_of_pairs_with_sink"] >= SINK_BAR else "not met"
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation (n - 1; None below two values), min and max."""
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else None,
+            "min": min(values), "max": max(values), "seeds": len(values)}
+
+
+def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
+    """Checkpoint rows (model x seed, with their verdicts) and per-model spreads across seeds."""
+    keys = sorted({k for k in acc if k[0] in models}
+                  | {(traced_name(label), seed) for label, seed in sinks},
+                  key=lambda k: (models.index(k[0]) if k[0] in models else len(models), k[1]))
+    checkpoints = []
+    for name, seed in keys:
+        results = acc.get((name, seed), {})
+        main_label = "arm (last_row)" if name == "arm" else name
+        stats = {label: sinks[(label, seed)] for label, n, _ in traced_variants([name])
+                 if (label, seed) in sinks}
+        bars = {task: accuracy_verdict(name, task, results.get(task)) for task in TASKS}
+        bars["sinks"] = sink_verdict(name, stats.get(main_label))
+        checkpoints.append({"model": name, "seed": seed, "accuracy": results, "sinks": stats,
+                            "bars": bars})
+    summary = {}
+    for name in models:
+        rows = [c for c in checkpoints if c["model"] == name]
+        if not rows:
+            continue
+        entry = {}
+        for task in TASKS:
+            values = [c["accuracy"][task]["value"] for c in rows if task in c["accuracy"]]
+            if values:
+                entry[task] = spread(values)
+        shares = [s["share_of_pairs_with_sink"] for c in rows for label, s in c["sinks"].items()
+                  if label == ("arm (last_row)" if name == "arm" else name)]
+        if shares:
+            entry["share_of_pairs_with_sink"] = spread(shares)
+        entry["bars_met"] = {bar: [sum(c["bars"][bar] == "met" for c in rows),
+                                   sum(c["bars"][bar] in ("met", "not met") for c in rows)]
+                             for bar in (*TASKS, "sinks")}  # [met, judged]
+        entry["checkpoints"] = len(rows)
+        summary[name] = entry
+    return {"checkpoints": checkpoints, "summary": summary, "targets": TARGETS,
+            "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
+
+
+def traced_name(label: str) -> str:
+    """The zoo name a traced variant belongs to: ``arm (all_rows)`` -> ``arm``."""
+    return label.split(" (")[0]
+
+
+# --------------------------------------------------------------------------- writing
+
+def _verdict_text(verdict: str | None, bar: str, n: int | None = None, size: int = 0) -> str:
+    if verdict is None:
+        return "-"
+    if verdict == "partial":
+        return f"not judged (n={n} of {size})"
+    return f"{'met' if verdict == 'met' else '**not met**'} (>= {bar})"
+
+
+def _spread_text(s: dict[str, Any] | None, pct: bool = False) -> str:
+    if s is None:
+        return "-"
+    f = (lambda x: f"{x:.0%}") if pct else (lambda x: f"{x:.3f}")  # noqa: E731
+    std = "n/a" if s["std"] is None else f(s["std"])
+    return f"{f(s['mean'])} ± {std} ({f(s['min'])}-{f(s['max'])}, n={s['seeds']})"
+
+
+def markdown(report: dict[str, Any]) -> str:
     def fmt(pairs):  # newlines and tabs as escapes, so a token cannot break the table
         return ", ".join(f"`{k.encode('unicode_escape').decode()}` {v:.0%}" for k, v in pairs)
+
+    def acc_text(r):
+        if r is None:
+            return "-"
+        dtype = f", {r['dtype']}" if r.get("dtype") else ""
+        se = "n/a" if r["stderr"] is None else f"{r['stderr']:.3f}"
+        return f"{r['value']:.3f} ± {se} (n={r['n']}{dtype})"
 
     lines = [
         "# Tiny zoo report card",
         "",
-        "Tiny CPU models on synthetic tasks (a test bed, **not a claim about 8B models**). "
-        "Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo`.",
+        "Tiny models on synthetic tasks (a test bed, **not a claim about 8B models**). "
+        "Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds 0,1,2` "
+        "(`--cells DIR` reads unmasked cells computed elsewhere, e.g. on a GPU).",
         "",
-        "## Accuracy (unmasked, greedy, whole test splits, through lm-eval)",
+        "## Every checkpoint (unmasked, greedy, whole test splits, through lm-eval)",
         "",
-        "mini_gsm: exact match (strict); mini_code: pass@1 in the sandbox. DLM sampler settings: "
-        "the family defaults (LLaDA: blocks of 32, steps = gen_length, low-confidence "
-        "remasking; Dream: steps = gen_length, alg entropy); gen_length = the task's "
-        "max_gen_toks (128 / 64).",
+        "mini_gsm: exact match (strict); mini_code: pass@1 in the sandbox; ± lm-eval's standard "
+        "error. DLM sampler settings: the family defaults (LLaDA: blocks of 32, steps = "
+        "gen_length, low-confidence remasking; Dream: steps = gen_length, alg entropy); "
+        "gen_length = the task's max_gen_toks (128 / 64). Bars: mini_gsm "
+        + ", ".join(f"{m} >= {t[0]:.2f}" for m, t in TARGETS.items())
+        + "; mini_code " + ", ".join(f"{m} >= {t[1]:.2f}" for m, t in TARGETS.items())
+        + f"; sinks in at least {SINK_BAR:.0%} of the (layer, head) pairs of every DLM "
+        "(mean over the traced generations). A bar is judged only on the whole split.",
         "",
-        "| model | mini_gsm | mini_code |",
-        "|---|---|---|",
+        "| model | seed | mini_gsm | bar | mini_code | bar | pairs with a sink | bar |",
+        "|---|---:|---|---|---|---|---:|---|",
     ]
-    for m in models:
-        if m in acc:
-            lines.append(f"| {m} | {cell(m, TASKS[0], 0)} | {cell(m, TASKS[1], 1)} |")
+    for c in report["checkpoints"]:
+        name = c["model"]
+        cells = []
+        for i, task in enumerate(TASKS):
+            r = c["accuracy"].get(task)
+            bar = TARGETS.get(name, (None, None))[i]
+            cells += [acc_text(r), _verdict_text(c["bars"][task], f"{bar:.2f}" if bar else "",
+                                                 r and r["n"], SPLIT_SIZE[task])]
+        main = c["sinks"].get("arm (last_row)" if name == "arm" else name)
+        share = "-" if main is None else f"{main['share_of_pairs_with_sink']:.0%}"
+        sink_bar = _verdict_text(c["bars"]["sinks"], f"{SINK_BAR:.0%}")
+        lines.append(f"| {name} | {c['seed']} | " + " | ".join(cells) + f" | {share} | {sink_bar} |")
+    lines += [
+        "",
+        "## Per model, across seeds",
+        "",
+        "Mean ± sample standard deviation across seeds (n - 1 denominator), then min-max and "
+        "the number of seeds; bars met: checkpoints meeting the bar / checkpoints judged "
+        "(whole split evaluated, sinks traced).",
+        "",
+        "| model | checkpoints | mini_gsm | mini_code | pairs with a sink | mini_gsm bar met | "
+        "mini_code bar met | sink bar met |",
+        "|---|---:|---|---|---|---|---|---|",
+    ]
+    for name, s in report["summary"].items():
+        met = [("-" if judged == 0 else f"{m}/{judged}") for m, judged in s["bars_met"].values()]
+        lines.append(f"| {name} | {s['checkpoints']} | {_spread_text(s.get(TASKS[0]))} | "
+                     f"{_spread_text(s.get(TASKS[1]))} | "
+                     f"{_spread_text(s.get('share_of_pairs_with_sink'), pct=True)} | "
+                     + " | ".join(met) + " |")
     lines += [
         "",
         f"## Sinks (eps = 3, {GEN_LENGTH}-token mini_gsm generations, unmasked)",
@@ -211,38 +376,70 @@ def write_report(out: Path, models: list[str]) -> dict[str, Any]:
         "generations; positions count back from the prompt's end (`Answer:` ends it) or "
         "forward into the answer.",
         "",
-        "| model (query rule) | generations | sinks per pair | pairs with a sink | "
+        "| model (query rule) | seed | generations | sinks per pair | pairs with a sink | "
         "most common sink tokens | most common sink positions |",
-        "|---|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
-    for label, s in sinks.items():
-        lines.append(f"| {label} | {s['generations']} | {s['mean_sinks_per_pair']:.2f} | "
-                     f"{s['share_of_pairs_with_sink']:.0%} | {fmt(s['top_tokens'])} | "
-                     f"{fmt(s['top_positions'])} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    for c in report["checkpoints"]:
+        for label, s in c["sinks"].items():
+            lines.append(f"| {label} | {c['seed']} | {s['generations']} | "
+                         f"{s['mean_sinks_per_pair']:.2f} | {s['share_of_pairs_with_sink']:.0%} | "
+                         f"{fmt(s['top_tokens'])} | {fmt(s['top_positions'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
+    """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
+    acc = read_accuracy([out, *cells])
+    report = build_report(acc, read_sinks(out, models), models)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "report.md").write_text(markdown(report))
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..sweep import parse_seeds
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/zoo")
-    ap.add_argument("--models", default="arm,llada,dream",  # llada_sink: results/sink_token
-                    help="models to run now; the report covers every model saved in --out")
+    ap.add_argument("--models", default=",".join(ZOO_NAMES),
+                    help="models to run now; the report covers every zoo model saved in --out")
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds to run now [%(default)s]")
     ap.add_argument("--limit", type=int, default=None,
-                    help="test problems per task (default: the whole splits)")
-    ap.add_argument("--traces", type=int, default=4, help="mini_gsm generations traced per model")
+                    help="test problems per task (default: the whole splits; bars are judged "
+                         "only on whole splits)")
+    ap.add_argument("--traces", type=int, default=4, help="mini_gsm generations traced per checkpoint")
     ap.add_argument("--jobs", type=int, default=2, help="sweep cells run at once")
+    ap.add_argument("--device", default="cpu", help="e.g. cuda for the accuracy cells and traces")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--cells", action="append", type=Path, default=[], metavar="DIR",
+                    help="another sweep folder whose unmasked zoo cells the report reads "
+                         "(e.g. computed on a GPU); repeatable")
+    ap.add_argument("--skip-accuracy", action="store_true", help="run no accuracy cells")
+    ap.add_argument("--skip-traces", action="store_true", help="trace nothing")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the report")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(ZOO_NAMES))
     if unknown:
         ap.error(f"unknown zoo models {unknown}; choose from {list(ZOO_NAMES)}")
-    if not args.report_only:
-        run_accuracy(out, models, args.limit, args.jobs)
-        run_traces(out, models, args.traces)
-    write_report(out, list(ZOO_NAMES))  # everything saved, not only what ran now
+    try:
+        seeds = parse_seeds(args.seeds) or [0]
+        for m in models if not args.report_only else []:  # a missing seed fails now
+            for s in seeds:
+                checkpoint_path(m, s)
+    except ValueError as e:
+        ap.error(str(e))
+    missing = [str(c) for c in args.cells if not (c / "cells").is_dir()]
+    if missing:
+        ap.error(f"--cells folders without a cells/ subfolder: {missing}")
+    if not args.report_only and not args.skip_accuracy:
+        run_accuracy(out, models, seeds, args.limit, args.jobs, args.device, args.batch_size)
+    if not args.report_only and not args.skip_traces:
+        run_traces(out, models, seeds, args.traces, args.device)
+    write_report(out, list(ZOO_NAMES), args.cells)  # everything saved, not only what ran now
     print((out / "report.md").read_text())
     return 0
 

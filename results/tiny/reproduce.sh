@@ -1,20 +1,36 @@
 #!/usr/bin/env bash
-# The tiny-zoo Table 1: the three zoo checkpoints x (mini_gsm, mini_code) x K in {0, 1, 5, 10}
-# on the first 32 test problems of each task, greedy, on the CPU. The ARM appears twice: under
-# the paper's query rule (last_row) and under all_rows (docs/method.md section 5), to show whether its collapse
-# depends on the rule. Deterministic: one thread per
-# process (OMP_NUM_THREADS=1), fixed batch size, fixed seed. CI reruns it into a fresh folder
-# and fails if table.md or table.csv differ from the committed ones.
+# The tiny-zoo Table 1 over training seeds: every zoo checkpoint in each seed of $seeds x
+# (mini_gsm, mini_code) x K in {0, 1, 5, 10}, on the first $problems test problems of each
+# task, greedy, on the CPU. Columns:
+#   arm, arm_all_rows   the ARM under the paper's query rule (last_row) and under all_rows, to
+#                       show whether its collapse depends on the rule
+#   llada, llada_l2r    the LLaDA-style model with its default sampler (blocks of 32 tokens) and
+#                       decoded strictly left to right (blocks of 1 token, one step per token):
+#                       the decoding-order ablation of the paper's "parallel decoding" reading
+#   dream               the Dream-style model
+# zoo:NAME runs zoo:NAME@S for every seed S (seed 0 ships in the package, further seeds in
+# zoo_seeds/). The shipped zoo has seed 0 only, so the committed table is one seed (rendered
+# as a plain table); the seed axis is ready for the multi-seed zoo. With several seeds each
+# cell is the mean over seeds ± std across seeds, lm-eval's mean stderr, and the drop from
+# K=0 computed per seed. Deterministic: one thread per process (OMP_NUM_THREADS=1), fixed
+# batch size, fixed seed. CI reruns it into a fresh folder and fails if table.md or table.csv
+# differ from the committed ones.
 #
 #   results/tiny/reproduce.sh [OUT]      # OUT defaults to results/tiny (resumes, skips done cells)
+#   PROBLEMS=2 SEEDS=0,1 results/tiny/reproduce.sh /tmp/trial   # a quick trial run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-results/tiny}
-zoo=lm_eval_sinkmask/zoo/checkpoints
+# problems per cell and seed: set from the timed run so that CI stays in budget. PROBLEMS and
+# SEEDS override both for trial runs only (the committed table is made with the values here).
+problems=${PROBLEMS:-32}
+seeds=${SEEDS:-0}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 sinkmask sweep \
-  --models "arm=$zoo/arm,llada=$zoo/llada,dream=$zoo/dream,arm_all_rows=$zoo/arm" \
+  --models "arm=zoo:arm,arm_all_rows=zoo:arm,llada=zoo:llada,llada_l2r=zoo:llada,dream=zoo:dream" \
   --model-args-for "arm_all_rows:arm_rule=all_rows" \
+  --model-args-for "llada_l2r:block_length=1" \
+  --seeds "$seeds" \
   --tasks mini_gsm_sinkmask,mini_code_sinkmask --top-k 0,1,5,10 \
-  --limit 32 --batch-size 32 --device cpu --seed 0 --jobs 2 \
+  --limit "$problems" --batch-size 32 --device cpu --seed 0 --jobs 2 \
   --allow-code-execution --out "$out"
