@@ -10,9 +10,17 @@ pytestmark = pytest.mark.skipif(not (CHECKPOINTS_DIR / "arm").is_dir(),
                                 reason="zoo checkpoints not trained yet")
 
 
-def test_all_checkpoints_together_fit_in_30_mb():
-    size = sum(f.stat().st_size for f in CHECKPOINTS_DIR.rglob("*") if f.is_file())
-    assert size <= 30 * 2**20
+def _megabytes(folder):
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+
+
+def test_checkpoints_fit_the_size_budgets():
+    """Inside the package (what every install carries) <= 40 MB; with the further training
+    seeds in the repository's zoo_seeds/ <= 120 MB."""
+    shipped = _megabytes(CHECKPOINTS_DIR)
+    seeds = CHECKPOINTS_DIR.parents[2] / "zoo_seeds"
+    assert shipped <= 40
+    assert shipped + (_megabytes(seeds) if seeds.is_dir() else 0) <= 120
 
 
 @pytest.mark.parametrize("name", ZOO_NAMES)

@@ -134,9 +134,11 @@ def main(argv=None) -> None:
     _wait(procs)
     stamp("training done")
 
-    models = ",".join(f"{m}_s{s}={out / f'seed{s}' / m}"
-                      for s in args.seeds for m in ("arm", "llada", "dream", "llada_sink"))
+    # The seeded sweep layout (cells/<model>/seed<S>/...), which `zoo.report --cells` reads.
+    models = ",".join(f"{m}={out / 'seed{seed}' / m}" for m in ("arm", "llada", "dream",
+                                                                 "llada_sink"))
     subprocess.run([sys.executable, "-m", "lm_eval_sinkmask.cli", "sweep", "--models", models,
+                    "--seeds", ",".join(map(str, args.seeds)),
                     "--tasks", "mini_gsm_sinkmask,mini_code_sinkmask", "--top-k", "0",
                     "--batch-size", str(args.eval_batch_size), "--device", args.device,
                     "--jobs", str(args.eval_jobs), "--allow-code-execution",
