@@ -213,9 +213,10 @@ class _MaskView:
         else:
             key_valid, query_valid = self.validity()
         metric_rows = query_valid
-        if rule == "last_row":
+        if rule == "last_row":  # each element's last real row: right padding moves it left
             metric_rows = torch.zeros_like(query_valid)
-            metric_rows[:, -1] = query_valid[:, -1]
+            last = (query_valid.long().cumsum(-1)).argmax(-1, keepdim=True)  # first max = last True
+            metric_rows.scatter_(1, last, query_valid.gather(1, last))
         self.key_valid = key_valid  # [B, Sk]
         self.qv = metric_rows[:, None, :, None]  # [B, 1, Sq, 1]: the metric's query rows Q
         self.qw = self.qv.float().transpose(-1, -2)  # [B, 1, 1, Sq]: the same, as row weights
