@@ -160,6 +160,7 @@ class AttentionEvent:
     sinks: torch.Tensor  # [B, H or 1, Sk] every key that qualifies under Eq. 3
     chosen: torch.Tensor  # [B, H or 1, Sk] the top-k sinks (masked now or on the next pass)
     blocked: torch.Tensor  # [B, H or 1, Sk] keys actually removed from this call's softmax
+    value_norms: torch.Tensor | None = None  # [B, H, Sk] L2 norm of each key's value vector
 
 
 @dataclass
@@ -653,8 +654,11 @@ class _Run:
             blocked = chosen
         if out is None:
             out = _fused_masked_output(self.original, a, sc, blocked, chunk)
-        for observe in self.masker.observers:
-            observe(AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked))
+        if self.masker.observers:
+            event = AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked,
+                                   value_norms=sc.v.norm(dim=-1))
+            for observe in self.masker.observers:
+                observe(event)
         self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
         return out
 
