@@ -104,3 +104,23 @@ def test_code_tasks_need_an_explicit_opt_in(tmp_path, tiny_dirs, tiny_task):
     with pytest.raises(SystemExit, match="--allow-code-execution"):
         main(args)
     assert not list((tmp_path / "out").rglob("cell.json"))
+
+
+def test_a_sweep_mixes_multiple_choice_and_generation_tasks(tmp_path, tiny_dirs, tiny_task):
+    plan = SweepPlan(
+        models=[ModelSpec("llama", str(tiny_dirs["llama"]), "arm"),
+                ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4,mc_num=4")],
+        tasks=["mini_mc_sinkmask", "tiny_gen"], ks=[0, 1], out=tmp_path / "mc", eps=0.0,
+        limit=2, device="cpu", include_path=[str(tiny_task)])
+    assert run_sweep(plan, progress=False) == 8
+    cells = cell_files(plan.out)
+    mc = {k: v for k, v in cells.items() if "/mini_mc_sinkmask/" in k}
+    assert len(mc) == 4 and {v["metric"] for v in mc.values()} == {"acc,none"}
+    for model in ("llama", "llada"):  # masking ran inside the likelihood passes of both kinds
+        masked = cells[f"cells/{model}/mini_mc_sinkmask/k1/cell.json"]["sinkmask"]["counters"]
+        assert masked["keys_masked"] > 0 and masked["forward_passes"] > 0
+    llada = cells["cells/llada/mini_mc_sinkmask/k1/cell.json"]["sinkmask"]
+    assert llada["likelihood"]["mc_num"] == 4 and llada["likelihood"]["requests"] == 8
+    assert main(["table", str(plan.out)]) == 0
+    table = (plan.out / "table.md").read_text()
+    assert "mini_mc_sinkmask: `acc,none`" in table and "tiny_gen: `exact_match" in table
