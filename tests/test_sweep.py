@@ -7,6 +7,7 @@ import pytest
 
 from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.sweep import Cell, ModelSpec, SweepPlan, parse_ks, parse_models, run_sweep
+from lm_eval_sinkmask.tasks import TASKS_DIR
 
 
 def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
@@ -111,7 +112,7 @@ def test_a_sweep_mixes_multiple_choice_and_generation_tasks(tmp_path, tiny_dirs,
         models=[ModelSpec("llama", str(tiny_dirs["llama"]), "arm"),
                 ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4,mc_num=4")],
         tasks=["mini_mc_sinkmask", "tiny_gen"], ks=[0, 1], out=tmp_path / "mc", eps=0.0,
-        limit=2, device="cpu", include_path=[str(tiny_task)])
+        limit=2, device="cpu", include_path=[str(tiny_task), str(TASKS_DIR)])  # no full index
     assert run_sweep(plan, progress=False) == 8
     cells = cell_files(plan.out)
     mc = {k: v for k, v in cells.items() if "/mini_mc_sinkmask/" in k}
