@@ -2,7 +2,10 @@
 
 lm-eval's ``HFLM`` does everything (loglikelihood, chat templates, batching, ``generate``
 with a KV cache); we only wrap its model calls in the intercept, with the ARM query rule of
-docs/method.md section 5 (``arm_rule=last_row`` by default, or ``all_rows``).
+docs/method.md section 5 (``arm_rule=last_row`` by default, or ``all_rows``). A loglikelihood
+batch is one forward pass over context + continuation: ``last_row`` detects the sinks on each
+row's last real token and masks them for every query row, ``all_rows`` detects on all real
+rows.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         super().__init__(pretrained, **kwargs)
         self.model.eval()
         self._init_masking(mask_config, rule=mask_config.arm_rule)
+        self._batch_rows: set[tuple[int, ...]] = set()  # inputs of the loglikelihood requests in flight
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         with self.masking():
@@ -41,11 +45,45 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None):
         # one forward per loglikelihood batch: with detect=previous its first (only) pass
         # detects on its own attention, as docs/method.md section 4 prescribes for a first step
+        if attn_mask is None and labels is None and self.mask_config.enabled and self._batch_rows:
+            # HFLM right-pads a loglikelihood batch and passes no mask; the causal rows do not
+            # see the pads, but the masker must know them: the last_row rule reads each row's
+            # last real token, and pad rows and keys must not count
+            with self.masking(), torch.no_grad():
+                return self.model(input_ids=inps, attention_mask=self._padding_mask(inps)).logits
         with self.masking():
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        # the unpadded input of every request, exactly as HFLM builds it, to tell padding apart
+        # from real trailing zeros in _padding_mask
+        self._batch_rows = {tuple((ctx + cont)[-(self.max_length + 1):][:-1]) for _, ctx, cont in requests}
+        try:
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm,
+                                                 override_bs=override_bs)
+        finally:
+            self._batch_rows = set()
+
+    def _padding_mask(self, inps: torch.Tensor) -> torch.Tensor:
+        """[B, S] 1 on each row's real tokens: the longest prefix that is one of the requests'
+        inputs and is followed by HFLM's zero padding only."""
+        mask = torch.zeros_like(inps)
+        for b, row in enumerate(inps.tolist()):
+            n = len(row)
+            while tuple(row[:n]) not in self._batch_rows:
+                if n == 0 or row[n - 1] != 0:
+                    raise RuntimeError("a loglikelihood batch row matches none of its requests")
+                n -= 1
+            mask[b, :n] = 1
+        return mask
+
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        self._report()
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        out = super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
         self._report()
         return out
 

@@ -69,7 +69,7 @@ def _sinks(a: argparse.Namespace) -> int:
     import numpy as np
 
     from .figures import draw_all
-    from .sink_trace import parse_heads, trace_generation
+    from .sink_trace import parse_heads, trace_generation, value_norm_line
 
     parse_heads(a.heads)  # fail on a typo before loading the model
     trace = trace_generation(
@@ -80,6 +80,7 @@ def _sinks(a: argparse.Namespace) -> int:
     folder = trace.save(Path(a.out))
     print(f"completion: {trace.meta['completion']!r}")
     print(stability_line(trace.meta["stability"]))
+    print(value_norm_line(trace.meta["value_norms"]))
     for p in trace.meta["watch_positions"]:
         share = trace.share_on_position(p)
         print(f"attention share on position {p}: mean {np.nanmean(share):.3f} over steps, layers and heads"
@@ -112,10 +113,11 @@ def stability_line(block: dict) -> str:
 
 def _figures(a: argparse.Namespace) -> int:
     from .figures import draw_all
-    from .sink_trace import Trace
+    from .sink_trace import Trace, value_norm_line
 
     trace = Trace.load(Path(a.folder))
     print(stability_line(trace.meta.get("stability") or trace.stability()))  # version-1 traces lack it
+    print(value_norm_line(trace.value_norms()))  # None before version 3
     for name, path in draw_all(Path(a.folder), a.heads).items():
         print(f"{name}: {path}")
     return 0
@@ -177,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--digits", type=int, default=2)
     t.set_defaults(func=_table)
 
-    k = sub.add_parser("sinks", help="trace one generation's sinks and draw Figs. 3, 5, 7, 10")
+    k = sub.add_parser("sinks", help="trace one generation's sinks and draw Figs. 3, 5, 7, 10, stability, value norms")
     k.add_argument("--model", required=True, help="checkpoint path or hub id")
     k.add_argument("--prompt", required=True)
     k.add_argument("--out", required=True)

@@ -2,7 +2,8 @@
 
 Built on lm-eval's ``HFLM`` so that loading, tokenisation, chat templates, batching by
 ``Collator``, ``until`` handling and accelerate ranks are lm-eval's own; only the generation
-step is ours: the family's diffusion sampler instead of ``model.generate``.
+step is ours: the family's diffusion sampler instead of ``model.generate``, and loglikelihood
+requests are scored by the Monte Carlo bound of :mod:`likelihood` instead of one causal pass.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import model_args, sink_token, zoo
+from . import likelihood, model_args, sink_token, zoo
 from .config import SinkMaskConfig
 from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, resolve_pretrained
@@ -29,13 +30,6 @@ zoo.register()  # the tiny zoo's model classes load through transformers' Auto c
 REMASKING = ("low_confidence", "random")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 PADDING_SIDES = ("left", "right")
-
-LOGLIKELIHOOD_HELP = (
-    "dlm_sinkmask serves generate_until tasks only: a masked diffusion LM has no left-to-right "
-    "log-likelihood, and lm-eval's loglikelihood requests would need an ELBO estimator. Use a "
-    "generative task (gsm8k_sinkmask, humaneval_sinkmask) or arm_sinkmask for an ARM."
-)
-
 
 @dataclass(frozen=True)
 class DiffusionSettings:
@@ -153,6 +147,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
+        self.likelihood = likelihood.LikelihoodSettings.pop_from(kwargs)
+        self._mc_stderrs: list[float] = []  # per scored request, for the run's report
         if isinstance(pretrained, str):
             # the raw config.json: no remote code needed to read model_type and mask id
             config, _ = transformers.PretrainedConfig.get_config_dict(
@@ -195,6 +191,14 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         ids = [self.tokenizer.convert_tokens_to_ids(t) for t in tokens]
         return tuple(i for i in ids if i is not None and i != self.tokenizer.unk_token_id)
 
+    def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V] of the working sequence x [B, T] (mask: 1 on real tokens), as the
+        samplers and the likelihood estimator call the model."""
+        if self.sink is not None:  # callers see neither the extra token nor its logits
+            return sink_token.forward(self.model, x, mask, self.sink, self.family.takes_position_ids,
+                                      on_keys=self.masker.set_extra_keys)
+        return self.model(**self.family.model_inputs(x, mask)).logits
+
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """Diffusion sampling for one batch; returns [context | generated] as HFLM expects."""
         prompt_mask = generation_kwargs.pop("attention_mask", None)
@@ -202,14 +206,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             prompt_mask = torch.ones_like(context)
         s = self.settings.for_request(max_length - context.shape[1], self.family)
         self.settings_used.add((s.gen_length, s.steps, s.block_length))
-        family, sink = self.family, self.sink
-
-        def model_fn(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            if sink is not None:  # the samplers see neither the token nor its logits
-                return sink_token.forward(self.model, x, mask, sink, family.takes_position_ids,
-                                          on_keys=self.masker.set_extra_keys)
-            return self.model(**family.model_inputs(x, mask)).logits
-
+        family, model_fn = self.family, self._forward
         common = dict(
             mask_id=self.mask_id,
             gen_length=s.gen_length,
@@ -257,11 +254,82 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             self.settings_per_task[req.task_name or "requests"] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
 
+    # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py
+
     def loglikelihood(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(LOGLIKELIHOOD_HELP)
+        out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        self._report()
+        return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(LOGLIKELIHOOD_HELP)
+        """A lower bound on each document's log-likelihood: lm-eval's disjoint windows, each
+        scored by the bound given the tokens before it (the chain rule over windows keeps it a
+        bound), so perplexities derived from it are upper bounds."""
+        out = super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+        self._report()
+        return out
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        """(estimate, is_greedy) per (cache key, context ids, continuation ids) request.
+
+        Every Monte Carlo forward pass is its own masking scope, like the first step of a
+        generation: with ``detect=previous`` it masks the sinks detected on its own attention
+        (a pass has no earlier step of the same canvas; borrowing another sample's sinks would
+        make the estimate depend on sample order and mc_batch_size). ``detect=current`` does
+        the same thing here.
+        """
+        from tqdm import tqdm
+
+        ll = self.likelihood
+        shifted = self.family.sampler == "dream"  # Dream reads token j from position j - 1
+        cfg = self.settings.cfg_scale if self.family.sampler == "block" else 0.0
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            with self.masking():
+                return self._forward(x, torch.ones_like(x))
+
+        out, stderrs = [], []
+        for key, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
+                                               desc="Monte Carlo loglikelihood"):
+            context, continuation = self._fit_window(list(context), list(continuation))
+            with torch.inference_mode():
+                est = likelihood.estimate(
+                    forward, context, continuation, mask_id=self.mask_id, mc_num=ll.mc_num,
+                    batch_size=ll.mc_batch_size, cfg_scale=cfg, shifted=shifted,
+                    generator=likelihood.request_generator(ll.mc_seed, context, continuation),
+                    device=self.device,
+                )
+            greedy = ll.greedy_check and key is not None and self._greedy_matches(context, continuation)
+            out.append((est.value, bool(greedy)))
+            stderrs.append(est.stderr)
+            if key is not None:  # rolling windows have no key; lm-eval caches their sum
+                self.cache_hook.add_partial("loglikelihood", key, out[-1])
+        self._mc_stderrs.extend(stderrs)
+        return out
+
+    def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
+        """Drop context tokens from the left until context + continuation fit max_length."""
+        if len(continuation) >= self.max_length:
+            raise ValueError(
+                f"continuation of {len(continuation)} tokens does not fit the model's "
+                f"{self.max_length} positions with at least one context token"
+            )
+        return context[-(self.max_length - len(continuation)):], continuation
+
+    def _greedy_matches(self, context: list[int], continuation: list[int]) -> bool:
+        """Whether greedy decoding of len(continuation) tokens (one per step, most confident
+        first, sinks masked as in generation) reproduces the continuation."""
+        ids = torch.tensor([context], device=self.device)
+        n, s = len(continuation), self.settings
+        common = dict(mask_id=self.mask_id, gen_length=n, steps=n, temperature=0.0)
+        with torch.inference_mode(), self.masking():
+            if self.family.sampler == "block":
+                got = generate_block(self._forward, ids, torch.ones_like(ids), block_length=n,
+                                     cfg_scale=s.cfg_scale, remasking="low_confidence", **common)
+            else:
+                got = generate_dream(self._forward, ids, torch.ones_like(ids), alg=s.alg,
+                                     alg_temp=0.0, **common)
+        return got[0].tolist() == continuation
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()
@@ -273,4 +341,9 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["sampler"] = sampler
         info["sinkmask"]["mask_id"] = self.mask_id
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
+        info["sinkmask"]["likelihood"] = {
+            **self.likelihood.as_dict(),
+            "requests": len(self._mc_stderrs),
+            "mean_mc_stderr": sum(self._mc_stderrs) / len(self._mc_stderrs) if self._mc_stderrs else None,
+        }
         return info

@@ -1,5 +1,5 @@
-"""The sink-dynamics figures (paper Figs. 3, 5, 7, 10, and sink stability), drawn from a saved
-trace alone.
+"""The sink-dynamics figures (paper Figs. 3, 5, 7, 10, sink stability, and the sinks' value
+norms), drawn from a saved trace alone.
 
 Every figure's title names the model and the steps it covers; scores are Eq. 3 scores in units
 of the uniform attention share (docs/method.md section 2: 1 = the attention a key would get if every query spread
@@ -8,6 +8,7 @@ its attention evenly).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ FIGURES = {
     "fig7": "fig7_sink_position.png",
     "fig10": "fig10_eps_selection.png",
     "stability": "sink_stability.png",
+    "value_norms": "fig_value_norms.png",  # traces of version 3 and later
 }
 
 
@@ -260,6 +262,58 @@ def fig_stability(trace: Trace, path: Path) -> Path:
     return _save(fig, path)
 
 
+def fig_value_norms(trace: Trace, path: Path) -> Path:
+    """Are sinks keys with small values? The value norm of each recorded top key relative to its
+    head's median, for Eq. 3 sinks against top keys that are not sinks, and per (layer, head)
+    for the main sink."""
+    from .sink_trace import LOW_VALUE_NORM
+
+    plt = _plt()
+    rel = trace["top_vnorm"].astype(np.float64)  # [T, L, H, n]
+    is_sink = trace.top_are_sinks()
+    ok = np.isfinite(rel) & (rel > 0)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
+    finite = rel[ok]
+    lo, hi = (np.log2(finite.min()), np.log2(finite.max())) if finite.size else (-3.0, 3.0)
+    bins = 2.0 ** np.linspace(min(lo, -3), max(hi, 3), 41)
+    for sel, label, color in ((is_sink, "Eq. 3 sinks", "tab:red"), (~is_sink, "other top keys", "tab:blue")):
+        v = rel[sel & ok]
+        if v.size:
+            a.hist(v, bins=bins, alpha=0.55, color=color, density=True,
+                   label=f"{label}: median {np.median(v):.2f} (n={v.size})")
+    a.set_xscale("log", base=2)
+    a.axvline(1.0, color="black", linestyle=":", linewidth=1)
+    a.axvline(LOW_VALUE_NORM, color="grey", linestyle="--", linewidth=1)
+    a.set_xlabel("value norm / median value norm of the head")
+    a.set_ylabel("density")
+    a.legend(fontsize=8)
+    a.set_title("recorded top keys, all steps, layers and heads", fontsize=9)
+    main = np.where(is_sink[..., 0] & ok[..., 0], rel[..., 0], np.nan)  # [T, L, H]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # heads that are never a sink
+        med = np.nanmedian(main, axis=0)
+    L, H = med.shape
+    cmap = plt.get_cmap("coolwarm").with_extremes(bad="white")
+    im = b.imshow(np.ma.masked_invalid(np.log2(med)), aspect="auto", cmap=cmap, vmin=-3, vmax=3,
+                  origin="upper", interpolation="nearest")
+    if L * H <= 256:
+        for l in range(L):
+            for h in range(H):
+                b.text(h, l, "-" if not np.isfinite(med[l, h]) else f"{med[l, h]:.2f}",
+                       ha="center", va="center", fontsize=7)
+    b.set_xticks(range(H))
+    b.set_yticks(range(L))
+    b.set_xlabel("head")
+    b.set_ylabel("layer")
+    fig.colorbar(im, ax=b, label="log2 of the ratio")
+    b.set_title("main sink's value norm / head median, median over steps\n(blank: never a sink)",
+                fontsize=9)
+    fig.suptitle(f"Value norms of sinks: {_name(trace)}, steps 1-{trace.steps}, "
+                 f"eps={trace.meta['eps']:g}", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=120, metadata={"Software": None})
     _plt().close(fig)
@@ -278,4 +332,6 @@ def draw_all(folder: Path, heads: str | list[tuple[int, int]] | None = None) -> 
         "fig7": fig_sink_position(trace, folder / FIGURES["fig7"], heads),
         "fig10": fig_eps_selection(trace, folder / FIGURES["fig10"]),
         "stability": fig_stability(trace, folder / FIGURES["stability"]),
+        **({"value_norms": fig_value_norms(trace, folder / FIGURES["value_norms"])}
+           if "top_vnorm" in trace.arrays else {}),
     }

@@ -160,6 +160,7 @@ class AttentionEvent:
     sinks: torch.Tensor  # [B, H or 1, Sk] every key that qualifies under Eq. 3
     chosen: torch.Tensor  # [B, H or 1, Sk] the top-k sinks (masked now or on the next pass)
     blocked: torch.Tensor  # [B, H or 1, Sk] keys actually removed from this call's softmax
+    value_norms: torch.Tensor | None = None  # [B, H, Sk] L2 norm of each key's value vector
 
 
 @dataclass
@@ -213,9 +214,10 @@ class _MaskView:
         else:
             key_valid, query_valid = self.validity()
         metric_rows = query_valid
-        if rule == "last_row":
+        if rule == "last_row":  # each element's last real row: right padding moves it left
             metric_rows = torch.zeros_like(query_valid)
-            metric_rows[:, -1] = query_valid[:, -1]
+            last = (query_valid.long().cumsum(-1)).argmax(-1, keepdim=True)  # first max = last True
+            metric_rows.scatter_(1, last, query_valid.gather(1, last))
         self.key_valid = key_valid  # [B, Sk]
         self.qv = metric_rows[:, None, :, None]  # [B, 1, Sq, 1]: the metric's query rows Q
         self.qw = self.qv.float().transpose(-1, -2)  # [B, 1, 1, Sq]: the same, as row weights
@@ -652,8 +654,11 @@ class _Run:
             blocked = chosen
         if out is None:
             out = _fused_masked_output(self.original, a, sc, blocked, chunk)
-        for observe in self.masker.observers:
-            observe(AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked))
+        if self.masker.observers:
+            event = AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked,
+                                   value_norms=sc.v.norm(dim=-1))
+            for observe in self.masker.observers:
+                observe(event)
         self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
         return out
 

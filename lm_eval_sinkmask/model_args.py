@@ -30,7 +30,7 @@ class ModelArg:
     default: str  # as a user reads it, e.g. "0", "from config.model_type"
     meaning: str  # Markdown (backticks allowed); one line
     models: tuple[str, ...]
-    group: str  # "masking", "sampling" or "loading"
+    group: str  # "masking", "sampling", "likelihood" or "loading"
 
 
 ARGS: tuple[ModelArg, ...] = (
@@ -74,6 +74,15 @@ ARGS: tuple[ModelArg, ...] = (
              "`right` keeps every row's positions from 0, `left` suits models that count "
              "positions from the first real token", (DLM,), "sampling"),
     # -- loading
+    # -- likelihood: LikelihoodSettings (likelihood.py)
+    ModelArg("mc_num", "128", "Monte Carlo samples per scored continuation", (DLM,), "likelihood"),
+    ModelArg("mc_batch_size", "32", "samples per forward pass (memory only: the estimate does not "
+             "change)", (DLM,), "likelihood"),
+    ModelArg("mc_seed", "0", "seeds each request's samples, together with its tokens", (DLM,),
+             "likelihood"),
+    ModelArg("greedy_check", "false", "also decode the continuation greedily and report lm-eval's "
+             "`is_greedy` (only `output_type: loglikelihood` tasks such as LAMBADA read it; costs "
+             "one forward pass per token). Off, it is false", (DLM,), "likelihood"),
     ModelArg("pretrained", "required", "hub id, local folder, or `zoo:arm`, `zoo:llada`, `zoo:dream`, "
              "`zoo:llada_sink` (the tiny checkpoints shipped with the package; `zoo:NAME@S` for "
              "training seed S)", BOTH, "loading"),
@@ -175,6 +184,8 @@ def _wrong_model(model: str, other: str, name: str) -> str:
 GROUP_TITLES = {
     "masking": "Masking",
     "sampling": "Diffusion sampling (defaults per family live in `lm_eval_sinkmask/families.py`)",
+    "likelihood": "Log-likelihood (`dlm_sinkmask`, for `multiple_choice` and `loglikelihood` "
+                  "tasks; see \"Multiple choice\" below)",
     "loading": "Loading",
 }
 

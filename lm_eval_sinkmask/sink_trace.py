@@ -8,6 +8,9 @@ for every forward pass (denoising step, or generated token for an ARM), layer an
 - the sum of scores and the number of keys (so "is the top key a sink at eps?" is exact),
 - the number of Eq. 3 sinks at the trace's eps,
 - a histogram of all scores over fixed log-spaced bins,
+- the L2 norm of each top key's value vector divided by the median value norm of that head's
+  keys (``top_vnorm``): "One Token Is Enough" explains sinks as keys whose values are small,
+  so attention parked on them adds little to the output,
 
 plus the full score vectors of a few evenly spaced steps (for the share-selected-vs-eps curve,
 paper Fig. 10), and optionally the scores of a few fixed ``watch`` positions at every step (e.g.
@@ -40,7 +43,8 @@ from .metric import find_sinks
 OBSERVE_EPS = 1e30
 # 2: stability summary in meta, optional watch_pos / watch_score arrays (version 1 had neither;
 # its stability is recomputed from top_pos / top_score / n_keys, which both versions keep)
-TRACE_VERSION = 2
+# 3: top_vnorm / v_median arrays and meta["value_norms"]; older traces load without them
+TRACE_VERSION = 3
 # score bins, in units of the uniform share: [0, 1/16), [1/16, 1/8), ..., [512, 1024), [1024, inf)
 HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
 
@@ -72,6 +76,13 @@ class TraceRecorder:
             "top_pos": pos.numpy(), "top_score": val.numpy(), "total": s.sum(-1).numpy(),
             "n_sinks": sinks.int().numpy(), "hist": hist.numpy(), "n_keys": np.int32(n),
         }
+        if event.value_norms is not None:
+            norms = event.value_norms[self.b].detach().float().cpu()  # [H, Sk]
+            median = norms.median(dim=-1).values  # [H]
+            rel = torch.full((s.shape[0], self.topn), float("nan"))
+            rel[:, :k] = norms.gather(1, top.indices) / median[:, None]
+            self.rows[(event.forward_pass, event.layer)].update(
+                top_vnorm=rel.numpy(), v_median=median.numpy())
         if self.watch:
             w = torch.full((s.shape[0], len(self.watch)), float("nan"))
             for i, p in enumerate(self.watch):
@@ -107,8 +118,12 @@ class TraceRecorder:
         if self.watch:
             out["watch_pos"] = np.array(self.watch, np.int32)
             out["watch_score"] = np.full((T, L, H, len(self.watch)), np.nan, np.float32)
+        if any("top_vnorm" in r for r in self.rows.values()):
+            out["top_vnorm"] = np.full((T, L, H, self.topn), np.nan, np.float32)
+            out["v_median"] = np.full((T, L, H), np.nan, np.float32)
         for (t, l), r in self.rows.items():
-            for name in ("top_pos", "top_score", "total", "n_sinks", "hist", "watch_score"):
+            for name in ("top_pos", "top_score", "total", "n_sinks", "hist", "watch_score",
+                         "top_vnorm", "v_median"):
                 if name in r:
                     out[name][t - 1, l] = r[name]
             out["n_keys"][t - 1] = r["n_keys"]
@@ -172,6 +187,14 @@ class Trace:
             "per_head": stability.to_json(per_head),
         }
 
+    def value_norms(self, eps: float | None = None) -> dict[str, Any] | None:
+        """How large the sinks' value vectors are, relative to their head's median (JSON-ready);
+        None for traces recorded before value norms were (version < 3)."""
+        if "top_vnorm" not in self.arrays:
+            return None
+        return value_norm_summary(self.arrays["top_vnorm"], self.top_are_sinks(eps),
+                                  self.meta["eps"] if eps is None else eps)
+
     def share_on_position(self, pos: int) -> np.ndarray:
         """[T, L, H] share of attention on key ``pos`` at every step (the extra sink token's).
 
@@ -199,6 +222,50 @@ class Trace:
         with np.load(folder / "trace.npz") as z:
             arrays = {k: z[k] for k in z.files}
         return cls(json.loads((folder / "meta.json").read_text()), arrays)
+
+
+LOW_VALUE_NORM = 0.5  # a sink "has a low-norm value" below half its head's median value norm
+
+
+def value_norm_summary(top_vnorm: np.ndarray, is_sink: np.ndarray, eps: float) -> dict[str, Any]:
+    """Relative value norms ([T, L, H, n], value norm / head median) of the recorded top keys,
+    split into Eq. 3 sinks (``is_sink``, same shape), the main sink (the top key when it is a
+    sink) and the top keys that are not sinks, for contrast."""
+    ok = np.isfinite(top_vnorm)
+
+    def stats(sel: np.ndarray) -> dict[str, Any]:
+        v = top_vnorm[sel & ok].astype(np.float64)
+        if not v.size:
+            return {"n": 0, "median": None, "q25": None, "q75": None, "share_low": None}
+        q25, med, q75 = np.percentile(v, [25, 50, 75])
+        return {"n": int(v.size), "median": float(med), "q25": float(q25), "q75": float(q75),
+                "share_low": float((v < LOW_VALUE_NORM).mean())}
+
+    main = np.zeros_like(is_sink)
+    main[..., 0] = is_sink[..., 0]
+    per_layer = []
+    for l in range(top_vnorm.shape[1]):
+        v = top_vnorm[:, l, :, 0][is_sink[:, l, :, 0] & ok[:, l, :, 0]]
+        per_layer.append(float(np.median(v)) if v.size else None)
+    return {"eps": eps, "low_below": LOW_VALUE_NORM, "sinks": stats(is_sink),
+            "main_sinks": stats(main), "other_top_keys": stats(~is_sink),
+            "main_sink_median_per_layer": per_layer}
+
+
+def value_norm_line(block: dict[str, Any] | None) -> str:
+    """One line of a trace's value-norm summary, for the terminal."""
+    if block is None:
+        return "value norms: not in this trace (recorded before trace version 3)"
+
+    def f(part):
+        s = block[part]
+        if not s["n"]:
+            return "none"
+        return (f"median {s['median']:.2f} (IQR {s['q25']:.2f}-{s['q75']:.2f}, "
+                f"{s['share_low']:.0%} below {block['low_below']:g}; n={s['n']})")
+
+    return (f"value norm / head median: sinks {f('sinks')}; main sinks {f('main_sinks')}; "
+            f"non-sink top keys {f('other_top_keys')}")
 
 
 def default_device() -> str:
@@ -307,4 +374,5 @@ def trace_generation(
     del lm
     trace = Trace(meta, arrays)
     meta["stability"] = trace.stability()
+    meta["value_norms"] = trace.value_norms()
     return trace

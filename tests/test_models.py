@@ -110,12 +110,6 @@ def test_random_init_model_at_eps_3_reports_no_sinks_loudly(tiny_dirs, caplog):
     assert "no token qualified as a sink" in caplog.text
 
 
-def test_loglikelihood_on_a_dlm_says_what_to_use_instead(tiny_dirs):
-    lm = make("dlm_sinkmask", tiny_dirs["llada"])
-    with pytest.raises(NotImplementedError, match="generate_until tasks only"):
-        lm.loglikelihood([])
-
-
 @pytest.fixture
 def config_only(tmp_path, tiny_dirs):
     """A checkpoint folder with config.json and no weights: anything that reaches weight

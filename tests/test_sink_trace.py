@@ -9,26 +9,31 @@ from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.figures import FIGURES, draw_all, selected_share
 from lm_eval_sinkmask.intercept import AttentionEvent
 from lm_eval_sinkmask.metric import find_sinks
-from lm_eval_sinkmask.sink_trace import HIST_EDGES, Trace, TraceRecorder, parse_heads, trace_generation
+from lm_eval_sinkmask.sink_trace import (HIST_EDGES, Trace, TraceRecorder, parse_heads,
+                                          trace_generation, value_norm_line)
 
 PROMPT = "Tom has 3 apples . Anna gives 2 more . how many apples ?"
 
 
-def event(step, layer, scores):
+def event(step, layer, scores, value_norms=None):
     z = torch.zeros_like(scores, dtype=torch.bool)
-    return AttentionEvent(step, layer, scores, z, z, z)
+    return AttentionEvent(step, layer, scores, z, z, z, value_norms=value_norms)
 
 
-def synthetic_trace(steps=6, layers=2, heads=3, keys=20, seed=0) -> Trace:
-    """Near-uniform scores plus one big sink per head that moves right one key per step."""
+def synthetic_trace(steps=6, layers=2, heads=3, keys=20, seed=0, values=True) -> Trace:
+    """Near-uniform scores plus one big sink per head that moves right one key per step; the
+    sink's value norm is a quarter of the others' (1), when ``values``."""
     g = torch.Generator().manual_seed(seed)
     rec = TraceRecorder(eps=3.0, topn=3)
     for t in range(1, steps + 1):
         for l in range(layers):
             s = torch.rand(1, heads, keys, generator=g) * 0.5
+            norms = torch.ones(1, heads, keys)
             for h in range(heads):
                 s[0, h, (t + h + l) % keys] = 6.0 + h
-            rec(event(t, l, s * keys / s.sum(-1, keepdim=True)))  # mean 1: uniform-share units
+                norms[0, h, (t + h + l) % keys] = 0.25
+            rec(event(t, l, s * keys / s.sum(-1, keepdim=True),  # mean 1: uniform-share units
+                      norms if values else None))
     meta = {"name": "synthetic", "kind": "dlm", "eps": 3.0, "top_k": 0, "steps": steps,
             "prompt_length": 5, "tokens": ["x"] * keys, "mask_id": None}
     return Trace(meta, rec.arrays(full_steps=3))
@@ -78,6 +83,33 @@ def test_figures_from_a_saved_trace(tmp_path):
         parse_heads("3")
 
 
+def test_value_norms_of_the_top_keys_are_relative_to_the_heads_median(tmp_path):
+    rec = TraceRecorder(eps=1.0, topn=3)
+    scores = torch.tensor([[[9.0, 0.5, 0.5, 2.0, 0.0]]])
+    rec(event(1, 0, scores, value_norms=torch.tensor([[[0.5, 2.0, 4.0, 1.0, 3.0]]])))
+    a = rec.arrays()
+    # top keys 0, 3, then 1 or 2 (equal scores); median norm 2.0
+    assert a["top_vnorm"][0, 0, 0, :2].tolist() == [0.25, 0.5]
+    assert a["v_median"][0, 0, 0] == 2.0
+
+    trace = Trace.load(synthetic_trace().save(tmp_path / "t"))
+    block = trace.value_norms()
+    assert block["main_sinks"]["median"] == pytest.approx(0.25)
+    assert block["main_sinks"]["share_low"] == 1.0 and block["other_top_keys"]["median"] == 1.0
+    assert block["main_sinks"]["n"] == 6 * 2 * 3
+    assert block["main_sink_median_per_layer"] == [pytest.approx(0.25)] * 2
+    assert "main sinks median 0.25" in value_norm_line(block)
+
+
+def test_traces_without_value_norms_still_load_and_draw(tmp_path):
+    folder = synthetic_trace(values=False).save(tmp_path / "old")
+    trace = Trace.load(folder)
+    assert trace.value_norms() is None
+    assert "not in this trace" in value_norm_line(None)
+    paths = draw_all(folder)
+    assert "value_norms" not in paths and set(paths) == set(FIGURES) - {"value_norms"}
+
+
 @pytest.mark.parametrize("kind, args", [("llada", "block_length=4"), ("llama", "")])
 def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind, args):
     trace = trace_generation(str(tiny_dirs[kind]), PROMPT, gen_length=8, model_args=args,
@@ -92,6 +124,9 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
         assert 1 <= m["steps"] <= 8
     n = trace["n_keys"]
     assert (trace["hist"].sum(-1) == n[:, None, None]).all()
+    assert m["trace_version"] == 3 and m["value_norms"]["sinks"]["n"] >= 0
+    assert trace["top_vnorm"].shape == trace["top_score"].shape
+    assert np.isfinite(trace["top_vnorm"][..., 0]).all() and (trace["v_median"] > 0).all()
 
     # the observer changes nothing: the same tokens as the model class at top_k=0
     from lm_eval.api.registry import get_model

@@ -8,6 +8,7 @@ import pytest
 from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.sweep import (Cell, ModelSpec, SweepPlan, parse_ks, parse_models, parse_seeds,
                                     run_sweep, seed_path)
+from lm_eval_sinkmask.tasks import TASKS_DIR
 
 
 def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
@@ -194,3 +195,23 @@ def test_a_seeded_sweep_resumes_runs_in_parallel_and_tables_over_seeds(tmp_path,
     with pytest.raises(SystemExit, match="seed axis"):  # the two layouts never mix
         main(["sweep", "--models", f"llada={tmp_path}/ckpt/llada-s0", "--tasks", "tiny_gen",
               "--include-path", str(tiny_task), "--top-k", "0", "--out", str(resumed)])
+
+
+def test_a_sweep_mixes_multiple_choice_and_generation_tasks(tmp_path, tiny_dirs, tiny_task):
+    plan = SweepPlan(
+        models=[ModelSpec("llama", str(tiny_dirs["llama"]), "arm"),
+                ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4,mc_num=4")],
+        tasks=["mini_mc_sinkmask", "tiny_gen"], ks=[0, 1], out=tmp_path / "mc", eps=0.0,
+        limit=2, device="cpu", include_path=[str(tiny_task), str(TASKS_DIR)])  # no full index
+    assert run_sweep(plan, progress=False) == 8
+    cells = cell_files(plan.out)
+    mc = {k: v for k, v in cells.items() if "/mini_mc_sinkmask/" in k}
+    assert len(mc) == 4 and {v["metric"] for v in mc.values()} == {"acc,none"}
+    for model in ("llama", "llada"):  # masking ran inside the likelihood passes of both kinds
+        masked = cells[f"cells/{model}/mini_mc_sinkmask/k1/cell.json"]["sinkmask"]["counters"]
+        assert masked["keys_masked"] > 0 and masked["forward_passes"] > 0
+    llada = cells["cells/llada/mini_mc_sinkmask/k1/cell.json"]["sinkmask"]
+    assert llada["likelihood"]["mc_num"] == 4 and llada["likelihood"]["requests"] == 8
+    assert main(["table", str(plan.out)]) == 0
+    table = (plan.out / "table.md").read_text()
+    assert "mini_mc_sinkmask: `acc,none`" in table and "tiny_gen: `exact_match" in table

@@ -61,3 +61,30 @@ def test_wrong_code_fails_its_tests():
     except AssertionError:
         return
     raise AssertionError("a wrong body passed the tests")
+
+
+def test_mini_mc_has_one_right_and_three_distinct_wrong_worked_answers():
+    docs = data.mini_mc_test()
+    assert len(docs) == data.N_TEST_MC and docs == data.mini_mc_test()  # deterministic
+    gsm = data.mini_gsm_test(data.N_TEST_MC)
+    for d, g in zip(docs, gsm):
+        assert d["question"] == g["question"] and d["choices"][d["label"]] == g["answer"]
+        assert len(set(d["choices"])) == 4 and sorted(d["kinds"]) == ["final", "gold", "operand", "slip"]
+        finals = [int(c.rsplit("#### ", 1)[1]) for c in d["choices"]]
+        gold = finals[d["label"]]
+        assert all(f != gold and f >= 0 for i, f in enumerate(finals) if i != d["label"])
+        for c, kind in zip(d["choices"], d["kinds"]):
+            lines = c.split("\n")
+            if kind == "final":  # right steps, wrong last line
+                assert lines[:-1] == g["answer"].split("\n")[:-1]
+            if kind == "slip":  # exactly one equation is wrong
+                wrong = [ln for ln in lines[:-1] if eval(ln.split(" = ")[0]) != int(ln.split(" = ")[1])]
+                assert len(wrong) == 1
+            if kind in ("operand", "gold"):  # the arithmetic is right (the operand is not)
+                assert all(eval(ln.split(" = ")[0]) == int(ln.split(" = ")[1]) for ln in lines[:-1])
+    assert len({d["label"] for d in docs}) == 4
+
+
+def test_every_mini_gsm_answer_parses_back_to_itself():
+    for d in data.mini_gsm_test():
+        assert data.worked_answer(*data.parse_steps(d["answer"])) == d["answer"]

@@ -106,3 +106,26 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
             "| met (>= 0.60) | 30% | **not met** (>= 50%) |") in md
     assert "| arm | 1 | 0.970 ± 0.010 (n=120) | not judged (n=120 of 300) |" in md
     assert "| llada | 3 | 0.500 ± 0.050 (0.450-0.550, n=3) |" in md
+
+
+def test_value_norms_pool_over_generations_and_give_a_verdict():
+    def summary(ratio_sink, ratio_other, with_values=True):
+        rel = np.full((2, 1, 1, 2), ratio_other, np.float32)
+        rel[..., 0] = ratio_sink
+        is_sink = np.zeros((2, 1, 1, 2), bool)
+        is_sink[..., 0] = True
+        base = {"mean_sinks_per_pair": 1.0, "pairs": 1, "pairs_with_sink": 1,
+                "tokens": {}, "positions": {}}
+        return {**base, "values": (rel, is_sink, 3.0) if with_values else None}
+
+    low = report.combine([summary(0.2, 1.0), summary(0.4, 1.0)])
+    assert low["value_norms"]["sinks"]["n"] == 4
+    assert low["value_norms"]["sinks"]["median"] == np.float32(0.3)
+    assert report.low_norm_verdict(low["value_norms"]) == "yes"
+    assert report.low_norm_verdict(report.combine([summary(0.7, 1.0)])["value_norms"]) == "lower, not low"
+    assert report.low_norm_verdict(report.combine([summary(1.5, 1.0)])["value_norms"]) == "no"
+    old = report.combine([summary(0.2, 1.0), summary(0.2, 1.0, with_values=False)])
+    assert old["value_norms"] is None and report.low_norm_verdict(None) == "n/a"
+    lines = report.value_norm_section({"m": low, "old": old})
+    assert "| m | 4 | 0.30 (0.20-0.40) | 100% | 0.30 | 1.00 | yes |" in lines
+    assert any("traces predate value norms" in ln for ln in lines)

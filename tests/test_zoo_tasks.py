@@ -54,3 +54,30 @@ def test_gold_answers_score_full_marks(wrong):
     expect = 0.0 if wrong else 1.0
     assert results["mini_gsm_sinkmask"]["exact_match,strict-match"] == expect
     assert results["mini_code_sinkmask"]["pass@1,create_test"] == expect
+
+
+class ScoreLM(LM):
+    """Scores each choice of mini_mc by a fixed rule: the gold answer highest, or lowest."""
+
+    def __init__(self, wrong=False):
+        super().__init__()
+        self.gold = {(data.gsm_prompt(d), " " + d["answer"]) for d in data.mini_mc_test()}
+        self.wrong = wrong
+
+    def loglikelihood(self, requests):
+        return [((-1.0 if self.wrong else 0.0) if r.args in self.gold else -0.5, False)
+                for r in requests]
+
+    def generate_until(self, requests):
+        raise NotImplementedError
+
+    def loglikelihood_rolling(self, requests):
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_mini_mc_scores_by_the_choice_likelihoods(wrong):
+    tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    res = simple_evaluate(model=ScoreLM(wrong), tasks=["mini_mc_sinkmask"], task_manager=tm)
+    assert res["results"]["mini_mc_sinkmask"]["acc,none"] == (0.0 if wrong else 1.0)
+    assert res["n-samples"]["mini_mc_sinkmask"]["effective"] == data.N_TEST_MC

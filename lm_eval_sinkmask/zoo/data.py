@@ -222,6 +222,95 @@ def mini_code_train(seed: int):
             yield p
 
 
+# ------------------------------------------------------------------------------ mini_mc
+# mini_gsm's test questions as multiple choice: the worked answer and three wrong worked
+# answers, each a mistake a solver could make. "slip": one step's result is off and the error
+# carries through; "operand": one step uses a number the question does not give there,
+# computed correctly from it; "final": every step is right but the "#### " line is not.
+
+N_TEST_MC = 100
+MC_KINDS = ("slip", "operand", "final")
+
+
+def parse_steps(answer: str) -> tuple[int, list[tuple[str, int, int]]]:
+    """(starting total, steps) of a mini_gsm answer; a step is ("A"|"S", operand, 0) or
+    ("M", count, each), the two-line "a * b = m / x + m = y" step."""
+    lines = [ln.split() for ln in answer.split("\n") if not ln.startswith("####")]
+    start, steps, i = None, [], 0
+    while i < len(lines):
+        a, op, b = int(lines[i][0]), lines[i][1], int(lines[i][2])
+        if op == "*":
+            steps.append(("M", a, b))
+            start = int(lines[i + 1][0]) if start is None else start
+            i += 2
+        else:
+            steps.append(("A" if op == "+" else "S", b, 0))
+            start = a if start is None else start
+            i += 1
+    return start, steps
+
+
+def worked_answer(start: int, steps, slip: tuple[int, int] | None = None,
+                  final_offset: int = 0) -> str | None:
+    """The answer's worked lines and ``#### N``, with an optional slip (step index, error in its
+    result) and an error in the final line only; None if a running total would go negative."""
+    x, lines = start, []
+    for i, (kind, a, b) in enumerate(steps):
+        err = slip[1] if slip is not None and slip[0] == i else 0
+        if kind == "M":
+            m = a * b + err
+            lines += [f"{a} * {b} = {m}", f"{x} + {m} = {x + m}"]
+            y = x + m
+        else:
+            y = (x + a if kind == "A" else x - a) + err
+            lines.append(f"{x} {'+' if kind == 'A' else '-'} {a} = {y}")
+        if y < 0:
+            return None
+        x = y
+    return "\n".join(lines) + f"\n#### {x + final_offset}" if x + final_offset >= 0 else None
+
+
+def _wrong_answer(rng: random.Random, kind: str, start: int, steps) -> str | None:
+    i = rng.randrange(len(steps))
+    err = rng.choice([d for d in range(-9, 10) if d])
+    if kind == "slip":
+        return worked_answer(start, steps, slip=(i, err))
+    if kind == "final":
+        return worked_answer(start, steps, final_offset=err)
+    step_kind, a, b = steps[i]
+    changed = list(steps)
+    if step_kind == "M":
+        changed[i] = ("M", a, rng.choice([v for v in range(2, 10) if v != b]))
+    else:
+        changed[i] = (step_kind, rng.choice([v for v in range(1, 21) if v != a]), 0)
+    return worked_answer(start, changed)
+
+
+def mc_problem(doc: dict, index: int) -> dict:
+    """One mini_gsm test problem as four choices (the gold one at a seeded position)."""
+    rng = random.Random(f"mini-mc-{index}")
+    start, steps = parse_steps(doc["answer"])
+    if worked_answer(start, steps) != doc["answer"]:  # the parser must round-trip the answer
+        raise ValueError(f"cannot parse mini_gsm answer {doc['answer']!r}")
+    choices, kinds = [doc["answer"]], ["gold"]
+    for kind in MC_KINDS:
+        wrong = None
+        while wrong is None or wrong in choices:
+            wrong = _wrong_answer(rng, kind, start, steps)
+        choices.append(wrong)
+        kinds.append(kind)
+    order = list(range(4))
+    rng.shuffle(order)
+    return {"question": doc["question"], "answer": doc["answer"],
+            "choices": [choices[j] for j in order], "kinds": [kinds[j] for j in order],
+            "label": order.index(0)}
+
+
+def mini_mc_test(n: int = N_TEST_MC) -> list[dict]:
+    """The first n mini_gsm test questions as multiple choice (never seen in training)."""
+    return [mc_problem(d, i) for i, d in enumerate(mini_gsm_test(n))]
+
+
 # Prompt / target strings as the lm-eval tasks render them (no chat template, zero-shot).
 def gsm_prompt(doc: dict) -> str:
     return f"Question: {doc['question']}\nAnswer:"

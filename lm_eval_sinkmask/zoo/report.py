@@ -14,7 +14,10 @@
    query rules (``last_row``, the paper's, and ``all_rows``). Per checkpoint: the mean number of
    Eq. 3 sinks per (layer, head) per step, the share of (layer, head) pairs with at least one
    sink on average over a generation's steps, and the most common sink tokens and positions.
-3. The bars each checkpoint is held to (:data:`TARGETS`, :data:`SINK_BAR`), met or not per
+3. Value norms: whether the sinks' value vectors are small ("One Token Is Enough" explains
+   sinks that way): each recorded sink's value norm relative to the median of its head, pooled
+   over the traced generations (traces of version 3 and later; older ones are retraced).
+4. The bars each checkpoint is held to (:data:`TARGETS`, :data:`SINK_BAR`), met or not per
    checkpoint, and per model the mean and spread across seeds; ``report.md`` and
    ``report.json`` in ``--out``.
 
@@ -86,13 +89,21 @@ def sink_summary(n_sinks: np.ndarray, top_pos: np.ndarray, is_sink: np.ndarray,
 
 
 def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
-    """Several generations of one model: means of the per-generation numbers, pooled counts."""
+    """Several generations of one model: means of the per-generation numbers, pooled counts,
+    and value norms pooled over every generation that recorded them."""
+    from ..sink_trace import value_norm_summary
+
     tokens, positions = Counter(), Counter()
     for s in summaries:
         tokens.update(s["tokens"])
         positions.update(s["positions"])
     total = max(sum(tokens.values()), 1)
     share = lambda c: [[k, round(v / total, 3)] for k, v in c.most_common(top)]  # noqa: E731
+    values = [s.get("values") for s in summaries]
+    pooled = None
+    if values and all(v is not None for v in values):  # (relative norms, is_sink, eps) each
+        pooled = value_norm_summary(np.concatenate([v[0] for v in values]),
+                                    np.concatenate([v[1] for v in values]), values[0][2])
     return {
         "generations": len(summaries),
         "mean_sinks_per_pair": float(np.mean([s["mean_sinks_per_pair"] for s in summaries])),
@@ -100,7 +111,22 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
                                                    for s in summaries])),
         "top_tokens": share(tokens),
         "top_positions": share(positions),
+        "value_norms": pooled,
     }
+
+
+def low_norm_verdict(block: dict[str, Any] | None) -> str:
+    """Do the sinks have low-norm values? "yes" when the median sink's value norm is below
+    ``low_below`` (0.5) of its head's median, "lower, not low" when it is below 0.8 of the
+    non-sink top keys' median, "no" otherwise."""
+    if block is None or not block["sinks"]["n"]:
+        return "n/a"
+    med, other = block["sinks"]["median"], block["other_top_keys"]["median"]
+    if med < block["low_below"]:
+        return "yes"
+    if other is not None and med < 0.8 * other:
+        return "lower, not low"
+    return "no"
 
 
 # --------------------------------------------------------------------------- runners
@@ -142,12 +168,17 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
         for seed in seeds:
             for i, prompt in enumerate(prompts):
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
-                if (folder / "meta.json").exists():
+                if _trace_version(folder) >= 3:  # done; older traces lack value norms
                     continue
                 trace_generation(str(checkpoint_path(name, seed)), prompt, gen_length=GEN_LENGTH,
                                  model_args=args, device=device,
                                  name=f"{label} seed {seed}").save(folder)
                 print(f"traced {label} seed {seed} {folder.name}", flush=True)
+
+
+def _trace_version(folder: Path) -> int:
+    meta = folder / "meta.json"
+    return json.loads(meta.read_text()).get("trace_version", 1) if meta.exists() else 0
 
 
 def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
@@ -163,8 +194,11 @@ def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
             return tokenizer.decode([int(inputs[step, pos])])
         return final[pos] if pos < len(final) else "?"
 
-    return sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
-                        trace.meta["prompt_length"])
+    summary = sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
+                           trace.meta["prompt_length"])
+    summary["values"] = ((trace["top_vnorm"], is_sink, trace.meta["eps"])
+                         if "top_vnorm" in trace.arrays else None)
+    return summary
 
 
 # --------------------------------------------------------------------------- reading
@@ -385,16 +419,49 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {label} | {c['seed']} | {s['generations']} | "
                          f"{s['mean_sinks_per_pair']:.2f} | {s['share_of_pairs_with_sink']:.0%} | "
                          f"{fmt(s['top_tokens'])} | {fmt(s['top_positions'])} |")
+    lines += value_norm_section({f"{label} seed {c['seed']}": s for c in report["checkpoints"]
+                                 for label, s in c["sinks"].items()})
     return "\n".join(lines) + "\n"
 
 
 def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
     """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
     acc = read_accuracy([out, *cells])
-    report = build_report(acc, read_sinks(out, models), models)
+    sinks = read_sinks(out, models)
+    report = build_report(acc, sinks, models)
+    report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
+                                 for (label, seed), v in sinks.items()}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
+    """report.md's answer to "do sinks have low-norm values?", one row per traced model."""
+    lines = [
+        "",
+        "## Do sinks have low-norm values? (same traces)",
+        "",
+        "Each recorded sink's value vector norm divided by the median value norm of its head's "
+        "keys at that step (1 = a typical key), pooled over the generations; main sink: the "
+        "top-scoring key when it is a sink; for contrast, the recorded top keys that are not "
+        "sinks. Low-norm values: yes when the median sink is below 0.5x its head's median.",
+        "",
+        "| model (query rule) | sinks | sinks: median (IQR) | below 0.5x | main sink: median | "
+        "non-sink top keys: median | low-norm values? |",
+        "|---|---:|---|---:|---:|---:|---|",
+    ]
+    for label, s in sinks.items():
+        b = s.get("value_norms")
+        if b is None:
+            lines.append(f"| {label} | - | traces predate value norms: rerun the report | | | | n/a |")
+            continue
+        q, m, o = b["sinks"], b["main_sinks"], b["other_top_keys"]
+        f = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+        lines.append(f"| {label} | {q['n']} | {f(q['median'])} ({f(q['q25'])}-{f(q['q75'])}) | "
+                     f"{'n/a' if q['share_low'] is None else format(q['share_low'], '.0%')} | "
+                     f"{f(m['median'])} | {f(o['median'])} | {low_norm_verdict(b)} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,3 +24,12 @@ def load_mini_code(n_test: int | None = None, **_metadata):
 
     test = data.mini_code_test(n_test or data.N_TEST_CODE)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(test)})
+
+
+def load_mini_mc(n_test: int | None = None, **_metadata):
+    import datasets
+
+    from lm_eval_sinkmask.zoo import data
+
+    test = data.mini_mc_test(n_test or data.N_TEST_MC)
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(test)})

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sink masking on multiple choice, tiny zoo: the three zoo checkpoints x mini_mc_sinkmask x
+# K in {0, 1, 5, 10} on the first 40 questions (160 scored choices per cell), on the CPU. The
+# ARM scores each choice with one causal pass (lm-eval's HFLM); the DLMs with the Monte Carlo
+# bound, 32 samples per choice (mc_num=32, one forward pass of 32 rows). Deterministic: one
+# thread per process, fixed batch size, fixed seeds (the DLMs' samples are seeded per request).
+# About 5 minutes on 2 cores.
+#
+#   results/mc/reproduce.sh [OUT]      # OUT defaults to results/mc (resumes, skips done cells)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-results/mc}
+zoo=lm_eval_sinkmask/zoo/checkpoints
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+sinkmask sweep \
+  --models "arm=$zoo/arm,llada=$zoo/llada,dream=$zoo/dream" \
+  --model-args-for "llada:mc_num=32,mc_batch_size=32" \
+  --model-args-for "dream:mc_num=32,mc_batch_size=32" \
+  --tasks mini_mc_sinkmask --top-k 0,1,5,10 \
+  --limit 40 --batch-size 8 --device cpu --seed 0 --jobs 2 \
+  --title "mini_mc accuracy under attention-sink masking (top-K Eq. 3 sinks masked, eps = 3)" \
+  --out "$out"
