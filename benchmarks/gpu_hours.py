@@ -58,7 +58,7 @@ sys.path.insert(0, str(HERE))
 # and vocab (2048) are not LLaDA-8B's
 from bench_masking import interleaved, prompts  # noqa: E402
 
-from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
+from lm_eval_sinkmask.config import DETECT_BACKENDS, SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 
 # -- the sweep being estimated ------------------------------------------------------------
@@ -224,10 +224,12 @@ def build(shape: Shape, layers: int, device, dtype):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def masker(kind: str, chunk: int) -> SinkMasker:
+def masker(kind: str, chunk: int, backend: str = "auto") -> SinkMasker:
     # eps=0: random weights rarely score above eps=3, and a run that masks nothing would time
-    # only the scoring; eps=0 makes every (layer, head) mask top_k keys
-    cfg = SinkMaskConfig(top_k=5, eps=0.0, detect="previous", query_chunk=chunk)
+    # only the scoring; eps=0 makes every (layer, head) mask top_k keys. backend "auto": the
+    # fused detection on CUDA (issue 14), "materialized" for the path measured before it
+    cfg = SinkMaskConfig(top_k=5, eps=0.0, detect="previous", query_chunk=chunk,
+                         detect_backend=backend)
     return SinkMasker(cfg, rule="last_row" if kind == "llama" else "all")
 
 
@@ -244,7 +246,7 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
                 for _ in range(passes):
                     model(input_ids=ids)
                 return 0
-            with masker(kind, args.chunk).attach(model) as stats:
+            with masker(kind, args.chunk, args.detect_backend).attach(model) as stats:
                 for _ in range(passes):
                     model(input_ids=ids)
             return stats.keys_masked
@@ -273,7 +275,7 @@ def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
                 if n == "a":
                     generate(decode)
                     return 0
-                with masker("llama", args.chunk).attach(model) as stats:
+                with masker("llama", args.chunk, args.detect_backend).attach(model) as stats:
                     generate(decode)
                 return stats.keys_masked
         return run_one
@@ -325,7 +327,8 @@ def render(rows: list[dict], device_name: str, on_gpu: bool, args) -> str:
         lines += ["", "**CPU run: every time below was measured on a CPU. These numbers are NOT "
                   "GPU estimates**; they check the pipeline and the arithmetic only. Run this "
                   "script on a CUDA machine for the GPU-hours.", ""]
-    lines += [f"Device: {device_name}; dtype {args.dtype}; layer counts timed {args.layers} "
+    lines += [f"Device: {device_name}; dtype {args.dtype}; detect_backend {args.detect_backend}; "
+              f"layer counts timed {args.layers} "
               f"(fitted to the full depth); {args.repeats} interleaved repeats, medians.", "",
               f"| model | task | batch | prompt+gen tokens | s/step unmasked | s/step top_k=5 "
               f"| ratio | TFLOP/s unmasked | {unit} K=0 | {unit} per K>0 cell | {unit} 4 cells |",
@@ -379,6 +382,8 @@ def main(argv=None, timer=None) -> dict:
     ap.add_argument("--passes", type=int, default=None, help="DLM forwards per timing [3; quick: 2]")
     ap.add_argument("--decode-steps", type=int, default=None, help="ARM decoding steps timed [16; quick: 4]")
     ap.add_argument("--chunk", type=int, default=SinkMaskConfig().query_chunk, help="query_chunk")
+    ap.add_argument("--detect-backend", default="auto", choices=DETECT_BACKENDS,
+                    help="detect_backend of the top_k=5 runs [%(default)s: fused on CUDA]")
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny shapes, short sequences")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="also write the rows and settings here")

@@ -24,9 +24,9 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from . import fused_mass
+from . import compiled_tail, fused_mass
 from .config import SinkMaskConfig
-from .metric import select_sinks, top_k_sinks
+from .metric import top_k_sinks
 
 logger = logging.getLogger(__name__)
 
@@ -467,15 +467,16 @@ def _sweep(
     return (out.to(sc.dtype) if out is not None else None), _Detection(mass.squeeze(-2), m.rows)
 
 
-def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, backend: str):
-    """(masked output or None, detection) of one call, by the configured detection backend.
+def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool):
+    """(masked output or None, detection) of one call, by the detection backend
+    (``fused``: :func:`fused_mass.use_fused` of the configured one).
 
     Materialised: :func:`_sweep`, which on a CPU also makes the masked output from the same
     probabilities when the blocked keys are already known. Fused (:mod:`fused_mass`): only
     the column mass, from the model's own q and k (no float32 copies, no GQA expansion); the
     output then comes from the fused SDPA kernel, as on any accelerator.
     """
-    if fused_mass.use_fused(backend, sc.query.device):
+    if fused:
         return None, _fused_detection(sc)
     return _sweep(sc, chunk, blocked=blocked,
                   output=blocked is not None and _output_from_scores(sc.query.device))
@@ -670,12 +671,13 @@ class _Run:
         blocked = self._previous(layer, sc) if self.config.detect == "previous" else None
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
-        out, det = _detect(sc, chunk, blocked, self.config.detect_backend)
+        fused = fused_mass.use_fused(self.config.detect_backend, query.device)
+        out, det = _detect(sc, chunk, blocked, fused)
         key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
             key_seen = _keys_seen(mask.key_valid, det.rows)
-        scores, sinks, chosen = select_sinks(
+        scores, sinks, chosen = compiled_tail.selector(query.device, fused)(
             det.mass, det.rows.expand(-1, sc.heads, -1), key_seen,
             eps=self.config.eps, k=self.config.top_k,
             per_layer=self.config.granularity == "layer",

@@ -251,6 +251,6 @@ def test_fused_path_makes_no_float32_copies_of_q_and_k():
     k = torch.randn(1, 2, 6, 8, dtype=torch.bfloat16)
     mask = intercept._MaskView(None, False, 1, 6, 6, q.device, None, "all", 256)
     sc = intercept._Scores(q, k, k, mask, None, True)
-    out, det = intercept._detect(sc, 256, None, "fused")
+    out, det = intercept._detect(sc, 256, None, fused=True)
     assert out is None and det.mass.shape == (1, 4, 6)
     assert not {"q", "kt", "v"} & set(vars(sc))
