@@ -116,9 +116,14 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     kern = _kernels()
     B, H, n_q, D = q.shape
     n_k = k.shape[-2]
+    out = torch.empty(B, H, n_k, device=q.device, dtype=torch.float32)
+    rows = n_q - first_row
+    if rows <= 0 or n_k == 0:
+        return out.zero_()
+    if rows <= 16:  # one-row decoding steps and last_row: the smallest tile tl.dot takes
+        block_m = 16
     weights = weights.to(device=q.device, dtype=torch.float32).contiguous()
     lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
-    out = torch.empty(B, H, n_k, device=q.device, dtype=torch.float32)
     if mask is not None:
         m, m_strides, is_bool = _mask_strides(mask, B, H, n_q, n_k)
         below = 0.0 if is_bool else _hidden_below(mask)
@@ -131,16 +136,13 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     flags = dict(HAS_MASK=mask is not None, MASK_BOOL=is_bool, CAUSAL=bool(is_causal),
                  IEEE=q.dtype == torch.float32, UPCAST=interpreting(), BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_D=max(16, 1 << (D - 1).bit_length()), num_warps=4)
-    rows = n_q - first_row
-    if rows <= 0 or n_k == 0:
-        return out.zero_()
-    kern.row_lse_kernel[(triton_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
-    kern.column_mass_kernel[(triton_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,
+    kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
+    kern.column_mass_kernel[(_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,
                                                                *common, **flags)
     return out
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 

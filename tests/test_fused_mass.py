@@ -254,3 +254,40 @@ def test_fused_path_makes_no_float32_copies_of_q_and_k():
     out, det = intercept._detect(sc, 256, None, fused=True)
     assert out is None and det.mass.shape == (1, 4, 6)
     assert not {"q", "kt", "v"} & set(vars(sc))
+
+
+# -- the compiled selection of the fused CUDA path ----------------------------------------------
+
+
+def test_selection_is_compiled_only_on_the_fused_cuda_path():
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import select_sinks
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compiled_tail.selector(cpu, True) is select_sinks
+    assert compiled_tail.selector(cuda, False) is select_sinks  # the materialised path as it was
+    assert compiled_tail.selector(cuda, True) is compiled_tail._COMPILED
+
+
+@pytest.mark.slow
+def test_compiled_selection_picks_exactly_the_eager_sinks():
+    """torch.compile of select_sinks (here inductor's CPU backend; CUDA uses its Triton one)
+    returns the eager scores, sinks and choices bit for bit, across key counts (one dynamic
+    graph) and with invalid keys and keys no row sees."""
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import select_sinks
+
+    compiled = compiled_tail._Compiled()
+    g = torch.Generator().manual_seed(0)
+    for n_keys in (30, 31, 47):
+        mass = torch.rand(2, 4, n_keys, generator=g) ** 4
+        rows = torch.full((2, 4, n_keys), n_keys)
+        rows[:, :, -3:] = 0
+        valid = torch.ones(2, n_keys, dtype=torch.bool)
+        valid[0, :2] = False
+        got = compiled(mass, rows, valid, eps=0.5, k=3, per_layer=False)
+        want = select_sinks(mass, rows, valid, eps=0.5, k=3, per_layer=False)
+        assert not compiled.failed
+        assert int(want[2].sum()) > 0
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
