@@ -357,6 +357,16 @@ def llama_model(layers, device, hidden=4096, heads=32):
     return model.to(dtype=torch.bfloat16).eval()
 
 
+def generate_cached(model, ids, decode: int):
+    """Greedy prefill of ``ids``, then ``decode`` one-token steps with the KV cache, as
+    lm-eval's generate runs a causal LM."""
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    for _ in range(decode):
+        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+
 def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
     """Per decoding step with the KV cache (prefill 800 tokens, then one-row steps), the ARM
     rules last_row and all_rows: (c) time of prefill + steps minus the prefill, per step."""
@@ -370,22 +380,15 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
             ids = ids.to(device)
             cfgs = {n: c for n, c in gpu_configs(0.0, args.chunk).items() if n in variants}
 
-            def generate(decode):
-                out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-                past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-                for _ in range(decode):
-                    out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-                    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
             def runner(decode):
                 def run_one(n):
                     with torch.inference_mode():
                         if cfgs[n] is None:
-                            generate(decode)
+                            generate_cached(model, ids, decode)
                             return "-"
                         with selection_compiled(n != "c_eager"), \
                                 SinkMasker(cfgs[n], rule=rule).attach(model) as stats:
-                            generate(decode)
+                            generate_cached(model, ids, decode)
                         return stats.keys_masked
                 return run_one
 

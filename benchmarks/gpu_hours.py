@@ -56,7 +56,7 @@ sys.path.insert(0, str(HERE))
 # the timing protocol (variants interleaved round-robin, warm-up, medians) and the prompt
 # builder are bench_masking's; its wide_model() is not reused because its MLP (4 x d_model)
 # and vocab (2048) are not LLaDA-8B's
-from bench_masking import interleaved, prompts  # noqa: E402
+from bench_masking import generate_cached, interleaved, prompts  # noqa: E402
 
 from lm_eval_sinkmask.config import DETECT_BACKENDS, SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
@@ -262,21 +262,14 @@ def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
     ids = ids.to(device)
     n_dec = args.decode_steps
 
-    def generate(decode):
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        for _ in range(decode):
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
     def runner(decode):
         def run_one(n):
             with torch.inference_mode():
                 if n == "a":
-                    generate(decode)
+                    generate_cached(model, ids, decode)
                     return 0
                 with masker("llama", args.chunk, args.detect_backend).attach(model) as stats:
-                    generate(decode)
+                    generate_cached(model, ids, decode)
                 return stats.keys_masked
         return run_one
 
