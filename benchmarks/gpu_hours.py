@@ -16,7 +16,9 @@ weights, only on the shapes), with the layer counts of ``--layers`` (default 2 a
 
 each unmasked (no intercept: what top_k=0 costs, since it passes every call straight through)
 and through the project's ``SinkMasker`` with top_k=5 (eps=0 on random weights, so that every
-(layer, head) really masks 5 keys: the expensive path; the key count is printed). Times at
+(layer, head) really masks 5 keys: the expensive path; the key count is printed), with
+``--detect-backend`` (default auto: the fused detection on CUDA; ``materialized`` for the
+path measured before it). Times at
 two or more layer counts are fitted to a + b * layers and evaluated at the real depth (32 or
 28), so the embedding/LM-head cost is counted once; with one layer count it scales
 proportionally (an over-estimate by the head's share).
@@ -251,6 +253,7 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
                     model(input_ids=ids)
             return stats.keys_masked
 
+    run_one("c")  # warm-up of the masked path too (kernels, the compiled selection)
     med, extra = interleaved(run_one, ["a", "c"], args.repeats, device)
     return {n: s / passes for n, s in med.items()}, extra["c"]
 
@@ -273,6 +276,7 @@ def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
                 return stats.keys_masked
         return run_one
 
+    runner(2)("c")  # warm-up of the masked path too (kernels, the compiled selection)
     prefill, _ = interleaved(runner(0), ["a", "c"], args.repeats, device)
     both, extra = interleaved(runner(n_dec), ["a", "c"], args.repeats, device)
     decode = {n: max(both[n] - prefill[n], 0.0) / n_dec for n in both}
