@@ -291,3 +291,55 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
         assert int(want[2].sum()) > 0
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
+
+
+# -- on a CUDA machine: the compiled kernels (skipped on CPU-only machines such as CI) ---------
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or not fused_mass.triton_runs_on(torch.device("cuda")),
+    reason="no CUDA device with Triton here: the compiled kernels are checked on a GPU machine "
+           "(the interpreter checks the same kernels in test_fused_mass_triton.py)")
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", list(_unit_cases()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("gqa", [1, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("first_row", [0, 36])
+def test_cuda_kernels_match_the_torch_blocked_algorithm(case, dtype, gqa, first_row):
+    kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v)
+          for k, v in _unit_cases()[case].items()}
+    g = torch.Generator().manual_seed(1)
+    B, H, Sq, Sk, D = 2, 4, 37, 70, 24
+    q = torch.randn(B, H, Sq, D, generator=g).to("cuda", dtype)
+    k = torch.randn(B, H // gqa, Sk, D, generator=g).to("cuda", dtype)
+    w = (torch.rand(B, Sq, generator=g) > 0.2).float().cuda()
+    w[:, :first_row] = 0
+    for bm, bn in ((64, 64), (16, 32)):
+        ref = fused_mass.blocked_column_mass(q, k, w, scale=D ** -0.5, first_row=first_row,
+                                             block_m=bm, block_n=bn, **kw)
+        got = fused_mass.column_mass(q, k, w, scale=D ** -0.5, first_row=first_row,
+                                     use_triton=True, block_m=bm, block_n=bn, **kw)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
+def test_cuda_fused_detection_masks_what_the_materialised_path_masks(kind):
+    from lm_eval_sinkmask.families import FAMILIES
+
+    model = tiny.build(kind).eval().cuda()
+    ids = torch.randint(5, 40, (3, 10), generator=torch.Generator().manual_seed(0)).cuda()
+    mask = torch.ones(3, 10, dtype=torch.long, device="cuda")
+    mask[1, :4] = 0
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if kind == "dream":
+        kwargs = FAMILIES["dream"].model_inputs(ids, mask)
+    rule = "all_rows" if kind == "llama" else "all"
+    run = {b: _model_events(b, kind, model, lambda: model(**kwargs).logits, rule=rule)
+           for b in ("fused", "materialized")}
+    for (outs, events) in run.values():
+        outs[:] = [o.cpu() for o in outs]
+        events[:] = [type(e)(e.forward_pass, e.layer, e.scores.cpu(), e.sinks.cpu(),
+                             e.chosen.cpu(), e.blocked.cpu()) for e in events]
+    assert_same_detection(run["fused"], run["materialized"])
