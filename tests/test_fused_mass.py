@@ -183,12 +183,12 @@ def _model_events(backend, kind, model, run, rule="all", **cfg):
     return [logits], events
 
 
-@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
-def test_fused_detection_in_tiny_models_with_padding(kind):
-    """Padded keys and padded query rows as the models pass them (2-D mask to the model)."""
+def _padded_model_runs(kind, device="cpu"):
+    """Both backends' (outputs, events, moved to the CPU) of one padded batch through a tiny
+    model on ``device``."""
     from lm_eval_sinkmask.families import FAMILIES
 
-    model = tiny.build(kind).eval()
+    model = tiny.build(kind).eval().to(device)
     ids = torch.randint(5, 40, (3, 10), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(3, 10, dtype=torch.long)
     mask[1, :4] = 0
@@ -196,9 +196,21 @@ def test_fused_detection_in_tiny_models_with_padding(kind):
     kwargs = {"input_ids": ids, "attention_mask": mask}
     if kind == "dream":
         kwargs = FAMILIES["dream"].model_inputs(ids, mask)
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     rule = "all_rows" if kind == "llama" else "all"
-    run = {b: _model_events(b, kind, model, lambda: model(**kwargs).logits, rule=rule)
-           for b in ("fused", "materialized")}
+    runs = {b: _model_events(b, kind, model, lambda: model(**kwargs).logits, rule=rule)
+            for b in ("fused", "materialized")}
+    cpu = lambda t: t.cpu()  # noqa: E731
+    return {b: ([cpu(o) for o in outs],
+                [type(e)(e.forward_pass, e.layer, *map(cpu, (e.scores, e.sinks, e.chosen, e.blocked)))
+                 for e in events])
+            for b, (outs, events) in runs.items()}
+
+
+@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
+def test_fused_detection_in_tiny_models_with_padding(kind):
+    """Padded keys and padded query rows as the models pass them (2-D mask to the model)."""
+    run = _padded_model_runs(kind)
     assert_same_detection(run["fused"], run["materialized"])
 
 
@@ -326,20 +338,5 @@ def test_cuda_kernels_match_the_torch_blocked_algorithm(case, dtype, gqa, first_
 @needs_cuda
 @pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
 def test_cuda_fused_detection_masks_what_the_materialised_path_masks(kind):
-    from lm_eval_sinkmask.families import FAMILIES
-
-    model = tiny.build(kind).eval().cuda()
-    ids = torch.randint(5, 40, (3, 10), generator=torch.Generator().manual_seed(0)).cuda()
-    mask = torch.ones(3, 10, dtype=torch.long, device="cuda")
-    mask[1, :4] = 0
-    kwargs = {"input_ids": ids, "attention_mask": mask}
-    if kind == "dream":
-        kwargs = FAMILIES["dream"].model_inputs(ids, mask)
-    rule = "all_rows" if kind == "llama" else "all"
-    run = {b: _model_events(b, kind, model, lambda: model(**kwargs).logits, rule=rule)
-           for b in ("fused", "materialized")}
-    for (outs, events) in run.values():
-        outs[:] = [o.cpu() for o in outs]
-        events[:] = [type(e)(e.forward_pass, e.layer, e.scores.cpu(), e.sinks.cpu(),
-                             e.chosen.cpu(), e.blocked.cpu()) for e in events]
+    run = _padded_model_runs(kind, "cuda")
     assert_same_detection(run["fused"], run["materialized"])
