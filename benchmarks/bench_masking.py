@@ -37,6 +37,7 @@ import re
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lm_eval_sinkmask import compiled_tail  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 from lm_eval_sinkmask.samplers import generate_block  # noqa: E402
@@ -59,6 +61,42 @@ LABELS = {
     "c": "(c) top_k=5 previous",
     "d": "(d) top_k=5 current",
 }
+
+
+# the GPU section also times the detection backends against each other (issue 14): the fused
+# path (default on CUDA) with the compiled selection, the same without compiling it, and the
+# materialised path (the CPU's, and the GPU's before the fused path)
+GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_mat", "d")
+GPU_LABELS = dict(LABELS, **{
+    "c": "(c) top_k=5 previous, fused",
+    "c_eager": "(c) fused, eager selection",
+    "c_mat": "(c) materialized",
+    "d": "(d) top_k=5 current, fused",
+})
+
+
+def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
+    base = configs(eps, chunk)
+    return {
+        "a": None,
+        "b": base["b"],
+        "c": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
+        "c_eager": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
+        "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
+                                detect_backend="materialized"),
+        "d": SinkMaskConfig(top_k=5, eps=eps, detect="current", query_chunk=chunk,
+                            detect_backend="fused"),
+    }
+
+
+@contextmanager
+def selection_compiled(on: bool):
+    """The fused path's compiled selection on or off (compiled_tail.ENABLED) for one run."""
+    old, compiled_tail.ENABLED = compiled_tail.ENABLED, on
+    try:
+        yield
+    finally:
+        compiled_tail.ENABLED = old
 
 
 def configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
@@ -106,8 +144,9 @@ def table(title, med, tokens, extra, note=""):
     print("| variant | median s | tokens/s | ratio to (a), medians | ratio to (a), best runs "
           "| keys masked |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    labels = LABELS if set(med) <= set(VARIANTS) else GPU_LABELS
     for n in med:
-        print(f"| {LABELS[n]} | {med[n]:.3f} | {tokens / med[n]:,.0f} | {med[n] / med['a']:.3f} "
+        print(f"| {labels[n]} | {med[n]:.3f} | {tokens / med[n]:,.0f} | {med[n] / med['a']:.3f} "
               f"| {best[n] / best['a']:.3f} | {extra.get(n, '-')} |")
     sys.stdout.flush()
 
@@ -189,11 +228,11 @@ def wide_model(hidden, heads, layers, dtype, device):
     return TinyLladaModel(cfg).to(device=device, dtype=dtype).eval()
 
 
-def bench_forward(title, model, B, S, passes, args, device, ragged=True):
+def bench_forward(title, model, B, S, passes, args, device, ragged=True, variants=VARIANTS):
     ids, mask = prompts(B, S, model.config.vocab_size, 2047, ragged=ragged, seed=1)
     ids, mask = ids.to(device), mask.to(device)
     am = None if bool(mask.all()) else mask
-    cfgs = configs(0.0, args.chunk)
+    cfgs = configs(0.0, args.chunk) if variants == VARIANTS else gpu_configs(0.0, args.chunk)
 
     def run_one(n):
         # several passes per attach block, as in one denoising run: detect=previous then uses
@@ -203,12 +242,15 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True):
                 for _ in range(passes):
                     model(input_ids=ids, attention_mask=am)
                 return "-"
-            with SinkMasker(cfgs[n]).attach(model) as stats:
+            with selection_compiled(n != "c_eager"), SinkMasker(cfgs[n]).attach(model) as stats:
                 for _ in range(passes):
                     model(input_ids=ids, attention_mask=am)
             return stats.keys_masked
 
-    med, extra = interleaved(run_one, list(VARIANTS), args.repeats, device)
+    if variants != VARIANTS:  # every variant once first: kernel and torch.compile warm-up
+        for n in variants:
+            run_one(n)
+    med, extra = interleaved(run_one, list(variants), args.repeats, device)
     c = model.config
     table(title, med, B * S * passes, extra,
           f"hidden {c.hidden_size}, {c.num_attention_heads} heads, {c.num_hidden_layers} layers, "
@@ -218,20 +260,71 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True):
 
 
 def bench_gpu(args):
+    if args.gpu_smoke_cpu:  # the section's code on the CPU at toy sizes: a test, not a timing
+        return bench_gpu_parts(args, torch.device("cpu"), hidden=64, heads=4, S=40, P=24)
     if not torch.cuda.is_available():
         print("\n### 3. 8B-shaped LLaDA config, bf16, batch 8, S 700 (GPU)\n")
         print("No GPU was available in this run (torch.cuda.is_available() is False): "
               "the 8B-shaped ratios were not measured.")
         return None
+    return bench_gpu_parts(args, torch.device("cuda"))
+
+
+def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
+    parts = set(args.gpu_parts.split(","))
+    from lm_eval_sinkmask import fused_mass
+
+    print(f"\nfused detection: Triton kernels {'available' if fused_mass.triton_runs_on(device) else 'NOT available (torch fallback)'}"
+          f"; selection compiled: {compiled_tail.ENABLED}")
+    med = None
+    if "mass" in parts:
+        fused_mass_check(device, heads, S)
+    if "llada" in parts:
+        model = wide_model(hidden, heads, 2 if args.quick else 4, torch.bfloat16, device)
+        name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (smoke run)"
+        for B in (8, 1):
+            m = bench_forward(f"3. 8B-shaped LLaDA config on {name}, batch {B}", model, B, S,
+                              4, args, device, variants=GPU_VARIANTS)
+            med = med or m
+        if device.type == "cuda":
+            gpu_peak_memory(model, args)
+        del model
+    if "llama" in parts:
+        bench_llama_decoding(args, device, hidden, heads, P)
+    if "zoo" in parts:
+        same_on_cuda_and_cpu(device)
+    return med
+
+
+def fused_mass_check(device, H=32, S=700):
+    """The Triton kernels against the torch blocked reference on the 8B shapes (bf16,
+    LLaDA's padding bias, GQA causal): the largest difference in column mass."""
+    from lm_eval_sinkmask import fused_mass
+
+    torch.manual_seed(0)
+    B, D = 8, 128
+    q = torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16)
+    k = torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16)
+    bias = torch.zeros(B, 1, 1, S, device=device, dtype=torch.bfloat16)
+    bias[1:, ..., :40] = torch.finfo(torch.bfloat16).min
+    w = torch.ones(B, S, device=device)
+    cases = {"LLaDA bias": dict(mask=bias), "GQA 4:1, causal": dict(is_causal=True)}
+    triton = fused_mass.triton_runs_on(device)
+    for name, kw in cases.items():
+        kk = k[:, : H // 4] if "GQA" in name else k
+        got = fused_mass.column_mass(q, kk, w, use_triton=triton, **kw)
+        ref = fused_mass.blocked_column_mass(q, kk, w, scale=D ** -0.5, **kw)
+        print(f"fused kernels vs torch reference, {name}, B {B} H {H} S {S}: max |mass diff| "
+              f"{(got - ref).abs().max().item():.2e} (mass up to {ref.max().item():.1f})")
+    sys.stdout.flush()
+
+
+def gpu_peak_memory(model, args):
+    """Extra peak memory of one masked pass over an unmasked one, per variant."""
     device = torch.device("cuda")
-    model = wide_model(4096, 32, 2 if args.quick else 4, torch.bfloat16, device)
-    torch.cuda.reset_peak_memory_stats()
-    med = bench_forward("3. 8B-shaped LLaDA config on " + torch.cuda.get_device_name(),
-                        model, 8, 700, 4, args, device)
-    # extra peak memory of one masked pass over an unmasked one
     ids = torch.randint(5, 2000, (8, 700), device=device)
     peaks = {}
-    for n, cfg in configs(0.0, args.chunk).items():
+    for n, cfg in gpu_configs(0.0, args.chunk).items():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         with torch.inference_mode():
@@ -244,32 +337,111 @@ def bench_gpu(args):
                     model(input_ids=ids)
         torch.cuda.synchronize()
         peaks[n] = torch.cuda.max_memory_allocated()
-    print("\nGPU peak memory (torch.cuda.max_memory_allocated, two passes): " + ", ".join(
-        f"{LABELS[n]} {peaks[n] / 2**20:,.0f} MiB (+{(peaks[n] - peaks['a']) / 2**20:,.0f})"
+    print("\nGPU peak memory, batch 8 (torch.cuda.max_memory_allocated, two passes): " + ", ".join(
+        f"{GPU_LABELS[n]} {peaks[n] / 2**20:,.0f} MiB (+{(peaks[n] - peaks['a']) / 2**20:,.0f})"
         for n in peaks))
+
+
+def llama_model(layers, device, hidden=4096, heads=32):
+    """Llama-3.1-8B's attention and MLP shapes (d_model 4096, 32 heads, 8 KV heads, MLP
+    14336), a small vocabulary (the LM head is not what is measured), random bf16 weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=2048, hidden_size=hidden, intermediate_size=hidden * 7 // 2,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=heads // 4, max_position_embeddings=4096)
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    return model.to(dtype=torch.bfloat16).eval()
+
+
+def generate_cached(model, ids, decode: int):
+    """Greedy prefill of ``ids``, then ``decode`` one-token steps with the KV cache, as
+    lm-eval's generate runs a causal LM."""
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    for _ in range(decode):
+        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+
+def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
+    """Per decoding step with the KV cache (prefill 800 tokens, then one-row steps), the ARM
+    rules last_row and all_rows: (c) time of prefill + steps minus the prefill, per step."""
+    layers = 2 if args.quick else 4
+    model = llama_model(layers, device, hidden, heads)
+    steps = 16
+    variants = ["a", "c", "c_eager", "c_mat"]
+    for rule in ("last_row", "all_rows"):
+        for B in (1, 8):
+            ids = torch.randint(5, 2000, (B, P), generator=torch.Generator().manual_seed(1))
+            ids = ids.to(device)
+            cfgs = {n: c for n, c in gpu_configs(0.0, args.chunk).items() if n in variants}
+
+            def runner(decode):
+                def run_one(n):
+                    with torch.inference_mode():
+                        if cfgs[n] is None:
+                            generate_cached(model, ids, decode)
+                            return "-"
+                        with selection_compiled(n != "c_eager"), \
+                                SinkMasker(cfgs[n], rule=rule).attach(model) as stats:
+                            generate_cached(model, ids, decode)
+                        return stats.keys_masked
+                return run_one
+
+            for n in variants:  # warm-up of every variant (kernels, torch.compile)
+                runner(2)(n)
+            prefill, _ = interleaved(runner(0), variants, args.repeats, device)
+            best_prefill = interleaved.last_min
+            both, extra = interleaved(runner(steps), variants, args.repeats, device)
+            best_both = interleaved.last_min
+            step = {n: max(both[n] - prefill[n], 0.0) / steps for n in variants}
+            interleaved.last_min = {n: max(best_both[n] - best_prefill[n], 0.0) / steps
+                                    for n in variants}
+            table(f"3b. Llama-shaped decoding step with a KV cache, arm_rule={rule}, batch {B}",
+                  step, B, extra,
+                  f"d_model {hidden}, {heads} heads, {heads // 4} KV heads, MLP {hidden * 7 // 2}, "
+                  f"vocab 2048, {layers} layers, "
+                  f"bf16; prompt {P}, {steps} decoding steps per timing; s = (prefill + steps - "
+                  f"prefill) / steps; tokens/s = B / s per step; keys masked over prefill + steps")
     del model
-    same_on_cuda_and_cpu()
-    return med
 
 
-def same_on_cuda_and_cpu():
-    """The accelerator makes the masked output with the fused kernel, the CPU from the
-    sweep's own scores (intercept._output_from_scores): both must decode the same tokens."""
+def same_on_cuda_and_cpu(device=torch.device("cuda")):
+    """The zoo checkpoint decoded on the CPU (materialised path, output from its own scores),
+    on CUDA with the materialised path (fused SDPA output) and on CUDA with the fused
+    detection path: the tokens, the number of masked keys and, call by call, the masked keys
+    themselves must agree."""
     model, what, eps = tiny_model()
     mask_id = mask_id_of(model)
     ids, pmask = prompts(4, 40, model.config.vocab_size, mask_id)
     runs = {}
-    for device in ("cpu", "cuda"):
-        model = model.to(device)
-        with torch.inference_mode(), \
-                SinkMasker(SinkMaskConfig(top_k=5, eps=eps)).attach(model) as stats:
-            tokens = generate_block(model_fn_of(model), ids.to(device), pmask.to(device),
+    accel = device.type  # "cpu" only in the smoke run
+    for dev, backend in (("cpu", "auto"), (accel, "materialized"), (accel, "fused")):
+        model = model.to(dev)
+        blocked = []
+        cfg = SinkMaskConfig(top_k=5, eps=eps, detect_backend=backend)
+        with torch.inference_mode(), SinkMasker(
+                cfg, observers=[lambda e: blocked.append(e.blocked.cpu())]).attach(model) as stats:
+            tokens = generate_block(model_fn_of(model), ids.to(dev), pmask.to(dev),
                                     mask_id=mask_id, gen_length=32, steps=32, block_length=16)
-        runs[device] = (tokens.cpu(), stats.keys_masked)
-    same = torch.equal(runs["cpu"][0], runs["cuda"][0]) and runs["cpu"][1] == runs["cuda"][1]
+        runs[(dev, backend)] = (tokens.cpu(), stats.keys_masked, blocked)
+    cpu, mat, fused = runs[("cpu", "auto")], runs[(accel, "materialized")], runs[(accel, "fused")]
+    same = torch.equal(cpu[0], mat[0]) and cpu[1] == mat[1]
     print(f"\n{what}, top_k 5, detect=previous, 32 tokens x batch 4: CUDA and CPU "
           f"{'decode the same tokens' if same else 'DIFFER'} (keys masked: CPU "
-          f"{runs['cpu'][1]}, CUDA {runs['cuda'][1]})")
+          f"{cpu[1]}, CUDA {mat[1]})")
+    calls_same = len(fused[2]) == len(mat[2]) and all(
+        torch.equal(a, b) for a, b in zip(fused[2], mat[2]))
+    tokens_same = torch.equal(fused[0], mat[0])
+    print(f"CUDA fused detection vs CUDA materialized: tokens "
+          f"{'the same' if tokens_same else 'DIFFER'}, masked keys "
+          f"{'the same in every one of the ' + str(len(mat[2])) + ' calls' if calls_same else 'DIFFER'}"
+          f" (keys masked: fused {fused[1]}, materialized {mat[1]})")
+    sys.stdout.flush()
 
 
 # -- 4. memory ------------------------------------------------------------------------------
@@ -460,6 +632,10 @@ def main(argv=None):
                          "mostly add spin-wait noise)")
     ap.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--only", default="1,2,3,4,5", help="sections to run, e.g. 1,4")
+    ap.add_argument("--gpu-parts", default="mass,llada,llama,zoo",
+                    help="parts of section 3: mass (kernels vs reference), llada (8B-shaped "
+                         "forward, batch 8 and 1), llama (decoding steps), zoo (same tokens)")
+    ap.add_argument("--gpu-smoke-cpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 9
@@ -476,7 +652,7 @@ def main(argv=None):
                       model, 1, S, 3, args, torch.device("cpu"))
         del model
     if "3" in only:
-        if args.gpu or torch.cuda.is_available():
+        if args.gpu or args.gpu_smoke_cpu or torch.cuda.is_available():
             bench_gpu(args)
         else:
             print("\n### 3. 8B-shaped LLaDA config (GPU)\n\nNo GPU was available in this run: "

@@ -16,7 +16,9 @@ weights, only on the shapes), with the layer counts of ``--layers`` (default 2 a
 
 each unmasked (no intercept: what top_k=0 costs, since it passes every call straight through)
 and through the project's ``SinkMasker`` with top_k=5 (eps=0 on random weights, so that every
-(layer, head) really masks 5 keys: the expensive path; the key count is printed). Times at
+(layer, head) really masks 5 keys: the expensive path; the key count is printed), with
+``--detect-backend`` (default auto: the fused detection on CUDA; ``materialized`` for the
+path measured before it). Times at
 two or more layer counts are fitted to a + b * layers and evaluated at the real depth (32 or
 28), so the embedding/LM-head cost is counted once; with one layer count it scales
 proportionally (an over-estimate by the head's share).
@@ -56,9 +58,9 @@ sys.path.insert(0, str(HERE))
 # the timing protocol (variants interleaved round-robin, warm-up, medians) and the prompt
 # builder are bench_masking's; its wide_model() is not reused because its MLP (4 x d_model)
 # and vocab (2048) are not LLaDA-8B's
-from bench_masking import interleaved, prompts  # noqa: E402
+from bench_masking import generate_cached, interleaved, prompts  # noqa: E402
 
-from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
+from lm_eval_sinkmask.config import DETECT_BACKENDS, SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 
 # -- the sweep being estimated ------------------------------------------------------------
@@ -224,10 +226,12 @@ def build(shape: Shape, layers: int, device, dtype):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def masker(kind: str, chunk: int) -> SinkMasker:
+def masker(kind: str, chunk: int, backend: str = "auto") -> SinkMasker:
     # eps=0: random weights rarely score above eps=3, and a run that masks nothing would time
-    # only the scoring; eps=0 makes every (layer, head) mask top_k keys
-    cfg = SinkMaskConfig(top_k=5, eps=0.0, detect="previous", query_chunk=chunk)
+    # only the scoring; eps=0 makes every (layer, head) mask top_k keys. backend "auto": the
+    # fused detection on CUDA (issue 14), "materialized" for the path measured before it
+    cfg = SinkMaskConfig(top_k=5, eps=0.0, detect="previous", query_chunk=chunk,
+                         detect_backend=backend)
     return SinkMasker(cfg, rule="last_row" if kind == "llama" else "all")
 
 
@@ -244,11 +248,12 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
                 for _ in range(passes):
                     model(input_ids=ids)
                 return 0
-            with masker(kind, args.chunk).attach(model) as stats:
+            with masker(kind, args.chunk, args.detect_backend).attach(model) as stats:
                 for _ in range(passes):
                     model(input_ids=ids)
             return stats.keys_masked
 
+    run_one("c")  # warm-up of the masked path too (kernels, the compiled selection)
     med, extra = interleaved(run_one, ["a", "c"], args.repeats, device)
     return {n: s / passes for n, s in med.items()}, extra["c"]
 
@@ -260,24 +265,18 @@ def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
     ids = ids.to(device)
     n_dec = args.decode_steps
 
-    def generate(decode):
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        for _ in range(decode):
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
     def runner(decode):
         def run_one(n):
             with torch.inference_mode():
                 if n == "a":
-                    generate(decode)
+                    generate_cached(model, ids, decode)
                     return 0
-                with masker("llama", args.chunk).attach(model) as stats:
-                    generate(decode)
+                with masker("llama", args.chunk, args.detect_backend).attach(model) as stats:
+                    generate_cached(model, ids, decode)
                 return stats.keys_masked
         return run_one
 
+    runner(2)("c")  # warm-up of the masked path too (kernels, the compiled selection)
     prefill, _ = interleaved(runner(0), ["a", "c"], args.repeats, device)
     both, extra = interleaved(runner(n_dec), ["a", "c"], args.repeats, device)
     decode = {n: max(both[n] - prefill[n], 0.0) / n_dec for n in both}
@@ -325,7 +324,8 @@ def render(rows: list[dict], device_name: str, on_gpu: bool, args) -> str:
         lines += ["", "**CPU run: every time below was measured on a CPU. These numbers are NOT "
                   "GPU estimates**; they check the pipeline and the arithmetic only. Run this "
                   "script on a CUDA machine for the GPU-hours.", ""]
-    lines += [f"Device: {device_name}; dtype {args.dtype}; layer counts timed {args.layers} "
+    lines += [f"Device: {device_name}; dtype {args.dtype}; detect_backend {args.detect_backend}; "
+              f"layer counts timed {args.layers} "
               f"(fitted to the full depth); {args.repeats} interleaved repeats, medians.", "",
               f"| model | task | batch | prompt+gen tokens | s/step unmasked | s/step top_k=5 "
               f"| ratio | TFLOP/s unmasked | {unit} K=0 | {unit} per K>0 cell | {unit} 4 cells |",
@@ -379,6 +379,8 @@ def main(argv=None, timer=None) -> dict:
     ap.add_argument("--passes", type=int, default=None, help="DLM forwards per timing [3; quick: 2]")
     ap.add_argument("--decode-steps", type=int, default=None, help="ARM decoding steps timed [16; quick: 4]")
     ap.add_argument("--chunk", type=int, default=SinkMaskConfig().query_chunk, help="query_chunk")
+    ap.add_argument("--detect-backend", default="auto", choices=DETECT_BACKENDS,
+                    help="detect_backend of the top_k=5 runs [%(default)s: fused on CUDA]")
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny shapes, short sequences")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="also write the rows and settings here")

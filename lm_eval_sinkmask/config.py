@@ -14,6 +14,7 @@ DETECT_MODES = ("previous", "current")
 GRANULARITIES = ("head", "layer")
 ARM_RULES = ("last_row", "all_rows")
 SINK_TOKEN_MODES = ("include", "exclude")
+DETECT_BACKENDS = ("auto", "fused", "materialized")
 
 
 def parse_layers(value: Any) -> tuple[int, ...] | None:
@@ -61,6 +62,12 @@ class SinkMaskConfig:
         "include" (default: Eq. 3 applies to every key, as for any model) lets it be chosen
         and masked like any sink; "exclude" never masks it, so top_k counts the other sinks.
         It is scored and reported either way. No effect on models without the token.
+    detect_backend: how detection gets each key's attention mass. "materialized": the
+        probabilities of one query chunk at a time in float32 (the CPU path); "fused": row
+        log-sum-exp then column sums over key tiles, never holding the probabilities
+        (``fused_mass``: Triton kernels on CUDA, the same algorithm in torch elsewhere);
+        "auto" (default): fused on CUDA when Triton is installed, materialized otherwise.
+        The choice changes only speed and float rounding, not the method.
     """
 
     top_k: int = 0
@@ -71,6 +78,7 @@ class SinkMaskConfig:
     arm_rule: str = "last_row"
     query_chunk: int = 256
     sink_token: str = "include"
+    detect_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
@@ -90,6 +98,10 @@ class SinkMaskConfig:
         if self.sink_token not in SINK_TOKEN_MODES:
             raise ValueError(
                 f"sink_token must be one of {SINK_TOKEN_MODES}, got {self.sink_token!r}"
+            )
+        if self.detect_backend not in DETECT_BACKENDS:
+            raise ValueError(
+                f"detect_backend must be one of {DETECT_BACKENDS}, got {self.detect_backend!r}"
             )
         if not isinstance(self.query_chunk, int) or self.query_chunk < 1:
             raise ValueError(f"query_chunk must be a positive integer, got {self.query_chunk!r}")
@@ -131,7 +143,7 @@ class SinkMaskConfig:
             args["top_k"] = number("top_k", kwargs.pop("top_k"), int)
         if "eps" in kwargs:
             args["eps"] = number("eps", kwargs.pop("eps"), float)
-        for name in ("detect", "granularity", "arm_rule", "sink_token"):
+        for name in ("detect", "granularity", "arm_rule", "sink_token", "detect_backend"):
             if name in kwargs:
                 args[name] = str(kwargs.pop(name))
         if "layers" in kwargs:

@@ -19,12 +19,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 
+from . import compiled_tail, fused_mass
 from .config import SinkMaskConfig
-from .metric import select_sinks, top_k_sinks
+from .metric import top_k_sinks
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +222,7 @@ class _MaskView:
             metric_rows.scatter_(1, last, query_valid.gather(1, last))
         self.key_valid = key_valid  # [B, Sk]
         self.qv = metric_rows[:, None, :, None]  # [B, 1, Sq, 1]: the metric's query rows Q
+        self.first_row = n_q - 1 if rule == "last_row" else 0  # rows before it are not in Q
         self.qw = self.qv.float().transpose(-1, -2)  # [B, 1, 1, Sq]: the same, as row weights
         # rows [B, H or 1, Sk]: the rows of Q that can see each key
         if self.key_only:  # rows_j = |Q| for every key a row can see
@@ -297,21 +300,34 @@ class _Scores:
 
     def __init__(self, query, key, value, mask: _MaskView, scale, enable_gqa):
         heads, kv_heads = query.shape[1], key.shape[1]
-        if kv_heads != heads:
-            if not enable_gqa or heads % kv_heads:
-                raise ValueError(
-                    f"query has {heads} heads but key has {kv_heads}: pass enable_gqa=True "
-                    "or repeat the key/value heads"
-                )
-            key = key.repeat_interleave(heads // kv_heads, dim=1)
-            value = value.repeat_interleave(heads // kv_heads, dim=1)
+        if kv_heads != heads and (not enable_gqa or heads % kv_heads):
+            raise ValueError(
+                f"query has {heads} heads but key has {kv_heads}: pass enable_gqa=True "
+                "or repeat the key/value heads"
+            )
+        # the model's own tensors; the float32 forms below are made only when first read
+        # (the fused detection path reads these directly and never makes them)
+        self.query, self.key, self.value, self.scale = query, key, value, scale
         self.dtype = query.dtype
-        self.q = query.float() * (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
-        self.kt = key.float().transpose(-1, -2)
-        self.v = value.float()
         self.batch, self.heads, self.n_q, _ = query.shape
         self.n_k = key.shape[-2]
         self.mask = mask
+
+    def _all_heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.shape[1] == self.heads else t.repeat_interleave(self.heads // t.shape[1], dim=1)
+
+    @cached_property
+    def q(self) -> torch.Tensor:
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(self.query.shape[-1])
+        return self.query.float() * scale
+
+    @cached_property
+    def kt(self) -> torch.Tensor:
+        return self._all_heads(self.key).float().transpose(-1, -2)
+
+    @cached_property
+    def v(self) -> torch.Tensor:
+        return self._all_heads(self.value).float()
 
     def logits(self, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Pre-softmax scores of rows r0:r1 with the model's mask applied (-inf where hidden),
@@ -451,6 +467,33 @@ def _sweep(
             o = torch.softmax(s.masked_fill_(b & keeps_c, float("-inf")), dim=-1) @ sc.v
             out[:, :, r0:r1] = o if alive is None else o.mul_(alive)
     return (out.to(sc.dtype) if out is not None else None), _Detection(mass.squeeze(-2), m.rows)
+
+
+def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool):
+    """(masked output or None, detection) of one call, by the detection backend
+    (``fused``: :func:`fused_mass.use_fused` of the configured one).
+
+    Materialised: :func:`_sweep`, which on a CPU also makes the masked output from the same
+    probabilities when the blocked keys are already known. Fused (:mod:`fused_mass`): only
+    the column mass, from the model's own q and k (no float32 copies, no GQA expansion); the
+    output then comes from the fused SDPA kernel, as on any accelerator.
+    """
+    if fused:
+        return None, _fused_detection(sc)
+    return _sweep(sc, chunk, blocked=blocked,
+                  output=blocked is not None and _output_from_scores(sc.query.device))
+
+
+def _fused_detection(sc: _Scores) -> _Detection:
+    """The call's column mass without the probabilities: :func:`fused_mass.column_mass` over
+    the metric's rows Q (weights 1, from the view's first row of Q on), under the model's own
+    mask as the view holds it (rows folded to one where they are all equal)."""
+    m = sc.mask
+    mass = fused_mass.column_mass(
+        sc.query, sc.key, m.qw[:, 0, 0], scale=sc.scale, mask=m.attn_mask,
+        is_causal=m.is_causal, first_row=m.first_row,
+    )
+    return _Detection(mass, m.rows)
 
 
 def _output_from_scores(device: torch.device) -> bool:
@@ -630,13 +673,13 @@ class _Run:
         blocked = self._previous(layer, sc) if self.config.detect == "previous" else None
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
-        out, det = _sweep(sc, chunk, blocked=blocked,
-                          output=blocked is not None and _output_from_scores(query.device))
+        fused = fused_mass.use_fused(self.config.detect_backend, query.device)
+        out, det = _detect(sc, chunk, blocked, fused)
         key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
             key_seen = _keys_seen(mask.key_valid, det.rows)
-        scores, sinks, chosen = select_sinks(
+        scores, sinks, chosen = compiled_tail.selector(query.device, fused)(
             det.mass, det.rows.expand(-1, sc.heads, -1), key_seen,
             eps=self.config.eps, k=self.config.top_k,
             per_layer=self.config.granularity == "layer",

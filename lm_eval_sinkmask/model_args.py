@@ -49,6 +49,10 @@ ARGS: tuple[ModelArg, ...] = (
              "masking"),
     ModelArg("sink_token", "include", "checkpoints with an extra sink token: `include` lets the "
              "masker pick it like any key, `exclude` never masks it", BOTH, "masking"),
+    ModelArg("detect_backend", "auto", "how detection gets each key's attention mass: `fused` "
+             "(row log-sum-exp, then column sums over key tiles, never the probabilities; Triton "
+             "kernels on CUDA), `materialized` (float32 probabilities chunk by chunk), `auto` = "
+             "fused on CUDA with Triton installed, else materialized", BOTH, "masking"),
     # -- diffusion sampling: DiffusionSettings (dlm_model.py); defaults per family in families.py
     ModelArg("family", "from `config.model_type`", "`llada`, `mmada` or `dream`", (DLM,),
              "sampling"),

@@ -1,0 +1,62 @@
+"""Eq. 3 selection in fewer kernel launches: ``metric.select_sinks`` under ``torch.compile``.
+
+Why this: once detection is two Triton kernels (:mod:`fused_mass`), what is left of a masked
+attention call at batch 1 or in a one-row decoding step is launch overhead, not GPU work. The
+largest share is the selection: ``select_sinks`` is about 25 small tensor ops (scores, the
+others-mean threshold, a stable sort for the top-k), each a separate CUDA launch and a few
+microseconds of Python, on tensors of a few thousand elements; 32 layers pay it 32 times per
+step. Compiled, the same function runs as a handful of fused kernels. The alternatives were
+weighed and not taken: CUDA graphs need fixed shapes, but the key count grows with every
+decoding step and differs per task; hand-fusing the ops would make a second copy of Eq. 3,
+where this keeps the one pure function (``dynamic=True``: one graph serves every key count).
+
+Used only where it pays and is cheap to be wrong about: tensors on CUDA, the fused detection
+path. If compiling fails in an environment (no compiler toolchain, an unsupported Triton),
+the eager function is used from then on, with one warning; the selection is the same function
+either way. ``SINKMASK_COMPILE_TAIL=0`` (or :data:`ENABLED` = False) keeps it eager.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .metric import select_sinks
+
+logger = logging.getLogger(__name__)
+
+ENABLED = os.environ.get("SINKMASK_COMPILE_TAIL", "1") != "0"
+
+
+class _Compiled:
+    """``select_sinks`` compiled on first use, falling back to eager for good on an error."""
+
+    def __init__(self):
+        self.fn = None
+        self.failed = False
+
+    def __call__(self, *args, **kwargs):
+        if not self.failed:
+            try:
+                if self.fn is None:
+                    self.fn = torch.compile(select_sinks, dynamic=True)
+                return self.fn(*args, **kwargs)
+            except Exception as e:  # a compiler/toolchain problem, not a wrong selection
+                self.failed = True
+                logger.warning("torch.compile of the sink selection failed (%s: %s); using the "
+                               "eager select_sinks from now on", type(e).__name__, e)
+        return select_sinks(*args, **kwargs)
+
+
+_COMPILED = _Compiled()
+
+
+def selector(device: torch.device, fused: bool):
+    """The selection function for a call on ``device``: compiled on CUDA with the fused
+    detection path, else the eager :func:`metric.select_sinks` (CPU, and the materialised
+    path kept as it was for comparison)."""
+    if ENABLED and fused and device.type == "cuda":
+        return _COMPILED
+    return select_sinks

@@ -1,0 +1,203 @@
+"""Per-key attention mass for sink detection, without the [B, H, Sq, Sk] probabilities.
+
+Detection needs, per key j, the attention mass it receives from the metric's query rows:
+``mass_j = sum_i w_i * softmax(s_i)_j`` with ``s_ij = scale * q_i . k_j (+ bias_ij)`` over the
+keys row i may see. The intercept's materialised path computes the probabilities chunk by
+chunk in float32; on a GPU that costs more than the attention itself. Here the same sum is
+made in two passes that keep only O(rows) state:
+
+1. row log-sum-exp: ``lse_i = log sum_j exp(s_ij)``, online over key tiles (a running max and
+   a rescaled running sum, as flash attention does);
+2. column mass: per key tile, ``sum_i w_i * exp(s_ij - lse_i)`` over query tiles.
+
+Both passes recompute the scores from Q and K (never V): one extra read of K per query tile
+and of Q per key tile, and two Q.K^T products, instead of writing and re-reading float32
+probabilities. On CUDA (or under ``TRITON_INTERPRET=1``) each pass is one Triton kernel
+(:mod:`_mass_kernels`); :func:`blocked_column_mass` is the same algorithm in torch, tile for
+tile, and the fallback wherever Triton cannot run.
+
+Masks: the forms the intercept accepts, i.e. a float additive bias or a bool mask
+broadcastable to [B, H, Sq, Sk] (read through strides, never expanded), ``is_causal``
+(SDPA's top-left alignment: row i sees keys j <= i, ``causal_offset`` shifts it), and GQA
+(K with fewer heads than Q; query head h reads K head h // (H / H_k)). A float mask hides
+the entries at or below half its dtype's most negative value, as the intercept's mask view
+reads them. Rows that see no key weigh nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+from .config import DETECT_BACKENDS as BACKENDS
+# tile sizes: 64 x 64 keeps a bf16 head_dim-128 Q tile, a K tile and the fp32 scores tile in
+# registers with 4 warps on an H100; the torch reference uses the same tiling
+BLOCK_M = 64
+BLOCK_N = 64
+
+
+@lru_cache(maxsize=None)
+def _kernels():
+    """The Triton kernels module, or None when Triton is not installed (or cannot load)."""
+    try:
+        from . import _mass_kernels
+    except Exception:  # ImportError, or a Triton build that fails to initialise here
+        return None
+    return _mass_kernels
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether the Triton kernels can run on tensors of ``device``: CUDA with Triton
+    installed, or any device under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors)."""
+    if device.type == "cuda" or (device.type == "cpu" and interpreting()):
+        return _kernels() is not None
+    return False
+
+
+def use_fused(backend: str, device: torch.device) -> bool:
+    """Whether detection takes this module's path: "fused" always; "auto" on CUDA when Triton
+    is installed (on a CPU the materialised path is cheaper and stays the default);
+    "materialized" never."""
+    if backend not in BACKENDS:
+        raise ValueError(f"detect_backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return device.type == "cuda" and triton_runs_on(device)
+    return backend == "fused"
+
+
+def column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, causal_offset=0,
+                first_row=0, use_triton=None, block_m=BLOCK_M, block_n=BLOCK_N):
+    """mass [B, H, Sk] float32: ``sum_i weights[b, i] * softmax_j(s_ij)`` over rows i that see
+    some key, from ``first_row`` on (rows before it must have weight 0; they are skipped).
+
+    q: [B, H, Sq, D]; k: [B, H_k, Sk, D] with H % H_k == 0; weights: float [B, Sq];
+    mask: None, bool or float, broadcastable to [B, H, Sq, Sk]; scale: SDPA's (default
+    1/sqrt(D)). use_triton: None picks the kernels where :func:`triton_runs_on` says they run.
+    """
+    B, H, n_q, D = q.shape
+    if k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"query has {H} heads but key has {k.shape[1]}")
+    scale = float(scale) if scale is not None else D ** -0.5
+    if use_triton is None:
+        use_triton = triton_runs_on(q.device)
+    if use_triton:
+        return _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset,
+                                   first_row, block_m, block_n)
+    return blocked_column_mass(q, k, weights, scale=scale, mask=mask, is_causal=is_causal,
+                               causal_offset=causal_offset, first_row=first_row,
+                               block_m=block_m, block_n=block_n)
+
+
+def _hidden_below(mask: torch.Tensor) -> float:
+    """Float-mask entries at or below this hide their key (the intercept's mask view reads
+    ``mask > finfo.min / 2`` as visible; the value is exact in float32 for every dtype)."""
+    return float(torch.finfo(mask.dtype).min) / 2
+
+
+def _mask_strides(mask, B, H, n_q, n_k):
+    """(tensor to read, its four strides, is bool) of a mask broadcastable to [B, H, Sq, Sk]."""
+    if mask.dim() < 4:
+        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    mask = mask.expand(B, H, n_q, n_k)
+    is_bool = mask.dtype == torch.bool
+    if is_bool:
+        mask = mask.view(torch.uint8)
+    return mask, mask.stride(), is_bool
+
+
+def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, first_row,
+                        block_m=BLOCK_M, block_n=BLOCK_N):
+    kern = _kernels()
+    B, H, n_q, D = q.shape
+    n_k = k.shape[-2]
+    out = torch.empty(B, H, n_k, device=q.device, dtype=torch.float32)
+    rows = n_q - first_row
+    if rows <= 0 or n_k == 0:
+        return out.zero_()
+    if rows <= 16:  # one-row decoding steps and last_row: the smallest tile tl.dot takes
+        block_m = 16
+    weights = weights.to(device=q.device, dtype=torch.float32).contiguous()
+    lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
+    if mask is not None:
+        m, m_strides, is_bool = _mask_strides(mask, B, H, n_q, n_k)
+        below = 0.0 if is_bool else _hidden_below(mask)
+    else:
+        m, m_strides, is_bool, below = q, (0, 0, 0, 0), False, 0.0  # never read
+    common = (*q.stride(), *k.stride(), *m_strides, H, H // k.shape[1], n_q, n_k, D,
+              first_row, scale, causal_offset, below)
+    # the interpreter's tl.dot mishandles bf16/fp16 operands (numpy has no bf16), so there
+    # the tiles are upcast first; their products are exact in float32 either way
+    flags = dict(HAS_MASK=mask is not None, MASK_BOOL=is_bool, CAUSAL=bool(is_causal),
+                 IEEE=q.dtype == torch.float32, UPCAST=interpreting(), BLOCK_M=block_m,
+                 BLOCK_N=block_n, BLOCK_D=max(16, 1 << (D - 1).bit_length()), num_warps=4)
+    kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
+    kern.column_mass_kernel[(_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,
+                                                               *common, **flags)
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def blocked_column_mass(q, k, weights, *, scale, mask=None, is_causal=False, causal_offset=0,
+                        first_row=0, block_m=BLOCK_M, block_n=BLOCK_N):
+    """The kernels' algorithm in torch, tile for tile (float32): pass 1 an online row
+    log-sum-exp over key tiles, pass 2 per key tile the weighted column sums over query tiles.
+    The tests hold it against the intercept's materialised path, and the kernels against it;
+    it is also the fallback where Triton cannot run."""
+    B, H, n_q, D = q.shape
+    n_k = k.shape[-2]
+    group = H // k.shape[1]
+    qf = q.float()
+    kf = k.float().repeat_interleave(group, dim=1) if group > 1 else k.float()
+    w = weights.to(device=q.device, dtype=torch.float32).expand(B, n_q)
+    if mask is not None:
+        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        below = None if mask.dtype == torch.bool else _hidden_below(mask)
+
+    def tile(r0, r1, c0, c1):
+        s = (qf[:, :, r0:r1] @ kf[:, :, c0:c1].transpose(-1, -2)) * scale
+        visible = torch.ones(1, 1, r1 - r0, c1 - c0, dtype=torch.bool, device=q.device)
+        if is_causal:
+            rows = torch.arange(r0, r1, device=q.device)[:, None] + causal_offset
+            visible = visible & (torch.arange(c0, c1, device=q.device)[None, :] <= rows)
+        if mask is not None:
+            mv = mask[..., r0:r1, :] if mask.shape[-2] > 1 else mask
+            mv = mv[..., c0:c1]
+            if below is None:
+                visible = visible & mv
+            else:
+                visible = visible & (mv.float() > below)
+                s = s + mv.float()
+        return s.masked_fill(~visible, float("-inf"))
+
+    lse = torch.full((B, H, n_q), float("-inf"), device=q.device)
+    for r0 in range(first_row, n_q, block_m):
+        r1 = min(r0 + block_m, n_q)
+        m_i = torch.full((B, H, r1 - r0), float("-inf"), device=q.device)
+        l_i = torch.zeros(B, H, r1 - r0, device=q.device)
+        for c0 in range(0, n_k, block_n):
+            s = tile(r0, r1, c0, min(c0 + block_n, n_k))
+            m_new = torch.maximum(m_i, s.amax(dim=-1))
+            m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)
+            l_i = l_i * torch.exp(m_i - m_safe) + torch.exp(s - m_safe[..., None]).sum(dim=-1)
+            m_i = m_new
+        lse[..., r0:r1] = torch.where(l_i > 0, m_i + torch.log(l_i), float("-inf"))
+    dead = lse == float("-inf")
+    w_rows = torch.where(dead, 0.0, w[:, None, :])  # [B, H, Sq]
+    lse_safe = torch.where(dead, 0.0, lse)
+    out = torch.zeros(B, H, n_k, device=q.device)
+    for c0 in range(0, n_k, block_n):
+        c1 = min(c0 + block_n, n_k)
+        for r0 in range(first_row, n_q, block_m):
+            r1 = min(r0 + block_m, n_q)
+            p = torch.exp(tile(r0, r1, c0, c1) - lse_safe[..., r0:r1, None])
+            out[..., c0:c1] += (p * w_rows[..., r0:r1, None]).sum(dim=-2)
+    return out

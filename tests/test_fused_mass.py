@@ -1,0 +1,342 @@
+"""The fused detection path (fused_mass): the blocked two-pass algorithm against the
+intercept's materialised probabilities, for every mask form the intercept accepts.
+
+On a CPU, ``detect_backend=fused`` runs the torch implementation of the kernels' algorithm
+(the same tiles, the same two passes); the Triton kernels themselves are checked against it in
+test_fused_mass_triton.py, under Triton's interpreter.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lm_eval_sinkmask import fused_mass, intercept
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
+from tests import tiny
+
+FLOAT_MIN = torch.finfo(torch.float32).min
+
+
+def softmax_mass(q, k, w, scale=None, mask=None, is_causal=False, causal_offset=0):
+    """sum_i w_i softmax(s_i) in float64, with every mask convention spelled out directly."""
+    H = q.shape[1]
+    k = k.repeat_interleave(H // k.shape[1], 1)
+    s = (q.double() @ k.double().transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
+    n_q, n_k = s.shape[-2:]
+    visible = torch.ones(n_q, n_k, dtype=torch.bool)
+    if is_causal:
+        visible = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + causal_offset
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            visible = visible & mask
+        else:
+            visible = visible & (mask > torch.finfo(mask.dtype).min / 2)
+            s = s + mask.double()
+    p = torch.softmax(s.masked_fill(~visible, -math.inf), -1).nan_to_num(0.0)
+    return (p * w.double()[:, None, :, None]).sum(-2).float()
+
+
+def _unit_cases(B=2, H=4, Sq=37, Sk=70):
+    g = torch.Generator().manual_seed(0)
+    bias = torch.randn(B, 1, Sq, Sk, generator=g)
+    bias[1, :, :, :9] = FLOAT_MIN  # padded keys, LLaDA's additive form
+    bias[0, :, 5] = FLOAT_MIN  # a row that sees no key
+    rows = torch.rand(1, 1, Sq, Sk, generator=g) > 0.4
+    return {
+        "none": {},
+        "float_key_bias": {"mask": bias[:, :, :1]},
+        "float_per_row_with_dead_row": {"mask": bias},
+        "float_1_1_S_S_bf16": {"mask": bias[:1].to(torch.bfloat16)},
+        "bool_per_row": {"mask": rows},
+        "bool_per_head": {"mask": torch.rand(B, H, Sq, Sk, generator=g) > 0.5},
+        "causal_top_left": {"is_causal": True},
+        "causal_offset": {"is_causal": True, "causal_offset": Sk - Sq},
+        "causal_and_bool": {"is_causal": True, "causal_offset": 3, "mask": rows},
+    }
+
+
+@pytest.mark.parametrize("case", list(_unit_cases()))
+@pytest.mark.parametrize("gqa", [1, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("first_row", [0, 36])
+def test_blocked_mass_is_the_weighted_softmax_column_sum(case, gqa, first_row):
+    kw = _unit_cases()[case]
+    g = torch.Generator().manual_seed(1)
+    B, H, Sq, Sk, D = 2, 4, 37, 70, 24
+    q = torch.randn(B, H, Sq, D, generator=g)
+    k = torch.randn(B, H // gqa, Sk, D, generator=g)
+    w = (torch.rand(B, Sq, generator=g) > 0.2).float()
+    w[:, :first_row] = 0
+    expected = softmax_mass(q, k, w, **kw)
+    for bm, bn in ((64, 64), (16, 32), (7, 5)):  # tilings that split rows and keys unevenly
+        got = fused_mass.blocked_column_mass(q, k, w, scale=D ** -0.5, first_row=first_row,
+                                             block_m=bm, block_n=bn, **kw)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+# -- the intercept: fused detection against the materialised one -----------------------------
+
+
+def _sdpa_forms():
+    """SDPA arguments for every mask form, as (kwargs, key heads, query rows)."""
+    g = torch.Generator().manual_seed(5)
+    B, S = 2, 11
+    pad = torch.ones(B, S, dtype=torch.bool)
+    pad[1, :3] = False  # left padding on the second element
+    key_only = pad[:, None, None, :]
+    per_row = key_only & pad[:, None, :, None]  # Dream: pads neither attend nor are attended
+    bias_rows = torch.randn(1, 1, S, S, generator=g)  # LLaDA-style [1, 1, S, S] float bias
+    return {
+        "none": ({}, 3, S),
+        "bool_key": ({"attn_mask": key_only}, 3, S),
+        "bool_key_expanded": ({"attn_mask": key_only.expand(B, 1, S, S)}, 3, S),
+        "float_key_llada": ({"attn_mask": torch.zeros(B, 1, 1, S).masked_fill(~key_only, FLOAT_MIN)}, 3, S),
+        "float_1_1_S_S": ({"attn_mask": bias_rows}, 3, S),
+        "float_B_1_S_S": ({"attn_mask": bias_rows.masked_fill(~per_row, FLOAT_MIN)}, 3, S),
+        "bool_per_row_dream": ({"attn_mask": per_row}, 3, S),
+        "causal": ({"is_causal": True}, 3, S),
+        "causal_kv_cache": ({"is_causal": True}, 3, 4),  # q_len < k_len (top-left, as SDPA)
+        "bool_causal_2d": ({"attn_mask": torch.ones(S, S, dtype=torch.bool).tril()}, 3, S),
+        "gqa": ({"enable_gqa": True}, 1, S),
+        "gqa_bool_per_row": ({"enable_gqa": True, "attn_mask": per_row}, 1, S),
+        "gqa_causal": ({"enable_gqa": True, "is_causal": True}, 1, S),
+    }
+
+
+def _events(backend, kwargs, kv_heads, n_q, *, rule="all", granularity="head", detect="previous",
+            passes=3, extra_keys=None, sink_token="include"):
+    torch.manual_seed(6)
+    B, H, S, D = 2, 3, 11, 8
+    k, v = torch.randn(B, kv_heads, S, D), torch.randn(B, kv_heads, S, D)
+    k[:, :, 4] *= 4  # a strong key, so that sinks exist
+    qs = [torch.randn(B, H, n_q, D) for _ in range(passes)]
+    state = {}
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(state["q"], k, v, **kwargs)
+
+    attn, events, outs = Attn(), [], []
+    cfg = SinkMaskConfig(top_k=2, eps=0.0, detect=detect, granularity=granularity,
+                         detect_backend=backend, sink_token=sink_token)
+    m = SinkMasker(cfg, rule=rule, observers=[events.append])
+    with torch.no_grad(), m.attach(attn):
+        for q in qs:
+            state["q"] = q
+            if extra_keys is not None:
+                m.set_extra_keys(extra_keys)
+            outs.append(attn())
+    return outs, events
+
+
+def assert_same_detection(fused, materialized):
+    (outs_f, ev_f), (outs_m, ev_m) = fused, materialized
+    assert len(ev_f) == len(ev_m) > 0
+    assert any(int(e.blocked.sum()) for e in ev_m), "nothing was masked: the test tests nothing"
+    for a, b in zip(ev_f, ev_m, strict=True):
+        torch.testing.assert_close(a.scores, b.scores, atol=1e-5, rtol=1e-5)
+        assert torch.equal(a.sinks, b.sinks)
+        assert torch.equal(a.chosen, b.chosen)
+        assert torch.equal(a.blocked, b.blocked)
+    for a, b in zip(outs_f, outs_m, strict=True):
+        # rows that see no key are 0 on the CPU's output path; the fused SDPA kernel returns
+        # what its mask form gives there (the intercept's GPU strategy, tested elsewhere)
+        live = b.ne(0).any(dim=-1)
+        torch.testing.assert_close(a[live], b[live], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("form", list(_sdpa_forms()))
+@pytest.mark.parametrize("rule", ["all", "last_row", "all_rows"])
+def test_fused_detection_equals_the_materialised_one(form, rule):
+    kwargs, kv_heads, n_q = _sdpa_forms()[form]
+    run = {b: _events(b, kwargs, kv_heads, n_q, rule=rule) for b in ("fused", "materialized")}
+    assert_same_detection(run["fused"], run["materialized"])
+
+
+@pytest.mark.parametrize("form", ["none", "float_B_1_S_S", "causal", "gqa_bool_per_row"])
+@pytest.mark.parametrize("detect", ["current", "previous"])
+def test_fused_detection_per_layer_and_detect_modes(form, detect):
+    kwargs, kv_heads, n_q = _sdpa_forms()[form]
+    run = {b: _events(b, kwargs, kv_heads, n_q, granularity="layer", detect=detect)
+           for b in ("fused", "materialized")}
+    assert_same_detection(run["fused"], run["materialized"])
+
+
+def test_fused_detection_with_the_extra_sink_token_excluded():
+    kwargs, kv_heads, n_q = _sdpa_forms()["float_key_llada"]
+    extra = torch.zeros(2, 11, dtype=torch.bool)
+    extra[:, 4] = True  # the strong key is the "extra sink token": scored, never chosen
+    run = {b: _events(b, kwargs, kv_heads, n_q, extra_keys=extra, sink_token="exclude")
+           for b in ("fused", "materialized")}
+    assert_same_detection(run["fused"], run["materialized"])
+    assert not any(bool(e.chosen[:, :, 4].any()) for e in run["fused"][1])
+    assert any(bool(e.sinks[:, :, 4].any()) for e in run["fused"][1])
+
+
+def _model_events(backend, kind, model, run, rule="all", **cfg):
+    events = []
+    config = SinkMaskConfig(top_k=2, eps=0.0, detect_backend=backend, **cfg)
+    with torch.no_grad(), SinkMasker(config, rule=rule, observers=[events.append]).attach(model):
+        logits = run()
+    return [logits], events
+
+
+def _padded_model_runs(kind, device="cpu"):
+    """Both backends' (outputs, events, moved to the CPU) of one padded batch through a tiny
+    model on ``device``."""
+    from lm_eval_sinkmask.families import FAMILIES
+
+    model = tiny.build(kind).eval().to(device)
+    ids = torch.randint(5, 40, (3, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, :4] = 0
+    mask[2, :1] = 0
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if kind == "dream":
+        kwargs = FAMILIES["dream"].model_inputs(ids, mask)
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    rule = "all_rows" if kind == "llama" else "all"
+    runs = {b: _model_events(b, kind, model, lambda: model(**kwargs).logits, rule=rule)
+            for b in ("fused", "materialized")}
+    cpu = lambda t: t.cpu()  # noqa: E731
+    return {b: ([cpu(o) for o in outs],
+                [type(e)(e.forward_pass, e.layer, *map(cpu, (e.scores, e.sinks, e.chosen, e.blocked)))
+                 for e in events])
+            for b, (outs, events) in runs.items()}
+
+
+@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
+def test_fused_detection_in_tiny_models_with_padding(kind):
+    """Padded keys and padded query rows as the models pass them (2-D mask to the model)."""
+    run = _padded_model_runs(kind)
+    assert_same_detection(run["fused"], run["materialized"])
+
+
+@pytest.mark.parametrize("rule", ["last_row", "all_rows"])
+@pytest.mark.parametrize("granularity", ["head", "layer"])
+def test_fused_detection_across_kv_cached_decoding_steps(rule, granularity):
+    """Prefill then one-row steps with the KV cache: the all_rows counts carried across steps
+    and the last_row rule on one query row give the same sinks on both paths."""
+    model = tiny.build("llama").eval()
+    ids = torch.randint(5, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+
+    def cached():
+        out = model(ids[:, :5], use_cache=True)
+        for t in range(5, 9):
+            out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+        return out.logits
+
+    run = {b: _model_events(b, "llama", model, cached, rule=rule, granularity=granularity)
+           for b in ("fused", "materialized")}
+    assert_same_detection(run["fused"], run["materialized"])
+
+
+def test_auto_keeps_the_materialised_path_on_cpu(monkeypatch):
+    """The default (auto) never takes the fused path on a CPU: the tiny-zoo numbers stay
+    those of the materialised sweep."""
+    def refuse(*a, **k):
+        raise AssertionError("fused detection used on CPU under detect_backend=auto")
+
+    monkeypatch.setattr(fused_mass, "column_mass", refuse)
+    kwargs, kv_heads, n_q = _sdpa_forms()["float_key_llada"]
+    _, events = _events("auto", kwargs, kv_heads, n_q)
+    assert events
+    assert fused_mass.use_fused("auto", torch.device("cpu")) is False
+    assert fused_mass.use_fused("fused", torch.device("cpu")) is True
+    assert fused_mass.use_fused("materialized", torch.device("cuda")) is False
+
+
+def test_detect_backend_is_validated_from_model_args():
+    assert SinkMaskConfig.pop_from({"detect_backend": "fused"}).detect_backend == "fused"
+    assert SinkMaskConfig().detect_backend == "auto"
+    with pytest.raises(ValueError, match="detect_backend must be one of"):
+        SinkMaskConfig.pop_from({"detect_backend": "flash"})
+    assert "detect_backend" in SinkMaskConfig().as_dict()
+
+
+def test_fused_path_makes_no_float32_copies_of_q_and_k():
+    """The fused path reads the model's bf16 q and k as they are: the _Scores float32 forms
+    (and the GQA-expanded K) are never built."""
+    q = torch.randn(1, 4, 6, 8, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 6, 8, dtype=torch.bfloat16)
+    mask = intercept._MaskView(None, False, 1, 6, 6, q.device, None, "all", 256)
+    sc = intercept._Scores(q, k, k, mask, None, True)
+    out, det = intercept._detect(sc, 256, None, fused=True)
+    assert out is None and det.mass.shape == (1, 4, 6)
+    assert not {"q", "kt", "v"} & set(vars(sc))
+
+
+# -- the compiled selection of the fused CUDA path ----------------------------------------------
+
+
+def test_selection_is_compiled_only_on_the_fused_cuda_path():
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import select_sinks
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compiled_tail.selector(cpu, True) is select_sinks
+    assert compiled_tail.selector(cuda, False) is select_sinks  # the materialised path as it was
+    assert compiled_tail.selector(cuda, True) is compiled_tail._COMPILED
+
+
+@pytest.mark.slow
+def test_compiled_selection_picks_exactly_the_eager_sinks():
+    """torch.compile of select_sinks (here inductor's CPU backend; CUDA uses its Triton one)
+    returns the eager scores, sinks and choices bit for bit, across key counts (one dynamic
+    graph) and with invalid keys and keys no row sees."""
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import select_sinks
+
+    compiled = compiled_tail._Compiled()
+    g = torch.Generator().manual_seed(0)
+    for n_keys in (30, 31, 47):
+        mass = torch.rand(2, 4, n_keys, generator=g) ** 4
+        rows = torch.full((2, 4, n_keys), n_keys)
+        rows[:, :, -3:] = 0
+        valid = torch.ones(2, n_keys, dtype=torch.bool)
+        valid[0, :2] = False
+        got = compiled(mass, rows, valid, eps=0.5, k=3, per_layer=False)
+        want = select_sinks(mass, rows, valid, eps=0.5, k=3, per_layer=False)
+        assert not compiled.failed
+        assert int(want[2].sum()) > 0
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+
+# -- on a CUDA machine: the compiled kernels (skipped on CPU-only machines such as CI) ---------
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or not fused_mass.triton_runs_on(torch.device("cuda")),
+    reason="no CUDA device with Triton here: the compiled kernels are checked on a GPU machine "
+           "(the interpreter checks the same kernels in test_fused_mass_triton.py)")
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", list(_unit_cases()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("gqa", [1, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("first_row", [0, 36])
+def test_cuda_kernels_match_the_torch_blocked_algorithm(case, dtype, gqa, first_row):
+    kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v)
+          for k, v in _unit_cases()[case].items()}
+    g = torch.Generator().manual_seed(1)
+    B, H, Sq, Sk, D = 2, 4, 37, 70, 24
+    q = torch.randn(B, H, Sq, D, generator=g).to("cuda", dtype)
+    k = torch.randn(B, H // gqa, Sk, D, generator=g).to("cuda", dtype)
+    w = (torch.rand(B, Sq, generator=g) > 0.2).float().cuda()
+    w[:, :first_row] = 0
+    for bm, bn in ((64, 64), (16, 32)):
+        ref = fused_mass.blocked_column_mass(q, k, w, scale=D ** -0.5, first_row=first_row,
+                                             block_m=bm, block_n=bn, **kw)
+        got = fused_mass.column_mass(q, k, w, scale=D ** -0.5, first_row=first_row,
+                                     use_triton=True, block_m=bm, block_n=bn, **kw)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
+def test_cuda_fused_detection_masks_what_the_materialised_path_masks(kind):
+    run = _padded_model_runs(kind, "cuda")
+    assert_same_detection(run["fused"], run["materialized"])

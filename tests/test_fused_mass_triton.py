@@ -1,0 +1,158 @@
+"""The Triton kernels of fused_mass, run by Triton's interpreter on the CPU.
+
+``TRITON_INTERPRET=1`` must be set before Triton compiles anything, so the checks run in one
+child process (this file as a script) that prints one JSON line per case; the tests below read
+them. The child compares the kernels with the torch implementation of the same algorithm
+(``blocked_column_mass``) on every mask form, and runs tiny models through the intercept with
+the kernels against the materialised path. Small shapes: the interpreter steps every program
+in numpy, a few seconds in all.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton is not installed, so the fused-mass kernels were NOT checked "
+                "(pip install -e '.[test]' installs it on Linux x86-64)", allow_module_level=True)
+
+UNIT_CASES = ["none", "float_key_bias", "float_per_row_with_dead_row", "float_1_1_S_S_bf16",
+              "bool_per_row", "bool_per_head", "causal_top_left", "causal_offset",
+              "causal_and_bool"]
+MODEL_CASES = ["llada", "dream", "llama_all_rows_kv_cache", "llama_last_row_kv_cache"]
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+
+
+# every mask form in float32 MHA; GQA with bf16 inputs and the one-row (last_row) launch on
+# the forms that differ most (the interpreter takes ~0.5 s per case)
+VARIANTS = {"mha_fp32": UNIT_CASES,
+            "gqa_bf16": ["none", "float_per_row_with_dead_row", "causal_and_bool"],
+            "gqa_fp32_last_row": ["float_key_bias", "bool_per_head", "causal_offset"]}
+
+
+@pytest.mark.parametrize("case", [f"{c}/{v}" for v, cases in VARIANTS.items() for c in cases])
+def test_kernels_match_the_torch_blocked_algorithm(interpreted, case):
+    r = interpreted[case]
+    assert r["kernels"] is True, "the child did not run the Triton kernels"
+    assert r["max_abs"] <= 1e-5 * max(1.0, r["max_ref"]), r
+
+
+@pytest.mark.parametrize("case", MODEL_CASES)
+def test_intercept_with_the_kernels_masks_what_the_materialised_path_masks(interpreted, case):
+    r = interpreted[case]
+    assert r["kernels"] is True and r["calls"] > 0 and r["blocked"] > 0, r
+    assert r["scores_max_abs"] <= 1e-5, r
+    assert r["same_sinks"] and r["same_chosen"], r
+
+
+# -- the child process ------------------------------------------------------------------------
+
+
+def _unit_results():
+    import torch
+
+    from lm_eval_sinkmask import fused_mass
+    from tests.test_fused_mass import _unit_cases
+
+    B, H, Sq, Sk, D = 2, 2, 20, 40, 24  # D 24: the kernels pad head_dim to 32
+    cases = _unit_cases(B, H, Sq, Sk)
+    for variant, (gqa, dtype, last) in {"mha_fp32": (1, torch.float32, False),
+                                        "gqa_bf16": (2, torch.bfloat16, False),
+                                        "gqa_fp32_last_row": (2, torch.float32, True)}.items():
+        g = torch.Generator().manual_seed(1)
+        q = torch.randn(B, H, Sq, D, generator=g).to(dtype)
+        k = torch.randn(B, H // gqa, Sk, D, generator=g).to(dtype)
+        w = (torch.rand(B, Sq, generator=g) > 0.2).float()
+        first = Sq - 1 if last else 0
+        w[:, :first] = 0
+        for name in VARIANTS[variant]:
+            kw = dict(cases[name], scale=D ** -0.5, first_row=first, block_m=16, block_n=16)
+            # 16 x 16 tiles: several query and key tiles, so the online LSE and the causal
+            # tile bounds are exercised
+            ref = fused_mass.blocked_column_mass(q, k, w, **kw)
+            got = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
+            yield {"case": f"{name}/{variant}", "kernels": True,
+                   "max_abs": float((got - ref).abs().max()), "max_ref": float(ref.abs().max())}
+
+
+def _model_results():
+    import torch
+
+    from lm_eval_sinkmask import fused_mass
+    from lm_eval_sinkmask.config import SinkMaskConfig
+    from lm_eval_sinkmask.families import FAMILIES
+    from lm_eval_sinkmask.intercept import SinkMasker
+    from tests import tiny
+
+    used = []
+    real = fused_mass._triton_column_mass
+
+    def counted(*args):
+        used.append(True)
+        return real(*args)
+
+    fused_mass._triton_column_mass = counted
+    ids = torch.randint(5, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+
+    def cached(model):
+        def run():
+            out = model(ids[:, :5], use_cache=True)
+            for t in range(5, 9):
+                out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+        return run
+
+    for case in MODEL_CASES:
+        kind = case.split("_")[0]
+        model = tiny.build(kind).eval()
+        rule = "all"
+        if kind == "llama":
+            rule, run = case.split("_")[1] + "_" + case.split("_")[2], cached(model)
+        else:
+            kwargs = {"input_ids": ids, "attention_mask": mask}
+            if kind == "dream":
+                kwargs = FAMILIES["dream"].model_inputs(ids, mask)
+            run = lambda m=model, kw=kwargs: m(**kw)  # noqa: E731
+        events = {}
+        for backend in ("fused", "materialized"):
+            used.clear()
+            got = []
+            cfg = SinkMaskConfig(top_k=2, eps=0.0, detect_backend=backend)
+            with torch.no_grad(), SinkMasker(cfg, rule=rule, observers=[got.append]).attach(model):
+                run()
+            events[backend] = (got, bool(used))
+        (fz, kernels), (mz, _) = events["fused"], events["materialized"]
+        yield {"case": case, "kernels": kernels, "calls": len(fz),
+               "blocked": int(sum(int(e.blocked.sum()) for e in mz)),
+               "scores_max_abs": max(float((a.scores - b.scores).abs().max()) for a, b in zip(fz, mz)),
+               "same_sinks": len(fz) == len(mz) and all(torch.equal(a.sinks, b.sinks) for a, b in zip(fz, mz)),
+               "same_chosen": all(torch.equal(a.chosen, b.chosen) for a, b in zip(fz, mz))}
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    sys.path.insert(0, str(ROOT))
+    from lm_eval_sinkmask import fused_mass as _fm
+
+    assert _fm.triton_runs_on(__import__("torch").device("cpu")), "Triton did not load"
+    for result in itertools.chain(_unit_results(), _model_results()):
+        print(json.dumps(result), flush=True)
