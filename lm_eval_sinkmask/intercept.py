@@ -463,6 +463,17 @@ def _output_from_scores(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _removes_nothing(blocked: torch.Tensor) -> bool:
+    """Whether a call masks no key at all, so that it can return the model's own SDPA output
+    (bit for bit what top_k=0 returns, not a recomputation that rounds differently).
+
+    Asked only where the output would come from the scores (a CPU), where reading the answer
+    costs no device wait; on an accelerator the fused kernel runs with the model's mask and
+    nothing hidden, and the call never waits for the device.
+    """
+    return _output_from_scores(blocked.device) and not bool(blocked.any())
+
+
 def _fused_masked_output(original, a: dict, sc: _Scores, blocked: torch.Tensor, chunk: int):
     """The attention output with ``blocked`` keys removed, from the original fused SDPA kernel
     given the model's mask with the blocked keys hidden.
@@ -626,10 +637,11 @@ class _Run:
         # keys masked in this call: last pass's sinks, or (first pass, detect=current) this
         # pass's, known only once the sweep below has detected them
         blocked = self._previous(layer, sc) if self.config.detect == "previous" else None
+        keep_all = blocked is not None and _removes_nothing(blocked)
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
-        out, det = _sweep(sc, chunk, blocked=blocked,
-                          output=blocked is not None and _output_from_scores(query.device))
+        out, det = _sweep(sc, chunk, blocked=blocked, output=blocked is not None and not keep_all
+                          and _output_from_scores(query.device))
         key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
@@ -650,7 +662,10 @@ class _Run:
         self.previous[layer] = chosen
         if blocked is None:
             blocked = chosen
-        if out is None:
+            keep_all = _removes_nothing(blocked)
+        if keep_all:  # nothing masked: the model's own output, exactly what top_k=0 returns
+            out = self.original(*args, **kwargs)
+        elif out is None:
             out = _fused_masked_output(self.original, a, sc, blocked, chunk)
         for observe in self.masker.observers:
             observe(AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked))
