@@ -23,6 +23,7 @@ from .config import SinkMaskConfig
 from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, resolve_pretrained
 from .samplers import generate_block, generate_dream, validate_block_args
+from .samplers.dream import VARIANTS as DREAM_SAMPLERS
 
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
 
@@ -58,6 +59,9 @@ class DiffusionSettings:
     padding_side: str = "left"
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
+    # Dream: "reference" decodes as Dream's diffusion_generate (its tie order, the mask token
+    # predictable, the model's dtype); "invariant" gives the same tokens at any batch size
+    dream_sampler: str = "reference"
 
     @classmethod
     def build(cls, family: Family, user: dict[str, Any]) -> DiffusionSettings:
@@ -90,6 +94,10 @@ class DiffusionSettings:
                 self.for_request(self.gen_length, family)
         elif self.alg not in DREAM_ALGS:
             raise ValueError(f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
+        if self.dream_sampler not in DREAM_SAMPLERS:
+            raise ValueError(
+                f"dream_sampler must be one of {DREAM_SAMPLERS}, got {self.dream_sampler!r}"
+            )
 
     def for_request(self, max_gen_toks: int, family: Family) -> DiffusionSettings:
         """Settings for one request batch: gen_length from the task unless the user set it."""
@@ -211,6 +219,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                     top_k=s.sampling_top_k,
                     alg=s.alg,
                     alg_temp=s.alg_temp,
+                    variant=s.dream_sampler,
                     **common,
                 )
         return torch.cat([context, generated.to(context.device)], dim=1)
