@@ -21,7 +21,8 @@ from lm_eval.models.huggingface import HFLM
 from . import sink_token, zoo
 from .config import SinkMaskConfig
 from .families import Family, disable_flash_attention, family_for
-from .masking_lm import MaskingLMMixin, resolve_pretrained
+from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
+from .padding_probe import UNPADDED, choose_padding
 from .samplers import generate_block, generate_dream, validate_block_args
 from .samplers.dream import VARIANTS as DREAM_SAMPLERS
 
@@ -161,6 +162,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         disable_flash_attention(self.model)
         self.mask_id = self._resolve_mask_id(mask_id, config)
         self._init_masking(mask_config, rule="all")
+        self.padding = self._probe_padding()
+        self._inputs = dict(self.family.padding_inputs()).get(self.padding, self.family.model_inputs)
 
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
@@ -177,19 +180,54 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         ids = [self.tokenizer.convert_tokens_to_ids(t) for t in tokens]
         return tuple(i for i in ids if i is not None and i != self.tokenizer.unk_token_id)
 
+    def _forward(self, inputs, x: torch.Tensor, mask: torch.Tensor, on_keys=None) -> torch.Tensor:
+        """Logits [B, T, V] of the working sequence x under key mask ``mask`` [B, T], the mask
+        passed as ``inputs`` builds it (a checkpoint with an extra sink token: see sink_token)."""
+        if self.sink is not None:  # the samplers see neither the token nor its logits
+            return sink_token.forward(self.model, x, mask, self.sink, self.family.takes_position_ids,
+                                      on_keys=on_keys)
+        return self.model(**inputs(x, mask)).logits
+
+    def _probe_padding(self) -> str:
+        """How this checkpoint is given padded batches: the first of the family's mask forms
+        its code honours, or UNPADDED (batches split into prompts of equal length)."""
+        embeddings = self.model.get_input_embeddings()
+        vocab = getattr(embeddings, "num_embeddings", None) or self.model.config.vocab_size
+        with torch.inference_mode():
+            padding = choose_padding(self._forward, self.family.padding_inputs(), vocab_size=vocab,
+                                     mask_id=self.mask_id, padding_side=self.settings.padding_side,
+                                     device=self.device, dtype=self.model.dtype)
+        if padding == UNPADDED:
+            logger.warning(
+                "%s: this checkpoint's code does not honour the padding mask in any form we know "
+                "(a padded row decodes differently from the row alone), so each batch is split "
+                "into prompts of equal length, which need no padding", self.family.name)
+        else:
+            logger.info("%s: padded batches pass their mask as %s (a padded row decodes as the "
+                        "row alone)", self.family.name, padding)
+        return padding
+
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """Diffusion sampling for one batch; returns [context | generated] as HFLM expects."""
         prompt_mask = generation_kwargs.pop("attention_mask", None)
         if prompt_mask is None:
             prompt_mask = torch.ones_like(context)
         s = self.settings.for_request(max_length - context.shape[1], self.family)
-        family, sink = self.family, self.sink
+        if self.padding != UNPADDED:
+            return torch.cat([context, self._decode(context, prompt_mask, s).to(context.device)], dim=1)
+        lengths = prompt_mask.sum(1)
+        generated = torch.empty(context.shape[0], s.gen_length, dtype=torch.long, device=context.device)
+        for n in lengths.unique().tolist():  # equal lengths: no padding (build_layout drops it)
+            rows = (lengths == n).nonzero().squeeze(1)
+            generated[rows] = self._decode(context[rows], prompt_mask[rows], s).to(context.device)
+        return torch.cat([context, generated], dim=1)
+
+    def _decode(self, context, prompt_mask, s: DiffusionSettings) -> torch.Tensor:
+        """The family's sampler on one batch of prompts under the masker: [B, gen_length]."""
+        family = self.family
 
         def model_fn(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            if sink is not None:  # the samplers see neither the token nor its logits
-                return sink_token.forward(self.model, x, mask, sink, family.takes_position_ids,
-                                          on_keys=self.masker.set_extra_keys)
-            return self.model(**family.model_inputs(x, mask)).logits
+            return self._forward(self._inputs, x, mask, on_keys=self.masker.set_extra_keys)
 
         common = dict(
             mask_id=self.mask_id,
@@ -222,7 +260,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                     variant=s.dream_sampler,
                     **common,
                 )
-        return torch.cat([context, generated.to(context.device)], dim=1)
+        return generated
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError(LOGLIKELIHOOD_HELP)
@@ -235,5 +273,6 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["family"] = self.family.name
         info["sinkmask"]["sampler"] = {"name": self.family.sampler, **asdict(self.settings)}
         info["sinkmask"]["mask_id"] = self.mask_id
+        info["sinkmask"]["padding"] = self.padding
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         return info
