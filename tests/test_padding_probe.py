@@ -93,6 +93,11 @@ def test_equal_length_groups_decode_together(sharp_llada):
     assert sorted(calls) == [1, 1, 2]
 
 
+@pytest.mark.parametrize("name", ["llada", "dream", "llada_sink"])
+def test_the_shipped_zoo_checkpoints_take_the_plain_mask(name):
+    assert make("dlm_sinkmask", f"zoo:{name}").padding == "attention_mask"
+
+
 @pytest.mark.parametrize("kind, side", [("llada", "right"), ("llada", "left"), ("dream", "left")])
 def test_the_zoo_classes_honour_their_mask(kind, side):
     model = tiny.build(kind)
