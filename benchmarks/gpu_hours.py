@@ -64,11 +64,11 @@ from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 # -- the sweep being estimated ------------------------------------------------------------
 
 PROBLEMS = {"gsm8k_sinkmask": 1319, "humaneval_sinkmask": 164}
-GEN_LENGTH = {"gsm8k_sinkmask": 256, "humaneval_sinkmask": 512}  # SPEC 4; steps = gen_length
+GEN_LENGTH = {"gsm8k_sinkmask": 256, "humaneval_sinkmask": 512}  # docs/method.md section 8; steps = gen_length
 KS = (0, 1, 5, 10)
 # mean prompt lengths in tokens, used when no --tokenizer is given. GSM8K: lm-eval's 5-shot
 # "Question: ... Answer: ..." prompt averages 2,967 characters over the 1,319 test problems
-# (measured on ../shared/data/gsm8k with 5 random train shots each); at an assumed ~3.7
+# (measured on a local copy of GSM8K with 5 random train shots each); at an assumed ~3.7
 # characters per token for a Llama-3 / LLaDA-style BPE on this text, ~800 tokens. HumanEval:
 # the prompts average 451 characters; code at ~3.2 characters per token, ~140 tokens.
 PROMPT_TOKENS = {"gsm8k_sinkmask": 800, "humaneval_sinkmask": 140}
@@ -373,8 +373,8 @@ def main(argv=None, timer=None) -> dict:
     ap.add_argument("--humaneval-prompt-tokens", type=int, default=None)
     ap.add_argument("--tokenizer", default=None,
                     help="count mean prompt tokens with this tokenizer (e.g. GSAI-ML/LLaDA-8B-Instruct)")
-    ap.add_argument("--gsm8k-dir", default=os.environ.get("SINKMASK_GSM8K_DIR",
-                                                          str(ROOT.parent / "shared/data/gsm8k")))
+    ap.add_argument("--gsm8k-dir", default=os.environ.get("SINKMASK_GSM8K_DIR"),
+                    help="local GSM8K (train.jsonl, test.jsonl) for --tokenizer [$SINKMASK_GSM8K_DIR]")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per variant [5; quick: 1]")
     ap.add_argument("--passes", type=int, default=None, help="DLM forwards per timing [3; quick: 2]")
     ap.add_argument("--decode-steps", type=int, default=None, help="ARM decoding steps timed [16; quick: 4]")

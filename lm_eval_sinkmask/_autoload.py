@@ -41,7 +41,7 @@ def add_task_folder(module) -> None:
         paths = [] if include_path is None else (
             list(include_path) if isinstance(include_path, (list, tuple)) else [include_path]
         )
-        if not any(os.path.abspath(str(p)) == str(TASKS_DIR) for p in paths):
+        if not any(os.path.realpath(str(p)) == str(TASKS_DIR) for p in paths):
             paths.append(str(TASKS_DIR))
         original_init(self, *args, include_path=paths, **kwargs)
 

@@ -5,6 +5,7 @@
     sinkmask table   results/paper
     sinkmask sinks   --model PATH --prompt "..." --out figs/llada
     sinkmask figures figs/llada          # redraw from the saved trace
+    sinkmask args    [--model dlm_sinkmask]   # every model argument, its default and meaning
 
 Heavy imports (torch, lm-eval) happen inside the subcommands, so ``sinkmask --help`` is quick.
 """
@@ -118,6 +119,16 @@ def _figures(a: argparse.Namespace) -> int:
     return 0
 
 
+def _args(a: argparse.Namespace) -> int:
+    from . import model_args
+
+    if a.markdown:
+        print(model_args.markdown())
+        return 0
+    print("\n\n".join(model_args.text(m) for m in ([a.model] if a.model else model_args.MODELS)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinkmask", description=__doc__.split("\n")[0].replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-args-for", action="append", metavar="NAME:ARGS",
                    help="model_args for one model, e.g. llada:block_length=32 (repeatable)")
     s.add_argument("--arm-rule", default="last_row", choices=["last_row", "all_rows"],
-                   help="ARM query rule (SPEC 4) [%(default)s]")
+                   help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
     s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: lm-eval's)")
     s.add_argument("--num-fewshot", type=int, default=None)
@@ -184,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("folder")
     f.add_argument("--heads", default=None)
     f.set_defaults(func=_figures)
+
+    g = sub.add_parser("args", help="every model argument of dlm_sinkmask / arm_sinkmask, with default and meaning")
+    g.add_argument("--model", choices=["dlm_sinkmask", "arm_sinkmask"], default=None, help="one model (default: both)")
+    g.add_argument("--markdown", action="store_true", help="the README's tables instead")
+    g.set_defaults(func=_args)
     return p
 
 

@@ -45,7 +45,7 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class SinkMaskConfig:
-    """What to mask and how (SPEC sections 2-3).
+    """What to mask and how (docs/method.md sections 2-5).
 
     top_k: number of sinks masked per (layer, head) or per layer; 0 disables masking and the
         intercept passes every call straight through.
@@ -54,7 +54,7 @@ class SinkMaskConfig:
         protocol); "current" detects and masks inside the same pass.
     granularity: "head" detects per (layer, head); "layer" averages heads first.
     layers: restrict detection and masking to these layer indices (None: all).
-    arm_rule: query rows used by the ARM rule (SPEC 4): "last_row" (paper) or "all_rows".
+    arm_rule: query rows used by the ARM rule (docs/method.md section 5): "last_row" (paper) or "all_rows".
     query_chunk: query rows processed at once by the intercept, bounding its extra memory to
         O(batch x heads x keys x query_chunk).
     sink_token: for checkpoints that declare an extra sink token (``sink_token.py``):

@@ -18,7 +18,7 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import sink_token, zoo
+from . import model_args, sink_token, zoo
 from .config import SinkMaskConfig
 from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
@@ -100,13 +100,35 @@ class DiffusionSettings:
                 f"dream_sampler must be one of {DREAM_SAMPLERS}, got {self.dream_sampler!r}"
             )
 
-    def for_request(self, max_gen_toks: int, family: Family) -> DiffusionSettings:
-        """Settings for one request batch: gen_length from the task unless the user set it."""
+    def for_request(self, max_gen_toks: int, family: Family, task: str | None = None) -> DiffusionSettings:
+        """Settings for one request batch: gen_length from the task unless the user set it.
+
+        A combination the block sampler cannot run fails with the model_args that would fix it.
+        """
         gen_length = self.gen_length or max_gen_toks
         steps = self.steps or gen_length
+        block_length = self.block_length or gen_length
         if family.sampler == "block":
-            validate_block_args(gen_length, steps, self.block_length or gen_length)
-        return replace(self, gen_length=gen_length, steps=steps)
+            try:
+                validate_block_args(gen_length, steps, block_length)
+            except ValueError as e:
+                raise ValueError(f"{e}{self._block_fix(gen_length, steps, block_length, task)}") from None
+        else:
+            block_length = None  # Dream decodes the whole span at once: no blocks
+        return replace(self, gen_length=gen_length, steps=steps, block_length=block_length)
+
+    def _block_fix(self, gen_length: int, steps: int, block_length: int, task: str | None) -> str:
+        where = "" if self.gen_length else (
+            f" (gen_length {gen_length} is the max_gen_toks of task {task or '?'})")
+        if gen_length % block_length:
+            up = -(-gen_length // block_length) * block_length
+            fits = [b for b in range(block_length, 0, -1) if gen_length % b == 0][0]
+            return (f"{where}. Fix: add gen_length={up} (a multiple of block_length) or "
+                    f"block_length={fits} (a divisor of gen_length) to model_args")
+        blocks = gen_length // block_length
+        up = -(-steps // blocks) * blocks
+        return (f"{where}. Fix: add steps={up} to model_args, or leave steps unset "
+                "(one step per token always fits)")
 
     @staticmethod
     def pop_from(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +158,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         **kwargs: Any,
     ) -> None:
         # Everything that can be wrong with the arguments fails here, before weights load.
+        model_args.check(model_args.DLM, kwargs)
         pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
@@ -158,6 +181,9 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             kwargs.setdefault("attn_implementation", self.family.attn_implementation)
 
         super().__init__(pretrained, backend="causal", **kwargs)
+        # effective (gen_length, steps, block_length): per task as planned, and as run
+        self.settings_per_task: dict[str, dict[str, int | None]] = {}
+        self.settings_used: set[tuple[int, int, int | None]] = set()
         self.model.eval()
         disable_flash_attention(self.model)
         self.mask_id = self._resolve_mask_id(mask_id, config)
@@ -213,6 +239,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         if prompt_mask is None:
             prompt_mask = torch.ones_like(context)
         s = self.settings.for_request(max_length - context.shape[1], self.family)
+        self.settings_used.add((s.gen_length, s.steps, s.block_length))
         if self.padding != UNPADDED:
             return torch.cat([context, self._decode(context, prompt_mask, s).to(context.device)], dim=1)
         lengths = prompt_mask.sum(1)
@@ -262,6 +289,21 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 )
         return generated
 
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        self._plan_requests(requests)
+        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+
+    def _plan_requests(self, requests) -> None:
+        """Check every request's sampler settings before the first forward pass: a task whose
+        generation length does not fit the blocks fails now, not after hours of other tasks."""
+        from lm_eval.models.utils import normalize_gen_kwargs
+
+        for req in requests:
+            max_gen_toks = normalize_gen_kwargs(req.args[1], self.max_gen_toks)["max_gen_toks"]
+            s = self.settings.for_request(max_gen_toks, self.family, task=req.task_name)
+            self.settings_per_task[req.task_name or "requests"] = {
+                "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
+
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError(LOGLIKELIHOOD_HELP)
 
@@ -271,7 +313,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     def get_model_info(self) -> dict:
         info = super().get_model_info()
         info["sinkmask"]["family"] = self.family.name
-        info["sinkmask"]["sampler"] = {"name": self.family.sampler, **asdict(self.settings)}
+        sampler = {"name": self.family.sampler, **asdict(self.settings)}
+        if len(self.settings_used) == 1:  # one setting for the whole run: the effective values
+            (sampler["gen_length"], sampler["steps"], sampler["block_length"]), = self.settings_used
+        sampler["per_task"] = self.settings_per_task
+        info["sinkmask"]["sampler"] = sampler
         info["sinkmask"]["mask_id"] = self.mask_id
         info["sinkmask"]["padding"] = self.padding
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None

@@ -1,4 +1,4 @@
-"""Model families: every per-family difference lives in this one table (SPEC 4).
+"""Model families: every per-family difference lives in this one table (docs/method.md sections 6, 8).
 
 A family says which checkpoints belong to it (``config.model_type``), which sampler runs it and
 with what defaults, its mask token, how our samplers call its forward, and how to load it so
@@ -132,15 +132,32 @@ def family_for(model_type: str | None, override: str | None = None) -> Family:
             raise ValueError(
                 f"unknown family {override!r}; choose one of {sorted(FAMILIES)}"
             ) from None
-    mt = (model_type or "").lower()
-    for family in FAMILIES.values():
-        if mt in family.model_types:
-            return family
+    name = diffusion_family_of(model_type)
+    if name is not None:
+        return FAMILIES[name]
+    if is_autoregressive(model_type):
+        raise ValueError(
+            f"model_type {model_type!r} is an autoregressive LM: use --model arm_sinkmask. "
+            "dlm_sinkmask runs masked-diffusion samplers, which such a model was not trained for."
+        )
     raise ValueError(
         f"cannot tell the diffusion family of model_type {model_type!r}; known: "
         f"{sorted(t for f in FAMILIES.values() for t in f.model_types)}. Pass family=llada, "
         "family=mmada or family=dream in model_args if the checkpoint is one of them."
     )
+
+
+def diffusion_family_of(model_type: str | None) -> str | None:
+    """The family that owns ``model_type``, or None for a checkpoint that is not one of ours."""
+    mt = (model_type or "").lower()
+    return next((f.name for f in FAMILIES.values() if mt in f.model_types), None)
+
+
+def is_autoregressive(model_type: str | None) -> bool:
+    """Whether transformers knows ``model_type`` as a causal (left-to-right) LM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return (model_type or "").lower() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def disable_flash_attention(model: torch.nn.Module) -> int:

@@ -2,7 +2,7 @@
 trace alone.
 
 Every figure's title names the model and the steps it covers; scores are Eq. 3 scores in units
-of the uniform attention share (SPEC 2: 1 = the attention a key would get if every query spread
+of the uniform attention share (docs/method.md section 2: 1 = the attention a key would get if every query spread
 its attention evenly).
 """
 
@@ -147,8 +147,10 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
         ax.plot(steps, y, marker="o", markersize=3.5, linewidth=1.3, label=f"layer {l}, head {h}")
     P = trace.meta["prompt_length"]
     ax.axhline(P - 0.5, color="grey", linestyle=":", linewidth=1)
-    ax.text(T + 0.4, P - 0.5, "prompt above / generation below ", va="bottom", ha="right",
-            fontsize=8, color="grey")
+    # labelled in the right margin, where no data line can run over it
+    for word, va in (("\u2191 prompt", "bottom"), ("\u2193 generation", "top")):
+        ax.text(1.01, P - 0.5, word, transform=ax.get_yaxis_transform(), va=va, ha="left",
+                fontsize=8, color="grey", clip_on=False, gid="prompt-boundary")
     if "inputs" in trace.arrays and trace.meta.get("mask_id") is not None:
         # the unmasking frontier: rightmost position still masked at each step
         masked = trace["inputs"] == trace.meta["mask_id"]

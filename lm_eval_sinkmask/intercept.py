@@ -1,10 +1,10 @@
 """Sink masking inside a model's attention, by intercepting ``F.scaled_dot_product_attention``.
 
 All four model families (LLaDA, MMaDA, Dream, Llama) reach attention through
-``torch.nn.functional.scaled_dot_product_attention`` (SPEC 4), so one intercept of that function,
+``torch.nn.functional.scaled_dot_product_attention`` (docs/method.md section 6), so one intercept of that function,
 scoped to one model's forward passes, covers them without copying any modeling file.
 
-Data path for one attention call (SPEC 3): recompute the scores the model asked for (its mask,
+Data path for one attention call (docs/method.md sections 2-4): recompute the scores the model asked for (its mask,
 ``is_causal``, ``scale``, GQA), accumulate per-key attention mass query-chunk by query-chunk for
 detection (never an S x S probability tensor per layer), pick the sinks with :mod:`metric`, and
 return the attention output with the chosen keys removed from every query row's softmax.
@@ -64,7 +64,7 @@ class LayerCounters:
 
 @dataclass
 class MaskingStats:
-    """What the intercept did: every run reports these (SPEC 4).
+    """What the intercept did: every run reports these (docs/method.md section 6).
 
     The per-call counts of sinks and masked keys are tensors on the model's device; reading
     each one as an int would stall the GPU once per attention call. They wait in a pending
@@ -395,7 +395,7 @@ def _sweep(
     Detection accumulates the unmasked attention mass each key receives from the metric's
     query rows Q (the mask view's), never keeping more than one chunk of probabilities alive.
     blocked: bool [B, H or 1, Sk], keys removed from the softmax of every row that can still
-        see another key (SPEC 3: a row whose every visible key is blocked keeps its scores).
+        see another key (docs/method.md section 3: a row whose every visible key is blocked keeps its scores).
     output: compute the attention output (the same scores serve detection and output).
 
     Per chunk: one score matmul, one softmax; the column mass is a [1 x rows] @ [rows x Sk]
@@ -481,7 +481,7 @@ def _fused_masked_output(original, a: dict, sc: _Scores, blocked: torch.Tensor, 
     Row-independent masks (no mask, key padding, LLaDA's bias) need one [B, H, 1, Sk] mask for
     the whole call; otherwise (causal, per-row masks) the call is made per query chunk, so the
     extra mask is O(batch x heads x chunk x Sk). Rows whose every visible key is blocked keep
-    their scores (SPEC 3). A float mask gets the dtype's most negative finite value, which
+    their scores (docs/method.md section 3). A float mask gets the dtype's most negative finite value, which
     exp() turns into exactly zero weight, like the -inf of a bool mask.
     """
     q, k, v = a["query"], a["key"], a["value"]

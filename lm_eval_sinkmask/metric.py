@@ -1,4 +1,4 @@
-"""The sink metric (paper Eq. 3, SPEC section 2) as pure tensor functions.
+"""The sink metric (paper Eq. 3, docs/method.md section 2) as pure tensor functions.
 
 The intercept feeds these with attention statistics it accumulates query-chunk by query-chunk;
 nothing here knows about models, hooks or lm-eval.
@@ -34,10 +34,10 @@ def visible_rows(visible: torch.Tensor, query_valid: torch.Tensor | None = None)
 
 
 def sink_scores(mass: torch.Tensor, rows: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
-    """Score of each key in units of the uniform attention share (SPEC 2).
+    """Score of each key in units of the uniform attention share (docs/method.md section 2).
 
     s_j = |K| * mass_j / rows_j, where rows_j counts the valid query rows that can see key j.
-    With bidirectional attention rows_j = |Q| for every valid key, which is SPEC's
+    With bidirectional attention rows_j = |Q| for every valid key, which is
     (|K| / |Q|) * sum_{i in Q} A_ij and whose mean over valid keys is exactly 1. Under a causal
     mask it is the ``all_rows`` ARM rule, |K| * mean_{i >= j} A_ij; with a single query row it
     is |K| * A_last,j. Invalid keys (padding, or seen by no valid row) score 0.
@@ -89,7 +89,7 @@ def select_sinks(
     """Scores, all Eq. 3 sinks, and the top-k selected sinks for one attention call.
 
     mass, rows: [B, H, Sk]; key_valid: [B, Sk]. With ``per_layer`` the attention is averaged
-    over heads first (SPEC 2, granularity=layer) and the results have a head dimension of 1.
+    over heads first (granularity=layer) and the results have a head dimension of 1.
     """
     if per_layer:
         mass = mass.mean(dim=1, keepdim=True)

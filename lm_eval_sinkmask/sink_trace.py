@@ -4,7 +4,7 @@ The model runs through the same lm-eval classes and intercept as the sweep (``dl
 with our samplers, ``arm_sinkmask`` greedy), with an observer on :class:`SinkMasker` that keeps,
 for every forward pass (denoising step, or generated token for an ARM), layer and head:
 
-- the top ``topn`` keys by Eq. 3 score (positions and scores, uniform-share units, SPEC 2),
+- the top ``topn`` keys by Eq. 3 score (positions and scores, uniform-share units, docs/method.md section 2),
 - the sum of scores and the number of keys (so "is the top key a sink at eps?" is exact),
 - the number of Eq. 3 sinks at the trace's eps,
 - a histogram of all scores over fixed log-spaced bins,

@@ -7,7 +7,7 @@ share of attention it receives ``share[t]``.
 
 Definitions (T steps; arrays are [T, ...] with any trailing (layer, head) dimensions):
 
-- Main sink: the top-scoring key, if it is an Eq. 3 sink at the trace's eps (SPEC 2); else the
+- Main sink: the top-scoring key, if it is an Eq. 3 sink at the trace's eps (docs/method.md section 2); else the
   step has no sink, written as position ``NO_SINK`` (-1) and share NaN.
 - Share: the average attention a valid query gives the key, ``mass_j / rows_j`` = s_j / |K| in
   the Eq. 3 score's uniform-share units; in (0, 1], and 1/|K| for a key getting a uniform share.

@@ -1,4 +1,4 @@
-"""The Table 1 sweep (SPEC 6): models x tasks x K through lm-eval's Python API.
+"""The Table 1 sweep (docs/method.md section 9): models x tasks x K through lm-eval's Python API.
 
 Each cell (model, task, K) is one ``lm_eval.simple_evaluate`` call with our model classes, and
 leaves a folder ``DIR/cells/<model>/<task>/k<K>/`` holding lm-eval's own results JSON and

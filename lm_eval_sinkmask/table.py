@@ -1,4 +1,4 @@
-"""Table 1 from a sweep folder (SPEC 6): Markdown, CSV and a plot of accuracy vs K.
+"""Table 1 from a sweep folder (docs/method.md section 9): Markdown, CSV and a plot of accuracy vs K.
 
 Rows are task x {Unmasked, K=1, K=5, K=10} (whatever K the sweep ran), columns are models, each
 cell ``mean ± stderr (Δ vs unmasked)`` read from the ``cell.json`` that :mod:`sweep` wrote next

@@ -61,6 +61,10 @@ def test_stock_cli_runs_and_records_the_masking_counters(tmp_path, tiny_dirs, ti
     assert "exact_match,none" in r["results"]["tiny_gen"]
     assert counters["attention_calls"] > 0 and counters["forward_passes"] > 0
     assert (counters["keys_masked"] > 0) == (top_k > 0)
+    if model == "dlm_sinkmask":  # the settings each task ran with, not the unset defaults
+        sampler = r["config"]["sinkmask"]["sampler"]
+        assert sampler["gen_length"] > 0 and sampler["steps"] > 0
+        assert sampler["per_task"]["tiny_gen"]["gen_length"] == sampler["gen_length"]
 
 
 def test_accelerate_launch_with_two_cpu_processes_shards_and_gathers(tmp_path, tiny_dirs, tiny_task):

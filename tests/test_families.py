@@ -19,7 +19,9 @@ def test_override_wins_and_unknown_names_are_explained():
     assert family_for("llama", override="LLaDA").name == "llada"
     with pytest.raises(ValueError, match="unknown family 'gpt'"):
         family_for("llada", override="gpt")
-    with pytest.raises(ValueError, match="cannot tell the diffusion family of model_type 'llama'"):
+    with pytest.raises(ValueError, match="cannot tell the diffusion family of model_type 'my_dlm'"):
+        family_for("my_dlm")
+    with pytest.raises(ValueError, match="'llama' is an autoregressive LM: use --model arm_sinkmask"):
         family_for("llama")
 
 

@@ -1,4 +1,4 @@
-"""The SDPA intercept (SPEC 3): what it masks, checked against independent recomputation."""
+"""The SDPA intercept (docs/method.md section 3): what it masks, checked against independent recomputation."""
 
 import math
 
@@ -53,7 +53,7 @@ def eager_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
     visible = torch.isfinite(s)
     masked_rows = torch.zeros(s.shape[:-1], dtype=torch.bool)
-    if blocked is not None:  # SPEC 3: rows whose every visible key is blocked keep their scores
+    if blocked is not None:  # docs/method.md section 3: rows whose every visible key is blocked keep their scores
         b = blocked[:, :, None, :].expand_as(s)
         masked_rows = (visible & ~b).any(-1)
         s = s.masked_fill(b & masked_rows[..., None], -math.inf)
@@ -249,7 +249,7 @@ def test_model_masks_are_honoured(mask_kind):
         out = attn()
     _, expected, _ = eager_attention(q, k, v, attn_mask=causal, blocked=events[0].blocked)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
-    # row 0 sees only key 0; if key 0 is blocked, that row keeps its scores (SPEC 3)
+    # row 0 sees only key 0; if key 0 is blocked, that row keeps its scores (docs/method.md section 3)
     torch.testing.assert_close(out[:, :, 0], v[:, :, 0])
 
 
@@ -273,7 +273,7 @@ def test_arm_last_row_rule_detects_on_the_last_query_only():
 
 @pytest.mark.parametrize("granularity", ["head", "layer"])
 def test_arm_all_rows_rule_counts_every_row_under_a_kv_cache(granularity):
-    """SPEC 4's all_rows: s_j = |K| * mean_{i >= j} A_ij over every causal row. A cached decode
+    """The all_rows ARM rule (docs/method.md section 5): s_j = |K| * mean_{i >= j} A_ij over every causal row. A cached decode
     step computes only its new row; the scores must still be those of one uncached pass over
     the same tokens (earlier rows' attention does not change under a causal mask)."""
     model = tiny.build("llama").eval()

@@ -1,4 +1,4 @@
-"""Eq. 3 on hand-built attention maps (SPEC 2)."""
+"""Eq. 3 on hand-built attention maps (docs/method.md section 2)."""
 
 import torch
 

@@ -150,9 +150,10 @@ def test_bad_model_args_fail_clearly_before_weights_load(config_only, args, mess
 
 
 def test_unknown_model_type_names_the_families(tmp_path, tiny_dirs):
-    folder = tmp_path / "llama_cfg"
+    folder = tmp_path / "unknown_cfg"
     folder.mkdir()
-    (folder / "config.json").write_text((tiny_dirs["llama"] / "config.json").read_text())
+    config = json.loads((tiny_dirs["llada"] / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "my_new_dlm"}))
     with pytest.raises(ValueError, match="family=llada"):
         make("dlm_sinkmask", folder)
 

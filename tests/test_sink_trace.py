@@ -119,3 +119,22 @@ def test_sinks_and_figures_commands(tmp_path, tiny_dirs, capsys):
     assert main(["figures", str(out), "--heads", "1:0"]) == 0
     assert all((out / name).exists() for name in FIGURES.values())
     assert "fig10" in capsys.readouterr().out
+
+
+def test_fig7_prompt_boundary_label_sits_outside_the_data(tmp_path, monkeypatch):
+    import lm_eval_sinkmask.figures as figures
+
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    figures.fig_sink_position(synthetic_trace(), tmp_path / "fig7.png", [(0, 1), (1, 2)])
+    fig = drawn["fig"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    plot, page = ax.get_window_extent(renderer), fig.bbox
+    labels = [t for t in fig.findobj() if getattr(t, "get_gid", lambda: None)() == "prompt-boundary"]
+    assert [t.get_text() for t in labels] == ["\u2191 prompt", "\u2193 generation"]
+    for t in labels:
+        box = t.get_window_extent(renderer)
+        assert box.x0 >= plot.x1, "the label overlaps the plot area, where data lines run"
+        assert box.x1 <= page.x1 and box.y0 >= page.y0 and box.y1 <= page.y1, "the label is cut off"

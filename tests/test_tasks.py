@@ -14,10 +14,30 @@ import pytest
 
 from lm_eval_sinkmask.tasks import TASKS_DIR
 
-GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-needs_gsm8k = pytest.mark.skipif(
-    not (GSM8K_DIR / "test.jsonl").is_file(), reason=f"no local GSM8K at {GSM8K_DIR}"
+# A handful of GSM8K-format problems written for these tests (same fields, "<<a*b=c>>"
+# calculator notes, "#### N" answers): enough to exercise the loader, the 5-shot prompt and
+# the filters on every machine. The full split is only needed to score all 1319 gold answers.
+GSM8K_DIR = Path(__file__).resolve().parent / "fixtures" / "gsm8k"
+FULL_GSM8K = os.environ.get("SINKMASK_GSM8K_DIR")
+needs_full_gsm8k = pytest.mark.skipif(
+    not FULL_GSM8K or not (Path(FULL_GSM8K) / "test.jsonl").is_file(),
+    reason="scoring every gold answer needs the full GSM8K split: set SINKMASK_GSM8K_DIR to a "
+    "folder with its train.jsonl and test.jsonl",
 )
+
+
+def gsm8k_module():
+    """tasks/gsm8k.py as lm-eval loads it (a file next to the YAMLs, not a package module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sinkmask_task_gsm8k", TASKS_DIR / "gsm8k.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def lines(split: str) -> int:
+    return len((GSM8K_DIR / f"{split}.jsonl").read_text().splitlines())
 TASK_NAMES = (
     "gsm8k_sinkmask",
     "gsm8k_sinkmask_chat",
@@ -40,9 +60,7 @@ def task_manager():
 
 @pytest.fixture(scope="module")
 def tasks(task_manager):
-    # without the local GSM8K copy the GSM8K tests skip; the HumanEval ones still run
-    names = [n for n in TASK_NAMES if "gsm8k" not in n or (GSM8K_DIR / "test.jsonl").is_file()]
-    return task_manager.load(names)["tasks"]
+    return task_manager.load(list(TASK_NAMES))["tasks"]
 
 
 def score_responses(task, responses: list[str], docs: list[dict]) -> dict[str, list[dict]]:
@@ -87,45 +105,79 @@ def test_generation_lengths_follow_spec(tasks):
         assert task.config.generation_kwargs["do_sample"] is False
 
 
-@needs_gsm8k
 def test_gsm8k_local_data_from_metadata(tasks):
     task = tasks["gsm8k_sinkmask"]
-    assert len(task.test_docs()) == 1319 and len(task.training_docs()) == 7473
+    assert len(task.test_docs()) == lines("test") and len(task.training_docs()) == lines("train")
 
 
-@needs_gsm8k
 def test_gsm8k_local_data_from_environment(monkeypatch):
-    from lm_eval_sinkmask.tasks.gsm8k import GSM8K_DIR_ENV, load_gsm8k
-
-    monkeypatch.setenv(GSM8K_DIR_ENV, str(GSM8K_DIR))
-    assert load_gsm8k()["test"].num_rows == 1319
+    gsm8k = gsm8k_module()
+    monkeypatch.setenv(gsm8k.GSM8K_DIR_ENV, str(GSM8K_DIR))
+    assert gsm8k.load_gsm8k()["test"].num_rows == lines("test")
     with pytest.raises(FileNotFoundError, match="train"):
-        load_gsm8k(gsm8k_dir=str(GSM8K_DIR / "missing"))
+        gsm8k.load_gsm8k(gsm8k_dir=str(GSM8K_DIR / "missing"))
 
 
-@needs_gsm8k
+@pytest.mark.parametrize("offline_by", ["environment", "unreachable hub"])
+def test_gsm8k_without_data_or_hub_fails_at_once_naming_the_fix(monkeypatch, tmp_path, offline_by):
+    import datasets
+    from huggingface_hub import constants
+
+    gsm8k = gsm8k_module()
+    monkeypatch.delenv(gsm8k.GSM8K_DIR_ENV, raising=False)
+    for module, name in ((datasets.config, "HF_DATASETS_CACHE"), (constants, "HF_HUB_CACHE")):
+        monkeypatch.setattr(module, name, str(tmp_path / name))  # empty caches: no copy anywhere
+    if offline_by == "unreachable hub":  # offline not declared: the quick connection check
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+        reason = r"the hub \(127\.0\.0\.1:9\) cannot be reached"
+    else:
+        assert datasets.config.HF_HUB_OFFLINE  # conftest sets HF_*_OFFLINE
+        reason = "HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set"
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=rf"GSM8K: no local copy and {reason}.*"
+                       r"SINKMASK_GSM8K_DIR \(or task metadata gsm8k_dir") as e:
+        gsm8k.load_gsm8k()
+    assert time.monotonic() - started < 10  # datasets' five retries take ~25 s
+    assert "\n" not in str(e.value)
+    if offline_by == "unreachable hub":  # the offline switch was only for that one load
+        assert constants.HF_HUB_OFFLINE is False and datasets.config.HF_HUB_OFFLINE is False
+
+
 def test_gsm8k_gold_answers_score_one_and_wrong_answers_zero(tasks):
     task = tasks["gsm8k_sinkmask"]
     docs = list(task.test_docs())
     gold = score_responses(task, [d["answer"] for d in docs], docs)
-    assert len(gold["strict-match"]) == 1319
+    assert len(gold["strict-match"]) == lines("test")
     assert all(s["exact_match"] == 1.0 for s in gold["strict-match"])
     assert all(s["exact_match"] == 1.0 for s in gold["flexible-extract"])
-    wrong = [d["answer"].rsplit("####", 1)[0] + "#### 123456789" for d in docs[:50]]
-    assert all(s["exact_match"] == 0.0 for s in score_responses(task, wrong, docs[:50])["strict-match"])
+    wrong = [d["answer"].rsplit("####", 1)[0] + "#### 123456789" for d in docs]
+    assert all(s["exact_match"] == 0.0 for s in score_responses(task, wrong, docs)["strict-match"])
     # strict needs the "#### N" format; flexible takes the last number.
-    loose = score_responses(task, ["So the answer is 18."], docs[:1])
+    loose = score_responses(task, ["So the answer is 19."], docs[:1])
     assert loose["strict-match"][0]["exact_match"] == 0.0
     assert loose["flexible-extract"][0]["exact_match"] == 1.0
 
 
-@needs_gsm8k
+@needs_full_gsm8k
+def test_every_full_gsm8k_gold_answer_scores_one():
+    tm = __import__("lm_eval.tasks", fromlist=["TaskManager"]).TaskManager(
+        include_path=str(TASKS_DIR), include_defaults=False, metadata={"gsm8k_dir": FULL_GSM8K})
+    task = tm.load(["gsm8k_sinkmask"])["tasks"]["gsm8k_sinkmask"]
+    docs = list(task.test_docs())
+    gold = score_responses(task, [d["answer"] for d in docs], docs)
+    assert len(docs) == 1319
+    assert all(s["exact_match"] == 1.0 for name in gold for s in gold[name])
+
+
 def test_gsm8k_chat_gold_rationales_score_one(tasks):
     task = tasks["gsm8k_sinkmask_chat"]
     docs = list(task.test_docs())
     scores = score_responses(task, [d["cot_target"] for d in docs], docs)
     assert all(s["exact_match"] == 1.0 for s in scores["strict-match"])
-    assert task.fewshot_docs()[0]["cot_target"].endswith("The answer is 72.")
+    assert task.fewshot_docs()[0]["cot_target"] == (
+        "Each tray holds 12 rolls, so 6 trays hold 6*12=72 rolls. The answer is 72.")
 
 
 def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail(tasks):
@@ -225,7 +277,6 @@ def build_tiny_llama(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-@needs_gsm8k
 def test_stock_cli_runs_both_tasks_offline(tmp_path):
     model_dir = build_tiny_llama(tmp_path / "tiny-llama")
     env = {

@@ -91,3 +91,112 @@ def test_clean_prefix_rows_keep_a_prefix_and_mask_past_the_window():
         kept += first
     assert kept > 64  # prefixes of random length, not all empty
     assert not (forced & ~masked).any() and not (masked & ~region).any()
+
+
+# ------------------------------------------------------------------ GPU path, run on the CPU
+
+def _small_pool(workers=1):
+    from lm_eval_sinkmask.zoo import pool
+    return pool.build_pool(n_gsm=300, n_code=60, workers=workers)
+
+
+def test_pool_rows_are_training_problems_and_do_not_depend_on_workers():
+    p = _small_pool()
+    assert torch.equal(p["ids"], _small_pool(workers=2)["ids"])
+    from lm_eval_sinkmask.zoo import checkpoint_path
+    tok = AutoTokenizer.from_pretrained(checkpoint_path("arm"))
+    test_questions = {d["question"] for d in data.mini_gsm_test()}
+    for i in range(0, 360, 37):
+        row = p["ids"][i, :p["length"][i]].tolist()
+        assert row[0] == tok.bos_token_id and row[-1] == tok.eos_token_id
+        prompt = tok.decode(row[:p["prompt_len"][i]], skip_special_tokens=True)
+        answer = tok.decode(row[p["prompt_len"][i]:], skip_special_tokens=True)
+        if p["n_steps"][i] > 0:  # mini_gsm: steps counted from the worked answer
+            assert prompt.startswith("Question: ") and "####" in answer
+            assert prompt[len("Question: "):-len("\nAnswer:")] not in test_questions
+            lines = answer.strip().split("\n")[:-1]
+            assert p["n_steps"][i] == len(lines) - sum(" * " in x for x in lines)
+        else:
+            assert prompt.startswith("def ") and "return" in answer
+
+
+def test_pool_batches_match_the_cpu_batch_layout():
+    p = _small_pool()
+    eos, pad = 1, 2
+    b = train.PoolBatches(p, seed=0, device="cpu", eos_id=eos, pad_id=pad)
+    for pad_region in (False, True):
+        ids, region, valid = b.next(64, max_steps=1, pad_region=pad_region)
+        assert ids.shape[1] == p["ids"].shape[1] + (train.GEN_LEN if pad_region else 0)
+        for r in range(64):
+            start = int(region[r].long().argmax())
+            end = int(valid[r].sum())
+            assert region[r, start:end].all() and not region[r, :start].any()
+            assert not valid[r, end:].any() and (ids[r, end:] == pad).all()
+            assert ids[r, 0] == 0 and end - start <= train.GEN_LEN
+            if not pad_region:
+                assert ids[r, end - 1] == eos and (ids[r, start:end - 1] != eos).all()
+        # the region past the answer is EOS padding only
+        assert ((ids == eos) | ~region).any()
+    # the curriculum: max_steps=1 draws only one-step mini_gsm problems (or code)
+    rows = b._draw(b.gsm[1], 500)
+    assert (p["n_steps"][rows] == 1).all()
+    again = train.PoolBatches(p, seed=0, device="cpu", eos_id=eos, pad_id=pad)
+    other = train.PoolBatches(p, seed=1, device="cpu", eos_id=eos, pad_id=pad)
+    first = again.next(8, 3, True)[0]
+    assert torch.equal(first, train.PoolBatches(p, 0, "cpu", eos, pad).next(8, 3, True)[0])
+    assert not torch.equal(first, other.next(8, 3, True)[0])
+
+
+class _CutOff(Exception):
+    pass
+
+
+class _Interrupting:
+    """Batches that stop the run after ``after`` draws, as a time limit would."""
+
+    def __init__(self, inner, after):
+        self.inner, self.after, self.gen = inner, after, inner.gen
+
+    def next(self, *a):
+        if self.after == 0:
+            raise _CutOff
+        self.after -= 1
+        return self.inner.next(*a)
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    from lm_eval_sinkmask.zoo.modeling import TinyLladaConfig
+    p = _small_pool()
+
+    def run(resume, cut=None):
+        torch.manual_seed(0)
+        model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16,
+                                               num_hidden_layers=1, num_attention_heads=2,
+                                               mask_token_id=3))
+        stream = train.PoolBatches(p, 1, "cpu", 1, 2)
+        if cut is not None:
+            stream = _Interrupting(stream, cut)
+        g = torch.Generator().manual_seed(0)
+        loss_fn = lambda m, i, r, v: train.diffusion_loss(m, i, r, v, 3, False, g)  # noqa: E731
+        loss_fn.generators = [g]
+        info = train.train("llada", model, stream, loss_fn, None, 6, 1e-3, 4, 0.3, True,
+                           log_every=1, warmup=2, resume=resume, save_every_s=0)
+        return model, info
+
+    straight, info = run(None)
+    state = tmp_path / "llada.state.pt"
+    try:
+        run(state, cut=4)
+    except _CutOff:
+        pass
+    assert torch.load(state, weights_only=False)["step"] == 4
+    resumed, info_resumed = run(state)
+    assert info_resumed["steps"] == 6 and info_resumed["tokens_seen"] == info["tokens_seen"]
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_probe_step_counts_give_every_chain_the_budget():
+    from lm_eval_sinkmask.zoo.gpu_zoo import step_counts
+    steps = step_counts({"arm": 0.05, "llada": 0.1, "llada_sink": 0.12}, 10, 0.4)
+    assert steps == {"arm": 4800, "dream": 3600, "llada": 5000}

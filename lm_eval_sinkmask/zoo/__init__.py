@@ -1,4 +1,4 @@
-"""Tiny zoo: small trained ARM / LLaDA-style / Dream-style checkpoints (SPEC section 7), and
+"""Tiny zoo: small trained ARM / LLaDA-style / Dream-style checkpoints (docs/method.md section 10), and
 the LLaDA-style one retrained with an extra sink token (``llada_sink``, issue 7).
 
 Kept import-light (no torch, no transformers): ``register()`` imports the model classes,

@@ -1,4 +1,4 @@
-"""Deterministic generators for the zoo's two tasks (SPEC section 7).
+"""Deterministic generators for the zoo's two tasks (docs/method.md section 10).
 
 - ``mini_gsm``: arithmetic word problems in GSM8K's format: ``question`` and ``answer``, where
   the answer is worked steps, one per line, then ``#### <number>``. One to three steps.

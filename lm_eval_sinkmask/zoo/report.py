@@ -7,7 +7,7 @@
    mini_code (100) test splits, through the sweep (so through lm-eval and our model classes,
    scored by the same filters and sandbox as the real tasks); cells are resumable.
 2. Sinks: a few mini_gsm generations traced through the intercept (``sink_trace``), eps = 3.
-   DLMs score keys over all queries (SPEC 2); the ARM is traced under both SPEC 4 rules
+   DLMs score keys over all queries (docs/method.md section 2); the ARM is traced under both query rules (docs/method.md section 5)
    (``last_row``, the paper's, and ``all_rows``). Per model: the mean number of Eq. 3 sinks per
    (layer, head) per step, the share of (layer, head) pairs with at least one sink on average
    over a generation's steps, and the most common sink tokens and positions.
@@ -101,7 +101,7 @@ def run_accuracy(out: Path, models: list[str], limit: int | None, jobs: int) -> 
 
 
 def traced_variants(models: list[str]) -> list[tuple[str, str, str]]:
-    """(label, zoo name, model_args): the ARM once per SPEC 4 rule, every DLM once."""
+    """(label, zoo name, model_args): the ARM once per query rule, every DLM once."""
     out = []
     for m in models:
         if m == "arm":

@@ -1,6 +1,6 @@
 """The zoo's tokenizer: a tiny byte-level BPE trained on the generated tasks.
 
-Digits are always single tokens (so arithmetic is learnable, SPEC section 7); whitespace,
+Digits are always single tokens (so arithmetic is learnable, docs/method.md section 10); whitespace,
 newlines and indentation are byte-level pieces, so Python code round-trips exactly through
 encode/decode. Saved as a ``PreTrainedTokenizerFast`` so ``AutoTokenizer`` loads it offline.
 A BOS token is prepended on ``add_special_tokens=True`` (every zoo model was trained with it).

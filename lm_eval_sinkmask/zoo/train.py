@@ -2,7 +2,7 @@
 
     python -m lm_eval_sinkmask.zoo.train --out lm_eval_sinkmask/zoo/checkpoints --seed 0
 
-Objectives (SPEC section 7):
+Objectives (docs/method.md section 10):
 - arm:   next-token cross-entropy on the answer (prompt as context).
 - llada: masked diffusion, as LLaDA's SFT: t ~ U(eps, 1), every answer token (the answer is
          padded with EOS, as LLaDA pads its SFT answers) masked with probability t, prompt
@@ -44,6 +44,21 @@ from . import data
 from .modeling import TinyDreamModel, TinyLladaConfig, TinyLladaModel
 from .tokenizer import train_tokenizer
 
+# Model shapes (ARM / Dream-style, LLaDA-style): the CPU zoo (v1), the GPU zoo (v2), the test.
+SIZES = {
+    "full": (dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2),
+             dict(hidden_size=128, intermediate_size=384, num_hidden_layers=6,
+                  num_attention_heads=4)),
+    "v2": (dict(hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+                num_attention_heads=8, num_key_value_heads=2),
+           dict(hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+                num_attention_heads=8)),
+    "test": (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2),
+             dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=4)),
+}
 SINK = "<|sink|>"  # llada_sink's extra token, added after the shared vocabulary
 GEN_LEN = 128  # longest answer region the DLMs are trained on (the sampler's gen_length)
 EPS = 1e-3
@@ -91,6 +106,52 @@ class Batches:
         return ids, region, valid
 
 
+class PoolBatches:
+    """Batches drawn by index from a pre-tokenized pool (``pool.py``) on the training device:
+    the GPU path, where generating examples in Python would starve the device. Same batch
+    layout as ``Batches.next``; rows are drawn with replacement from the seed's own generator,
+    so a seed changes the data order and nothing else."""
+
+    def __init__(self, pool, seed, device, eos_id, pad_id, code_frac=0.35):
+        self.ids = pool["ids"].to(device, torch.long)
+        self.length = pool["length"].to(device, torch.long)
+        self.prompt_len = pool["prompt_len"].to(device, torch.long)
+        steps = pool["n_steps"].to(device)
+        self.code = (steps == 0).nonzero().squeeze(1)
+        self.gsm = {s: ((steps > 0) & (steps <= s)).nonzero().squeeze(1) for s in (1, 2, 3)}
+        self.code_frac, self.device = code_frac, device
+        self.gen = torch.Generator(device).manual_seed(seed)
+        self.width, self.eos_id, self.pad_id = self.ids.shape[1], eos_id, pad_id
+
+    def _draw(self, index, n):
+        return index[torch.randint(len(index), (n,), generator=self.gen, device=self.device)]
+
+    def next(self, batch_size, max_steps, pad_region=False):
+        n_code = int(round(batch_size * self.code_frac))
+        rows = torch.cat([self._draw(self.code, n_code),
+                          self._draw(self.gsm[max_steps], batch_size - n_code)])
+        rows = rows[torch.randperm(batch_size, generator=self.gen, device=self.device)]
+        length, start = self.length[rows], self.prompt_len[rows]
+        end = length
+        if pad_region:  # DLMs: EOS-pad the answer region, as Batches.next does
+            room = (GEN_LEN - (length - start)).clamp(min=0)
+            u = torch.rand(batch_size, generator=self.gen, device=self.device)
+            long_pad = (torch.rand(batch_size, generator=self.gen, device=self.device)
+                        * (room + 1)).long().clamp(max=room)
+            short_pad = torch.randint(0, 9, (batch_size,), generator=self.gen,
+                                      device=self.device)
+            end = length + torch.where(u < 0.15, long_pad, short_pad)
+        width = self.width + (GEN_LEN if pad_region else 0)
+        pos = torch.arange(width, device=self.device)[None]
+        ids = torch.full((batch_size, width), self.pad_id, device=self.device)
+        ids[:, :self.width] = self.ids[rows]
+        ids = torch.where(pos < length[:, None], ids,
+                          torch.where(pos < end[:, None], self.eos_id, self.pad_id))
+        region = (pos >= start[:, None]) & (pos < end[:, None])
+        valid = pos < end[:, None]
+        return ids, region, valid
+
+
 def curriculum(frac, ramp):
     """Max reasoning steps of mini_gsm problems: 1, then 2, then 3 (one-step problems first)."""
     return 1 if frac < ramp / 3 else 2 if frac < 2 * ramp / 3 else 3
@@ -114,13 +175,15 @@ def noise_answer(region, t, gen, prefix_frac=0.0, window=None):
     [B, L] bool: ``forced`` marks the masked-outright tokens (their t is 1).
     """
     B, L = region.shape
-    masked = (torch.rand(B, L, generator=gen) < t[:, None]) & region
+    dev = region.device
+    masked = (torch.rand(B, L, generator=gen, device=dev) < t[:, None]) & region
     forced = torch.zeros_like(region)
     if prefix_frac == 0:  # plain LLaDA noise; draws nothing more from ``gen``
         return masked, forced
     offset = region.long().cumsum(-1) - 1  # index within the answer
-    cut = (torch.rand(B, 1, generator=gen) * region.sum(-1, keepdim=True)).long()
-    cut = torch.where(torch.rand(B, 1, generator=gen) < prefix_frac, cut, torch.zeros_like(cut))
+    cut = (torch.rand(B, 1, generator=gen, device=dev) * region.sum(-1, keepdim=True)).long()
+    cut = torch.where(torch.rand(B, 1, generator=gen, device=dev) < prefix_frac, cut,
+                      torch.zeros_like(cut))
     after = region & (offset >= cut)
     if window is not None:
         forced = after & (offset >= cut + window)
@@ -129,9 +192,10 @@ def noise_answer(region, t, gen, prefix_frac=0.0, window=None):
 
 def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None, prefix_frac=0.0,
                    window=None):
-    B = ids.shape[0]
+    B, dev = ids.shape[0], ids.device
     # Stratified t in (eps, 1): lower-variance estimate of the same objective.
-    t = ((torch.arange(B) + torch.rand(B, generator=gen)) / B)[torch.randperm(B, generator=gen)]
+    t = ((torch.arange(B, device=dev) + torch.rand(B, generator=gen, device=dev)) / B)[
+        torch.randperm(B, generator=gen, device=dev)]
     t = EPS + (1 - EPS) * t
     masked, forced = noise_answer(region, t, gen, prefix_frac, window)
     noisy = ids.masked_fill(masked, mask_id)
@@ -163,13 +227,32 @@ def add_sink_embedding(model, sink, seed):
 # ----------------------------------------------------------------------------- training
 
 def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, pad_region,
-          log_every=50):
+          log_every=50, warmup=100, resume=None, save_every_s=120):
     """Train for ``steps`` steps, or (steps None) for ``minutes`` of wall clock; the
     learning-rate schedule (warmup, cosine to 10%) and the curriculum follow the same
-    progress fraction."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup = 100
-    start, step, losses = time.time(), 0, []
+    progress fraction.
+
+    On a GPU the forward passes run under bf16 autocast (master weights and the loss stay
+    float32). ``resume``: a file that holds the run's whole state (weights, optimizer, step,
+    random streams), rewritten every ``save_every_s`` seconds and loaded at start when present,
+    so a step-count run cut off by a time limit continues where it stopped."""
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01,
+                            **({"fused": True} if cuda else {}))
+    start, step, losses, elapsed0 = time.time(), 0, [], 0.0
+    tokens = torch.zeros((), dtype=torch.long, device=device)  # valid tokens trained on
+    if resume is not None and Path(resume).exists():
+        state = torch.load(resume, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, losses, elapsed0 = state["step"], state["losses"], state["elapsed"]
+        tokens += state["tokens"]
+        for g, st in zip(_generators(batches, loss_fn), state["generators"]):
+            g.set_state(st)
+        print(f"[{name}] resumed at step {step}", flush=True)
+    last_save = time.time()
+    pending = []  # device losses not yet read back (one host sync per log line on a GPU)
     model.train()
     while True:
         # Progress through the schedule: by step when replaying a run, else by wall clock
@@ -181,37 +264,61 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
         for g in opt.param_groups:
             g["lr"] = lr * sched
         ids, region, valid = batches.next(batch_size, curriculum(frac, ramp), pad_region)
-        loss = loss_fn(model, ids, region, valid)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = loss_fn(model, ids, region, valid)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
+        pending.append(loss.detach())
+        tokens += valid.sum()
         step += 1
-        if step % log_every == 0:
-            recent = sum(losses[-log_every:]) / log_every
+        if step % log_every == 0 or (steps is not None and step == steps):
+            losses += torch.stack(pending).float().tolist()
+            pending = []
+            recent = sum(losses[-log_every:]) / len(losses[-log_every:])
             print(f"[{name}] step {step} ({frac:.0%}) loss {recent:.4f} "
-                  f"{time.time() - start:.0f}s", flush=True)
+                  f"{elapsed0 + time.time() - start:.0f}s", flush=True)
+            if resume is not None and time.time() - last_save > save_every_s:
+                _save_state(resume, model, opt, step, losses, int(tokens),
+                            elapsed0 + time.time() - start, _generators(batches, loss_fn))
+                last_save = time.time()
+    losses += torch.stack(pending).float().tolist() if pending else []
     model.eval()
     tail = losses[-min(200, len(losses)):]
     return {"steps": step, "final_loss": round(sum(tail) / len(tail), 4),
-            "train_seconds": round(time.time() - start, 1)}
+            "train_seconds": round(elapsed0 + time.time() - start, 1),
+            "tokens_seen": int(tokens)}
+
+
+def _generators(batches, loss_fn):
+    """The random streams a run draws from (data order, then noise), for resuming."""
+    gens = [batches.gen] if hasattr(batches, "gen") else []
+    return gens + list(getattr(loss_fn, "generators", []))
+
+
+def _save_state(path, model, opt, step, losses, tokens, elapsed, generators):
+    tmp = Path(str(path) + ".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "losses": losses, "tokens": tokens, "elapsed": elapsed,
+                "generators": [g.get_state() for g in generators]}, tmp)
+    tmp.replace(path)
 
 
 # --------------------------------------------------------------------- quick evaluation
 
-def _pad_left(seqs, pad):
+def _pad_left(seqs, pad, device="cpu"):
     L = max(map(len, seqs))
     ids = torch.full((len(seqs), L), pad)
     att = torch.zeros(len(seqs), L, dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, L - len(s):], att[i, L - len(s):] = torch.tensor(s), 1
-    return ids, att
+    return ids.to(device), att.to(device)
 
 
 @torch.no_grad()
 def generate_arm(model, tok, prompts, max_new):
-    ids, att = _pad_left([tok(p).input_ids for p in prompts], tok.pad_token_id)
+    ids, att = _pad_left([tok(p).input_ids for p in prompts], tok.pad_token_id, model.device)
     out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
                          do_sample=False, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
@@ -224,7 +331,7 @@ def generate_dlm(model, tok, prompts, gen_len, shift, block=32, per_step=2, sink
     global block (Dream), ``per_step`` tokens unmasked per forward pass."""
     mask_id = tok.mask_token_id
     ids, att = _pad_left([tok(p).input_ids + [mask_id] * gen_len for p in prompts],
-                         tok.pad_token_id)
+                         tok.pad_token_id, model.device)
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     S = ids.shape[1]
     block = gen_len if shift else block
@@ -316,7 +423,8 @@ mini_code: HumanEval-format small Python functions). **Not a claim about 8B mode
 - Command: `{command}`
 - Steps: {steps}, batch size {batch_size}, peak lr {lr}
 - Final training loss (mean of the last 200 steps): {final_loss}
-- Train time: {train_seconds} s on {threads} CPU threads
+- Train time: {train_seconds} s on {hardware}; tokens seen (prompt and answer region, padding
+  excluded): {tokens_seen:,}
 - Quick accuracy at the end of training ({eval_how}, unmasked, first {eval_n_gsm} mini_gsm /
   {eval_n_code} mini_code test problems): mini_gsm exact match {mini_gsm_acc:.3f},
   mini_code pass@1 {mini_code_pass@1:.3f}. The official numbers come from the project's
@@ -329,10 +437,15 @@ are EOS-padded, up to {gen_len} tokens: use gen_length <= {gen_len}).
 """
 
 
-def save(model, tok, out, name, info):
+def save(model, tok, out, name, info, dtype="float32"):
     path = Path(out) / name
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    stored = copy.deepcopy(model).to("cpu", getattr(torch, dtype))
+    stored.save_pretrained(path, safe_serialization=True)
+    if dtype != "float32":  # half the bytes on disk; the config keeps float32 compute
+        cfg = json.loads((path / "config.json").read_text())
+        cfg["dtype" if "dtype" in cfg else "torch_dtype"] = "float32"
+        (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tok.save_pretrained(path)
     (path / "README.md").write_text(CARD.format(name=name, **info))
     (path / "train_info.json").write_text(json.dumps(info, indent=1, default=str))
@@ -368,8 +481,27 @@ def main(argv=None):
         ap.add_argument(f"--steps-{m}", type=int, default=None,
                         help="exact step count (replay a run); default: the time budget")
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--size", choices=["full", "test"], default="full",
-                    help="'test': tiny models for the smoke test")
+    ap.add_argument("--size", choices=["full", "v2", "test"], default="full",
+                    help="model shapes: 'full' the CPU zoo's (d 128), 'v2' the GPU zoo's "
+                         "(d 256, 6 layers), 'test' tiny models for the smoke test")
+    ap.add_argument("--device", default="cpu",
+                    help="cuda: train from a pre-tokenized pool (--pool) with bf16 autocast")
+    ap.add_argument("--pool", default=None, metavar="FILE",
+                    help="pre-tokenized training pool (built and cached there on first use; "
+                         "zoo/pool.py); default on cuda: runs/zoo_pool.pt")
+    ap.add_argument("--pool-gsm", type=int, default=800_000)
+    ap.add_argument("--pool-code", type=int, default=50_000)
+    ap.add_argument("--resume-dir", default=None,
+                    help="keep each model's whole training state here and resume from it")
+    ap.add_argument("--warmup", type=int, default=100, help="warmup steps")
+    ap.add_argument("--lr-llada", type=float, default=2e-3)
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--probe", type=int, default=None, metavar="N",
+                    help="time N steps per model (after N warm-up steps), print "
+                         "'PROBE <name> <seconds per step>', save nothing")
+    ap.add_argument("--save-dtype", choices=["float32", "float16"], default="float32",
+                    help="dtype of the saved weights (the config keeps float32, so models "
+                         "load and compute in float32)")
     ap.add_argument("--eval-gsm", type=int, default=50)
     ap.add_argument("--eval-code", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
@@ -403,19 +535,52 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     command = "python -m lm_eval_sinkmask.zoo.train " + " ".join(argv or sys.argv[1:])
     models = args.models.split(",")
-    tok = train_tokenizer(seed=args.seed)
+    device = torch.device(args.device)
+    # One tokenizer for every seed (a seed changes initial weights and data order only).
+    tok = train_tokenizer(seed=0)
     vocab = len(tok)
-    full = args.size == "full"
-    arm_dims = dict(hidden_size=128 if full else 32, intermediate_size=384 if full else 64,
-                    num_hidden_layers=4 if full else 1, num_attention_heads=4,
-                    num_key_value_heads=2)
-    llada_dims = dict(hidden_size=128 if full else 32, intermediate_size=384 if full else 64,
-                      num_hidden_layers=6 if full else 1, num_attention_heads=4)
-    common = dict(batch_size=args.batch_size, seed=args.seed, threads=args.threads,
+    arm_dims, llada_dims = SIZES[args.size]
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        hardware = f"1 {torch.cuda.get_device_name(device)} (shared by the runs training at once)"
+    else:
+        hardware = f"{args.threads} CPU threads"
+    common = dict(batch_size=args.batch_size, seed=args.seed, hardware=hardware,
                   command=command, mask_id=tok.mask_token_id, gen_len=GEN_LEN)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator(device).manual_seed(args.seed)
     mask_id = tok.mask_token_id
     arm = None
+    pool = None
+    if args.pool or device.type == "cuda":
+        from . import pool as pool_mod
+        pool = pool_mod.load_or_build(args.pool or "runs/zoo_pool.pt", args.pool_gsm,
+                                      args.pool_code)
+
+    def batches(offset):
+        """The data stream of one model: a seed plus a per-model offset."""
+        if pool is None:
+            return Batches(tok, args.seed + offset)
+        return PoolBatches(pool, args.seed + offset, device, tok.eos_token_id, tok.pad_token_id)
+
+    def fit(name, model, data_stream, loss_fn, minutes, steps, lr, ramp, pad_region):
+        if args.probe:  # warm up (allocator, kernels), then time the same number of steps
+            for timed in (False, True):
+                t0 = time.time()
+                train(name, model, data_stream, loss_fn, None, args.probe, lr,
+                      args.batch_size, ramp, pad_region, log_every=args.probe)
+                if timed:
+                    print(f"PROBE {name} {(time.time() - t0) / args.probe:.5f}", flush=True)
+            return None
+        resume = (None if args.resume_dir is None else
+                  Path(args.resume_dir) / f"{name}-seed{args.seed}.state.pt")
+        if resume is not None:
+            resume.parent.mkdir(parents=True, exist_ok=True)
+        return train(name, model, data_stream, loss_fn, minutes, steps, lr, args.batch_size,
+                     ramp, pad_region, log_every=args.log_every, warmup=args.warmup,
+                     resume=resume)
+
+    def store(model, model_tok, name, info):
+        save(model, model_tok, args.out, name, info, args.save_dtype)
 
     if "arm" in models or ("dream" in models and not (args.init_dream or args.dream_from)):
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -433,9 +598,11 @@ def main(argv=None):
                      f"`{prev['command']}`), no curriculum, fresh data")
         else:
             arm = LlamaForCausalLM(cfg)
-        info = train("arm", arm, Batches(tok, args.seed + (3 if args.init_arm else 0)),
-                     arm_loss, args.minutes_arm, args.steps_arm, lr, args.batch_size,
-                     0.0 if args.init_arm else 0.2, False)
+        arm.to(device)
+        info = fit("arm", arm, batches(3 if args.init_arm else 0), arm_loss, args.minutes_arm,
+                   args.steps_arm, lr, 0.0 if args.init_arm else 0.2, False)
+        models = models if info is not None else [m for m in models if m != "arm"]
+    if "arm" in models:
         info.update(quick_eval("arm", arm, tok, args.eval_gsm, args.eval_code))
         info.update(common, lr=lr, params=sum(p.numel() for p in arm.parameters()),
                     what="Autoregressive Llama (`LlamaForCausalLM`, SDPA attention).",
@@ -443,8 +610,7 @@ def main(argv=None):
                     train_desc="next-token cross-entropy on the answer, prompt as context; "
                                "curriculum 1 -> 2 -> 3-step problems over the first 20%"
                                + phase)
-        if "arm" in models:
-            save(arm, tok, args.out, "arm", info)
+        store(arm, tok, "arm", info)
 
     for name in ("llada", "llada_sink"):
         if name not in models:
@@ -465,13 +631,16 @@ def main(argv=None):
                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **llada_dims))
         if sink is not None:
             add_sink_embedding(model, sink, args.seed)
-        lr = 2e-3
-        g = torch.Generator().manual_seed(args.seed)  # own stream: llada_sink masks as llada
-        info = train(name, model, Batches(tok, args.seed + 1),
-                     lambda m, i, r, v, s=sink: diffusion_loss(m, i, r, v, mask_id, False, g, s,
-                                                                args.prefix_frac,
-                                                                args.window_llada),
-                     args.minutes_llada, args.steps_llada, lr, args.batch_size, 0.3, True)
+        model.to(device)
+        lr = args.lr_llada
+        g = torch.Generator(device).manual_seed(args.seed)  # own stream: llada_sink masks as llada
+        loss_fn = lambda m, i, r, v, s=sink: diffusion_loss(  # noqa: E731
+            m, i, r, v, mask_id, False, g, s, args.prefix_frac, args.window_llada)
+        loss_fn.generators = [g]
+        info = fit(name, model, batches(1), loss_fn, args.minutes_llada, args.steps_llada, lr,
+                   0.3, True)
+        if info is None:  # --probe
+            continue
         info.update(quick_eval("llada", model, tok, args.eval_gsm, args.eval_code, sink=sink))
         info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
                     what="LLaDA-style masked diffusion LM trained from scratch "
@@ -488,7 +657,7 @@ def main(argv=None):
                                    "" if sink is None else
                                    "; identical to `llada` (seed, data, steps, initial "
                                    "weights) except for the extra sink token"))
-        save(model, model_tok, args.out, name, info)
+        store(model, model_tok, name, info)
 
     if "dream" in models:
         lr, phase = args.lr_dream, ""
@@ -504,10 +673,14 @@ def main(argv=None):
                 arm = LlamaForCausalLM.from_pretrained(args.dream_from)
             model = TinyDreamModel.from_llama(arm)
         model.config.mask_token_id = mask_id
-        info = train("dream", model, Batches(tok, args.seed + (5 if args.init_dream else 2)),
-                     lambda m, i, r, v: diffusion_loss(m, i, r, v, mask_id, True, gen,
-                                                        prefix_frac=args.prefix_frac),
-                     args.minutes_dream, args.steps_dream, lr, args.batch_size, 0.0, True)
+        model.to(device)
+        loss_fn = lambda m, i, r, v: diffusion_loss(  # noqa: E731
+            m, i, r, v, mask_id, True, gen, prefix_frac=args.prefix_frac)
+        loss_fn.generators = [gen]
+        info = fit("dream", model, batches(5 if args.init_dream else 2), loss_fn,
+                   args.minutes_dream, args.steps_dream, lr, 0.0, True)
+        if info is None:  # --probe
+            return
         info.update(quick_eval("dream", model, tok, args.eval_gsm, args.eval_code))
         info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
                     what="Dream-style diffusion LM adapted from the zoo's ARM "
@@ -517,7 +690,7 @@ def main(argv=None):
                     train_desc="initialised from the arm model; shifted masked diffusion "
                                "(logits at i-1 predict masked token i), answer EOS-padded"
                                + phase)
-        save(model, tok, args.out, "dream", info)
+        store(model, tok, "dream", info)
 
 
 if __name__ == "__main__":

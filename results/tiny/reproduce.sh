@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tiny-zoo Table 1: the three zoo checkpoints x (mini_gsm, mini_code) x K in {0, 1, 5, 10}
 # on the first 32 test problems of each task, greedy, on the CPU. The ARM appears twice: under
-# the paper's query rule (last_row) and under all_rows (SPEC 4), to show whether its collapse
+# the paper's query rule (last_row) and under all_rows (docs/method.md section 5), to show whether its collapse
 # depends on the rule. Deterministic: one thread per
 # process (OMP_NUM_THREADS=1), fixed batch size, fixed seed. CI reruns it into a fresh folder
 # and fails if table.md or table.csv differ from the committed ones.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from lm_eval_sinkmask.tasks.code_eval import execute
+from lm_eval_sinkmask.code_eval import execute
 
 
 def load_humaneval(**_metadata):

@@ -7,7 +7,7 @@ its outcomes in a small in-process memo (it runs the program itself on a miss, s
 correct when called alone). Filters run only after lm-eval's ``unsafe_code`` check passed.
 
 Reuse from another task: a filter that returns programs and calls ``execute(pairs)``, plus
-``metric: !function lm_eval_sinkmask.tasks.code_eval.pass_at_k`` with ``k: [1]`` and
+``metric: !function lm_eval_sinkmask.code_eval.pass_at_k`` with ``k: [1]`` and
 ``doc_to_target`` giving the test code.
 """
 

@@ -1,0 +1,219 @@
+"""Every ``model_args`` key our two models take: one table that the argument check, ``sinkmask
+args`` and the README's model-argument tables are all built from.
+
+A typo (``topk=5``) must fail before any weight loads, with the valid names and a did-you-mean,
+not deep inside ``from_pretrained``. The known set for a model is: our rows below for that
+model, the named parameters of lm-eval's ``HFLM`` (read from its signature, so a new lm-eval
+version brings its own), and the keyword arguments ``HFLM`` forwards to ``from_pretrained``
+that we list in ``FROM_PRETRAINED``.
+
+Nothing heavy is imported at module level: the check runs before torch work starts, and
+``sinkmask args --markdown`` only needs the table.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+DLM = "dlm_sinkmask"
+ARM = "arm_sinkmask"
+MODELS = (DLM, ARM)
+BOTH = MODELS
+
+
+@dataclass(frozen=True)
+class ModelArg:
+    name: str
+    default: str  # as a user reads it, e.g. "0", "from config.model_type"
+    meaning: str  # Markdown (backticks allowed); one line
+    models: tuple[str, ...]
+    group: str  # "masking", "sampling" or "loading"
+
+
+ARGS: tuple[ModelArg, ...] = (
+    # -- masking: SinkMaskConfig (config.py)
+    ModelArg("top_k", "0", "sinks masked per (layer, head); 0 = unmasked. Table 1's eps0/eps1/eps2 "
+             "are 1/5/10", BOTH, "masking"),
+    ModelArg("eps", "3.0", "Eq. 3 threshold, in uniform-share units", BOTH, "masking"),
+    ModelArg("detect", "previous", "`previous` (mask the sinks found on the previous forward "
+             "pass) or `current` (detect and mask within the same pass)", BOTH, "masking"),
+    ModelArg("granularity", "head", "`head`, or `layer` (average heads first, mask the same keys "
+             "in all heads)", BOTH, "masking"),
+    ModelArg("layers", "all", "subset of layers to mask, e.g. `layers=0-3;8`", BOTH, "masking"),
+    ModelArg("arm_rule", "last_row", "query rows that score keys: `last_row` (the paper's) or "
+             "`all_rows` (every causal row)", (ARM,), "masking"),
+    ModelArg("query_chunk", "256", "query rows scored at once (bounds the extra memory)", BOTH,
+             "masking"),
+    ModelArg("sink_token", "include", "checkpoints with an extra sink token: `include` lets the "
+             "masker pick it like any key, `exclude` never masks it", BOTH, "masking"),
+    # -- diffusion sampling: DiffusionSettings (dlm_model.py); defaults per family in families.py
+    ModelArg("family", "from `config.model_type`", "`llada`, `mmada` or `dream`", (DLM,),
+             "sampling"),
+    ModelArg("gen_length", "task's `max_gen_toks`", "tokens generated (GSM8K 256, HumanEval 512)",
+             (DLM,), "sampling"),
+    ModelArg("steps", "`gen_length`", "denoising steps", (DLM,), "sampling"),
+    ModelArg("block_length", "32 (LLaDA/MMaDA)", "semi-autoregressive block; must divide "
+             "`gen_length`, and the number of blocks must divide `steps`", (DLM,), "sampling"),
+    ModelArg("remasking", "low_confidence", "or `random` (LLaDA/MMaDA)", (DLM,), "sampling"),
+    ModelArg("temperature", "0", "Gumbel-max sampling temperature, in float64; 0 = greedy",
+             (DLM,), "sampling"),
+    ModelArg("cfg_scale", "0", "classifier-free guidance (LLaDA/MMaDA)", (DLM,), "sampling"),
+    ModelArg("logits_eos_inf", "false", "LLaDA: never generate EOS", (DLM,), "sampling"),
+    ModelArg("confidence_eos_eot_inf", "false", "LLaDA: never pick EOS/EOT as the most confident "
+             "token to unmask", (DLM,), "sampling"),
+    ModelArg("alg", "entropy", "Dream's unmasking order: `origin`, `maskgit_plus`, `topk_margin`, "
+             "`entropy`", (DLM,), "sampling"),
+    ModelArg("alg_temp", "0", "Dream: randomness of the unmasking order", (DLM,), "sampling"),
+    ModelArg("top_p", "none", "Dream token sampling: nucleus", (DLM,), "sampling"),
+    ModelArg("sampling_top_k", "none", "Dream token sampling: top-k (named so it cannot be "
+             "confused with the masking `top_k`)", (DLM,), "sampling"),
+    ModelArg("padding_side", "right (LLaDA/MMaDA), left (Dream)", "layout of batched prompts: "
+             "`right` keeps every row's positions from 0, `left` suits models that count "
+             "positions from the first real token", (DLM,), "sampling"),
+    ModelArg("dream_sampler", "reference", "Dream: `reference` decodes as Dream's own "
+             "`diffusion_generate` (`torch.topk`'s tie order, the mask token predictable, the "
+             "model's dtype); `invariant` gives the same tokens at every batch size and padding "
+             "(float32, ties to the leftmost position, the mask token never predicted)", (DLM,),
+             "sampling"),
+    # -- loading
+    ModelArg("pretrained", "required", "hub id, local folder, or `zoo:arm`, `zoo:llada`, `zoo:dream`, "
+             "`zoo:llada_sink` (the tiny checkpoints shipped with the package)", BOTH, "loading"),
+    ModelArg("mask_id", "config, tokenizer, family", "mask token id (LLaDA 126336, Dream 151666)",
+             (DLM,), "loading"),
+    ModelArg("model_class", "`transformers.AutoModel`", "`module:Class` for checkpoints without "
+             "an `auto_map` (e.g. MMaDA)", (DLM,), "loading"),
+)
+
+# Keyword arguments HFLM forwards to ``from_pretrained`` (its ``**kwargs``) that a user may set.
+FROM_PRETRAINED: dict[str, str] = {
+    "attn_implementation": "attention kernel; we default to `sdpa`, the only one the intercept sees",
+    "device_map": "accelerate device map",
+    "low_cpu_mem_usage": "load weights shard by shard",
+    "torch_dtype": "older name of `dtype`",
+    "quantization_config": "transformers quantization config",
+    "load_in_8bit": "bitsandbytes 8-bit weights",
+    "load_in_4bit": "bitsandbytes 4-bit weights",
+    "bnb_4bit_compute_dtype": "bitsandbytes 4-bit compute dtype",
+    "bnb_4bit_quant_type": "bitsandbytes 4-bit quantisation type",
+    "bnb_4bit_use_double_quant": "bitsandbytes nested quantisation",
+    "cache_dir": "hub cache folder",
+    "local_files_only": "never contact the hub",
+    "force_download": "re-download the checkpoint",
+    "token": "hub access token",
+    "use_safetensors": "require safetensors weights",
+    "variant": "weights variant, e.g. `fp16`",
+    "max_memory": "per-device memory limits for `device_map`",
+    "offload_state_dict": "offload to disk while loading",
+}
+
+# HFLM parameters a model fixes itself
+NOT_FOR = {DLM: {"backend"}, ARM: set()}
+
+
+def ours(model: str) -> list[ModelArg]:
+    return [a for a in ARGS if model in a.models]
+
+
+def hflm_args() -> dict[str, tuple[Any, str]]:
+    """lm-eval's own HFLM arguments: name -> (default, first sentence of its docstring)."""
+    import inspect
+
+    from lm_eval.models.huggingface import HFLM
+
+    params = inspect.signature(HFLM.__init__).parameters
+    doc = HFLM.__init__.__doc__ or ""
+    out = {}
+    for name, p in params.items():
+        if name in ("self", "pretrained") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        out[name] = ("required" if p.default is p.empty else p.default, _doc_of(doc, name))
+    return out
+
+
+def _doc_of(doc: str, name: str) -> str:
+    """First sentence of ``name``'s entry in a Google-style Args section."""
+    m = re.search(rf"^\s*{re.escape(name)}:\s*(.*?)(?=^\s*\w+:\s|^\s*\*\*|\Z)", doc, re.M | re.S)
+    if not m:
+        return ""
+    text = " ".join(m.group(1).split())
+    return re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<=\.)\s+(?=[A-Z`])", text, maxsplit=1)[0].replace("``", "`")
+
+
+def known(model: str) -> set[str]:
+    names = {a.name for a in ours(model)} | set(hflm_args()) | set(FROM_PRETRAINED)
+    return names - NOT_FOR[model]
+
+
+def check(model: str, names: Iterable[str]) -> None:
+    """Fail on any argument ``model`` does not take: did-you-mean, the other model, the list."""
+    valid = known(model)
+    other = next(m for m in MODELS if m != model)
+    for name in names:
+        if name in valid:
+            continue
+        if name in {a.name for a in ours(other)}:
+            raise ValueError(_wrong_model(model, other, name))
+        guess = difflib.get_close_matches(name, sorted(valid), n=1)
+        hint = f" Did you mean {guess[0]!r}?" if guess else ""
+        raise ValueError(
+            f"unknown model argument {name!r} for {model}.{hint} Ours: "
+            f"{', '.join(a.name for a in ours(model))}. lm-eval's (HFLM): "
+            f"{', '.join(sorted(set(hflm_args()) - NOT_FOR[model]))}. Passed to from_pretrained: "
+            f"{', '.join(FROM_PRETRAINED)}. `sinkmask args` explains each."
+        )
+
+
+def _wrong_model(model: str, other: str, name: str) -> str:
+    if model == ARM:
+        return (f"{name} is a {DLM} argument (diffusion sampling); {ARM} decodes left to right "
+                f"with transformers' generate. For a diffusion LM use --model {DLM}.")
+    return (f"{name} is an {ARM} argument: a diffusion LM scores keys over every query row, so "
+            f"{DLM} has no query rule. For an autoregressive LM use --model {ARM}.")
+
+
+# ---------------------------------------------------------------------- rendering
+
+GROUP_TITLES = {
+    "masking": "Masking",
+    "sampling": "Diffusion sampling (defaults per family live in `lm_eval_sinkmask/families.py`)",
+    "loading": "Loading",
+}
+
+
+def markdown() -> str:
+    """The README's model-argument tables (checked against the README by a test)."""
+    out = []
+    for group, title in GROUP_TITLES.items():
+        rows = [a for a in ARGS if a.group == group]
+        out += [f"{title}:", "", "| arg | models | default | meaning |", "| --- | --- | --- | --- |"]
+        for a in rows:
+            where = "both" if set(a.models) == set(MODELS) else ", ".join(f"`{m}`" for m in a.models)
+            out.append(f"| `{a.name}` | {where} | {a.default} | {a.meaning} |")
+        out.append("")
+    out.append("Any other argument of lm-eval's `hf` model (`dtype`, `device`, `batch_size`, "
+               "`trust_remote_code`, `revision`, ...) works as there; `sinkmask args` lists them "
+               "with the `from_pretrained` options we pass through.")
+    return "\n".join(out)
+
+
+def text(model: str, with_lm_eval: bool = True) -> str:
+    """What ``sinkmask args`` prints for one model."""
+    plain = lambda s: s.replace("`", "")  # noqa: E731
+    width = max(len(n) for n in [a.name for a in ARGS] + list(FROM_PRETRAINED)) + 2
+    lines = [f"{model}:"]
+    for group, title in GROUP_TITLES.items():
+        rows = [a for a in ours(model) if a.group == group]
+        if rows:
+            lines.append(f"  {plain(title.split(' (')[0])}:")
+            lines += [f"    {a.name:<{width}}[{plain(a.default)}] {plain(a.meaning)}" for a in rows]
+    if with_lm_eval:
+        lines.append("  lm-eval's hf model (HFLM):")
+        for name, (default, doc) in hflm_args().items():
+            if name not in NOT_FOR[model]:
+                lines.append(f"    {name:<{width}}[{default}] {plain(doc)}")
+        lines.append("  passed to from_pretrained:")
+        lines += [f"    {n:<{width}}{plain(m)}" for n, m in FROM_PRETRAINED.items()]
+    return "\n".join(lines)

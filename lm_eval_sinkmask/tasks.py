@@ -1,0 +1,36 @@
+"""Where our lm-eval task folder is: ``TASKS_DIR``.
+
+The task YAMLs and their code live in the repository's top-level ``tasks/`` folder, which
+lm-eval reads like any ``--include_path`` (each YAML names its code as ``!function
+gsm8k.load_gsm8k``, a file next to it). One folder, three ways to reach it:
+
+- a source checkout or ``pip install -e .``: the package is imported from the checkout, and
+  ``tasks/`` sits next to it;
+- ``pip install .``: the wheel carries a copy of ``tasks/`` inside the package, as ``_tasks/``
+  (``[tool.hatch.build.targets.wheel.force-include]`` in pyproject.toml);
+- ``lm_eval --include_path tasks`` from the checkout: lm-eval reads the folder directly.
+
+The start-up hook (``_autoload``) adds ``TASKS_DIR`` to every ``TaskManager``; without it, pass
+``--include_path`` with this path. Nothing heavy is imported here.
+"""
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+_CANDIDATES = (_PACKAGE / "_tasks", _PACKAGE.parent / "tasks")  # installed wheel; checkout
+
+
+def find_tasks_dir(candidates=_CANDIDATES) -> Path:
+    for folder in candidates:
+        if (folder / "gsm8k_sinkmask.yaml").is_file():
+            return folder
+    raise FileNotFoundError(
+        "lm-eval-sinkmask's task folder is missing: looked for gsm8k_sinkmask.yaml in "
+        + " and ".join(str(c) for c in candidates)
+        + ". Reinstall the package (pip install .) or run from a full checkout."
+    )
+
+
+TASKS_DIR: Path = find_tasks_dir()
+
+__all__ = ["TASKS_DIR", "find_tasks_dir"]

@@ -1,0 +1,162 @@
+"""A user's mistakes fail before anything loads, with the fix in the message; the argument
+table behind the check is the one ``sinkmask args`` prints and the README shows."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
+
+from lm_eval_sinkmask import model_args
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.dlm_model import DiffusionSettings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def make(name, path, **args):
+    arg_string = ",".join(f"{k}={v}" for k, v in {"pretrained": path, "device": "cpu", **args}.items())
+    return get_model(name).create_from_arg_string(arg_string)
+
+
+@pytest.fixture
+def config_only(tmp_path, tiny_dirs):
+    """{kind: a folder with that tiny checkpoint's config.json and no weights}: anything that
+    reaches weight loading fails with OSError, so a ValueError proves the check came first."""
+    out = {}
+    for kind in ("llama", "llada", "dream"):
+        folder = tmp_path / kind
+        folder.mkdir()
+        (folder / "config.json").write_text((tiny_dirs[kind] / "config.json").read_text())
+        out[kind] = folder
+    return out
+
+
+@pytest.fixture
+def no_weight_loads(monkeypatch):
+    """Counts from_pretrained calls of transformers' models: must stay 0 on bad input."""
+    import transformers
+
+    calls = []
+    original = transformers.PreTrainedModel.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        calls.append(cls)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(counting))
+    yield calls
+    assert calls == [], "weights started loading before the bad input was reported"
+
+
+@pytest.mark.parametrize(
+    "model, kind, args, message",
+    [
+        ("dlm_sinkmask", "llada", {"topk": 5}, r"unknown model argument 'topk' for dlm_sinkmask\. Did you mean 'top_k'\?"),
+        ("arm_sinkmask", "llama", {"topk": 5}, r"unknown model argument 'topk' for arm_sinkmask\. Did you mean 'top_k'\?"),
+        ("dlm_sinkmask", "llada", {"blok_length": 32}, r"Did you mean 'block_length'\?.*Ours: top_k, eps"),
+        ("arm_sinkmask", "llama", {"block_length": 32}, r"block_length is a dlm_sinkmask argument.*use --model dlm_sinkmask"),
+        ("dlm_sinkmask", "llada", {"arm_rule": "all_rows"}, r"arm_rule is an arm_sinkmask argument"),
+        ("dlm_sinkmask", "llada", {"backend": "causal"}, r"unknown model argument 'backend'"),
+        ("arm_sinkmask", "llada", {}, r"masked diffusion LM \(model_type 'sinkmask_llada', family llada\): use --model dlm_sinkmask"),
+        ("arm_sinkmask", "dream", {}, r"family dream\): use --model dlm_sinkmask"),
+        ("dlm_sinkmask", "llama", {}, r"model_type 'llama' is an autoregressive LM: use --model arm_sinkmask"),
+        ("dlm_sinkmask", "llada", {"gen_length": 100}, r"gen_length=100 must be a multiple of block_length=32\. Fix: add gen_length=128 .* or block_length=25"),
+    ],
+)
+def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_weight_loads, model, kind, args, message):
+    with pytest.raises(ValueError, match=message) as e:
+        make(model, config_only[kind], **args)
+    assert "upgrade" not in str(e.value)  # never the advice to leave our transformers pin
+
+
+def test_dlm_on_a_llama_does_not_suggest_forcing_a_family(config_only, no_weight_loads):
+    with pytest.raises(ValueError) as e:
+        make("dlm_sinkmask", config_only["llama"])
+    assert "family=" not in str(e.value)
+
+
+def request(max_gen_toks, task="mini_gsm_sinkmask", i=0):
+    return Instance("generate_until", {}, ("Question : 7 + 5 = ?", {"until": ["<eos>"], "max_gen_toks": max_gen_toks}),
+                    i, metadata=(task, i, 1))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"block_length": 48}, r"gen_length=128 must be a multiple of block_length=48 \(gen_length 128 is the "
+                               r"max_gen_toks of task mini_gsm_sinkmask\)\. Fix: add gen_length=144 .* or block_length=32"),
+        ({"block_length": 32, "steps": 30}, r"steps=30 must be a multiple of the number of blocks.*Fix: add steps=32"),
+    ],
+)
+def test_task_dependent_sampler_constraints_fail_before_the_first_forward_pass(tiny_dirs, args, message):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], **args)
+    forwards = []
+    lm.model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    # a task that fits comes first: the bad one must still stop the run before any forward
+    with pytest.raises(ValueError, match=message):
+        lm.generate_until([request(96, task="other", i=0), request(128, i=1)] if args.get("block_length") == 48
+                          else [request(128)])
+    assert forwards == [] and lm.mask_stats.forward_passes == 0
+
+
+def test_effective_sampler_settings_are_recorded(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4)
+    lm.generate_until([request(8)])
+    sampler = lm.get_model_info()["sinkmask"]["sampler"]
+    assert (sampler["gen_length"], sampler["steps"], sampler["block_length"]) == (8, 8, 4)
+    assert sampler["per_task"] == {"mini_gsm_sinkmask": {"gen_length": 8, "steps": 8, "block_length": 4}}
+    dream = make("dlm_sinkmask", tiny_dirs["dream"])
+    dream.generate_until([request(6, task="t")])
+    s = dream.get_model_info()["sinkmask"]["sampler"]
+    assert (s["gen_length"], s["steps"]) == (6, 6) and s["per_task"]["t"]["gen_length"] == 6
+
+
+# ------------------------------------------------------------ one table, three readers
+
+
+def test_every_setting_the_code_reads_has_a_row():
+    rows = {a.name for a in model_args.ARGS}
+    fields = {f.name for f in dataclasses.fields(SinkMaskConfig)} | {f.name for f in dataclasses.fields(DiffusionSettings)}
+    assert fields <= rows, f"add a row to model_args.ARGS for {sorted(fields - rows)}"
+    import inspect
+
+    from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM
+
+    named = set(inspect.signature(DLMSinkMaskLM.__init__).parameters) - {"self", "kwargs"}
+    assert named <= rows
+
+
+def test_the_readme_tables_are_the_generated_ones():
+    text = README.read_text()
+    m = re.search(r"<!-- model-args:start[^>]*-->\n(.*?)\n<!-- model-args:end -->", text, re.S)
+    assert m, "README lost its model-args markers"
+    assert m.group(1).strip() == model_args.markdown().strip(), (
+        "README model-argument tables are stale: run `sinkmask args --markdown` and paste its output")
+
+
+def test_sinkmask_args_prints_every_argument_with_default_and_meaning(capsys):
+    from lm_eval_sinkmask.cli import main
+
+    assert main(["args", "--model", "dlm_sinkmask"]) == 0
+    out = capsys.readouterr().out
+    for a in model_args.ours("dlm_sinkmask"):
+        line = next(l for l in out.splitlines() if l.split()[:1] == [a.name])
+        assert f"[{a.default.replace('`', '')}]" in line and len(line) > len(a.name) + 20
+    assert "arm_rule" not in out
+    assert re.search(r"^\s+dtype\s+\[auto\] Data type for model weights", out, re.M)
+    assert re.search(r"^\s+attn_implementation\s", out, re.M)
+    assert main(["args"]) == 0
+    both = capsys.readouterr().out
+    assert "dlm_sinkmask:" in both and "arm_sinkmask:" in both and "arm_rule" in both
+
+
+def test_unknown_arg_message_lists_what_is_valid():
+    with pytest.raises(ValueError) as e:
+        model_args.check("arm_sinkmask", ["top_k", "trust_remote_code", "attn_implementation", "epss"])
+    msg = str(e.value)
+    assert "Did you mean 'eps'?" in msg and "arm_rule" in msg and "dtype" in msg and "sinkmask args" in msg
