@@ -22,8 +22,10 @@ from lm_eval.models.huggingface import HFLM
 from . import likelihood, model_args, sink_token, zoo
 from .config import SinkMaskConfig
 from .families import Family, disable_flash_attention, family_for
-from .masking_lm import MaskingLMMixin, resolve_pretrained
+from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
+from .padding_probe import UNPADDED, choose_padding
 from .samplers import generate_block, generate_dream, validate_block_args
+from .samplers.dream import VARIANTS as DREAM_SAMPLERS
 
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
 
@@ -52,6 +54,9 @@ class DiffusionSettings:
     padding_side: str = "left"
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
+    # Dream: "reference" decodes as Dream's diffusion_generate (its tie order, the mask token
+    # predictable, the model's dtype); "invariant" gives the same tokens at any batch size
+    dream_sampler: str = "reference"
 
     @classmethod
     def build(cls, family: Family, user: dict[str, Any]) -> DiffusionSettings:
@@ -84,6 +89,10 @@ class DiffusionSettings:
                 self.for_request(self.gen_length, family)
         elif self.alg not in DREAM_ALGS:
             raise ValueError(f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
+        if self.dream_sampler not in DREAM_SAMPLERS:
+            raise ValueError(
+                f"dream_sampler must be one of {DREAM_SAMPLERS}, got {self.dream_sampler!r}"
+            )
 
     def for_request(self, max_gen_toks: int, family: Family, task: str | None = None) -> DiffusionSettings:
         """Settings for one request batch: gen_length from the task unless the user set it.
@@ -175,6 +184,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         disable_flash_attention(self.model)
         self.mask_id = self._resolve_mask_id(mask_id, config)
         self._init_masking(mask_config, rule="all")
+        self.padding = self._probe_padding()
+        self._inputs = dict(self.family.padding_inputs()).get(self.padding, self.family.model_inputs)
 
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
@@ -193,11 +204,36 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
 
     def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] of the working sequence x [B, T] (mask: 1 on real tokens), as the
-        samplers and the likelihood estimator call the model."""
-        if self.sink is not None:  # callers see neither the extra token nor its logits
+        samplers and the likelihood estimator call the model: the mask in the form the padding
+        probe chose."""
+        return self._forward_with(self._inputs, x, mask, on_keys=self.masker.set_extra_keys)
+
+    def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor, on_keys=None) -> torch.Tensor:
+        """Logits [B, T, V] of the working sequence x under key mask ``mask`` [B, T], the mask
+        passed as ``inputs`` builds it (a checkpoint with an extra sink token: see sink_token)."""
+        if self.sink is not None:  # the samplers see neither the token nor its logits
             return sink_token.forward(self.model, x, mask, self.sink, self.family.takes_position_ids,
-                                      on_keys=self.masker.set_extra_keys)
-        return self.model(**self.family.model_inputs(x, mask)).logits
+                                      on_keys=on_keys)
+        return self.model(**inputs(x, mask)).logits
+
+    def _probe_padding(self) -> str:
+        """How this checkpoint is given padded batches: the first of the family's mask forms
+        its code honours, or UNPADDED (batches split into prompts of equal length)."""
+        embeddings = self.model.get_input_embeddings()
+        vocab = getattr(embeddings, "num_embeddings", None) or self.model.config.vocab_size
+        with torch.inference_mode():
+            padding = choose_padding(self._forward_with, self.family.padding_inputs(), vocab_size=vocab,
+                                     mask_id=self.mask_id, padding_side=self.settings.padding_side,
+                                     device=self.device, dtype=self.model.dtype)
+        if padding == UNPADDED:
+            logger.warning(
+                "%s: this checkpoint's code does not honour the padding mask in any form we know "
+                "(a padded row decodes differently from the row alone), so each batch is split "
+                "into prompts of equal length, which need no padding", self.family.name)
+        else:
+            logger.info("%s: padded batches pass their mask as %s (a padded row decodes as the "
+                        "row alone)", self.family.name, padding)
+        return padding
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """Diffusion sampling for one batch; returns [context | generated] as HFLM expects."""
@@ -206,6 +242,17 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             prompt_mask = torch.ones_like(context)
         s = self.settings.for_request(max_length - context.shape[1], self.family)
         self.settings_used.add((s.gen_length, s.steps, s.block_length))
+        if self.padding != UNPADDED:
+            return torch.cat([context, self._decode(context, prompt_mask, s).to(context.device)], dim=1)
+        lengths = prompt_mask.sum(1)
+        generated = torch.empty(context.shape[0], s.gen_length, dtype=torch.long, device=context.device)
+        for n in lengths.unique().tolist():  # equal lengths: no padding (build_layout drops it)
+            rows = (lengths == n).nonzero().squeeze(1)
+            generated[rows] = self._decode(context[rows], prompt_mask[rows], s).to(context.device)
+        return torch.cat([context, generated], dim=1)
+
+    def _decode(self, context, prompt_mask, s: DiffusionSettings) -> torch.Tensor:
+        """The family's sampler on one batch of prompts under the masker: [B, gen_length]."""
         family, model_fn = self.family, self._forward
         common = dict(
             mask_id=self.mask_id,
@@ -235,9 +282,10 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                     top_k=s.sampling_top_k,
                     alg=s.alg,
                     alg_temp=s.alg_temp,
+                    variant=s.dream_sampler,
                     **common,
                 )
-        return torch.cat([context, generated.to(context.device)], dim=1)
+        return generated
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         self._plan_requests(requests)
@@ -328,7 +376,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                                      cfg_scale=s.cfg_scale, remasking="low_confidence", **common)
             else:
                 got = generate_dream(self._forward, ids, torch.ones_like(ids), alg=s.alg,
-                                     alg_temp=0.0, **common)
+                                     alg_temp=0.0, variant=s.dream_sampler, **common)
         return got[0].tolist() == continuation
 
     def get_model_info(self) -> dict:
@@ -340,6 +388,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         sampler["per_task"] = self.settings_per_task
         info["sinkmask"]["sampler"] = sampler
         info["sinkmask"]["mask_id"] = self.mask_id
+        info["sinkmask"]["padding"] = self.padding
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         info["sinkmask"]["likelihood"] = {
             **self.likelihood.as_dict(),

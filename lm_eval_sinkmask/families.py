@@ -23,6 +23,16 @@ def _padding_mask_inputs(x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
     return {"input_ids": x, "attention_mask": None if bool(mask.all()) else mask}
 
 
+def _pairwise_bias_inputs(x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """MMaDA: its forward turns attention causal whenever a 2-D mask holds a 0, but honours a
+    pairwise bool ``attention_bias`` [B, 1, T, T] (True = may attend), the form MMaDA's own
+    generation passes; nothing when there is no padding."""
+    if bool(mask.all()):
+        return {"input_ids": x, "attention_mask": None}
+    m = mask.bool()
+    return {"input_ids": x, "attention_bias": (m[:, :, None] & m[:, None, :])[:, None]}
+
+
 def _dream_inputs(x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
     """Dream: with padding, a 4-D bool mask in which pads neither attend nor are attended, and
     position ids counted from each row's first real token (as Dream's own generate does)."""
@@ -49,6 +59,13 @@ class Family:
     # inputs are built generically, and LLaDA's forward has no position_ids argument
     takes_position_ids: bool = False
     eot_tokens: tuple[str, ...] = field(default=())
+    # other ways of passing a padding mask, tried in order when a checkpoint's code does not
+    # honour ``model_inputs``' (see padding_probe.py): (name, inputs)
+    other_padding_inputs: tuple[tuple[str, ModelInputs], ...] = ()
+
+    def padding_inputs(self) -> tuple[tuple[str, ModelInputs], ...]:
+        """Every way this family can pass a padding mask, the default first."""
+        return (("attention_mask", self.model_inputs),) + self.other_padding_inputs
 
 
 _BLOCK_DEFAULTS = MappingProxyType(
@@ -59,8 +76,8 @@ _BLOCK_DEFAULTS = MappingProxyType(
         "temperature": 0.0,
         "cfg_scale": 0.0,
         # LLaDA's forward takes no position ids: with [prompt][gen][pads] every row keeps the
-        # positions it has alone, so batching is exactly invariant (left padding only up to
-        # RoPE rounding)
+        # positions it has alone, so batching is exactly invariant where the checkpoint's code
+        # honours the padding mask (left padding only up to RoPE rounding; padding_probe.py)
         "padding_side": "right",
     }
 )
@@ -73,6 +90,7 @@ _LLADA = Family(
     sampler_defaults=_BLOCK_DEFAULTS,
     model_inputs=_padding_mask_inputs,
     eot_tokens=("<|eot_id|>",),
+    other_padding_inputs=(("attention_bias", _pairwise_bias_inputs),),
 )
 
 FAMILIES: dict[str, Family] = {

@@ -469,9 +469,11 @@ def _sweep(
     return (out.to(sc.dtype) if out is not None else None), _Detection(mass.squeeze(-2), m.rows)
 
 
-def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool):
+def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool,
+            keep_all: bool = False):
     """(masked output or None, detection) of one call, by the detection backend
-    (``fused``: :func:`fused_mass.use_fused` of the configured one).
+    (``fused``: :func:`fused_mass.use_fused` of the configured one). ``keep_all``: the
+    blocked keys remove nothing, so the caller returns the model's own output (none is made).
 
     Materialised: :func:`_sweep`, which on a CPU also makes the masked output from the same
     probabilities when the blocked keys are already known. Fused (:mod:`fused_mass`): only
@@ -480,8 +482,8 @@ def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool):
     """
     if fused:
         return None, _fused_detection(sc)
-    return _sweep(sc, chunk, blocked=blocked,
-                  output=blocked is not None and _output_from_scores(sc.query.device))
+    return _sweep(sc, chunk, blocked=blocked, output=blocked is not None and not keep_all
+                  and _output_from_scores(sc.query.device))
 
 
 def _fused_detection(sc: _Scores) -> _Detection:
@@ -506,6 +508,17 @@ def _output_from_scores(device: torch.device) -> bool:
     underflow check (benchmarks/bench_masking.py measures both).
     """
     return device.type == "cpu"
+
+
+def _removes_nothing(blocked: torch.Tensor) -> bool:
+    """Whether a call masks no key at all, so that it can return the model's own SDPA output
+    (bit for bit what top_k=0 returns, not a recomputation that rounds differently).
+
+    Asked only where the output would come from the scores (a CPU), where reading the answer
+    costs no device wait; on an accelerator the fused kernel runs with the model's mask and
+    nothing hidden, and the call never waits for the device.
+    """
+    return _output_from_scores(blocked.device) and not bool(blocked.any())
 
 
 def _fused_masked_output(original, a: dict, sc: _Scores, blocked: torch.Tensor, chunk: int):
@@ -671,10 +684,11 @@ class _Run:
         # keys masked in this call: last pass's sinks, or (first pass, detect=current) this
         # pass's, known only once the sweep below has detected them
         blocked = self._previous(layer, sc) if self.config.detect == "previous" else None
+        keep_all = blocked is not None and _removes_nothing(blocked)
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
         fused = fused_mass.use_fused(self.config.detect_backend, query.device)
-        out, det = _detect(sc, chunk, blocked, fused)
+        out, det = _detect(sc, chunk, blocked, fused, keep_all)
         key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
@@ -695,7 +709,10 @@ class _Run:
         self.previous[layer] = chosen
         if blocked is None:
             blocked = chosen
-        if out is None:
+            keep_all = _removes_nothing(blocked)
+        if keep_all:  # nothing masked: the model's own output, exactly what top_k=0 returns
+            out = self.original(*args, **kwargs)
+        elif out is None:
             out = _fused_masked_output(self.original, a, sc, blocked, chunk)
         if self.masker.observers:
             event = AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked,

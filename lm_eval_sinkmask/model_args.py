@@ -77,6 +77,11 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("padding_side", "right (LLaDA/MMaDA), left (Dream)", "layout of batched prompts: "
              "`right` keeps every row's positions from 0, `left` suits models that count "
              "positions from the first real token", (DLM,), "sampling"),
+    ModelArg("dream_sampler", "reference", "Dream: `reference` decodes as Dream's own "
+             "`diffusion_generate` (`torch.topk`'s tie order, the mask token predictable, the "
+             "model's dtype); `invariant` gives the same tokens at every batch size and padding "
+             "(float32, ties to the leftmost position, the mask token never predicted)", (DLM,),
+             "sampling"),
     # -- loading
     # -- likelihood: LikelihoodSettings (likelihood.py)
     ModelArg("mc_num", "128", "Monte Carlo samples per scored continuation", (DLM,), "likelihood"),

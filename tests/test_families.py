@@ -44,6 +44,23 @@ def test_llada_inputs_pass_the_padding_mask_only_when_there_is_padding():
     assert FAMILIES["llada"].model_inputs(x, torch.ones_like(mask))["attention_mask"] is None
 
 
+@pytest.mark.parametrize("name", ["llada", "mmada"])
+def test_the_pairwise_attention_bias_form_hides_pads_both_ways(name):
+    """MMaDA's code honours only this form: a bool [B, 1, T, T], True where both are real."""
+    forms = dict(FAMILIES[name].padding_inputs())
+    assert list(forms) == ["attention_mask", "attention_bias"]
+    x = torch.arange(6).view(2, 3)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    inputs = forms["attention_bias"](x, mask)
+    assert "attention_mask" not in inputs
+    bias = inputs["attention_bias"]
+    assert bias.shape == (2, 1, 3, 3) and bias.dtype == torch.bool
+    assert bias[0, 0].tolist() == [[False] * 3, [False, True, True], [False, True, True]]
+    assert bias[1].all()
+    assert forms["attention_bias"](x, torch.ones_like(mask))["attention_mask"] is None
+    assert list(dict(FAMILIES["dream"].padding_inputs())) == ["attention_mask"]
+
+
 def test_flash_attention_is_switched_off_so_sdpa_is_called():
     """LLaDA's blocks prefer ``self.flash_attn_func`` when it is set and no mask is passed."""
     calls = []

@@ -54,25 +54,35 @@ def syncs_per_pass(model, config: SinkMaskConfig, syncs, passes: int = 3):
     return per_pass, stats, events
 
 
+@pytest.fixture
+def on_accelerator(monkeypatch):
+    """The intercept's choices as on a GPU: the masked output from the fused kernel, and no
+    host-side question that is free only on a CPU."""
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+
+
+@pytest.mark.parametrize("detect", ["current", "previous"])
 @pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
-def test_counters_cost_one_host_sync_per_forward_pass_whatever_the_depth(kind, syncs):
-    config = SinkMaskConfig(top_k=2, eps=0.0, detect="current")
+def test_counters_cost_one_host_sync_per_forward_pass_whatever_the_depth(kind, detect, syncs,
+                                                                           on_accelerator):
+    config = SinkMaskConfig(top_k=2, eps=0.0, detect=detect)
     for layers in (2, 4):
         per_pass, stats, events = syncs_per_pass(model_with(kind, layers), config, syncs)
         assert stats.keys_masked > 0 and len(events) == 3 * layers
-        # detect=current masks through the fused kernel: the counters' one tolist is all
+        # the fused kernel masks: the counters' one tolist is all
         assert per_pass == [{"tolist": 1}] * 3, (layers, per_pass)
 
 
 @pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
-def test_detect_previous_adds_only_the_underflow_check(kind, syncs):
-    """The one-sweep path (mask last pass's sinks, detect this pass's) must learn on the host
-    whether a row underflowed before it returns: one bool() per masked call remains."""
+def test_on_a_cpu_masked_calls_ask_the_host_only_what_is_free_there(kind, syncs):
+    """On a CPU a bool() costs no device wait: each masked call asks whether it masks any key
+    (none: the model's own output), and the one-sweep path (mask last pass's sinks, detect
+    this pass's) whether a row underflowed."""
     layers = 4
     per_pass, stats, _ = syncs_per_pass(model_with(kind, layers), SinkMaskConfig(top_k=2, eps=0.0), syncs)
     assert stats.keys_masked > 0
-    assert per_pass[0] == {"tolist": 1}  # first pass: detect and mask within it
-    assert per_pass[1:] == [{"tolist": 1, "__bool__": layers}] * 2
+    assert per_pass[0] == {"tolist": 1, "__bool__": layers}  # first pass: detect and mask within it
+    assert per_pass[1:] == [{"tolist": 1, "__bool__": 2 * layers}] * 2
 
 
 def test_top_k_zero_makes_no_host_sync(syncs):

@@ -137,6 +137,28 @@ def test_top_k_zero_is_bit_identical_to_no_intercept(tiny_model):
     assert stats.attention_calls == model.config.num_hidden_layers and stats.keys_masked == 0
 
 
+@pytest.mark.parametrize("detect", ["current", "previous"])
+def test_a_call_that_masks_no_key_returns_the_models_own_output(tiny_model, detect):
+    """top_k > 0 where no key clears eps (eps=1000): every call returns what top_k=0 returns,
+    bit for bit, on every pass, padded or not, rather than the intercept's own recomputation."""
+    kind, model = tiny_model
+    ids = torch.randint(5, 50, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    for attention_mask in (None, mask):
+        plain, _, _ = run_model(kind, model, masker(top_k=0)[0], ids, attention_mask)
+        m, events = masker(top_k=1, eps=1000.0, detect=detect)
+        with torch.no_grad(), m.attach(model) as stats:
+            kwargs = {"input_ids": ids, "attention_mask": attention_mask}
+            if kind == "dream" and attention_mask is not None:
+                from lm_eval_sinkmask.families import FAMILIES
+                kwargs = FAMILIES["dream"].model_inputs(ids, attention_mask)
+            passes = [model(**kwargs).logits for _ in range(3)]
+        assert stats.sinks_detected == 0 and len(events) == 3 * model.config.num_hidden_layers
+        for logits in passes:
+            assert torch.equal(logits, plain)
+
+
 def test_detect_previous_masks_the_sinks_found_on_the_previous_pass(tiny_model):
     kind, model = tiny_model
     m, events = masker(top_k=1, detect="previous")

@@ -90,7 +90,10 @@ def padded(prompts, side="left", pad=0):
 
 PROMPTS = [[3, 1, 4, 1, 5], [9], [2, 6, 5], [5, 3, 5, 8, 9, 7, 9]]
 BLOCK = dict(mask_id=MASK, gen_length=8, steps=8, block_length=4)
-DREAM = dict(mask_id=MASK, gen_length=8, steps=6)
+# the batch-invariant variant: these tests ask for the same tokens at every batch size and a
+# fully unmasked answer (the reference variant is checked against Dream's loop in
+# test_dream_reference.py)
+DREAM = dict(mask_id=MASK, gen_length=8, steps=6, variant="invariant")
 
 
 def unmask_step(rec, gen_cols_of):
@@ -141,6 +144,8 @@ def test_unknown_remasking_and_alg(model):
         generate_block(model, ids, mask, **BLOCK, remasking="lowest")
     with pytest.raises(ValueError, match="alg"):
         generate_dream(model, ids, mask, **DREAM, alg="greedy")
+    with pytest.raises(ValueError, match="variant"):
+        generate_dream(model, ids, mask, **{**DREAM, "variant": "exact"})
 
 
 def test_transfer_counts_spread_evenly():
@@ -282,11 +287,13 @@ def test_block_temperature_seeded_is_reproducible(model):
 
 
 def test_mask_token_is_never_generated():
-    # A model whose favourite prediction is the mask token itself still ends fully unmasked.
+    # A model whose favourite prediction is the mask token itself still ends fully unmasked;
+    # except under Dream's reference variant, where, as in Dream, such positions stay masked.
     fn = toy(score=lambda r: 5.0 + 0 * r, target=lambda r: torch.full_like(r, MASK))
     ids, mask = padded([[1, 2]])
     assert not generate_block(fn, ids, mask, **BLOCK).eq(MASK).any()
     assert not generate_dream(fn, ids, mask, **DREAM).eq(MASK).any()
+    assert generate_dream(fn, ids, mask, **{**DREAM, "variant": "reference"}).eq(MASK).all()
 
 
 # ---- dream sampler behaviour -----------------------------------------------------------------

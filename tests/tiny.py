@@ -13,6 +13,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from lm_eval_sinkmask.zoo.modeling import TinyLladaModel
+
 SPECIALS = ["<unk>", "<pad>", "<bos>", "<eos>", "<mask>"]
 WORDS = (
     list("0123456789")
@@ -65,6 +67,26 @@ def build(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
         config = TinyDreamConfig(num_key_value_heads=2, mask_token_id=tok.mask_token_id, **common)
         return TinyDreamModel(config).eval()
     raise ValueError(kind)
+
+
+class IgnoresPaddingLlada(TinyLladaModel):
+    """GSAI's original LLaDA code in miniature: the attention mask (or an attention bias) is
+    accepted and never reaches attention, so pad keys are attended."""
+
+    def _attention_mask(self, attention_mask, dtype):
+        return None
+
+
+class CausalWhenPaddedLlada(TinyLladaModel):
+    """MMaDA's code in miniature: a 2-D mask holding a 0 turns attention causal; a pairwise
+    bool ``attention_bias`` [B, 1, T, T] (True = may attend) is honoured as given."""
+
+    def forward(self, input_ids, attention_mask=None, attention_bias=None, **kwargs):
+        if attention_bias is None and attention_mask is not None and not bool(attention_mask.all()):
+            S = input_ids.shape[1]
+            causal = torch.ones(S, S, dtype=torch.bool, device=input_ids.device).tril()
+            attention_bias = causal & attention_mask.bool()[:, None, None, :]
+        return super().forward(input_ids, attention_mask=attention_bias, **kwargs)
 
 
 def save(kind: str, path: Path, seed: int = 0) -> Path:

@@ -9,6 +9,15 @@ read from the logits at position j - 1 (logits shifted right by one). At each st
                        confidence: maskgit_plus = top probability, topk_margin = top1 - top2
                        probability, entropy = negative entropy of the predicted distribution.
                        alg_temp > 0 samples them instead, in proportion to softmax(confidence/alg_temp).
+
+Two variants. ``reference`` (the default) decodes as Dream's own ``diffusion_generate`` does, so
+that scores match the ones Dream's authors report: the probabilities stay in the model's dtype
+(bfloat16 for the released checkpoints), the mask token may be predicted (such a position
+simply stays masked), and the tokens revealed are ``torch.topk``'s choice over the whole row,
+ties included. ``invariant`` gives the same tokens at every batch size and padding: float32
+probabilities, the mask token never predicted, and ties broken towards the leftmost position.
+Both count the tokens to reveal per row, where Dream divides the batch's count by its size:
+the same number whenever the rows hold equally many masks (always at batch size 1).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import torch
 from .layout import build_layout
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+VARIANTS = ("reference", "invariant")
 
 
 def filter_logits(logits: torch.Tensor, top_p=None, top_k=None) -> torch.Tensor:
@@ -76,21 +86,26 @@ def generate_dream(
     alg_temp: float | None = None,
     eps: float = 1e-3,
     padding_side: str = "left",
+    variant: str = "reference",
     generator: torch.Generator | None = None,
 ) -> torch.LongTensor:
     """Decode gen_length tokens after each prompt; returns them, [B, gen_length].
 
-    model_fn(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, V]; see layout.py. The
-    mask token is never a valid prediction and is always suppressed, so every position ends
-    unmasked. Every row needs at least one prompt token (the first answer token is read from the
-    logits of the last prompt token).
+    model_fn(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, V]; see layout.py.
+    ``variant``: see the module docstring. Under ``invariant`` the mask token is suppressed, so
+    every position ends unmasked; under ``reference`` a position may end as the mask token, as
+    in Dream. Every row needs at least one prompt token (the first answer token is read from
+    the logits of the last prompt token).
     """
     if alg not in ALGS:
         raise ValueError(f"alg must be one of {ALGS}, got {alg!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if gen_length <= 0 or steps <= 0:
         raise ValueError(f"gen_length and steps must be positive; got gen_length={gen_length}, steps={steps}")
     if not bool(prompt_mask.bool().any(1).all()):
         raise ValueError("every prompt needs at least one real token (Dream reads token j from position j-1)")
+    invariant = variant == "invariant"
     lay = build_layout(prompt_ids, prompt_mask, gen_length=gen_length, mask_id=mask_id,
                        padding_side=padding_side)
     x, attn, device = lay.x.clone(), lay.attention_mask, prompt_ids.device
@@ -105,27 +120,52 @@ def generate_dream(
         masked = gen == mask_id
         # Only masked positions are sampled, as in Dream: on average half the work of the
         # softmax/sort over V, for one host sync per step (the size of the masked set).
-        logits = model_fn(x, attn)[rows[masked], src[masked]].float()  # [N, V]
-        logits[:, mask_id] = -torch.inf
+        logits = model_fn(x, attn)[rows[masked], src[masked]]  # [N, V]
+        if invariant:
+            logits = logits.float()
+            logits[:, mask_id] = -torch.inf
         probs, sampled = sample_tokens(logits, temperature=temperature, top_p=top_p, top_k=top_k,
                                        generator=generator)
         x0 = torch.full_like(gen, mask_id).masked_scatter(masked, sampled)  # back to [B, G]
 
         if alg == "origin":
             p = 1.0 if last else 1 - s / t
-            reveal = masked & (torch.rand(gen.shape, device=device, generator=generator) < p)
+            if invariant:
+                reveal = masked & (torch.rand(gen.shape, device=device, generator=generator) < p)
+            else:  # one draw per masked position, in row-major order, as Dream draws them
+                draws = torch.rand(sampled.shape, device=device, generator=generator)
+                reveal = torch.zeros_like(masked).masked_scatter(masked, draws < p)
         else:
-            conf = torch.full(gen.shape, -torch.inf, device=device).masked_scatter(
+            conf = torch.full(gen.shape, -torch.inf, dtype=probs.dtype, device=device).masked_scatter(
                 masked, confidence(probs, sampled, alg))
-            # Per row, where Dream divides the batch's mask count by B: identical when no row holds
-            # stray mask tokens, and batch invariant always. float32 as in Dream, then truncate.
+            # float32 as in Dream, then truncate
             n_masked = masked.sum(1)
             k = n_masked if last else (n_masked.float() * (1 - s / t)).long()
             if alg_temp:  # Gumbel-top-k = sampling k without replacement from softmax(conf/alg_temp)
                 conf = conf / alg_temp + gumbel(conf.shape, device, generator)
-            # Rank of each position by confidence (stable: ties go left); the top k[row] are revealed.
-            order = conf.argsort(dim=1, descending=True, stable=True)
-            rank = torch.empty_like(order).scatter_(1, order, positions)
-            reveal = rank < k[:, None]
+            if invariant:
+                # Rank of each position by confidence (stable: ties go left); the top k[row] are revealed.
+                order = conf.argsort(dim=1, descending=True, stable=True)
+                rank = torch.empty_like(order).scatter_(1, order, positions)
+                reveal = rank < k[:, None]
+            else:
+                reveal = _topk_over_rows(conf, k, lay.gen_cols, x.shape[1])
         x[rows, lay.gen_cols] = torch.where(reveal, x0, gen)
     return lay.generated(x)
+
+
+def _topk_over_rows(conf: torch.Tensor, k: torch.Tensor, gen_cols: torch.Tensor, width: int):
+    """Which generated positions ``torch.topk`` reveals when, as in Dream, it ranks the whole
+    working row (-inf outside the masked positions), so that ties fall where Dream's fall.
+    Rows sharing a count share one call (all rows, in Dream's own loop); bool [B, G]."""
+    full = torch.full((conf.shape[0], width), -torch.inf, dtype=conf.dtype, device=conf.device)
+    full.scatter_(1, gen_cols, conf)
+    chosen = torch.zeros(full.shape, dtype=torch.bool, device=conf.device)
+    counts = k.tolist()
+    for n in sorted(set(counts)):
+        if n == 0:
+            continue
+        sel = torch.tensor([c == n for c in counts], device=conf.device)
+        idx = full[sel].topk(n, dim=1).indices
+        chosen[sel] = torch.zeros_like(chosen[sel]).scatter_(1, idx, True)
+    return chosen.gather(1, gen_cols)
