@@ -9,7 +9,9 @@ own modules and then, right after each has run:
 
 - ``lm_eval.models``: registers our two models as lazy placeholders, next to the built-ins;
 - ``lm_eval.tasks.manager``: appends our task folder to every ``TaskManager``'s include path
-  (lm-eval's own tasks stay first and untouched).
+  (lm-eval's own tasks stay first and untouched);
+- ``lm_eval.evaluator``: ``simple_evaluate`` checks our tasks' data (GSM8K's local copy)
+  before it builds the model.
 
 Set ``LM_EVAL_SINKMASK_AUTOLOAD=0`` to turn it off.
 """
@@ -49,7 +51,28 @@ def add_task_folder(module) -> None:
     manager.__init__ = __init__
 
 
-AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_task_folder}
+def check_task_data_first(module) -> None:
+    """``simple_evaluate`` (the CLI's and the sweep's entry) checks our tasks' data before it
+    loads the model: a missing GSM8K copy fails in a second, not after an 8B load."""
+    import functools
+    import inspect
+
+    original = module.simple_evaluate
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def simple_evaluate(*args, **kwargs):
+        from lm_eval_sinkmask.tasks import check_data
+
+        given = signature.bind_partial(*args, **kwargs).arguments
+        check_data(given.get("tasks"), given.get("metadata"))
+        return original(*args, **kwargs)
+
+    module.simple_evaluate = simple_evaluate
+
+
+AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_task_folder,
+                "lm_eval.evaluator": check_task_data_first}
 
 
 class _RunAfter:

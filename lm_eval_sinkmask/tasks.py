@@ -33,4 +33,23 @@ def find_tasks_dir(candidates=_CANDIDATES) -> Path:
 
 TASKS_DIR: Path = find_tasks_dir()
 
-__all__ = ["TASKS_DIR", "find_tasks_dir"]
+
+def task_module(name: str):
+    """A code file of the task folder (``gsm8k``, ``humaneval``) as a module, the way lm-eval's
+    ``!function`` loads it (a file next to the YAMLs, not a package module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"sinkmask_task_{name}", TASKS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_data(tasks, metadata: dict | None = None) -> None:
+    """Fail before any model loads when a requested GSM8K task has no data to read (see
+    ``gsm8k.check_available``); a no-op for every other task."""
+    if any(isinstance(t, str) and t.startswith("gsm8k_sinkmask") for t in tasks or ()):
+        task_module("gsm8k").check_available((metadata or {}).get("gsm8k_dir"))
+
+
+__all__ = ["TASKS_DIR", "find_tasks_dir", "task_module", "check_data"]

@@ -27,16 +27,32 @@ def load_gsm8k(gsm8k_dir: str | None = None, **_metadata):
     return _from_folder(Path(folder).expanduser()) if folder else _from_hub()
 
 
-def _from_folder(folder: Path):
-    import datasets
+def check_available(gsm8k_dir: str | None = None) -> None:
+    """Raise now, before a model loads, what :func:`load_gsm8k` would raise later: a local
+    folder without its splits, or no folder, no local copy and no reachable hub. (lm-eval
+    loads the model before the tasks, so without this an 8B model would load first.)"""
+    folder = gsm8k_dir or os.environ.get(GSM8K_DIR_ENV)
+    if folder:
+        _split_paths(Path(folder).expanduser())
+    elif offline_reason() is not None:
+        _from_hub()  # only the local cache: the one-line error when there is no copy
 
-    splits = {}
-    for split in SPLITS:
-        path = folder / f"{split}.jsonl"
+
+def _split_paths(folder: Path) -> dict[str, Path]:
+    paths = {split: folder / f"{split}.jsonl" for split in SPLITS}
+    for split, path in paths.items():
         if not path.is_file():
             raise FileNotFoundError(
                 f"GSM8K split {split!r} not found at {path} (from gsm8k_dir / {GSM8K_DIR_ENV})"
             )
+    return paths
+
+
+def _from_folder(folder: Path):
+    import datasets
+
+    splits = {}
+    for split, path in _split_paths(folder).items():
         with path.open(encoding="utf-8") as f:
             splits[split] = datasets.Dataset.from_list([json.loads(l) for l in f if l.strip()])
     return datasets.DatasetDict(splits)

@@ -28,12 +28,9 @@ needs_full_gsm8k = pytest.mark.skipif(
 
 def gsm8k_module():
     """tasks/gsm8k.py as lm-eval loads it (a file next to the YAMLs, not a package module)."""
-    import importlib.util
+    from lm_eval_sinkmask.tasks import task_module
 
-    spec = importlib.util.spec_from_file_location("sinkmask_task_gsm8k", TASKS_DIR / "gsm8k.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return task_module("gsm8k")
 
 
 def lines(split: str) -> int:
@@ -143,6 +140,28 @@ def test_gsm8k_without_data_or_hub_fails_at_once_naming_the_fix(monkeypatch, tmp
     assert "\n" not in str(e.value)
     if offline_by == "unreachable hub":  # the offline switch was only for that one load
         assert constants.HF_HUB_OFFLINE is False and datasets.config.HF_HUB_OFFLINE is False
+
+
+@pytest.mark.parametrize("where", ["nowhere", "a missing folder"])
+def test_gsm8k_without_data_fails_before_the_model_loads(monkeypatch, tmp_path, where):
+    import datasets
+    import transformers
+    from huggingface_hub import constants
+    from lm_eval import evaluator
+
+    monkeypatch.delenv(gsm8k_module().GSM8K_DIR_ENV, raising=False)
+    for module, name in ((datasets.config, "HF_DATASETS_CACHE"), (constants, "HF_HUB_CACHE")):
+        monkeypatch.setattr(module, name, str(tmp_path / name))  # empty caches
+    loads = []
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(cls)))
+    metadata, message = None, r"no local copy and HF_HUB_OFFLINE.*SINKMASK_GSM8K_DIR"
+    if where == "a missing folder":
+        metadata, message = {"gsm8k_dir": str(tmp_path / "gsm8k")}, r"train.*gsm8k/train\.jsonl"
+    with pytest.raises(FileNotFoundError, match=message):
+        evaluator.simple_evaluate(model="dlm_sinkmask", model_args="pretrained=zoo:llada",
+                                  tasks=["gsm8k_sinkmask"], device="cpu", metadata=metadata)
+    assert loads == []  # the check ran before lm-eval built the model
 
 
 def test_gsm8k_gold_answers_score_one_and_wrong_answers_zero(tasks):
