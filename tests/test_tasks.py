@@ -14,10 +14,8 @@ import pytest
 
 from lm_eval_sinkmask.tasks import TASKS_DIR
 
-# A handful of GSM8K-format problems written for these tests (same fields, "<<a*b=c>>"
-# calculator notes, "#### N" answers): enough to exercise the loader, the 5-shot prompt and
-# the filters on every machine. The full split is only needed to score all 1319 gold answers.
-GSM8K_DIR = Path(__file__).resolve().parent / "fixtures" / "gsm8k"
+# The full split is only needed to score all 1319 gold answers; the other GSM8K tests run on
+# GSM8K-format problems made by the zoo's generator (``gsm8k_dir``), so no data is committed.
 FULL_GSM8K = os.environ.get("SINKMASK_GSM8K_DIR")
 needs_full_gsm8k = pytest.mark.skipif(
     not FULL_GSM8K or not (Path(FULL_GSM8K) / "test.jsonl").is_file(),
@@ -33,8 +31,29 @@ def gsm8k_module():
     return task_module("gsm8k")
 
 
-def lines(split: str) -> int:
-    return len((GSM8K_DIR / f"{split}.jsonl").read_text().splitlines())
+@pytest.fixture(scope="session")
+def gsm8k_dir(tmp_path_factory):
+    """A GSM8K-format folder (``question``, worked ``answer`` with ``<<a*b=c>>`` calculator
+    notes, ending in ``#### N``; train and test JSONL) from the zoo's mini_gsm generator: enough
+    for the loader, the 5-shot prompt and the filters on every machine."""
+    import re
+
+    from lm_eval_sinkmask.zoo import data
+
+    def with_notes(answer):  # "2 * 3 = 6" -> "2 * 3 = <<2*3=6>>6", as GSM8K writes its steps
+        return re.sub(r"^(.+) = (-?\d+)$",
+                      lambda m: f"{m[1]} = <<{m[1].replace(' ', '')}={m[2]}>>{m[2]}", answer,
+                      flags=re.M)
+
+    folder = tmp_path_factory.mktemp("gsm8k")
+    problems = [{**d, "answer": with_notes(d["answer"])} for d in data.mini_gsm_test(11)]
+    for split, docs in (("train", problems[:6]), ("test", problems[6:])):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return folder
+
+
+def lines(folder: Path, split: str) -> int:
+    return len((folder / f"{split}.jsonl").read_text().splitlines())
 TASK_NAMES = (
     "gsm8k_sinkmask",
     "gsm8k_sinkmask_chat",
@@ -44,14 +63,14 @@ TASK_NAMES = (
 
 
 @pytest.fixture(scope="module")
-def task_manager():
+def task_manager(gsm8k_dir):
     from lm_eval.tasks import TaskManager
 
     # Our folder only: indexing lm-eval's thousands of YAMLs would dominate the test time.
     return TaskManager(
         include_path=str(TASKS_DIR),
         include_defaults=False,
-        metadata={"gsm8k_dir": str(GSM8K_DIR)},
+        metadata={"gsm8k_dir": str(gsm8k_dir)},
     )
 
 
@@ -102,17 +121,18 @@ def test_generation_lengths_follow_spec(tasks):
         assert task.config.generation_kwargs["do_sample"] is False
 
 
-def test_gsm8k_local_data_from_metadata(tasks):
+def test_gsm8k_local_data_from_metadata(tasks, gsm8k_dir):
     task = tasks["gsm8k_sinkmask"]
-    assert len(task.test_docs()) == lines("test") and len(task.training_docs()) == lines("train")
+    assert len(task.test_docs()) == lines(gsm8k_dir, "test")
+    assert len(task.training_docs()) == lines(gsm8k_dir, "train")
 
 
-def test_gsm8k_local_data_from_environment(monkeypatch):
+def test_gsm8k_local_data_from_environment(monkeypatch, gsm8k_dir):
     gsm8k = gsm8k_module()
-    monkeypatch.setenv(gsm8k.GSM8K_DIR_ENV, str(GSM8K_DIR))
-    assert gsm8k.load_gsm8k()["test"].num_rows == lines("test")
+    monkeypatch.setenv(gsm8k.GSM8K_DIR_ENV, str(gsm8k_dir))
+    assert gsm8k.load_gsm8k()["test"].num_rows == lines(gsm8k_dir, "test")
     with pytest.raises(FileNotFoundError, match="train"):
-        gsm8k.load_gsm8k(gsm8k_dir=str(GSM8K_DIR / "missing"))
+        gsm8k.load_gsm8k(gsm8k_dir=str(gsm8k_dir / "missing"))
 
 
 @pytest.mark.parametrize("offline_by", ["environment", "unreachable hub"])
@@ -164,17 +184,18 @@ def test_gsm8k_without_data_fails_before_the_model_loads(monkeypatch, tmp_path, 
     assert loads == []  # the check ran before lm-eval built the model
 
 
-def test_gsm8k_gold_answers_score_one_and_wrong_answers_zero(tasks):
+def test_gsm8k_gold_answers_score_one_and_wrong_answers_zero(tasks, gsm8k_dir):
     task = tasks["gsm8k_sinkmask"]
     docs = list(task.test_docs())
     gold = score_responses(task, [d["answer"] for d in docs], docs)
-    assert len(gold["strict-match"]) == lines("test")
+    assert len(gold["strict-match"]) == lines(gsm8k_dir, "test")
     assert all(s["exact_match"] == 1.0 for s in gold["strict-match"])
     assert all(s["exact_match"] == 1.0 for s in gold["flexible-extract"])
     wrong = [d["answer"].rsplit("####", 1)[0] + "#### 123456789" for d in docs]
     assert all(s["exact_match"] == 0.0 for s in score_responses(task, wrong, docs)["strict-match"])
     # strict needs the "#### N" format; flexible takes the last number.
-    loose = score_responses(task, ["So the answer is 19."], docs[:1])
+    final = docs[0]["answer"].rsplit("#### ", 1)[1]
+    loose = score_responses(task, [f"So the answer is {final}."], docs[:1])
     assert loose["strict-match"][0]["exact_match"] == 0.0
     assert loose["flexible-extract"][0]["exact_match"] == 1.0
 
@@ -195,8 +216,9 @@ def test_gsm8k_chat_gold_rationales_score_one(tasks):
     docs = list(task.test_docs())
     scores = score_responses(task, [d["cot_target"] for d in docs], docs)
     assert all(s["exact_match"] == 1.0 for s in scores["strict-match"])
+    assert task.fewshot_docs()[0]["answer"].startswith("2 * 3 = <<2*3=6>>6\n")
     assert task.fewshot_docs()[0]["cot_target"] == (
-        "Each tray holds 12 rolls, so 6 trays hold 6*12=72 rolls. The answer is 72.")
+        "2 * 3 = 6 4 + 6 = 10 10 - 1 = 9 The answer is 9.")
 
 
 def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail(tasks):
@@ -296,14 +318,14 @@ def build_tiny_llama(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_stock_cli_runs_both_tasks_offline(tmp_path):
+def test_stock_cli_runs_both_tasks_offline(tmp_path, gsm8k_dir):
     model_dir = build_tiny_llama(tmp_path / "tiny-llama")
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "SINKMASK_GSM8K_DIR": str(GSM8K_DIR),
+        "SINKMASK_GSM8K_DIR": str(gsm8k_dir),
     }
     out = tmp_path / "results"
     cmd = [
