@@ -143,9 +143,8 @@ class PoolBatches:
             end = length + torch.where(u < 0.15, long_pad, short_pad)
         width = self.width + (GEN_LEN if pad_region else 0)
         pos = torch.arange(width, device=self.device)[None]
-        ids = torch.full((batch_size, width), self.pad_id, device=self.device)
-        ids[:, :self.width] = self.ids[rows]
-        ids = torch.where(pos < length[:, None], ids,
+        ids = torch.where(pos < length[:, None],
+                          F.pad(self.ids[rows], (0, width - self.width)),
                           torch.where(pos < end[:, None], self.eos_id, self.pad_id))
         region = (pos >= start[:, None]) & (pos < end[:, None])
         valid = pos < end[:, None]
