@@ -216,13 +216,14 @@ class _MaskView:
         else:
             key_valid, query_valid = self.validity()
         metric_rows = query_valid
+        self._last = None  # [B, 1] under last_row: each element's row of Q
         if rule == "last_row":  # each element's last real row: right padding moves it left
             metric_rows = torch.zeros_like(query_valid)
             last = (query_valid.long().cumsum(-1)).argmax(-1, keepdim=True)  # first max = last True
             metric_rows.scatter_(1, last, query_valid.gather(1, last))
+            self._last = last
         self.key_valid = key_valid  # [B, Sk]
         self.qv = metric_rows[:, None, :, None]  # [B, 1, Sq, 1]: the metric's query rows Q
-        self.first_row = n_q - 1 if rule == "last_row" else 0  # rows before it are not in Q
         self.qw = self.qv.float().transpose(-1, -2)  # [B, 1, 1, Sq]: the same, as row weights
         # rows [B, H or 1, Sk]: the rows of Q that can see each key
         if self.key_only:  # rows_j = |Q| for every key a row can see
@@ -235,6 +236,15 @@ class _MaskView:
             self.rows = sum((self.mask_chunk(r0, r1)[1] & self.qv[:, :, r0:r1]).sum(dim=-2)
                             for r0, r1 in self.chunks(chunk))
         self.key_seen = _keys_seen(key_valid, self.rows)
+
+    @cached_property
+    def first_row(self) -> int:
+        """Rows before this one are not in Q (the fused paths skip them): 0, or under
+        last_row the earliest of the elements' last real rows, n_q - 1 unless right padding
+        moved one left. Read only by the fused paths: one host sync per pass, there."""
+        if self._last is None or self.n_q == 1:
+            return 0
+        return int(self._last.min())
 
     def fits(self, attn_mask, is_causal, batch, n_q, n_k) -> bool:
         """Whether a call with these arguments has exactly this mask (the same tensor)."""
