@@ -183,7 +183,7 @@ def _model_events(backend, kind, model, run, rule="all", **cfg):
     return [logits], events
 
 
-def _padded_model_runs(kind, device="cpu"):
+def _padded_model_runs(kind, device="cpu", backends=("fused", "materialized")):
     """Both backends' (outputs, events, moved to the CPU) of one padded batch through a tiny
     model on ``device``."""
     from lm_eval_sinkmask.families import FAMILIES
@@ -199,7 +199,7 @@ def _padded_model_runs(kind, device="cpu"):
     kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     rule = "all_rows" if kind == "llama" else "all"
     runs = {b: _model_events(b, kind, model, lambda: model(**kwargs).logits, rule=rule)
-            for b in ("fused", "materialized")}
+            for b in backends}
     cpu = lambda t: t.cpu()  # noqa: E731
     return {b: ([cpu(o) for o in outs],
                 [type(e)(e.forward_pass, e.layer, *map(cpu, (e.scores, e.sinks, e.chosen, e.blocked)))
