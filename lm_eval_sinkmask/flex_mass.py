@@ -194,6 +194,5 @@ def flex_column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, c
         return s - off[b, h, i]
 
     kt = k.repeat_interleave(H // k.shape[1], dim=1) if k.shape[1] != H else k
-    log_mass = _call(fn, kt.contiguous(), qr.contiguous(), weighted, plan.transposed, scale,
-                     False, compiled)
+    log_mass = _call(fn, kt, qr, weighted, plan.transposed, scale, False, compiled)
     return torch.exp(log_mass.float())
