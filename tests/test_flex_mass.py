@@ -1,6 +1,7 @@
 """``detect_backend=flex`` (flex_mass): the column mass from two FlexAttention calls, against
-the torch blocked algorithm of the fused path and against the intercept's materialised
-probabilities, for every mask form and query rule.
+the torch blocked algorithm of the fused path for every mask form, and end to end on the zoo
+checkpoints. In the intercept, against the materialised probabilities for every SDPA mask form
+and query rule, it runs with the other fused path in test_fused_mass.py.
 
 On a CPU flex runs its eager (dense) implementation; the compiled kernels, which are what
 the backend is for, are checked by the ``cuda`` tests at the end on a GPU machine.
@@ -11,9 +12,8 @@ import torch
 
 from lm_eval_sinkmask import flex_mass, fused_mass, intercept
 from lm_eval_sinkmask.config import SinkMaskConfig
-from tests import tiny
-from tests.test_fused_mass import (_events, _model_events, _padded_model_runs, _sdpa_forms,
-                                   _unit_cases, assert_same_detection, softmax_mass)
+from tests.test_fused_mass import (_events, _padded_model_runs, _sdpa_forms, _unit_cases,
+                                   assert_same_detection, softmax_mass)
 
 if flex_mass.unavailable_reason() is not None:
     pytest.skip(f"detect_backend=flex was NOT checked: {flex_mass.unavailable_reason()}",
@@ -66,80 +66,7 @@ def test_flex_mass_of_empty_calls_and_bad_heads():
         flex_mass.flex_column_mass(q, k, w, compiled=True)
 
 
-# -- the intercept with detect_backend=flex against the materialised path --------------------
-
-
-@pytest.mark.parametrize("form", list(_sdpa_forms()))
-@pytest.mark.parametrize("rule", ["all", "last_row", "all_rows"])
-def test_flex_detection_equals_the_materialised_one(form, rule):
-    """Scores to 1e-5, and exactly the same sinks, chosen keys and blocked keys, over three
-    passes (detect=previous), for every SDPA mask form and query rule."""
-    kwargs, kv_heads, n_q = _sdpa_forms()[form]
-    run = {b: _events(b, kwargs, kv_heads, n_q, rule=rule) for b in ("flex", "materialized")}
-    assert_same_detection(run["flex"], run["materialized"])
-
-
-@pytest.mark.parametrize("form", ["float_B_1_S_S", "causal", "gqa_bool_per_row"])
-@pytest.mark.parametrize("detect", ["current", "previous"])
-def test_flex_detection_per_layer_and_detect_modes(form, detect):
-    kwargs, kv_heads, n_q = _sdpa_forms()[form]
-    run = {b: _events(b, kwargs, kv_heads, n_q, granularity="layer", detect=detect)
-           for b in ("flex", "materialized")}
-    assert_same_detection(run["flex"], run["materialized"])
-
-
-def test_flex_detection_with_the_extra_sink_token_excluded():
-    kwargs, kv_heads, n_q = _sdpa_forms()["float_key_llada"]
-    extra = torch.zeros(2, 11, dtype=torch.bool)
-    extra[:, 4] = True  # the strong key is the "extra sink token": scored, never chosen
-    run = {b: _events(b, kwargs, kv_heads, n_q, extra_keys=extra, sink_token="exclude")
-           for b in ("flex", "materialized")}
-    assert_same_detection(run["flex"], run["materialized"])
-    assert not any(bool(e.chosen[:, :, 4].any()) for e in run["flex"][1])
-    assert any(bool(e.sinks[:, :, 4].any()) for e in run["flex"][1])
-
-
-@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
-def test_flex_detection_in_tiny_models_with_padding(kind):
-    run = _padded_model_runs(kind, backends=("flex", "materialized"))
-    assert_same_detection(run["flex"], run["materialized"])
-
-
-@pytest.mark.parametrize("rule", ["last_row", "all_rows"])
-def test_flex_detection_across_kv_cached_decoding_steps(rule):
-    """Prefill, then one-row steps with the KV cache (q_len < k_len): the all_rows counts
-    carried across steps, and last_row's single row."""
-    model = tiny.build("llama").eval()
-    ids = torch.randint(5, 40, (2, 9), generator=torch.Generator().manual_seed(0))
-
-    def cached():
-        out = model(ids[:, :5], use_cache=True)
-        for t in range(5, 9):
-            out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
-        return out.logits
-
-    run = {b: _model_events(b, "llama", model, cached, rule=rule)
-           for b in ("flex", "materialized")}
-    assert_same_detection(run["flex"], run["materialized"])
-
-
-@pytest.mark.parametrize("backend", ["flex", "fused"])
-def test_last_row_of_a_right_padded_batch(backend):
-    """Right padding (lm-eval's log-likelihood batches) moves an element's last real row
-    left of the call's last row: the paths that skip rows before the first row of Q must
-    start at the earliest of them, or that element would score no key at all."""
-    model = tiny.build("llama").eval()
-    ids = torch.randint(5, 40, (2, 10), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(2, 10, dtype=torch.long)
-    mask[1, 6:] = 0
-
-    def run():
-        return model(input_ids=ids, attention_mask=mask).logits
-
-    got = {b: _model_events(b, "llama", model, run, rule="last_row")
-           for b in (backend, "materialized")}
-    assert all(bool(e.scores[1].sum() > 0) for e in got[backend][1])
-    assert_same_detection(got[backend], got["materialized"])
+# -- in the intercept (the forms and rules against the materialised path: test_fused_mass.py) --
 
 
 def test_block_masks_are_made_once_per_forward_pass(monkeypatch):
