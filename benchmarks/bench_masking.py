@@ -64,13 +64,15 @@ LABELS = {
 
 
 # the GPU section also times the detection backends against each other (issue 14): the fused
-# path (default on CUDA) with the compiled selection, the same without compiling it, and the
-# materialised path (the CPU's, and the GPU's before the fused path)
-GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_mat", "d")
+# path (default on CUDA) with the compiled selection, the same without compiling it, the
+# materialised path (the CPU's, and the GPU's before the fused path), and the same column mass
+# from two compiled FlexAttention calls (detect_backend=flex, compiled selection)
+GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_mat", "c_flex", "d")
 GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",
     "c_mat": "(c) materialized",
+    "c_flex": "(c) flex (two FlexAttention calls)",
     "d": "(d) top_k=5 current, fused",
 })
 
@@ -84,6 +86,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "c_eager": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
+        "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
         "d": SinkMaskConfig(top_k=5, eps=eps, detect="current", query_chunk=chunk,
                             detect_backend="fused"),
     }
@@ -272,10 +275,11 @@ def bench_gpu(args):
 
 def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
     parts = set(args.gpu_parts.split(","))
-    from lm_eval_sinkmask import fused_mass
+    from lm_eval_sinkmask import flex_mass, fused_mass
 
     print(f"\nfused detection: Triton kernels {'available' if fused_mass.triton_runs_on(device) else 'NOT available (torch fallback)'}"
-          f"; selection compiled: {compiled_tail.ENABLED}")
+          f"; selection compiled: {compiled_tail.ENABLED}; flex_attention: "
+          f"{flex_mass.unavailable_reason() or ('compiled' if device.type == 'cuda' else 'eager')}")
     med = None
     if "mass" in parts:
         fused_mass_check(device, heads, S)
@@ -297,9 +301,10 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
 
 
 def fused_mass_check(device, H=32, S=700):
-    """The Triton kernels against the torch blocked reference on the 8B shapes (bf16,
-    LLaDA's padding bias, GQA causal): the largest difference in column mass."""
-    from lm_eval_sinkmask import fused_mass
+    """The Triton kernels, and the two FlexAttention calls, against the torch blocked
+    reference on the 8B shapes (bf16, LLaDA's padding bias, GQA causal): the largest
+    difference in column mass."""
+    from lm_eval_sinkmask import flex_mass, fused_mass
 
     torch.manual_seed(0)
     B, D = 8, 128
@@ -316,6 +321,9 @@ def fused_mass_check(device, H=32, S=700):
         ref = fused_mass.blocked_column_mass(q, kk, w, scale=D ** -0.5, **kw)
         print(f"fused kernels vs torch reference, {name}, B {B} H {H} S {S}: max |mass diff| "
               f"{(got - ref).abs().max().item():.2e} (mass up to {ref.max().item():.1f})")
+        flex = flex_mass.flex_column_mass(q, kk, w, **kw)
+        print(f"flex (two FlexAttention calls) vs torch reference, {name}: max |mass diff| "
+              f"{(flex - ref).abs().max().item():.2e}")
     sys.stdout.flush()
 
 
@@ -373,7 +381,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
     layers = 2 if args.quick else 4
     model = llama_model(layers, device, hidden, heads)
     steps = 16
-    variants = ["a", "c", "c_eager", "c_mat"]
+    variants = ["a", "c", "c_eager", "c_mat", "c_flex"]
     for rule in ("last_row", "all_rows"):
         for B in (1, 8):
             ids = torch.randint(5, 2000, (B, P), generator=torch.Generator().manual_seed(1))
@@ -420,7 +428,8 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
     ids, pmask = prompts(4, 40, model.config.vocab_size, mask_id)
     runs = {}
     accel = device.type  # "cpu" only in the smoke run
-    for dev, backend in (("cpu", "auto"), (accel, "materialized"), (accel, "fused")):
+    for dev, backend in (("cpu", "auto"), (accel, "materialized"), (accel, "fused"),
+                         (accel, "flex")):
         model = model.to(dev)
         blocked = []
         cfg = SinkMaskConfig(top_k=5, eps=eps, detect_backend=backend)
@@ -429,18 +438,20 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
             tokens = generate_block(model_fn_of(model), ids.to(dev), pmask.to(dev),
                                     mask_id=mask_id, gen_length=32, steps=32, block_length=16)
         runs[(dev, backend)] = (tokens.cpu(), stats.keys_masked, blocked)
-    cpu, mat, fused = runs[("cpu", "auto")], runs[(accel, "materialized")], runs[(accel, "fused")]
+    cpu, mat = runs[("cpu", "auto")], runs[(accel, "materialized")]
     same = torch.equal(cpu[0], mat[0]) and cpu[1] == mat[1]
     print(f"\n{what}, top_k 5, detect=previous, 32 tokens x batch 4: CUDA and CPU "
           f"{'decode the same tokens' if same else 'DIFFER'} (keys masked: CPU "
           f"{cpu[1]}, CUDA {mat[1]})")
-    calls_same = len(fused[2]) == len(mat[2]) and all(
-        torch.equal(a, b) for a, b in zip(fused[2], mat[2]))
-    tokens_same = torch.equal(fused[0], mat[0])
-    print(f"CUDA fused detection vs CUDA materialized: tokens "
-          f"{'the same' if tokens_same else 'DIFFER'}, masked keys "
-          f"{'the same in every one of the ' + str(len(mat[2])) + ' calls' if calls_same else 'DIFFER'}"
-          f" (keys masked: fused {fused[1]}, materialized {mat[1]})")
+    for name in ("fused", "flex"):
+        other = runs[(accel, name)]
+        calls_same = len(other[2]) == len(mat[2]) and all(
+            torch.equal(a, b) for a, b in zip(other[2], mat[2]))
+        tokens_same = torch.equal(other[0], mat[0])
+        print(f"CUDA {name} detection vs CUDA materialized: tokens "
+              f"{'the same' if tokens_same else 'DIFFER'}, masked keys "
+              f"{'the same in every one of the ' + str(len(mat[2])) + ' calls' if calls_same else 'DIFFER'}"
+              f" (keys masked: {name} {other[1]}, materialized {mat[1]})")
     sys.stdout.flush()
 
 

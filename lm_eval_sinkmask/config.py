@@ -14,7 +14,7 @@ DETECT_MODES = ("previous", "current")
 GRANULARITIES = ("head", "layer")
 ARM_RULES = ("last_row", "all_rows")
 SINK_TOKEN_MODES = ("include", "exclude")
-DETECT_BACKENDS = ("auto", "fused", "materialized")
+DETECT_BACKENDS = ("auto", "fused", "materialized", "flex")
 
 
 def parse_layers(value: Any) -> tuple[int, ...] | None:
@@ -66,7 +66,9 @@ class SinkMaskConfig:
         probabilities of one query chunk at a time in float32 (the CPU path); "fused": row
         log-sum-exp then column sums over key tiles, never holding the probabilities
         (``fused_mass``: Triton kernels on CUDA, the same algorithm in torch elsewhere);
-        "auto" (default): fused on CUDA when Triton is installed, materialized otherwise.
+        "auto" (default): fused on CUDA when Triton is installed, materialized otherwise;
+        "flex": the same column mass from two FlexAttention calls (``flex_mass``; compiled
+        on CUDA), the other way to avoid the probabilities, for timing against "fused".
         The choice changes only speed and float rounding, not the method.
     """
 
@@ -103,6 +105,10 @@ class SinkMaskConfig:
             raise ValueError(
                 f"detect_backend must be one of {DETECT_BACKENDS}, got {self.detect_backend!r}"
             )
+        if self.detect_backend == "flex":  # before any weight loads, not at the first call
+            from .flex_mass import require_flex
+
+            require_flex()
         if not isinstance(self.query_chunk, int) or self.query_chunk < 1:
             raise ValueError(f"query_chunk must be a positive integer, got {self.query_chunk!r}")
 

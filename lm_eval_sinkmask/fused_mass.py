@@ -61,14 +61,15 @@ def triton_runs_on(device: torch.device) -> bool:
 
 
 def use_fused(backend: str, device: torch.device) -> bool:
-    """Whether detection takes this module's path: "fused" always; "auto" on CUDA when Triton
-    is installed (on a CPU the materialised path is cheaper and stays the default);
+    """Whether detection takes a path that never materialises the probabilities: "fused"
+    (this module) and "flex" (:mod:`flex_mass`) always; "auto" on CUDA when Triton is
+    installed (on a CPU the materialised path is cheaper and stays the default);
     "materialized" never."""
     if backend not in BACKENDS:
         raise ValueError(f"detect_backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         return device.type == "cuda" and triton_runs_on(device)
-    return backend == "fused"
+    return backend in ("fused", "flex")
 
 
 def column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, causal_offset=0,

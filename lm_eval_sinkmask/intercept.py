@@ -24,7 +24,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from . import compiled_tail, fused_mass
+from . import compiled_tail, flex_mass, fused_mass
 from .config import SinkMaskConfig
 from .metric import top_k_sinks
 
@@ -216,13 +216,14 @@ class _MaskView:
         else:
             key_valid, query_valid = self.validity()
         metric_rows = query_valid
+        self._last = None  # [B, 1] under last_row: each element's row of Q
         if rule == "last_row":  # each element's last real row: right padding moves it left
             metric_rows = torch.zeros_like(query_valid)
             last = (query_valid.long().cumsum(-1)).argmax(-1, keepdim=True)  # first max = last True
             metric_rows.scatter_(1, last, query_valid.gather(1, last))
+            self._last = last
         self.key_valid = key_valid  # [B, Sk]
         self.qv = metric_rows[:, None, :, None]  # [B, 1, Sq, 1]: the metric's query rows Q
-        self.first_row = n_q - 1 if rule == "last_row" else 0  # rows before it are not in Q
         self.qw = self.qv.float().transpose(-1, -2)  # [B, 1, 1, Sq]: the same, as row weights
         # rows [B, H or 1, Sk]: the rows of Q that can see each key
         if self.key_only:  # rows_j = |Q| for every key a row can see
@@ -235,6 +236,18 @@ class _MaskView:
             self.rows = sum((self.mask_chunk(r0, r1)[1] & self.qv[:, :, r0:r1]).sum(dim=-2)
                             for r0, r1 in self.chunks(chunk))
         self.key_seen = _keys_seen(key_valid, self.rows)
+        # detect_backend=flex: its block masks for this mask, made by the first layer that
+        # needs them and reused by the others (flex_mass.flex_column_mass's ``plans``)
+        self.flex_plans: dict = {}
+
+    @cached_property
+    def first_row(self) -> int:
+        """Rows before this one are not in Q (the fused paths skip them): 0, or under
+        last_row the earliest of the elements' last real rows, n_q - 1 unless right padding
+        moved one left. Read only by the fused paths: one host sync per pass, there."""
+        if self._last is None or self.n_q == 1:
+            return 0
+        return int(self._last.min())
 
     def fits(self, attn_mask, is_causal, batch, n_q, n_k) -> bool:
         """Whether a call with these arguments has exactly this mask (the same tensor)."""
@@ -470,9 +483,10 @@ def _sweep(
 
 
 def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool,
-            keep_all: bool = False):
+            keep_all: bool = False, flex: bool = False):
     """(masked output or None, detection) of one call, by the detection backend
-    (``fused``: :func:`fused_mass.use_fused` of the configured one). ``keep_all``: the
+    (``fused``: :func:`fused_mass.use_fused` of the configured one; ``flex``: that path by
+    :mod:`flex_mass` instead of :mod:`fused_mass`). ``keep_all``: the
     blocked keys remove nothing, so the caller returns the model's own output (none is made).
 
     Materialised: :func:`_sweep`, which on a CPU also makes the masked output from the same
@@ -481,20 +495,23 @@ def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool,
     output then comes from the fused SDPA kernel, as on any accelerator.
     """
     if fused:
-        return None, _fused_detection(sc)
+        return None, _fused_detection(sc, flex)
     return _sweep(sc, chunk, blocked=blocked, output=blocked is not None and not keep_all
                   and _output_from_scores(sc.query.device))
 
 
-def _fused_detection(sc: _Scores) -> _Detection:
-    """The call's column mass without the probabilities: :func:`fused_mass.column_mass` over
-    the metric's rows Q (weights 1, from the view's first row of Q on), under the model's own
-    mask as the view holds it (rows folded to one where they are all equal)."""
+def _fused_detection(sc: _Scores, flex: bool = False) -> _Detection:
+    """The call's column mass without the probabilities: :func:`fused_mass.column_mass` (or
+    :func:`flex_mass.flex_column_mass`) over the metric's rows Q (weights 1, from the view's
+    first row of Q on), under the model's own mask as the view holds it (rows folded to one
+    where they are all equal)."""
     m = sc.mask
-    mass = fused_mass.column_mass(
-        sc.query, sc.key, m.qw[:, 0, 0], scale=sc.scale, mask=m.attn_mask,
-        is_causal=m.is_causal, first_row=m.first_row,
-    )
+    kw = dict(scale=sc.scale, mask=m.attn_mask, is_causal=m.is_causal, first_row=m.first_row)
+    if flex:
+        mass = flex_mass.flex_column_mass(sc.query, sc.key, m.qw[:, 0, 0], plans=m.flex_plans,
+                                          **kw)
+    else:
+        mass = fused_mass.column_mass(sc.query, sc.key, m.qw[:, 0, 0], **kw)
     return _Detection(mass, m.rows)
 
 
@@ -688,7 +705,8 @@ class _Run:
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
         fused = fused_mass.use_fused(self.config.detect_backend, query.device)
-        out, det = _detect(sc, chunk, blocked, fused, keep_all)
+        out, det = _detect(sc, chunk, blocked, fused, keep_all,
+                           flex=self.config.detect_backend == "flex")
         key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)

@@ -51,7 +51,8 @@ ARGS: tuple[ModelArg, ...] = (
              "masker pick it like any key, `exclude` never masks it", BOTH, "masking"),
     ModelArg("detect_backend", "auto", "how detection gets each key's attention mass: `fused` "
              "(row log-sum-exp, then column sums over key tiles, never the probabilities; Triton "
-             "kernels on CUDA), `materialized` (float32 probabilities chunk by chunk), `auto` = "
+             "kernels on CUDA), `materialized` (float32 probabilities chunk by chunk), `flex` "
+             "(the same column mass from two FlexAttention calls, compiled on CUDA), `auto` = "
              "fused on CUDA with Triton installed, else materialized", BOTH, "masking"),
     # -- diffusion sampling: DiffusionSettings (dlm_model.py); defaults per family in families.py
     ModelArg("family", "from `config.model_type`", "`llada`, `mmada` or `dream`", (DLM,),

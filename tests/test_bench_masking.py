@@ -27,13 +27,17 @@ def test_quick_run_of_the_tiny_and_sampler_sections(capsys):
 def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     """Section 3 (--gpu) runs only where the lead has a GPU; its code runs here on the CPU at
     toy sizes (the fused path takes its torch fallback), so a GPU run fails on nothing but the
-    GPU. The zoo part must find the fused and materialised paths masking the same keys."""
+    GPU. The zoo part must find the fused, flex and materialised paths masking the same keys."""
     bench_masking.main(["--quick", "--only", "3", "--repeats", "1", "--no-header",
                         "--gpu-smoke-cpu"])
     out = capsys.readouterr().out
     for title in ("batch 8", "batch 1", "arm_rule=last_row, batch 1", "arm_rule=all_rows, batch 8"):
         assert title in out
-    for variant in ("(c) top_k=5 previous, fused", "(c) fused, eager selection", "(c) materialized"):
+    for variant in ("(c) top_k=5 previous, fused", "(c) fused, eager selection", "(c) materialized",
+                    "(c) flex (two FlexAttention calls)"):
         assert out.count(variant) == 6  # two LLaDA tables, four Llama decoding tables
     assert "fused kernels vs torch reference" in out
-    assert "tokens the same, masked keys the same in every one of the" in out
+    assert "flex (two FlexAttention calls) vs torch reference" in out
+    for name in ("fused", "flex"):
+        assert f"CUDA {name} detection vs CUDA materialized: tokens the same, masked keys the " \
+               "same in every one of the" in out

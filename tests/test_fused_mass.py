@@ -1,9 +1,11 @@
-"""The fused detection path (fused_mass): the blocked two-pass algorithm against the
-intercept's materialised probabilities, for every mask form the intercept accepts.
+"""The fused detection paths (fused_mass, and flex_mass where said): the blocked two-pass
+algorithm against the intercept's materialised probabilities, for every mask form the
+intercept accepts.
 
 On a CPU, ``detect_backend=fused`` runs the torch implementation of the kernels' algorithm
 (the same tiles, the same two passes); the Triton kernels themselves are checked against it in
-test_fused_mass_triton.py, under Triton's interpreter.
+test_fused_mass_triton.py, under Triton's interpreter. ``detect_backend=flex`` runs flex's
+eager implementation here (test_flex_mass.py has the rest of its tests).
 """
 
 import math
@@ -12,12 +14,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm_eval_sinkmask import fused_mass, intercept
+from lm_eval_sinkmask import flex_mass, fused_mass, intercept
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 from tests import tiny
 
 FLOAT_MIN = torch.finfo(torch.float32).min
+# the paths that never hold the probabilities, each held against the materialised one
+FUSED_BACKENDS = ["fused", pytest.param("flex", marks=pytest.mark.skipif(
+    flex_mass.unavailable_reason() is not None, reason=f"detect_backend=flex was NOT checked: "
+    f"{flex_mass.unavailable_reason()}"))]
 
 
 def softmax_mass(q, k, w, scale=None, mask=None, is_causal=False, causal_offset=0):
@@ -147,32 +153,35 @@ def assert_same_detection(fused, materialized):
         torch.testing.assert_close(a[live], b[live], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
 @pytest.mark.parametrize("form", list(_sdpa_forms()))
 @pytest.mark.parametrize("rule", ["all", "last_row", "all_rows"])
-def test_fused_detection_equals_the_materialised_one(form, rule):
+def test_fused_detection_equals_the_materialised_one(form, rule, backend):
     kwargs, kv_heads, n_q = _sdpa_forms()[form]
-    run = {b: _events(b, kwargs, kv_heads, n_q, rule=rule) for b in ("fused", "materialized")}
-    assert_same_detection(run["fused"], run["materialized"])
+    run = {b: _events(b, kwargs, kv_heads, n_q, rule=rule) for b in (backend, "materialized")}
+    assert_same_detection(run[backend], run["materialized"])
 
 
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
 @pytest.mark.parametrize("form", ["none", "float_B_1_S_S", "causal", "gqa_bool_per_row"])
 @pytest.mark.parametrize("detect", ["current", "previous"])
-def test_fused_detection_per_layer_and_detect_modes(form, detect):
+def test_fused_detection_per_layer_and_detect_modes(form, detect, backend):
     kwargs, kv_heads, n_q = _sdpa_forms()[form]
     run = {b: _events(b, kwargs, kv_heads, n_q, granularity="layer", detect=detect)
-           for b in ("fused", "materialized")}
-    assert_same_detection(run["fused"], run["materialized"])
+           for b in (backend, "materialized")}
+    assert_same_detection(run[backend], run["materialized"])
 
 
-def test_fused_detection_with_the_extra_sink_token_excluded():
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+def test_fused_detection_with_the_extra_sink_token_excluded(backend):
     kwargs, kv_heads, n_q = _sdpa_forms()["float_key_llada"]
     extra = torch.zeros(2, 11, dtype=torch.bool)
     extra[:, 4] = True  # the strong key is the "extra sink token": scored, never chosen
     run = {b: _events(b, kwargs, kv_heads, n_q, extra_keys=extra, sink_token="exclude")
-           for b in ("fused", "materialized")}
-    assert_same_detection(run["fused"], run["materialized"])
-    assert not any(bool(e.chosen[:, :, 4].any()) for e in run["fused"][1])
-    assert any(bool(e.sinks[:, :, 4].any()) for e in run["fused"][1])
+           for b in (backend, "materialized")}
+    assert_same_detection(run[backend], run["materialized"])
+    assert not any(bool(e.chosen[:, :, 4].any()) for e in run[backend][1])
+    assert any(bool(e.sinks[:, :, 4].any()) for e in run[backend][1])
 
 
 def _model_events(backend, kind, model, run, rule="all", **cfg):
@@ -183,7 +192,7 @@ def _model_events(backend, kind, model, run, rule="all", **cfg):
     return [logits], events
 
 
-def _padded_model_runs(kind, device="cpu"):
+def _padded_model_runs(kind, device="cpu", backends=("fused", "materialized")):
     """Both backends' (outputs, events, moved to the CPU) of one padded batch through a tiny
     model on ``device``."""
     from lm_eval_sinkmask.families import FAMILIES
@@ -199,7 +208,7 @@ def _padded_model_runs(kind, device="cpu"):
     kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     rule = "all_rows" if kind == "llama" else "all"
     runs = {b: _model_events(b, kind, model, lambda: model(**kwargs).logits, rule=rule)
-            for b in ("fused", "materialized")}
+            for b in backends}
     cpu = lambda t: t.cpu()  # noqa: E731
     return {b: ([cpu(o) for o in outs],
                 [type(e)(e.forward_pass, e.layer, *map(cpu, (e.scores, e.sinks, e.chosen, e.blocked)))
@@ -207,16 +216,37 @@ def _padded_model_runs(kind, device="cpu"):
             for b, (outs, events) in runs.items()}
 
 
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
 @pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
-def test_fused_detection_in_tiny_models_with_padding(kind):
+def test_fused_detection_in_tiny_models_with_padding(kind, backend):
     """Padded keys and padded query rows as the models pass them (2-D mask to the model)."""
-    run = _padded_model_runs(kind)
-    assert_same_detection(run["fused"], run["materialized"])
+    run = _padded_model_runs(kind, backends=(backend, "materialized"))
+    assert_same_detection(run[backend], run["materialized"])
 
 
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+def test_fused_last_row_of_a_right_padded_batch(backend):
+    """Right padding (lm-eval's log-likelihood batches) moves an element's last real row
+    left of the call's last row: the paths that skip rows before the first row of Q must
+    start at the earliest of them, or that element would score no key at all."""
+    model = tiny.build("llama").eval()
+    ids = torch.randint(5, 40, (2, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+
+    def run():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+    got = {b: _model_events(b, "llama", model, run, rule="last_row")
+           for b in (backend, "materialized")}
+    assert all(bool(e.scores[1].sum() > 0) for e in got[backend][1])
+    assert_same_detection(got[backend], got["materialized"])
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
 @pytest.mark.parametrize("rule", ["last_row", "all_rows"])
 @pytest.mark.parametrize("granularity", ["head", "layer"])
-def test_fused_detection_across_kv_cached_decoding_steps(rule, granularity):
+def test_fused_detection_across_kv_cached_decoding_steps(rule, granularity, backend):
     """Prefill then one-row steps with the KV cache: the all_rows counts carried across steps
     and the last_row rule on one query row give the same sinks on both paths."""
     model = tiny.build("llama").eval()
@@ -229,8 +259,8 @@ def test_fused_detection_across_kv_cached_decoding_steps(rule, granularity):
         return out.logits
 
     run = {b: _model_events(b, "llama", model, cached, rule=rule, granularity=granularity)
-           for b in ("fused", "materialized")}
-    assert_same_detection(run["fused"], run["materialized"])
+           for b in (backend, "materialized")}
+    assert_same_detection(run[backend], run["materialized"])
 
 
 def test_auto_keeps_the_materialised_path_on_cpu(monkeypatch):
