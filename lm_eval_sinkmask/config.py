@@ -67,6 +67,8 @@ class SinkMaskConfig:
         log-sum-exp then column sums over key tiles, never holding the probabilities
         (``fused_mass``: Triton kernels on CUDA, the same algorithm in torch elsewhere);
         "auto" (default): fused on CUDA when Triton is installed, materialized otherwise;
+        its first call of each kernel variant is checked against the torch algorithm, and a
+        variant that fails or disagrees stays materialized (``fused_mass.checked_column_mass``);
         "flex": the same column mass from two FlexAttention calls (``flex_mass``; compiled
         on CUDA), the other way to avoid the probabilities, for timing against "fused".
         The choice changes only speed and float rounding, not the method.

@@ -26,12 +26,15 @@ reads them. Rows that see no key weigh nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import lru_cache
 
 import torch
 
 from .config import DETECT_BACKENDS as BACKENDS
+
+logger = logging.getLogger(__name__)
 # tile sizes: 64 x 64 keeps a bf16 head_dim-128 Q tile, a K tile and the fp32 scores tile in
 # registers with 4 warps on an H100; the torch reference uses the same tiling
 BLOCK_M = 64
@@ -60,16 +63,75 @@ def triton_runs_on(device: torch.device) -> bool:
     return False
 
 
-def use_fused(backend: str, device: torch.device) -> bool:
-    """Whether detection takes a path that never materialises the probabilities: "fused"
-    (this module) and "flex" (:mod:`flex_mass`) always; "auto" on CUDA when Triton is
-    installed (on a CPU the materialised path is cheaper and stays the default);
-    "materialized" never."""
+def resolve(backend: str, device: torch.device) -> str:
+    """The path that computes the column mass of a call on ``device`` under the configured
+    ``backend``: "materialized", "fused" (this module) or "flex" (:mod:`flex_mass`). "auto" is
+    "fused" on CUDA when Triton is installed (its first call of each kernel variant is checked,
+    :func:`checked_column_mass`) and "materialized" elsewhere: on a CPU the materialised sweep
+    is cheaper and keeps the tiny-zoo numbers as they were."""
     if backend not in BACKENDS:
         raise ValueError(f"detect_backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return device.type == "cuda" and triton_runs_on(device)
-    return backend in ("fused", "flex")
+        return "fused" if device.type == "cuda" and triton_runs_on(device) else "materialized"
+    return backend
+
+
+# kernel variants "auto" has run on this process's devices: True if their first call agreed
+# with the torch reference, False if it failed or disagreed (the call and every later one of
+# that variant take the materialised path)
+_CHECKED: dict[tuple, bool] = {}
+# agreement asked of the first call: both sum exact float32 products in a different order,
+# which moves a mass (at most the number of rows) by ~1e-6 relative
+CHECK_RTOL = 1e-3
+CHECK_ATOL = 1e-3
+
+
+def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
+    """:func:`column_mass` for ``detect_backend=auto``, or None where the caller should use
+    the materialised path instead.
+
+    Why: auto picks the Triton kernels for users who did not ask for them, and a kernel that a
+    Triton or GPU generation compiles differently (or not at all) must not turn into an error
+    or, worse, a wrong sink. So the first call of each kernel variant (device, dtype, mask
+    form, tile height, head size) is checked against :func:`blocked_column_mass`, the same
+    algorithm in torch, on that call's own inputs; a failure or disagreement logs one warning
+    and that variant stays materialised for the rest of the process. ``detect_backend=fused``
+    skips the check and raises.
+    """
+    mask = kw.get("mask")
+    variant = (q.device, q.dtype, None if mask is None else mask.dtype, bool(kw.get("is_causal")),
+               q.shape[-2] - kw.get("first_row", 0) <= 16, q.shape[-1], k.shape[1] != q.shape[1])
+    ok = _CHECKED.get(variant)
+    if ok is False:
+        return None
+    if ok:
+        return column_mass(q, k, weights, **kw)
+    scale = kw.pop("scale", None)
+    scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    try:
+        got = column_mass(q, k, weights, scale=scale, use_triton=True, **kw)
+        ref = blocked_column_mass(q, k, weights, scale=scale, **kw)
+        agree = bool(torch.allclose(got, ref, rtol=CHECK_RTOL, atol=CHECK_ATOL))
+        problem = None if agree else (
+            f"largest difference from the torch reference {float((got - ref).abs().max()):.3g}")
+    except Exception as e:  # a compiler or driver problem of this environment
+        got, problem = None, f"{type(e).__name__}: {e}"
+    _CHECKED[variant] = problem is None
+    if problem is not None:
+        logger.warning(
+            "detect_backend=auto: the Triton column-mass kernels failed their first-use check "
+            "for %s (%s); detection of such calls uses the materialized path from now on "
+            "(detect_backend=fused would raise instead)", _describe(variant), problem)
+        return None
+    return got
+
+
+def _describe(variant: tuple) -> str:
+    device, dtype, mask, causal, short, d, gqa = variant
+    return (f"{device} {str(dtype).replace('torch.', '')} q/k, "
+            f"{'no' if mask is None else str(mask).replace('torch.', '')} mask"
+            f"{', causal' if causal else ''}{', <= 16 rows' if short else ''}, head size {d}"
+            f"{', GQA' if gqa else ''}")
 
 
 def column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, causal_offset=0,

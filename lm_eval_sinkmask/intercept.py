@@ -78,6 +78,9 @@ class MaskingStats:
     forward_passes: int = 0
     attention_calls: int = 0
     layers: dict[int, LayerCounters] = field(default_factory=dict)
+    # attention calls per detection path that ran ("materialized", "fused", "flex"): what
+    # detect_backend=auto resolved to on this hardware, and any call its check handed back
+    detection: dict[str, int] = field(default_factory=dict)
     # (counters, sinks count, masked count, keys per masked entry): not yet in `layers`
     _pending: list[tuple[LayerCounters, torch.Tensor, torch.Tensor, int]] = field(
         default_factory=list, init=False, repr=False, compare=False
@@ -95,6 +98,9 @@ class MaskingStats:
 
     def layer(self, index: int) -> LayerCounters:
         return self.layers.setdefault(index, LayerCounters())
+
+    def count_detection(self, backend: str) -> None:
+        self.detection[backend] = self.detection.get(backend, 0) + 1
 
     def defer(self, counters: LayerCounters, sinks: torch.Tensor, blocked: torch.Tensor,
               per_key: int) -> None:
@@ -125,6 +131,8 @@ class MaskingStats:
         other.settle()
         self.forward_passes += other.forward_passes
         self.attention_calls += other.attention_calls
+        for backend, calls in other.detection.items():
+            self.detection[backend] = self.detection.get(backend, 0) + calls
         for index, c in other.layers.items():
             mine = self.layer(index)
             mine.calls += c.calls
@@ -139,6 +147,7 @@ class MaskingStats:
             "attention_calls": self.attention_calls,
             "sinks_detected": self.sinks_detected,
             "keys_masked": self.keys_masked,
+            "detection": dict(sorted(self.detection.items())),
             "per_layer": {
                 str(i): vars(c).copy() for i, c in sorted(self.layers.items())
             },
@@ -146,7 +155,7 @@ class MaskingStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> MaskingStats:
-        stats = cls(d["forward_passes"], d["attention_calls"])
+        stats = cls(d["forward_passes"], d["attention_calls"], detection=dict(d.get("detection", {})))
         for i, c in d.get("per_layer", {}).items():
             stats.layers[int(i)] = LayerCounters(**c)
         return stats
@@ -482,37 +491,42 @@ def _sweep(
     return (out.to(sc.dtype) if out is not None else None), _Detection(mass.squeeze(-2), m.rows)
 
 
-def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, fused: bool,
-            keep_all: bool = False, flex: bool = False):
-    """(masked output or None, detection) of one call, by the detection backend
-    (``fused``: :func:`fused_mass.use_fused` of the configured one; ``flex``: that path by
-    :mod:`flex_mass` instead of :mod:`fused_mass`). ``keep_all``: the
-    blocked keys remove nothing, so the caller returns the model's own output (none is made).
+def _detect(sc: _Scores, chunk: int, blocked: torch.Tensor | None, backend: str,
+            keep_all: bool = False, checked: bool = False):
+    """(masked output or None, detection, the backend that ran) of one call. ``backend``:
+    :func:`fused_mass.resolve` of the configured one; ``checked``: the configured one is
+    "auto", whose fused kernels prove themselves on first use and may hand a call back to the
+    materialised path (:func:`fused_mass.checked_column_mass`). ``keep_all``: the blocked keys
+    remove nothing, so the caller returns the model's own output (none is made).
 
     Materialised: :func:`_sweep`, which on a CPU also makes the masked output from the same
-    probabilities when the blocked keys are already known. Fused (:mod:`fused_mass`): only
-    the column mass, from the model's own q and k (no float32 copies, no GQA expansion); the
-    output then comes from the fused SDPA kernel, as on any accelerator.
+    probabilities when the blocked keys are already known. Fused and flex: only the column
+    mass, from the model's own q and k (no float32 copies, no GQA expansion); the output then
+    comes from the fused SDPA kernel, as on any accelerator.
     """
-    if fused:
-        return None, _fused_detection(sc, flex)
-    return _sweep(sc, chunk, blocked=blocked, output=blocked is not None and not keep_all
-                  and _output_from_scores(sc.query.device))
+    if backend != "materialized":
+        det = _column_mass_detection(sc, backend, checked)
+        if det is not None:
+            return None, det, backend
+    return (*_sweep(sc, chunk, blocked=blocked, output=blocked is not None and not keep_all
+                    and _output_from_scores(sc.query.device)), "materialized")
 
 
-def _fused_detection(sc: _Scores, flex: bool = False) -> _Detection:
-    """The call's column mass without the probabilities: :func:`fused_mass.column_mass` (or
-    :func:`flex_mass.flex_column_mass`) over the metric's rows Q (weights 1, from the view's
-    first row of Q on), under the model's own mask as the view holds it (rows folded to one
-    where they are all equal)."""
+def _column_mass_detection(sc: _Scores, backend: str, checked: bool) -> _Detection | None:
+    """The call's column mass without the probabilities, by :mod:`fused_mass` or
+    :mod:`flex_mass`, over the metric's rows Q (weights 1, from the view's first row of Q on),
+    under the model's own mask as the view holds it (rows folded to one where they are all
+    equal). None: auto's check handed this call to the materialised path."""
     m = sc.mask
+    args = (sc.query, sc.key, m.qw[:, 0, 0])
     kw = dict(scale=sc.scale, mask=m.attn_mask, is_causal=m.is_causal, first_row=m.first_row)
-    if flex:
-        mass = flex_mass.flex_column_mass(sc.query, sc.key, m.qw[:, 0, 0], plans=m.flex_plans,
-                                          **kw)
+    if backend == "flex":
+        mass = flex_mass.flex_column_mass(*args, plans=m.flex_plans, **kw)
+    elif checked:
+        mass = fused_mass.checked_column_mass(*args, **kw)
     else:
-        mass = fused_mass.column_mass(sc.query, sc.key, m.qw[:, 0, 0], **kw)
-    return _Detection(mass, m.rows)
+        mass = fused_mass.column_mass(*args, **kw)
+    return None if mass is None else _Detection(mass, m.rows)
 
 
 def _output_from_scores(device: torch.device) -> bool:
@@ -704,14 +718,15 @@ class _Run:
         keep_all = blocked is not None and _removes_nothing(blocked)
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
-        fused = fused_mass.use_fused(self.config.detect_backend, query.device)
-        out, det = _detect(sc, chunk, blocked, fused, keep_all,
-                           flex=self.config.detect_backend == "flex")
+        backend = fused_mass.resolve(self.config.detect_backend, query.device)
+        out, det, backend = _detect(sc, chunk, blocked, backend, keep_all,
+                                    checked=self.config.detect_backend == "auto")
+        self.stats.count_detection(backend)
         key_seen = mask.key_seen
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
             key_seen = _keys_seen(mask.key_valid, det.rows)
-        scores, sinks, chosen = compiled_tail.selector(query.device, fused)(
+        scores, sinks, chosen = compiled_tail.selector(query.device, backend != "materialized")(
             det.mass, det.rows.expand(-1, sc.heads, -1), key_seen,
             eps=self.config.eps, k=self.config.top_k,
             per_layer=self.config.granularity == "layer",

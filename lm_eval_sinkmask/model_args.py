@@ -53,7 +53,9 @@ ARGS: tuple[ModelArg, ...] = (
              "(row log-sum-exp, then column sums over key tiles, never the probabilities; Triton "
              "kernels on CUDA), `materialized` (float32 probabilities chunk by chunk), `flex` "
              "(the same column mass from two FlexAttention calls, compiled on CUDA), `auto` = "
-             "fused on CUDA with Triton installed, else materialized", BOTH, "masking"),
+             "fused on CUDA with Triton installed (each kernel variant checked against torch on "
+             "its first call, materialized if it fails), else materialized; the results record "
+             "which ran (`counters.detection`)", BOTH, "masking"),
     # -- diffusion sampling: DiffusionSettings (dlm_model.py); defaults per family in families.py
     ModelArg("family", "from `config.model_type`", "`llada`, `mmada` or `dream`", (DLM,),
              "sampling"),

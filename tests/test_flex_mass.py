@@ -84,8 +84,8 @@ def test_block_masks_are_made_once_per_forward_pass(monkeypatch):
 
 def test_flex_is_a_detect_backend_and_auto_is_unchanged():
     assert SinkMaskConfig.pop_from({"detect_backend": "flex"}).detect_backend == "flex"
-    assert fused_mass.use_fused("flex", torch.device("cpu")) is True
-    assert fused_mass.use_fused("auto", torch.device("cpu")) is False
+    assert fused_mass.resolve("flex", torch.device("cpu")) == "flex"
+    assert fused_mass.resolve("auto", torch.device("cpu")) == "materialized"
 
 
 def test_flex_unavailable_fails_at_config_time(monkeypatch):
@@ -106,7 +106,7 @@ def test_intercept_takes_the_flex_path_only_when_asked(monkeypatch):
     assert not calls
     _events("flex", kwargs, kv_heads, n_q, passes=1)
     assert calls == [1]
-    assert intercept.fused_mass.use_fused("flex", torch.device("cuda"))
+    assert intercept.fused_mass.resolve("flex", torch.device("cuda")) == "flex"
 
 
 # -- end to end: the zoo checkpoints through the lm-eval models ------------------------------

@@ -112,7 +112,7 @@ def _sdpa_forms():
 
 
 def _events(backend, kwargs, kv_heads, n_q, *, rule="all", granularity="head", detect="previous",
-            passes=3, extra_keys=None, sink_token="include"):
+            passes=3, extra_keys=None, sink_token="include", stats=None):
     torch.manual_seed(6)
     B, H, S, D = 2, 3, 11, 8
     k, v = torch.randn(B, kv_heads, S, D), torch.randn(B, kv_heads, S, D)
@@ -128,7 +128,9 @@ def _events(backend, kwargs, kv_heads, n_q, *, rule="all", granularity="head", d
     cfg = SinkMaskConfig(top_k=2, eps=0.0, detect=detect, granularity=granularity,
                          detect_backend=backend, sink_token=sink_token)
     m = SinkMasker(cfg, rule=rule, observers=[events.append])
-    with torch.no_grad(), m.attach(attn):
+    with torch.no_grad(), m.attach(attn) as run_stats:
+        if stats is not None:
+            stats.append(run_stats)
         for q in qs:
             state["q"] = q
             if extra_keys is not None:
@@ -273,9 +275,74 @@ def test_auto_keeps_the_materialised_path_on_cpu(monkeypatch):
     kwargs, kv_heads, n_q = _sdpa_forms()["float_key_llada"]
     _, events = _events("auto", kwargs, kv_heads, n_q)
     assert events
-    assert fused_mass.use_fused("auto", torch.device("cpu")) is False
-    assert fused_mass.use_fused("fused", torch.device("cpu")) is True
-    assert fused_mass.use_fused("materialized", torch.device("cuda")) is False
+    assert fused_mass.resolve("auto", torch.device("cpu")) == "materialized"
+    assert fused_mass.resolve("fused", torch.device("cpu")) == "fused"
+    assert fused_mass.resolve("materialized", torch.device("cuda")) == "materialized"
+
+
+def _auto_on_a_gpu(monkeypatch, kernel):
+    """detect_backend=auto as on a CUDA machine with Triton, with ``kernel`` standing in for
+    the Triton column mass (whatever this environment's compiler would make of it)."""
+    monkeypatch.setattr(fused_mass, "_CHECKED", {})
+    monkeypatch.setattr(fused_mass, "resolve",
+                        lambda backend, device: "fused" if backend == "auto" else backend)
+    calls = []
+
+    def column_mass(q, k, w, use_triton=None, scale=None, **kw):
+        calls.append(use_triton)
+        return kernel(q, k, w, scale=scale or q.shape[-1] ** -0.5, **kw)
+
+    monkeypatch.setattr(fused_mass, "column_mass", column_mass)
+    return calls
+
+
+@pytest.mark.parametrize("fault", ["wrong", "raises"])
+def test_auto_hands_a_failing_kernel_to_the_materialised_path(monkeypatch, caplog, fault):
+    """auto picks the Triton kernels unasked, so their first call of each variant is checked
+    against the torch reference: a kernel that disagrees or fails to build costs a warning,
+    never a wrong sink, and that variant stays materialised (its kernel is not called again)."""
+    def broken(q, k, w, **kw):
+        if fault == "raises":
+            raise RuntimeError("PTX assembly failed")
+        return fused_mass.blocked_column_mass(q, k, w, **kw) * 1.5
+
+    calls = _auto_on_a_gpu(monkeypatch, broken)
+    form = _sdpa_forms()["causal"]
+    stats = []
+    with caplog.at_level("WARNING", logger="lm_eval_sinkmask.fused_mass"):
+        auto = _events("auto", *form, stats=stats)
+    assert calls == [True]
+    warned = [r.getMessage() for r in caplog.records if "first-use check" in r.getMessage()]
+    assert len(warned) == 1 and ("PTX" in warned[0] if fault == "raises" else "difference" in warned[0])
+    assert stats[0].as_dict()["detection"] == {"materialized": 3}
+    assert_same_detection(auto, _events("materialized", *form))
+
+
+def test_auto_keeps_a_kernel_that_passes_its_check(monkeypatch):
+    """A kernel that agrees with the reference serves every later call of its variant with no
+    further reference computation; a new variant (here a bool mask) is checked once more."""
+    calls = _auto_on_a_gpu(monkeypatch, fused_mass.blocked_column_mass)
+    reference = []
+    real = fused_mass.blocked_column_mass
+    monkeypatch.setattr(fused_mass, "blocked_column_mass",
+                        lambda *a, **k: reference.append(1) or real(*a, **k))
+    stats = []
+    causal = _events("auto", *_sdpa_forms()["causal"], stats=stats)
+    assert calls == [True, None, None] and len(reference) == 1  # the first call's check
+    assert stats[0].as_dict()["detection"] == {"fused": 3}
+    assert_same_detection(causal, _events("materialized", *_sdpa_forms()["causal"]))
+    _events("auto", *_sdpa_forms()["bool_per_row_dream"])
+    assert calls[3:] == [True, None, None] and len(fused_mass._CHECKED) == 2
+
+
+def test_counters_record_the_detection_path_that_ran():
+    stats = []
+    _events("materialized", *_sdpa_forms()["none"], stats=stats)
+    _events("fused", *_sdpa_forms()["none"], stats=stats)
+    merged = intercept.MaskingStats()
+    for s in stats:
+        merged.merge(intercept.MaskingStats.from_dict(s.as_dict()))
+    assert merged.as_dict()["detection"] == {"fused": 3, "materialized": 3}
 
 
 def test_detect_backend_is_validated_from_model_args():
@@ -293,8 +360,8 @@ def test_fused_path_makes_no_float32_copies_of_q_and_k():
     k = torch.randn(1, 2, 6, 8, dtype=torch.bfloat16)
     mask = intercept._MaskView(None, False, 1, 6, 6, q.device, None, "all", 256)
     sc = intercept._Scores(q, k, k, mask, None, True)
-    out, det = intercept._detect(sc, 256, None, fused=True)
-    assert out is None and det.mass.shape == (1, 4, 6)
+    out, det, ran = intercept._detect(sc, 256, None, "fused")
+    assert out is None and ran == "fused" and det.mass.shape == (1, 4, 6)
     assert not {"q", "kt", "v"} & set(vars(sc))
 
 

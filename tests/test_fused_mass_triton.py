@@ -53,6 +53,7 @@ def test_kernels_match_the_torch_blocked_algorithm(interpreted, case):
     r = interpreted[case]
     assert r["kernels"] is True, "the child did not run the Triton kernels"
     assert r["max_abs"] <= 1e-5 * max(1.0, r["max_ref"]), r
+    assert r["check_passed"], r
 
 
 @pytest.mark.parametrize("case", MODEL_CASES)
@@ -89,8 +90,12 @@ def _unit_results():
             # tile bounds are exercised
             ref = fused_mass.blocked_column_mass(q, k, w, **kw)
             got = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
+            # detect_backend=auto's first-use check accepts the kernels (it would hand the
+            # call to the materialised path, None, if they disagreed)
+            checked = fused_mass.checked_column_mass(q, k, w, **kw)
             yield {"case": f"{name}/{variant}", "kernels": True,
-                   "max_abs": float((got - ref).abs().max()), "max_ref": float(ref.abs().max())}
+                   "max_abs": float((got - ref).abs().max()), "max_ref": float(ref.abs().max()),
+                   "check_passed": checked is not None and bool(torch.equal(checked, got))}
 
 
 def _model_results():
