@@ -348,11 +348,12 @@ def markdown(report: dict[str, Any]) -> str:
         se = "n/a" if r["stderr"] is None else f"{r['stderr']:.3f}"
         return f"{r['value']:.3f} ± {se} (n={r['n']}{dtype})"
 
+    seeds = ",".join(str(s) for s in sorted({c["seed"] for c in report["checkpoints"]})) or "0"
     lines = [
         "# Tiny zoo report card",
         "",
         "Tiny models on synthetic tasks (a test bed, **not a claim about 8B models**). "
-        "Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds 0,1,2` "
+        f"Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds {seeds}` "
         "(`--cells DIR` reads unmasked cells computed elsewhere, e.g. on a GPU).",
         "",
         "## Every checkpoint (unmasked, greedy, whole test splits, through lm-eval)",
