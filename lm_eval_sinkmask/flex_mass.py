@@ -36,6 +36,8 @@ from functools import lru_cache
 
 import torch
 
+from .fused_mass import sdpa_scale
+
 # width of the value both calls are given: their outputs are discarded, and 16 is the smallest
 # head size flex's kernels take
 _VALUE_DIM = 16
@@ -164,7 +166,7 @@ def flex_column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, c
     rows = n_q - first_row
     if rows <= 0 or n_k == 0:
         return torch.zeros(B, H, n_k, device=q.device)
-    scale = float(scale) if scale is not None else D ** -0.5
+    scale = sdpa_scale(scale, D)
     compiled = q.device.type == "cuda" if compiled is None else bool(compiled)
     if compiled and q.device.type == "cpu":
         raise ValueError("compiled flex_attention cannot return the log-sum-exp on a CPU "

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -39,6 +40,14 @@ logger = logging.getLogger(__name__)
 # registers with 4 warps on an H100; the torch reference uses the same tiling
 BLOCK_M = 64
 BLOCK_N = 64
+# query-tile height of calls with this many rows or fewer (one-row decoding steps, last_row):
+# the smallest tile tl.dot takes
+SHORT_BLOCK_M = 16
+
+
+def sdpa_scale(scale, head_dim: int) -> float:
+    """The score scale SDPA uses: the call's own, else 1/sqrt(head_dim)."""
+    return float(scale) if scale is not None else head_dim ** -0.5
 
 
 @lru_cache(maxsize=None)
@@ -79,11 +88,33 @@ def resolve(backend: str, device: torch.device) -> str:
 # kernel variants "auto" has run on this process's devices: True if their first call agreed
 # with the torch reference, False if it failed or disagreed (the call and every later one of
 # that variant take the materialised path)
-_CHECKED: dict[tuple, bool] = {}
+_CHECKED: dict[_Variant, bool] = {}
 # agreement asked of the first call: both sum exact float32 products in a different order,
 # which moves a mass (at most the number of rows) by ~1e-6 relative
 CHECK_RTOL = 1e-3
 CHECK_ATOL = 1e-3
+
+
+class _Variant(NamedTuple):
+    """What makes the kernels compile to different code: the unit auto checks once."""
+
+    device: torch.device
+    dtype: torch.dtype
+    mask_dtype: torch.dtype | None
+    causal: bool
+    short: bool  # SHORT_BLOCK_M query tiles
+    head_dim: int
+    gqa: bool
+
+    def __str__(self) -> str:
+        def name(dtype):
+            return str(dtype).replace("torch.", "")
+
+        return (f"{self.device} {name(self.dtype)} q/k, "
+                f"{'no' if self.mask_dtype is None else name(self.mask_dtype)} mask"
+                f"{', causal' if self.causal else ''}"
+                f"{f', <= {SHORT_BLOCK_M} rows' if self.short else ''}, head size "
+                f"{self.head_dim}{', GQA' if self.gqa else ''}")
 
 
 def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
@@ -99,15 +130,16 @@ def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
     skips the check and raises.
     """
     mask = kw.get("mask")
-    variant = (q.device, q.dtype, None if mask is None else mask.dtype, bool(kw.get("is_causal")),
-               q.shape[-2] - kw.get("first_row", 0) <= 16, q.shape[-1], k.shape[1] != q.shape[1])
+    variant = _Variant(q.device, q.dtype, None if mask is None else mask.dtype,
+                       bool(kw.get("is_causal")),
+                       q.shape[-2] - kw.get("first_row", 0) <= SHORT_BLOCK_M, q.shape[-1],
+                       k.shape[1] != q.shape[1])
     ok = _CHECKED.get(variant)
     if ok is False:
         return None
     if ok:
         return column_mass(q, k, weights, **kw)
-    scale = kw.pop("scale", None)
-    scale = float(scale) if scale is not None else q.shape[-1] ** -0.5
+    scale = sdpa_scale(kw.pop("scale", None), q.shape[-1])
     try:
         got = column_mass(q, k, weights, scale=scale, use_triton=True, **kw)
         ref = blocked_column_mass(q, k, weights, scale=scale, **kw)
@@ -121,17 +153,9 @@ def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
         logger.warning(
             "detect_backend=auto: the Triton column-mass kernels failed their first-use check "
             "for %s (%s); detection of such calls uses the materialized path from now on "
-            "(detect_backend=fused would raise instead)", _describe(variant), problem)
+            "(detect_backend=fused would raise instead)", variant, problem)
         return None
     return got
-
-
-def _describe(variant: tuple) -> str:
-    device, dtype, mask, causal, short, d, gqa = variant
-    return (f"{device} {str(dtype).replace('torch.', '')} q/k, "
-            f"{'no' if mask is None else str(mask).replace('torch.', '')} mask"
-            f"{', causal' if causal else ''}{', <= 16 rows' if short else ''}, head size {d}"
-            f"{', GQA' if gqa else ''}")
 
 
 def column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, causal_offset=0,
@@ -146,7 +170,7 @@ def column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, causal
     B, H, n_q, D = q.shape
     if k.shape[1] == 0 or H % k.shape[1]:
         raise ValueError(f"query has {H} heads but key has {k.shape[1]}")
-    scale = float(scale) if scale is not None else D ** -0.5
+    scale = sdpa_scale(scale, D)
     if use_triton is None:
         use_triton = triton_runs_on(q.device)
     if use_triton:
@@ -183,8 +207,8 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     rows = n_q - first_row
     if rows <= 0 or n_k == 0:
         return out.zero_()
-    if rows <= 16:  # one-row decoding steps and last_row: the smallest tile tl.dot takes
-        block_m = 16
+    if rows <= SHORT_BLOCK_M:
+        block_m = SHORT_BLOCK_M
     weights = weights.to(device=q.device, dtype=torch.float32).contiguous()
     lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
     if mask is not None:
