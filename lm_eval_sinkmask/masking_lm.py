@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .config import SinkMaskConfig
-from .intercept import NO_ATTENTION_HELP, MaskingStats, SinkMasker
+from .intercept import NO_ATTENTION_HELP, SinkMasker
+from .masking_stats import MaskingStats
 
 # a child of lm-eval's logger, so the CLI's --verbosity and format apply to our report
 logger = logging.getLogger("lm_eval.sinkmask")

@@ -15,8 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from lm_eval_sinkmask import flex_mass, fused_mass, intercept
+from lm_eval_sinkmask.attention_view import MaskView, Scores
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
+from lm_eval_sinkmask.masking_stats import MaskingStats
 from tests import tiny
 
 FLOAT_MIN = torch.finfo(torch.float32).min
@@ -339,9 +341,9 @@ def test_counters_record_the_detection_path_that_ran():
     stats = []
     _events("materialized", *_sdpa_forms()["none"], stats=stats)
     _events("fused", *_sdpa_forms()["none"], stats=stats)
-    merged = intercept.MaskingStats()
+    merged = MaskingStats()
     for s in stats:
-        merged.merge(intercept.MaskingStats.from_dict(s.as_dict()))
+        merged.merge(MaskingStats.from_dict(s.as_dict()))
     assert merged.as_dict()["detection"] == {"fused": 3, "materialized": 3}
 
 
@@ -354,12 +356,12 @@ def test_detect_backend_is_validated_from_model_args():
 
 
 def test_fused_path_makes_no_float32_copies_of_q_and_k():
-    """The fused path reads the model's bf16 q and k as they are: the _Scores float32 forms
+    """The fused path reads the model's bf16 q and k as they are: the Scores float32 forms
     (and the GQA-expanded K) are never built."""
     q = torch.randn(1, 4, 6, 8, dtype=torch.bfloat16)
     k = torch.randn(1, 2, 6, 8, dtype=torch.bfloat16)
-    mask = intercept._MaskView(None, False, 1, 6, 6, q.device, None, "all", 256)
-    sc = intercept._Scores(q, k, k, mask, None, True)
+    mask = MaskView(None, False, 1, 6, 6, q.device, None, "all", 256)
+    sc = Scores(q, k, k, mask, None, True)
     out, det, ran = intercept._detect(sc, 256, None, "fused")
     assert out is None and ran == "fused" and det.mass.shape == (1, 4, 6)
     assert not {"q", "kt", "v"} & set(vars(sc))

@@ -1,8 +1,8 @@
 """Host syncs of the intercept: on a GPU every tensor -> Python conversion (int(), bool(),
 .item(), .tolist()) waits for the device, so the counters must not cost one per attention call.
 
-Counted on CPU by wrapping the conversions and keeping those called from intercept.py; a
-model with twice the layers must cost the same number per forward pass.
+Counted on CPU by wrapping the conversions and keeping those called from the intercept's modules;
+a model with twice the layers must cost the same number per forward pass.
 """
 
 import collections
@@ -11,22 +11,24 @@ import sys
 import pytest
 import torch
 
-from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask import attention_view, chunked_attention, intercept, masking_stats
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 from tests import tiny
 
 CONVERSIONS = ("__int__", "__bool__", "__float__", "__index__", "item", "tolist")
+# the modules that run inside every masked attention call
+INTERCEPT_FILES = {m.__file__ for m in (intercept, attention_view, chunked_attention, masking_stats)}
 
 
 @pytest.fixture
 def syncs(monkeypatch):
-    """Counter of the conversions made from intercept.py, by method name."""
+    """Counter of the conversions made from the intercept's modules, by method name."""
     counts = collections.Counter()
     for name in CONVERSIONS:
 
         def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
-            if sys._getframe(1).f_code.co_filename == intercept.__file__:
+            if sys._getframe(1).f_code.co_filename in INTERCEPT_FILES:
                 counts[_name] += 1
             return _original(self, *args, **kwargs)
 
@@ -112,4 +114,4 @@ def test_deferred_counters_are_exact_integers_after_every_pass(granularity):
                 assert c.calls_masked == sum(n > 0 for n in masked)
     d = stats.as_dict()
     assert d["keys_masked"] == stats.keys_masked == sum(c["keys_masked"] for c in d["per_layer"].values())
-    assert intercept.MaskingStats.from_dict(d).as_dict() == d
+    assert masking_stats.MaskingStats.from_dict(d).as_dict() == d

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask.attention_view import MaskView, Scores
 from lm_eval_sinkmask.intercept import SinkMasker
 from tests import tiny
 
@@ -421,10 +422,8 @@ def test_dominant_sink_does_not_underflow_the_other_keys():
 
 
 def test_float32_inputs_are_not_copied_for_keys_and_values():
-    from lm_eval_sinkmask.intercept import _MaskView, _Scores
-
     q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
-    mask = _MaskView(None, False, 1, 5, 5, q.device, None, "all", 256)
-    sc = _Scores(q, k, v, mask, None, False)
+    mask = MaskView(None, False, 1, 5, 5, q.device, None, "all", 256)
+    sc = Scores(q, k, v, mask, None, False)
     assert sc.kt.data_ptr() == k.data_ptr() and sc.v.data_ptr() == v.data_ptr()
     assert mask.key_only and mask.key_bias is None

@@ -1,0 +1,247 @@
+"""One attention call as the sink-masking intercept sees it: the model's mask, read once per
+forward pass (:class:`MaskView`), the call's q/k/v with their scores on demand (:class:`Scores`),
+and what detection measured (:class:`Detection`).
+
+Everything here depends only on the tensors the model passed to SDPA; choosing and removing
+sinks happens in :mod:`intercept`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+
+@dataclass
+class Detection:
+    """What one call's detection measured, by whichever path computed it: the input of the
+    Eq. 3 scores."""
+
+    mass: torch.Tensor  # [B, H, Sk] attention each key received from the valid query rows
+    rows: torch.Tensor  # [B, H or 1, Sk] valid query rows that can see each key
+
+
+class MaskView:
+    """One attention mask as the intercept reads it, built once per forward pass and shared by
+    every layer given the same mask (in the models we know, one tensor serves every layer).
+
+    Holds the mask as one additive float term per chunk of query rows (0 visible, -inf
+    hidden), the key and query validity, the metric's query rows Q and, per key, how many of
+    them can see it. Per attention call, only q/k/v (:class:`Scores`) and the blocked keys
+    differ; on a CPU the per-call cost of a tiny model is mostly the number of torch calls,
+    so everything that depends on the mask alone is made here once.
+
+    When the mask does not depend on the query row (a key-padding mask, LLaDA's additive
+    bias, or a 4-D mask whose rows are all equal) and the call is not causal, it is folded
+    into a single additive [B, 1 or H, 1, Sk] term (``key_bias``) instead of per chunk. A row
+    that sees no key at all (a fully padded batch element) would softmax to NaN; its scores
+    are left finite and its row factor (``alive``) is 0: it weighs nothing in the detection
+    and its output is 0, as SDPA returns for it.
+    """
+
+    def __init__(self, attn_mask, is_causal, batch, n_q, n_k, device, token_valid, rule, chunk):
+        self.source = attn_mask  # the model's own tensor, compared by identity in :meth:`fits`
+        self.signature = (is_causal, batch, n_q, n_k)
+        if attn_mask is not None:
+            if not 2 <= attn_mask.dim() <= 4:
+                raise ValueError(f"unsupported attn_mask shape {tuple(attn_mask.shape)}")
+            attn_mask = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+            if attn_mask.shape[-2] > 1 and not is_causal and _rows_all_equal(attn_mask):
+                attn_mask = attn_mask[..., :1, :]
+        self.attn_mask = attn_mask  # 4-D, broadcastable to [B, H, Sq, Sk]
+        self.is_causal = is_causal
+        self.batch, self.n_q, self.n_k, self.device = batch, n_q, n_k, device
+        # row-independent visibility: one additive term for every query row
+        self.key_only = not is_causal and (attn_mask is None or attn_mask.shape[-2] == 1)
+        self.key_bias = None  # [B or 1, H or 1, 1, Sk] float32, -inf where hidden
+        self.key_visible = None  # bool, same shape, or None when every key is visible
+        self.key_alive = None  # float [B or 1, H or 1, 1, 1]: 0 where no key is visible
+        if self.key_only and attn_mask is not None:
+            bias, self.key_visible = self.mask_chunk(0, 1)
+            self.key_bias, self.key_alive = _additive(bias, self.key_visible)
+
+        tv = token_valid
+        if tv is not None and tv.shape == (batch, n_k) and n_q <= n_k:
+            key_valid, query_valid = tv, tv[:, n_k - n_q:]
+        else:
+            key_valid, query_valid = self.validity()
+        metric_rows = query_valid
+        self._last = None  # [B, 1] under last_row: each element's row of Q
+        if rule == "last_row":  # each element's last real row: right padding moves it left
+            metric_rows = torch.zeros_like(query_valid)
+            last = (query_valid.long().cumsum(-1)).argmax(-1, keepdim=True)  # first max = last True
+            metric_rows.scatter_(1, last, query_valid.gather(1, last))
+            self._last = last
+        self.key_valid = key_valid  # [B, Sk]
+        self.qv = metric_rows[:, None, :, None]  # [B, 1, Sq, 1]: the metric's query rows Q
+        self.qw = self.qv.float().transpose(-1, -2)  # [B, 1, 1, Sq]: the same, as row weights
+        # rows [B, H or 1, Sk]: the rows of Q that can see each key
+        if self.key_only:  # rows_j = |Q| for every key a row can see
+            n_rows = metric_rows.sum(dim=-1)[:, None, None]  # [B, 1, 1]
+            self.rows = (
+                n_rows.expand(batch, 1, n_k) if self.key_visible is None
+                else self.key_visible[:, :, 0] * n_rows
+            )
+        else:
+            self.rows = sum((self.mask_chunk(r0, r1)[1] & self.qv[:, :, r0:r1]).sum(dim=-2)
+                            for r0, r1 in self.chunks(chunk))
+        self.key_seen = keys_seen(key_valid, self.rows)
+        # detect_backend=flex: its block masks for this mask, made by the first layer that
+        # needs them and reused by the others (flex_mass.flex_column_mass's ``plans``)
+        self.flex_plans: dict = {}
+
+    @cached_property
+    def first_row(self) -> int:
+        """Rows before this one are not in Q (the fused paths skip them): 0, or under
+        last_row the earliest of the elements' last real rows, n_q - 1 unless right padding
+        moved one left. Read only by the fused paths: one host sync per pass, there."""
+        if self._last is None or self.n_q == 1:
+            return 0
+        return int(self._last.min())
+
+    def fits(self, attn_mask, is_causal, batch, n_q, n_k) -> bool:
+        """Whether a call with these arguments has exactly this mask (the same tensor)."""
+        return attn_mask is self.source and (is_causal, batch, n_q, n_k) == self.signature
+
+    def mask_chunk(self, r0: int, r1: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(additive bias, bool visibility) of query rows r0:r1, or None where unrestricted."""
+        bias = visible = None
+        m = self.attn_mask
+        if m is not None:
+            m = m if m.shape[-2] == 1 else m[..., r0:r1, :]
+            if m.dtype == torch.bool:
+                visible = m
+            else:
+                visible = m > torch.finfo(m.dtype).min / 2
+                bias = m.float()
+        if self.is_causal:
+            rows = torch.arange(r0, r1, device=self.device).unsqueeze(-1)
+            causal = (rows >= torch.arange(self.n_k, device=self.device))[None, None]
+            visible = causal if visible is None else visible & causal
+        return bias, visible
+
+    def additive(self, r0: int, r1: int):
+        """(float term to add to the scores or None, bool visibility or None, row factor or
+        None) of query rows r0:r1; see :func:`_additive`."""
+        if self.key_only:
+            return self.key_bias, self.key_visible, self.key_alive
+        bias, visible = self.mask_chunk(r0, r1)
+        bias, alive = _additive(bias, visible)
+        return bias, visible, alive
+
+    def validity(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key_valid [B, Sk], query_valid [B, Sq]) read off the model's own mask, for models
+        whose forward was not given a 2-D padding mask."""
+        if self.attn_mask is None and not self.is_causal:
+            every = torch.ones(self.batch, max(self.n_k, self.n_q), dtype=torch.bool,
+                               device=self.device)
+            return every[:, : self.n_k], every[:, : self.n_q]
+        seen_k = torch.zeros(self.batch, self.n_k, dtype=torch.bool, device=self.device)
+        seen_q = torch.zeros(self.batch, self.n_q, dtype=torch.bool, device=self.device)
+        for r0, r1 in self.chunks(1024):
+            _, visible = self.mask_chunk(r0, r1)
+            if visible is None:
+                seen_k[:] = True
+                seen_q[:, r0:r1] = True
+                continue
+            visible = visible.any(dim=1)  # [B or 1, rows or 1, Sk]
+            seen_k |= visible.any(dim=-2)
+            seen_q[:, r0:r1] = visible.any(dim=-1)
+        return seen_k, seen_q
+
+    def chunks(self, size: int) -> Iterator[tuple[int, int]]:
+        for r0 in range(0, self.n_q, size):
+            yield r0, min(r0 + size, self.n_q)
+
+
+class Scores:
+    """One attention call's inputs, normalised: 4-D float32 q/k/v with GQA expanded, and the
+    pass's :class:`MaskView` for the model's mask.
+
+    float32 inputs are used as they are (no copy); other dtypes are upcast once.
+    """
+
+    def __init__(self, query, key, value, mask: MaskView, scale, enable_gqa):
+        heads, kv_heads = query.shape[1], key.shape[1]
+        if kv_heads != heads and (not enable_gqa or heads % kv_heads):
+            raise ValueError(
+                f"query has {heads} heads but key has {kv_heads}: pass enable_gqa=True "
+                "or repeat the key/value heads"
+            )
+        # the model's own tensors; the float32 forms below are made only when first read
+        # (the fused detection path reads these directly and never makes them)
+        self.query, self.key, self.value, self.scale = query, key, value, scale
+        self.dtype = query.dtype
+        self.batch, self.heads, self.n_q, _ = query.shape
+        self.n_k = key.shape[-2]
+        self.mask = mask
+
+    def _all_heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.shape[1] == self.heads else t.repeat_interleave(self.heads // t.shape[1], dim=1)
+
+    @cached_property
+    def q(self) -> torch.Tensor:
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(self.query.shape[-1])
+        return self.query.float() * scale
+
+    @cached_property
+    def kt(self) -> torch.Tensor:
+        return self._all_heads(self.key).float().transpose(-1, -2)
+
+    @cached_property
+    def v(self) -> torch.Tensor:
+        return self._all_heads(self.value).float()
+
+    def logits(self, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Pre-softmax scores of rows r0:r1 with the model's mask applied (-inf where hidden),
+        their visibility (None: every key visible), and the row factor of :func:`_additive`."""
+        q = self.q[:, :, r0:r1]
+        bias, visible, alive = self.mask.additive(r0, r1)
+        if bias is None:
+            return q @ self.kt, visible, alive
+        return _matmul_plus(bias, q, self.kt), visible, alive
+
+    def chunks(self, size: int) -> Iterator[tuple[int, int]]:
+        return self.mask.chunks(size)
+
+
+def keys_seen(key_valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The keys Eq. 3 ranges over, [B, Sk]: valid, and seen by at least one row of Q in some
+    head (rows [B, H or 1, Sk])."""
+    return key_valid & (rows.amax(dim=1) > 0)
+
+
+def _additive(bias: torch.Tensor | None, visible: torch.Tensor | None):
+    """A chunk's mask as one float term to add to the scores (the model's bias, -inf where
+    hidden), and a float row factor that is 0 for rows seeing no key: their scores stay
+    finite so the softmax makes no NaN to clean up. (bias, None) when every key is visible."""
+    if visible is None:
+        return bias, None
+    alive = visible.any(dim=-1, keepdim=True)
+    hidden = ~visible & alive
+    add = torch.zeros(hidden.shape, device=hidden.device) if bias is None else bias.expand(hidden.shape)
+    return add.masked_fill(hidden, float("-inf")), alive.float()
+
+
+def _matmul_plus(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bias + a @ b for 4-D a [B, H, r, d] and b [B, H, d, n], bias broadcastable to the
+    result: one baddbmm, which writes the product onto the bias instead of a second pass."""
+    B, H, r, _ = a.shape
+    n = b.shape[-1]
+    out = torch.baddbmm(
+        bias.expand(B, H, bias.shape[-2], n).reshape(B * H, bias.shape[-2], n),
+        a.reshape(B * H, r, -1),
+        b.reshape(B * H, -1, n),
+    )
+    return out.view(B, H, r, n)
+
+
+def _rows_all_equal(mask: torch.Tensor) -> bool:
+    """Whether every query row of a 4-D mask is the same (a key-padding mask in 4-D form)."""
+    if mask.stride(-2) == 0:  # expanded from a single row
+        return True
+    return bool((mask == mask[..., :1, :]).all())
