@@ -41,7 +41,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 # Uids handed to sandboxed programs when we run as root: one random uid per program, from a
 # range no real account uses, so "kill every process of this uid" kills only that program.

@@ -12,7 +12,7 @@ from lm_eval_sinkmask import stability as st
 from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.figures import FIGURES, draw_all
 from lm_eval_sinkmask.intercept import AttentionEvent
-from lm_eval_sinkmask.sink_trace import TRACE_VERSION, Trace, TraceRecorder, trace_generation
+from lm_eval_sinkmask.sink_trace import TRACE_VERSION, Trace, TraceRecorder
 
 N = st.NO_SINK
 ZOO_LLADA = Path(__file__).resolve().parents[1] / "lm_eval_sinkmask" / "zoo" / "checkpoints" / "llada"

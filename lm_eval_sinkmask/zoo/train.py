@@ -26,7 +26,6 @@ the schedule spread evenly over the steps, so a run is reproducible without the 
 
 import argparse
 import copy
-import itertools
 import json
 import math
 import random
