@@ -81,8 +81,8 @@ def _detect(sc: Scores, chunk: int, blocked: torch.Tensor | None, backend: str,
     materialised path (:func:`fused_mass.checked_column_mass`). ``keep_all``: the blocked keys
     remove nothing, so the caller returns the model's own output (none is made).
 
-    Materialised: :func:`chunked_attention.sweep`, which on a CPU also makes the masked output from the same
-    probabilities when the blocked keys are already known. Fused and flex: only the column
+    Materialised: :func:`chunked_attention.sweep`, which on a CPU also makes the masked output
+    from the same probabilities when the blocked keys are already known. Fused and flex: only the column
     mass, from the model's own q and k (no float32 copies, no GQA expansion); the output then
     comes from the fused SDPA kernel, as on any accelerator.
     """
@@ -90,8 +90,8 @@ def _detect(sc: Scores, chunk: int, blocked: torch.Tensor | None, backend: str,
         det = _column_mass_detection(sc, backend, checked)
         if det is not None:
             return None, det, backend
-    return (*chunked_attention.sweep(sc, chunk, blocked=blocked, output=blocked is not None and not keep_all
-                    and _output_from_scores(sc.query.device)), "materialized")
+    output = blocked is not None and not keep_all and _output_from_scores(sc.query.device)
+    return (*chunked_attention.sweep(sc, chunk, blocked=blocked, output=output), "materialized")
 
 
 def _column_mass_detection(sc: Scores, backend: str, checked: bool) -> Detection | None:
