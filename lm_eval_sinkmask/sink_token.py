@@ -8,7 +8,7 @@ A checkpoint declares it in its config.json::
     "sink_token_position": "start"   # "start": before each row's first real token (BOS
                                      # included); "end": after its last real token
 
-Pure functions used by both the training script (``zoo/train.py``) and ``dlm_sinkmask``, so
+Pure functions used by both the zoo's training (``zoo/objectives.py``) and ``dlm_sinkmask``, so
 that training and inference build the same sequences and masks:
 
     ids, valid, cols = insert(x, mask, sink)         # [B, T] -> [B, T + 1]

@@ -13,7 +13,7 @@ from lm_eval_sinkmask import sink_token
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 from lm_eval_sinkmask.sink_token import SinkToken
-from lm_eval_sinkmask.zoo.train import add_sink_embedding
+from lm_eval_sinkmask.zoo.sink_embedding import add_sink_embedding
 from tests import tiny
 from tests.test_models import PROMPTS, make, requests
 

@@ -5,7 +5,7 @@ import json
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-from lm_eval_sinkmask.zoo import data, train
+from lm_eval_sinkmask.zoo import batches, data, objectives, train, training_loop
 from lm_eval_sinkmask.zoo.modeling import TinyDreamModel, TinyLladaModel
 
 
@@ -49,7 +49,7 @@ def test_diffusion_loss_counts_only_the_answer_region():
     valid = torch.ones(4, 8, dtype=torch.bool)
     for shift in (False, True):
         gen = torch.Generator().manual_seed(0)
-        loss = train.diffusion_loss(model, ids, region, valid, 3, shift, gen)
+        loss = objectives.diffusion_loss(model, ids, region, valid, 3, shift, gen)
         assert torch.isfinite(loss) and loss.item() > 0
 
 
@@ -63,7 +63,7 @@ def _answer_region(lengths, width=12, start=2):
 def test_noise_masks_only_answer_tokens_and_prefix_free_noise_draws_as_before():
     region = _answer_region([8, 5, 10, 3])
     t = torch.tensor([0.2, 0.5, 0.9, 1.0])
-    masked, forced = train.noise_answer(region, t, torch.Generator().manual_seed(1))
+    masked, forced = objectives.noise_answer(region, t, torch.Generator().manual_seed(1))
     assert not (masked & ~region).any() and not forced.any()
     assert masked[3].sum() == 3  # t = 1 masks the whole answer
     # prefix_frac = 0 draws exactly LLaDA's Bernoulli(t) masks: one [B, L] uniform draw
@@ -74,7 +74,7 @@ def test_noise_masks_only_answer_tokens_and_prefix_free_noise_draws_as_before():
 def test_clean_prefix_rows_keep_a_prefix_and_mask_past_the_window():
     region = _answer_region([10] * 64, width=14)
     t = torch.full((64,), 0.5)
-    masked, forced = train.noise_answer(region, t, torch.Generator().manual_seed(0),
+    masked, forced = objectives.noise_answer(region, t, torch.Generator().manual_seed(0),
                                         prefix_frac=1.0, window=3)
     offset = region.long().cumsum(-1) - 1
     kept = 0
@@ -123,16 +123,16 @@ def test_pool_rows_are_training_problems_and_do_not_depend_on_workers():
 def test_pool_batches_match_the_cpu_batch_layout():
     p = _small_pool()
     eos, pad = 1, 2
-    b = train.PoolBatches(p, seed=0, device="cpu", eos_id=eos, pad_id=pad)
+    b = batches.PoolBatches(p, seed=0, device="cpu", eos_id=eos, pad_id=pad)
     for pad_region in (False, True):
         ids, region, valid = b.next(64, max_steps=1, pad_region=pad_region)
-        assert ids.shape[1] == p["ids"].shape[1] + (train.GEN_LEN if pad_region else 0)
+        assert ids.shape[1] == p["ids"].shape[1] + (batches.GEN_LEN if pad_region else 0)
         for r in range(64):
             start = int(region[r].long().argmax())
             end = int(valid[r].sum())
             assert region[r, start:end].all() and not region[r, :start].any()
             assert not valid[r, end:].any() and (ids[r, end:] == pad).all()
-            assert ids[r, 0] == 0 and end - start <= train.GEN_LEN
+            assert ids[r, 0] == 0 and end - start <= batches.GEN_LEN
             if not pad_region:
                 assert ids[r, end - 1] == eos and (ids[r, start:end - 1] != eos).all()
         # the region past the answer is EOS padding only
@@ -140,10 +140,10 @@ def test_pool_batches_match_the_cpu_batch_layout():
     # the curriculum: max_steps=1 draws only one-step mini_gsm problems (or code)
     rows = b._draw(b.gsm[1], 500)
     assert (p["n_steps"][rows] == 1).all()
-    again = train.PoolBatches(p, seed=0, device="cpu", eos_id=eos, pad_id=pad)
-    other = train.PoolBatches(p, seed=1, device="cpu", eos_id=eos, pad_id=pad)
+    again = batches.PoolBatches(p, seed=0, device="cpu", eos_id=eos, pad_id=pad)
+    other = batches.PoolBatches(p, seed=1, device="cpu", eos_id=eos, pad_id=pad)
     first = again.next(8, 3, True)[0]
-    assert torch.equal(first, train.PoolBatches(p, 0, "cpu", eos, pad).next(8, 3, True)[0])
+    assert torch.equal(first, batches.PoolBatches(p, 0, "cpu", eos, pad).next(8, 3, True)[0])
     assert not torch.equal(first, other.next(8, 3, True)[0])
 
 
@@ -173,14 +173,15 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
         model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16,
                                                num_hidden_layers=1, num_attention_heads=2,
                                                mask_token_id=3))
-        stream = train.PoolBatches(p, 1, "cpu", 1, 2)
+        stream = batches.PoolBatches(p, 1, "cpu", 1, 2)
         if cut is not None:
             stream = _Interrupting(stream, cut)
         g = torch.Generator().manual_seed(0)
-        loss_fn = lambda m, i, r, v: train.diffusion_loss(m, i, r, v, 3, False, g)  # noqa: E731
+        loss_fn = lambda m, i, r, v: objectives.diffusion_loss(  # noqa: E731
+            m, i, r, v, 3, False, g)
         loss_fn.generators = [g]
-        info = train.train("llada", model, stream, loss_fn, None, 6, 1e-3, 4, 0.3, True,
-                           log_every=1, warmup=2, resume=resume, save_every_s=0)
+        info = training_loop.train("llada", model, stream, loss_fn, None, 6, 1e-3, 4, 0.3, True,
+                                   log_every=1, warmup=2, resume=resume, save_every_s=0)
         return model, info
 
     straight, info = run(None)

@@ -1,6 +1,6 @@
 """A pre-tokenized pool of training examples, for training the zoo on a GPU.
 
-The CPU path (``train.Batches``) generates and tokenizes every example in Python as it goes,
+The CPU path (``batches.Batches``) generates and tokenizes every example in Python as it goes,
 which caps a GPU at a few batches a second. On a GPU the zoo trains from a fixed pool instead:
 problems are generated and tokenized once (in worker processes), stored as one int16 tensor,
 and batches are drawn by index on the device. The pool does not depend on the training seed:

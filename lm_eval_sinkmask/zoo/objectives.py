@@ -1,0 +1,64 @@
+"""The zoo's training losses: next-token cross-entropy for the ARM, and masked diffusion for the
+LLaDA-style and Dream-style models (LLaDA's forward process, with Dream's shifted logits and
+the optional clean answer prefix), each a function of (model, batch) that the loop calls.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .. import sink_token
+
+EPS = 1e-3
+
+
+def arm_loss(model, ids, region, valid):
+    logits = model(ids, attention_mask=valid.long()).logits[:, :-1]
+    target = ids[:, 1:].masked_fill(~region[:, 1:], -100)
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+
+
+def noise_answer(region, t, gen, prefix_frac=0.0, window=None):
+    """Which answer tokens are masked: each with probability t (LLaDA's forward process).
+
+    A ``prefix_frac`` share of the rows instead keeps a clean answer prefix of uniform random
+    length, the state a sampler that decodes roughly left to right is in; after it, ``window``
+    tokens (all, if None) are masked with probability t and the rest are masked outright, as
+    in semi-autoregressive sampling with blocks of ``window``. Returns (masked, forced), both
+    [B, L] bool: ``forced`` marks the masked-outright tokens (their t is 1).
+    """
+    B, L = region.shape
+    dev = region.device
+    masked = (torch.rand(B, L, generator=gen, device=dev) < t[:, None]) & region
+    forced = torch.zeros_like(region)
+    if prefix_frac == 0:  # plain LLaDA noise; draws nothing more from ``gen``
+        return masked, forced
+    offset = region.long().cumsum(-1) - 1  # index within the answer
+    cut = (torch.rand(B, 1, generator=gen, device=dev) * region.sum(-1, keepdim=True)).long()
+    cut = torch.where(torch.rand(B, 1, generator=gen, device=dev) < prefix_frac, cut,
+                      torch.zeros_like(cut))
+    after = region & (offset >= cut)
+    if window is not None:
+        forced = after & (offset >= cut + window)
+    return (masked & after) | forced, forced
+
+
+def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None, prefix_frac=0.0,
+                   window=None):
+    B, dev = ids.shape[0], ids.device
+    # Stratified t in (eps, 1): lower-variance estimate of the same objective.
+    t = ((torch.arange(B, device=dev) + torch.rand(B, generator=gen, device=dev)) / B)[
+        torch.randperm(B, generator=gen, device=dev)]
+    t = EPS + (1 - EPS) * t
+    masked, forced = noise_answer(region, t, gen, prefix_frac, window)
+    noisy = ids.masked_fill(masked, mask_id)
+    if sink is None:
+        logits = model(noisy, attention_mask=valid.long()).logits
+    else:  # the extra sink token, as dlm_sinkmask inserts it at inference
+        logits = sink_token.forward(model, noisy, valid, sink, with_position_ids=False)
+    if shift:  # Dream: logits at i - 1 predict token i
+        logits, masked, forced, target = logits[:, :-1], masked[:, 1:], forced[:, 1:], ids[:, 1:]
+    else:
+        target = ids
+    ce = F.cross_entropy(logits[masked], target[masked], reduction="none")
+    w = torch.where(forced, 1.0, (1.0 / t)[:, None])[masked]
+    return (ce * w).sum() / region.sum()
