@@ -219,6 +219,9 @@ class Trace:
     @classmethod
     def load(cls, folder: Path) -> Trace:
         folder = Path(folder)
+        if not (folder / "trace.npz").is_file():
+            raise ValueError(f"{folder} holds no sink trace (no trace.npz): `sinkmask sinks --out "
+                             f"{folder} ...` records one")
         with np.load(folder / "trace.npz") as z:
             arrays = {k: z[k] for k in z.files}
         return cls(json.loads((folder / "meta.json").read_text()), arrays)

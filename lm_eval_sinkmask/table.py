@@ -48,6 +48,9 @@ def is_zoo(record: dict) -> bool:
 def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, list[Entry], bool]:
     """(grid, entries, made_from_zoo) of a sweep folder."""
     folder = Path(folder)
+    if not (folder / "sweep.json").is_file():  # e.g. the README's `sinkmask table` run before its sweep
+        raise ValueError(f"{folder} is not a sweep folder (no sweep.json): `sinkmask sweep --out "
+                         f"{folder} ...` fills one, then `sinkmask table {folder}` renders it")
     grid = json.loads((folder / "sweep.json").read_text())
     seeds = grid.get("seeds")
     entries: list[Entry] = []

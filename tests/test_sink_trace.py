@@ -110,6 +110,12 @@ def test_traces_without_value_norms_still_load_and_draw(tmp_path):
     assert "value_norms" not in paths and set(paths) == set(FIGURES) - {"value_norms"}
 
 
+def test_figures_of_a_folder_with_no_trace_says_so_in_one_line(tmp_path, capsys):
+    assert main(["figures", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sinkmask: error:") and "no trace.npz" in err and "sinkmask sinks" in err
+
+
 @pytest.mark.parametrize("kind, args", [("llada", "block_length=4"), ("llama", "")])
 def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind, args):
     trace = trace_generation(str(tiny_dirs[kind]), PROMPT, gen_length=8, model_args=args,

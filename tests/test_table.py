@@ -164,3 +164,12 @@ def test_one_seed_renders_as_the_plain_table(tmp_path):
     md = table.render(folder, figure=False)["markdown"].read_text()
     assert "| mini_gsm | Unmasked | 0.80 ± 0.02 | 0.80 ± 0.02 |" in md
     assert "|  | K=1 | 0.80 ± 0.02 (+0.00) | 0.00 ± 0.02 (-0.80) |" in md
+
+
+def test_table_of_a_folder_with_no_sweep_says_so_in_one_line(tmp_path, capsys):
+    # the README shows `sinkmask table results/paper` next to the sweep that fills that folder;
+    # run first, it must say what is missing, not end in a traceback from reading sweep.json
+    assert main(["table", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sinkmask: error:") and "no sweep.json" in err and "sinkmask sweep" in err
+    assert not (tmp_path / "table.md").exists()
