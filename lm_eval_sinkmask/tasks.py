@@ -45,6 +45,26 @@ def task_module(name: str):
     return module
 
 
+def max_gen_toks(task: str) -> int:
+    """The generation budget (``generation_kwargs.max_gen_toks``) that a task YAML of the folder
+    sets itself: the one number the zoo's training region, traces and experiments must agree
+    with, so they read it here rather than repeat it."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):  # lm-eval's ``!function`` tags load as plain strings
+        pass
+
+    _Loader.add_multi_constructor("!", lambda loader, tag, node: loader.construct_scalar(node))
+    paths = sorted(TASKS_DIR.rglob(f"{task}.yaml"))
+    if not paths:
+        raise KeyError(f"no task YAML named {task}.yaml under {TASKS_DIR}")
+    config = yaml.load(paths[0].read_text(), Loader=_Loader)
+    try:
+        return int(config["generation_kwargs"]["max_gen_toks"])
+    except (KeyError, TypeError):
+        raise KeyError(f"{paths[0]} sets no generation_kwargs.max_gen_toks of its own") from None
+
+
 def check_data(tasks, metadata: dict | None = None) -> None:
     """Fail before any model loads when a requested GSM8K task has no data to read (see
     ``gsm8k.check_available``); a no-op for every other task."""
@@ -52,4 +72,4 @@ def check_data(tasks, metadata: dict | None = None) -> None:
         task_module("gsm8k").check_available((metadata or {}).get("gsm8k_dir"))
 
 
-__all__ = ["TASKS_DIR", "find_tasks_dir", "task_module", "check_data"]
+__all__ = ["TASKS_DIR", "find_tasks_dir", "task_module", "max_gen_toks", "check_data"]

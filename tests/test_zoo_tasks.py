@@ -81,3 +81,23 @@ def test_mini_mc_scores_by_the_choice_likelihoods(wrong):
     res = simple_evaluate(model=ScoreLM(wrong), tasks=["mini_mc_sinkmask"], task_manager=tm)
     assert res["results"]["mini_mc_sinkmask"]["acc,none"] == (0.0 if wrong else 1.0)
     assert res["n-samples"]["mini_mc_sinkmask"]["effective"] == data.N_TEST_MC
+
+
+@pytest.mark.parametrize("task, answers, target",
+                         [("mini_gsm_sinkmask", data.mini_gsm_test, data.gsm_target),
+                          ("mini_code_sinkmask", data.mini_code_test, data.code_target)])
+def test_every_zoo_answer_fits_the_generation_budget(task, answers, target):
+    """A DLM fills every one of its max_gen_toks positions, so the budget is kept short; it
+    must still hold every gold answer (zoo tokenizer, EOS included), and the zoo's training
+    region covers it."""
+    from transformers import AutoTokenizer
+
+    from lm_eval_sinkmask.tasks import max_gen_toks
+    from lm_eval_sinkmask.zoo import batches, checkpoint_path
+
+    budget = max_gen_toks(task)
+    tok = AutoTokenizer.from_pretrained(str(checkpoint_path("llada", 0)))
+    longest = max(len(tok(target(doc), add_special_tokens=False)["input_ids"]) + 1 for doc in answers())
+    assert longest <= budget <= batches.GEN_LEN
+    with pytest.raises(KeyError, match="no task YAML"):
+        max_gen_toks("no_such_task")

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from ..tasks import max_gen_toks
+
 TASKS = {"mini_gsm_sinkmask": "mini_gsm", "mini_code_sinkmask": "mini_code"}
 KS = (0, 1, 5, 10)
 # name -> (checkpoint, model_args, K values): the excluded variant needs no K = 0 (it is
@@ -48,7 +50,7 @@ LABELS = {
     "llada_sink_excl": "llada_sink, token excluded",
 }
 TRACED = ("llada", "llada_sink")
-GEN_LENGTH = {"mini_gsm_sinkmask": 128, "mini_code_sinkmask": 64}  # the tasks' max_gen_toks
+GEN_LENGTH = {task: max_gen_toks(task) for task in TASKS}
 
 
 # --------------------------------------------------------------------------- accuracy
@@ -106,8 +108,9 @@ def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> Non
             root = out / "traces" / name / ("" if seed is None else f"seed{seed}")
             for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
                 folder = root / f"{TASKS[task]}_{i % n_prompts}"
-                if (folder / "meta.json").exists():
-                    continue
+                meta = folder / "meta.json"
+                if meta.exists() and json.loads(meta.read_text()).get("gen_length") == GEN_LENGTH[task]:
+                    continue  # done, with the task's generation length as it is now
                 # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink
                 # token (position 0, "start") and BOS (llada_sink)
                 trace = trace_generation(path, prompt, kind="dlm", gen_length=GEN_LENGTH[task],

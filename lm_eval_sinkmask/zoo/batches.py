@@ -11,9 +11,12 @@ import random
 import torch
 import torch.nn.functional as F
 
+from ..tasks import max_gen_toks
 from . import data
 
-GEN_LEN = 128  # longest answer region the DLMs are trained on (the sampler's gen_length)
+# longest answer region the DLMs are trained on: the zoo tasks' generation budget, which the
+# sampler fills (gen_length = max_gen_toks); v1 checkpoints were trained with 128
+GEN_LEN = max(max_gen_toks(t) for t in ("mini_gsm_sinkmask", "mini_code_sinkmask"))
 
 
 class Batches:

@@ -35,12 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify
 from .data import N_TEST_CODE, N_TEST_GSM
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
 SPLIT_SIZE = {"mini_gsm_sinkmask": N_TEST_GSM, "mini_code_sinkmask": N_TEST_CODE}  # whole test splits
-GEN_LENGTH = 128  # mini_gsm's max_gen_toks: the traced generations are mini_gsm answers
+GEN_LENGTH = {task: max_gen_toks(task) for task in TASKS}  # the traced generations are mini_gsm's
 # the zoo v2 bars, unmasked, whole test splits: (mini_gsm exact match, mini_code pass@1)
 TARGETS = {"arm": (0.90, 0.60), "dream": (0.60, 0.60), "llada": (0.50, 0.60),
            "llada_sink": (0.50, 0.60)}
@@ -168,17 +169,24 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
         for seed in seeds:
             for i, prompt in enumerate(prompts):
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
-                if _trace_version(folder) >= 3:  # done; older traces lack value norms
+                if _trace_is_current(folder):
                     continue
-                trace_generation(str(checkpoint_path(name, seed)), prompt, gen_length=GEN_LENGTH,
+                trace_generation(str(checkpoint_path(name, seed)), prompt,
+                                 gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
                                  model_args=args, device=device,
                                  name=f"{label} seed {seed}").save(folder)
                 print(f"traced {label} seed {seed} {folder.name}", flush=True)
 
 
-def _trace_version(folder: Path) -> int:
+def _trace_is_current(folder: Path) -> bool:
+    """Whether a saved trace can stand: made with value norms (trace version 3) and with the
+    task's generation length as it is now."""
     meta = folder / "meta.json"
-    return json.loads(meta.read_text()).get("trace_version", 1) if meta.exists() else 0
+    if not meta.exists():
+        return False
+    meta = json.loads(meta.read_text())
+    return (meta.get("trace_version", 1) >= 3
+            and meta.get("gen_length") == GEN_LENGTH["mini_gsm_sinkmask"])
 
 
 def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
@@ -361,7 +369,8 @@ def markdown(report: dict[str, Any]) -> str:
         "mini_gsm: exact match (strict); mini_code: pass@1 in the sandbox; ± lm-eval's standard "
         "error. DLM sampler settings: the family defaults (LLaDA: blocks of 32, steps = "
         "gen_length, low-confidence remasking; Dream: steps = gen_length, alg entropy); "
-        "gen_length = the task's max_gen_toks (128 / 64). Bars: mini_gsm "
+        f"gen_length = the task's max_gen_toks ({' / '.join(map(str, GEN_LENGTH.values()))}). "
+        "Bars: mini_gsm "
         + ", ".join(f"{m} >= {t[0]:.2f}" for m, t in TARGETS.items())
         + "; mini_code " + ", ".join(f"{m} >= {t[1]:.2f}" for m, t in TARGETS.items())
         + f"; sinks in at least {SINK_BAR:.0%} of the (layer, head) pairs of every DLM "
@@ -402,7 +411,7 @@ def markdown(report: dict[str, Any]) -> str:
                      + " | ".join(met) + " |")
     lines += [
         "",
-        f"## Sinks (eps = 3, {GEN_LENGTH}-token mini_gsm generations, unmasked)",
+        f"## Sinks (eps = 3, {GEN_LENGTH['mini_gsm_sinkmask']}-token mini_gsm generations, unmasked)",
         "",
         "Sinks per pair: mean number of Eq. 3 sinks per (layer, head) per step. Pairs with a "
         "sink: the share of (layer, head) pairs with at least one sink on average over a "

@@ -23,7 +23,7 @@ cd "$(dirname "$0")/../.."
 out=${1:-results/tiny}
 # problems per cell and seed: set from the timed run so that CI stays in budget. PROBLEMS and
 # SEEDS override both for trial runs only (the committed table is made with the values here).
-problems=${PROBLEMS:-32}
+problems=${PROBLEMS:-64}
 seeds=${SEEDS:-0}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 sinkmask sweep \
