@@ -216,6 +216,13 @@ class Trace:
         (folder / "meta.json").write_text(json.dumps(self.meta, indent=2) + "\n")
         return folder
 
+    @staticmethod
+    def saved_meta(folder: Path) -> dict | None:
+        """The metadata of the trace saved in ``folder`` (no arrays read), or None where none
+        is: what a resumable run checks before tracing again."""
+        meta = Path(folder) / "meta.json"
+        return json.loads(meta.read_text()) if meta.is_file() else None
+
     @classmethod
     def load(cls, folder: Path) -> Trace:
         folder = Path(folder)

@@ -99,7 +99,7 @@ def trace_prompts(n: int) -> list[tuple[str, str]]:
 
 def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> None:
     """One unmasked traced generation per (model, seed, prompt), saved under out/traces/."""
-    from ..sink_trace import trace_generation
+    from ..sink_trace import Trace, trace_generation
     from ..sweep import seed_path
 
     for name in TRACED:
@@ -108,8 +108,8 @@ def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> Non
             root = out / "traces" / name / ("" if seed is None else f"seed{seed}")
             for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
                 folder = root / f"{TASKS[task]}_{i % n_prompts}"
-                meta = folder / "meta.json"
-                if meta.exists() and json.loads(meta.read_text()).get("gen_length") == GEN_LENGTH[task]:
+                meta = Trace.saved_meta(folder)
+                if meta is not None and meta.get("gen_length") == GEN_LENGTH[task]:
                     continue  # done, with the task's generation length as it is now
                 # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink
                 # token (position 0, "start") and BOS (llada_sink)

@@ -161,7 +161,7 @@ def trace_folder(out: Path, label: str, seed: int) -> Path:
 
 def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
                device: str = "cpu") -> None:
-    from ..sink_trace import trace_generation
+    from ..sink_trace import Trace, trace_generation
     from . import data
 
     prompts = [data.gsm_prompt(d) for d in data.mini_gsm_test()[:n_prompts]]
@@ -169,7 +169,7 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
         for seed in seeds:
             for i, prompt in enumerate(prompts):
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
-                if _trace_is_current(folder):
+                if _trace_is_current(Trace.saved_meta(folder)):
                     continue
                 trace_generation(str(checkpoint_path(name, seed)), prompt,
                                  gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
@@ -178,14 +178,10 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
                 print(f"traced {label} seed {seed} {folder.name}", flush=True)
 
 
-def _trace_is_current(folder: Path) -> bool:
-    """Whether a saved trace can stand: made with value norms (trace version 3) and with the
-    task's generation length as it is now."""
-    meta = folder / "meta.json"
-    if not meta.exists():
-        return False
-    meta = json.loads(meta.read_text())
-    return (meta.get("trace_version", 1) >= 3
+def _trace_is_current(meta: dict | None) -> bool:
+    """Whether a saved trace (its metadata, None: none saved) can stand: made with value norms
+    (trace version 3) and with the task's generation length as it is now."""
+    return (meta is not None and meta.get("trace_version", 1) >= 3
             and meta.get("gen_length") == GEN_LENGTH["mini_gsm_sinkmask"])
 
 
