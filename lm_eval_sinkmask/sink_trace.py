@@ -223,6 +223,18 @@ class Trace:
         meta = Path(folder) / "meta.json"
         return json.loads(meta.read_text()) if meta.is_file() else None
 
+    @staticmethod
+    def stands(folder: Path, *, gen_length: int, checkpoint: str | None,
+               min_version: int = 1) -> bool:
+        """Whether a resumable run may keep the trace saved in ``folder``: one exists, of at
+        least ``min_version``, generated with ``gen_length`` new tokens on a checkpoint whose
+        content digest (:func:`provenance.checkpoint_digest`) is ``checkpoint``; a checkpoint
+        retrained under the same name is traced again."""
+        meta = Trace.saved_meta(folder)
+        return (meta is not None and meta.get("trace_version", 1) >= min_version
+                and meta.get("gen_length") == gen_length
+                and checkpoint is not None and meta.get("checkpoint") == checkpoint)
+
     @classmethod
     def load(cls, folder: Path) -> Trace:
         folder = Path(folder)
@@ -329,6 +341,7 @@ def trace_generation(
     from lm_eval.api.registry import get_model
     from lm_eval.utils import simple_parse_args_string
 
+    from .provenance import checkpoint_digest
     from .sweep import MODEL_CLASS, versions
 
     kind = _kind(model, kind)
@@ -359,6 +372,7 @@ def trace_generation(
     meta = {
         "trace_version": TRACE_VERSION,
         "model": model,
+        "checkpoint": checkpoint_digest(model),
         "name": name or Path(str(model).rstrip("/")).name,
         "kind": kind,
         "family": getattr(getattr(lm, "family", None), "name", "arm"),

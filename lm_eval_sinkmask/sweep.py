@@ -3,10 +3,12 @@
 Each cell (model, task, K) is one ``lm_eval.simple_evaluate`` call with our model classes, and
 leaves a folder ``DIR/cells/<model>/<task>/k<K>/`` holding lm-eval's own results JSON and
 per-sample JSONL (written by lm-eval's ``EvaluationTracker``, as ``lm_eval --output_path``
-does) and ``cell.json``: what was asked (exact model_args, task, K, limit), the versions, the
-masking counters and the primary numbers. ``cell.json`` is written last and atomically, so a
-cell counts as done only when everything else is on disk; a rerun skips done cells and redoes a
-cell that a kill interrupted. ``DIR/sweep.json`` records the grid (model order, tasks, K) that
+does) and ``cell.json``: what was asked (exact model_args, task, K, limit), what it ran on
+(digests of the checkpoint's files and of the task's config and documents, :mod:`provenance`),
+the versions, the masking counters and the primary numbers. ``cell.json`` is written last and
+atomically, so a cell counts as done only when everything else is on disk; a rerun skips done
+cells, redoes a cell that a kill interrupted, and refuses a done cell whose checkpoint or task
+has changed since (a retrained ``zoo:llada`` keeps its name). ``DIR/sweep.json`` records the grid (model order, tasks, K) that
 ``sinkmask table`` lays out.
 
 A seed axis (``--seeds 0,1,2``) runs every model once per training seed: ``zoo:llada`` becomes
@@ -25,6 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .provenance import InputDigests, changed_inputs, checkpoint_digest
 
 KINDS = ("arm", "dlm")
 MODEL_CLASS = {"arm": "arm_sinkmask", "dlm": "dlm_sinkmask"}
@@ -232,17 +236,28 @@ class Cell:
         path = self.folder / "cell.json"
         return json.loads(path.read_text()) if path.exists() else None
 
-    def is_done(self) -> bool:
+    def is_done(self, inputs: dict[str, Any]) -> bool:
+        """True when this cell was run with the same request on the same ``inputs`` (the
+        checkpoint's and the task's digests, :mod:`provenance`); a done cell that differs in
+        either is an error rather than a cell to reuse or to overwrite."""
         record = self.record()
         if record is None:
             return False
         if record["request"] != self.request():
             raise SystemExit(
                 f"{self.folder} was run with different settings:\n  done: {record['request']}\n"
-                f"  now:  {self.request()}\nUse another --out folder (or delete that cell) to "
-                "rerun it with the new settings."
+                f"  now:  {self.request()}\n{_RERUN_HELP}"
+            )
+        changed = changed_inputs(record.get("inputs"), inputs)
+        if changed:
+            raise SystemExit(
+                f"{self.folder} was run on other inputs than {self.path} and {self.task} are now:\n  "
+                + "\n  ".join(changed) + f"\n{_RERUN_HELP}"
             )
         return True
+
+
+_RERUN_HELP = "Use another --out folder (or delete that cell) to rerun it with the new settings."
 
 
 def versions() -> dict[str, str]:
@@ -294,8 +309,9 @@ def primary_metric(task_results: dict[str, Any]) -> str | None:
     return keys[0] if keys else None
 
 
-def run_cell(cell: Cell, tm) -> dict[str, Any] | None:
-    """One simple_evaluate call; writes lm-eval's files then ``cell.json``. None on ranks > 0."""
+def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """One simple_evaluate call; writes lm-eval's files then ``cell.json`` (with ``inputs``, the
+    digests of the checkpoint and task it ran on). None on ranks > 0."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
@@ -328,6 +344,8 @@ def run_cell(cell: Cell, tm) -> dict[str, Any] | None:
     )
     if results is None:  # accelerate rank > 0: rank 0 writes
         return None
+    if inputs["checkpoint"] is None:  # a hub checkpoint that this run has just downloaded
+        inputs = {**inputs, "checkpoint": checkpoint_digest(cell.path)}
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     for name, task_samples in samples.items():
@@ -339,6 +357,7 @@ def run_cell(cell: Cell, tm) -> dict[str, Any] | None:
     stderr = task_results.get(f"{name}_stderr,{filt}")
     record = {
         "request": cell.request(),
+        "inputs": inputs,
         "model_path": cell.path,
         "kind": cell.model.kind,
         "metric": metric,
@@ -417,10 +436,12 @@ def run_sweep(
     if process_rank() == 0:
         grid_path.write_text(json.dumps(grid, indent=2) + "\n")
 
-    cells = plan.cells()
-    pending = [i for i, c in enumerate(cells) if not c.is_done()]
-    todo = pending[:max_cells]
     tm = task_manager(plan)
+    digests = InputDigests(tm)
+    cells = plan.cells()
+    inputs = [digests.for_cell(c.path, c.task) for c in cells]
+    pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
+    todo = pending[:max_cells]
     blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))
     if blocked and not plan.allow_code_execution:
         raise SystemExit(
@@ -445,7 +466,7 @@ def run_sweep(
                 cell = cells[i]
                 seed = "" if cell.seed is None else f"@{cell.seed}"
                 bar.set_postfix_str(f"{cell.model.name}{seed} {cell.task} K={cell.k}")
-                record = run_cell(cell, tm)
+                record = run_cell(cell, tm, inputs[i])
                 _free_memory()
                 report(cell, record)
         else:
@@ -455,15 +476,15 @@ def run_sweep(
             # spawn: a fresh interpreter per worker, nothing inherited from a forked torch
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                futures = {pool.submit(_run_cell_job, plan, i): cells[i] for i in todo}
+                futures = {pool.submit(_run_cell_job, plan, i, inputs[i]): cells[i] for i in todo}
                 for future in as_completed(futures):
                     report(futures[future], future.result())
     return len(todo)
 
 
-def _run_cell_job(plan: SweepPlan, index: int) -> dict[str, Any] | None:
+def _run_cell_job(plan: SweepPlan, index: int, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """One cell in a worker process of ``run_sweep(jobs=N)``."""
-    return run_cell(plan.cells()[index], task_manager(plan))
+    return run_cell(plan.cells()[index], task_manager(plan), inputs)
 
 
 def _merge_grids(old: dict, new: dict) -> dict:

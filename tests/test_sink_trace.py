@@ -9,6 +9,7 @@ from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.figures import FIGURES, draw_all, selected_share
 from lm_eval_sinkmask.intercept import AttentionEvent
 from lm_eval_sinkmask.metric import find_sinks
+from lm_eval_sinkmask.provenance import checkpoint_digest
 from lm_eval_sinkmask.sink_trace import (HIST_EDGES, Trace, TraceRecorder, parse_heads,
                                           trace_generation, value_norm_line)
 
@@ -71,6 +72,18 @@ def test_saved_trace_round_trips_and_agrees_with_eq3(tmp_path):
     np.testing.assert_allclose(share, want.numpy())
 
 
+def test_a_saved_trace_stands_only_for_its_length_version_and_checkpoint(tmp_path):
+    trace = synthetic_trace()
+    trace.meta.update(trace_version=3, gen_length=64, checkpoint="sha256:a")
+    folder = trace.save(tmp_path / "t")
+    assert Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=3)
+    assert not Trace.stands(folder, gen_length=128, checkpoint="sha256:a")
+    assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:b")  # retrained weights
+    assert not Trace.stands(folder, gen_length=64, checkpoint=None)  # cannot tell: trace again
+    assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=4)
+    assert not Trace.stands(tmp_path / "none", gen_length=64, checkpoint="sha256:a")
+
+
 def test_figures_from_a_saved_trace(tmp_path):
     folder = synthetic_trace().save(tmp_path / "t")
     paths = draw_all(folder, "0:1,1:2")
@@ -131,6 +144,7 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
     n = trace["n_keys"]
     assert (trace["hist"].sum(-1) == n[:, None, None]).all()
     assert m["trace_version"] == 3 and m["value_norms"]["sinks"]["n"] >= 0
+    assert m["checkpoint"] == checkpoint_digest(str(tiny_dirs[kind]))
     assert trace["top_vnorm"].shape == trace["top_score"].shape
     assert np.isfinite(trace["top_vnorm"][..., 0]).all() and (trace["v_median"] > 0).all()
 

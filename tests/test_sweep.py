@@ -61,7 +61,7 @@ def test_a_killed_sweep_resumes_to_the_same_table(tmp_path, tiny_dirs, tiny_task
     first = cell_files(resumed)
     assert len(first) == 2
     # and killed again inside the third: lm-eval's files written, cell.json not yet
-    third = [c for c in plan.cells() if not c.is_done()][0]
+    third = [c for c in plan.cells() if c.record() is None][0]
     third.folder.mkdir(parents=True)
     (third.folder / "results_partial.json").write_text("{")
     assert run_sweep(plan, progress=False) == 2  # only the two unfinished cells ran
@@ -84,6 +84,8 @@ def test_a_killed_sweep_resumes_to_the_same_table(tmp_path, tiny_dirs, tiny_task
     assert record["request"]["model_args"] == f"pretrained={tiny_dirs['llada']},block_length=4,top_k=1,eps=0"
     assert record["sinkmask"]["config"]["top_k"] == 1 and record["sinkmask"]["counters"]["keys_masked"] > 0
     assert record["n"] == 2 and {"lm_eval", "torch", "transformers"} <= set(record["versions"])
+    assert record["inputs"]["checkpoint"].startswith("sha256:")
+    assert record["inputs"]["task"]["version"] == 1.0
     cell = resumed / "cells/llada/tiny_gen/k1"
     [results] = cell.glob("results_*.json")
     [samples] = cell.glob("samples_tiny_gen_*.jsonl")
@@ -215,3 +217,40 @@ def test_a_sweep_mixes_multiple_choice_and_generation_tasks(tmp_path, tiny_dirs,
     assert main(["table", str(plan.out)]) == 0
     table = (plan.out / "table.md").read_text()
     assert "mini_mc_sinkmask: `acc,none`" in table and "tiny_gen: `exact_match" in table
+
+
+@pytest.mark.slow
+def test_a_resume_refuses_cells_whose_checkpoint_or_task_changed_under_the_same_name(
+        tmp_path, tiny_dirs, tiny_task):
+    """Retraining a checkpoint in place or editing a task YAML keeps every name in the request;
+    the recorded digests catch both instead of mixing old and new cells in one table."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = shutil.copytree(tiny_dirs["llada"], tmp_path / "llada")
+    task = shutil.copytree(tiny_task, tmp_path / "task")
+
+    def plan():
+        return SweepPlan(models=[ModelSpec("llada", str(model), "dlm", "block_length=4")],
+                         tasks=["tiny_gen"], ks=[0], out=tmp_path / "out", limit=1,
+                         device="cpu", include_path=[str(task)])
+
+    assert run_sweep(plan(), progress=False) == 1
+    (model / "README.md").write_text("a model card edit changes nothing it computes\n")
+    assert run_sweep(plan(), progress=False) == 0
+
+    [weights] = model.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(SystemExit, match=r"(?s)other inputs.*checkpoint sha256:"):
+        run_sweep(plan(), progress=False)
+    shutil.copytree(tiny_dirs["llada"], model, dirs_exist_ok=True)  # the old weights again
+    assert run_sweep(plan(), progress=False) == 0
+
+    yaml = task / "tiny_gen.yaml"
+    yaml.write_text(yaml.read_text().replace("max_gen_toks: 8", "max_gen_toks: 6"))
+    with pytest.raises(SystemExit, match="task config"):
+        run_sweep(plan(), progress=False)

@@ -61,31 +61,45 @@ def test_the_arm_is_traced_under_both_query_rules():
     assert [v[2] for v in variants] == ["arm_rule=last_row", "arm_rule=all_rows", ""]
 
 
-def _cell(root, model, seed, task, value, n, args="", path=None):
+def _installed(ckpt, task):
+    """Stand-in input digests of the "installed" checkpoints and tasks."""
+    return {"checkpoint": f"sha256:{ckpt[0]}-{ckpt[1]}", "task": {"version": 2, "config": task}}
+
+
+def _cell(root, model, seed, task, value, n, args="", path=None, inputs="installed"):
     """A K=0 cell as ``sinkmask sweep --seeds`` leaves it (possibly written on another machine)."""
     folder = root / "cells" / model / f"seed{seed}" / task / "k0"
     folder.mkdir(parents=True)
     pretrained = path or f"zoo:{model.split('_l2r')[0]}@{seed}"
-    folder.joinpath("cell.json").write_text(json.dumps({
+    record = {
         "request": {"model": model, "task": task, "top_k": 0, "checkpoint_seed": seed,
                     "model_args": ",".join(filter(None, [f"pretrained={pretrained}", args,
                                                          "top_k=0", "eps=3"]))},
-        "metric": "m", "value": value, "stderr": 0.01, "n": n}))
+        "metric": "m", "value": value, "stderr": 0.01, "n": n}
+    if inputs == "installed":
+        inputs = _installed((model.split("_l2r")[0], seed), task)
+    if inputs is not None:
+        record["inputs"] = inputs
+    folder.joinpath("cell.json").write_text(json.dumps(record))
 
 
 def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path):
     gsm, code = report.TASKS
     here, gpu = tmp_path / "here", tmp_path / "gpu"
     _cell(here, "llada", 0, gsm, 0.40, 32)  # a quick local run, superseded by the GPU's
+    # an earlier training of llada@0 and a cell from before input digests: never counted
+    _cell(here, "llada", 0, code, 0.10, 100, inputs=_installed(("llada", 9), code))
+    _cell(here, "dream", 0, gsm, 0.10, 300, inputs=None)
     for seed, (g, c) in enumerate([(0.55, 0.70), (0.45, 0.90), (0.50, 0.80)]):
         _cell(gpu, "llada", seed, gsm, g, 300)
         _cell(gpu, "llada", seed, code, c, 100)
         _cell(gpu, "llada_l2r", seed, gsm, 0.99, 300, args="block_length=1")  # not the default sampler
     _cell(gpu, "arm", 0, gsm, 0.95, 300, path="/gpu/repo/lm_eval_sinkmask/zoo/checkpoints/arm")
     _cell(gpu, "arm", 1, gsm, 0.97, 120, path="/gpu/repo/zoo_seeds/arm/seed1")
-    acc = report.read_accuracy([here, gpu])
+    acc = report.read_accuracy([here, gpu], current=_installed)
     assert sorted(acc) == [("arm", 0), ("arm", 1), ("llada", 0), ("llada", 1), ("llada", 2)]
     assert acc[("llada", 0)][gsm]["value"] == 0.55 and acc[("llada", 0)][gsm]["n"] == 300
+    assert acc[("llada", 0)][code]["value"] == 0.70  # not the stale 0.10 of the earlier folder
 
     share = lambda x: {"share_of_pairs_with_sink": x, "generations": 1, "mean_sinks_per_pair": 1.0,  # noqa: E731
                        "top_tokens": [], "top_positions": []}
@@ -129,3 +143,15 @@ def test_value_norms_pool_over_generations_and_give_a_verdict():
     lines = report.value_norm_section({"m": low, "old": old})
     assert "| m | 4 | 0.30 (0.20-0.40) | 100% | 0.30 | 1.00 | yes |" in lines
     assert any("traces predate value norms" in ln for ln in lines)
+
+
+def test_the_installed_inputs_are_the_digests_a_sweep_records():
+    from lm_eval.tasks import TaskManager
+
+    from lm_eval_sinkmask.provenance import InputDigests
+
+    gsm = report.TASKS[0]
+    now = report.installed_inputs()
+    assert now(("arm", 0), gsm) == InputDigests(TaskManager(include_defaults=False)).for_cell(
+        "zoo:arm", gsm)
+    assert now(("arm", 999), gsm) is None  # not installed here

@@ -99,18 +99,19 @@ def trace_prompts(n: int) -> list[tuple[str, str]]:
 
 def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> None:
     """One unmasked traced generation per (model, seed, prompt), saved under out/traces/."""
+    from ..provenance import checkpoint_digest
     from ..sink_trace import Trace, trace_generation
     from ..sweep import seed_path
 
     for name in TRACED:
         for seed in seeds or [None]:
             path = seed_path(MODELS[name][0], seed)
+            digest = checkpoint_digest(path)
             root = out / "traces" / name / ("" if seed is None else f"seed{seed}")
             for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
                 folder = root / f"{TASKS[task]}_{i % n_prompts}"
-                meta = Trace.saved_meta(folder)
-                if meta is not None and meta.get("gen_length") == GEN_LENGTH[task]:
-                    continue  # done, with the task's generation length as it is now
+                if Trace.stands(folder, gen_length=GEN_LENGTH[task], checkpoint=digest):
+                    continue  # done, with this generation length and these weights
                 # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink
                 # token (position 0, "start") and BOS (llada_sink)
                 trace = trace_generation(path, prompt, kind="dlm", gen_length=GEN_LENGTH[task],

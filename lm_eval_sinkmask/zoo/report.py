@@ -161,6 +161,7 @@ def trace_folder(out: Path, label: str, seed: int) -> Path:
 
 def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
                device: str = "cpu") -> None:
+    from ..provenance import checkpoint_digest
     from ..sink_trace import Trace, trace_generation
     from . import data
 
@@ -169,20 +170,14 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
         for seed in seeds:
             for i, prompt in enumerate(prompts):
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
-                if _trace_is_current(Trace.saved_meta(folder)):
-                    continue
+                if Trace.stands(folder, gen_length=GEN_LENGTH["mini_gsm_sinkmask"], min_version=3,
+                                checkpoint=checkpoint_digest(str(checkpoint_path(name, seed)))):
+                    continue  # value norms recorded (version 3), this length, these weights
                 trace_generation(str(checkpoint_path(name, seed)), prompt,
                                  gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
                                  model_args=args, device=device,
                                  name=f"{label} seed {seed}").save(folder)
                 print(f"traced {label} seed {seed} {folder.name}", flush=True)
-
-
-def _trace_is_current(meta: dict | None) -> bool:
-    """Whether a saved trace (its metadata, None: none saved) can stand: made with value norms
-    (trace version 3) and with the task's generation length as it is now."""
-    return (meta is not None and meta.get("trace_version", 1) >= 3
-            and meta.get("gen_length") == GEN_LENGTH["mini_gsm_sinkmask"])
 
 
 def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
@@ -211,14 +206,22 @@ def _args(model_args: str) -> dict[str, str]:
     return dict(a.split("=", 1) for a in model_args.split(",") if "=" in a)
 
 
-def read_accuracy(folders: list[Path]) -> dict[tuple[str, int], dict[str, dict[str, Any]]]:
+def read_accuracy(folders: list[Path], current=None) -> dict[tuple[str, int], dict[str, dict[str, Any]]]:
     """(zoo name, seed) -> task -> the unmasked result, from the K=0 cells of sweep folders.
 
     A cell counts when its checkpoint is a zoo checkpoint (``zoo:NAME@S`` or a path to one,
-    wherever it was computed) run with the family's default sampler. When two folders hold
-    the same (checkpoint, task), the one with more problems wins, then the earlier folder.
+    wherever it was computed) run with the family's default sampler, and when it ran on the
+    checkpoint and task installed now: its recorded input digests must match ``current(
+    (name, seed), task)`` (default :func:`installed_inputs`), so cells of an earlier training
+    of the same name, or of an earlier task version, are left out and listed. When two
+    folders hold the same (checkpoint, task), the one with more problems wins, then the
+    earlier folder.
     """
+    from ..provenance import changed_inputs
+
+    current = current or installed_inputs()
     acc: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    stale: list[str] = []
     for folder in folders:
         for path in sorted(Path(folder).glob("cells/**/k0/cell.json")):
             r = json.loads(path.read_text())
@@ -227,12 +230,39 @@ def read_accuracy(folders: list[Path]) -> dict[tuple[str, int], dict[str, dict[s
             ckpt = identify(args.get("pretrained", r.get("model_path", "")))
             if ckpt is None or req["task"] not in TASKS or set(args) - NEUTRAL_ARGS:
                 continue
+            now = current(ckpt, req["task"])
+            if now is None or changed_inputs(r.get("inputs"), now):
+                stale.append(str(path.parent))
+                continue
             new = {"metric": r["metric"], "value": r["value"], "stderr": r["stderr"],
                    "n": r["n"], "cell": str(path.parent), "dtype": args.get("dtype")}
             old = acc.setdefault(ckpt, {}).get(req["task"])
             if old is None or (new["n"] or 0) > (old["n"] or 0):
                 acc[ckpt][req["task"]] = new
+    if stale:
+        print(f"zoo report: left out {len(stale)} cell(s) not made on the installed checkpoint and "
+              "task (an earlier training or task version, or a seed not installed here):\n  "
+              + "\n  ".join(stale), flush=True)
     return acc
+
+
+def installed_inputs():
+    """``((name, seed), task) -> input digests`` of the installed zoo checkpoint and the task
+    as it is now (None: that seed is not installed)."""
+    from lm_eval.tasks import TaskManager
+
+    from ..provenance import InputDigests
+
+    digests = InputDigests(TaskManager(include_defaults=False))
+
+    def current(ckpt: tuple[str, int], task: str) -> dict[str, Any] | None:
+        try:
+            path = checkpoint_path(*ckpt)
+        except ValueError:
+            return None
+        return digests.for_cell(str(path), task)
+
+    return current
 
 
 def read_sinks(out: Path, models: list[str]) -> dict[tuple[str, int], dict[str, Any]]:

@@ -1,0 +1,79 @@
+"""The digests a sweep cell records of what it ran on: they follow content, not names or places."""
+
+import shutil
+
+from lm_eval.tasks import TaskManager
+
+from lm_eval_sinkmask.provenance import (InputDigests, changed_inputs, checkpoint_digest,
+                                         folder_digest, task_digest)
+from tests import tiny
+
+
+def test_a_checkpoint_digest_follows_the_model_files_not_the_card_or_the_place(tmp_path, tiny_dirs):
+    here = tiny_dirs["llada"]
+    moved = shutil.copytree(here, tmp_path / "elsewhere")
+    assert checkpoint_digest(str(here)) == checkpoint_digest(str(moved)) == folder_digest(moved)
+    (moved / "README.md").write_text("new model card\n")
+    assert folder_digest(moved) == folder_digest(here)
+    for changed in ("config.json", "tokenizer_config.json"):
+        copy = shutil.copytree(here, tmp_path / changed)
+        (copy / changed).write_text((copy / changed).read_text().replace("{", "{\n", 1))
+        assert folder_digest(copy) != folder_digest(here), changed
+    assert checkpoint_digest(str(here)) != checkpoint_digest(str(tiny_dirs["dream"]))
+
+
+def test_zoo_names_resolve_before_hashing_and_an_uncached_hub_name_has_no_digest():
+    from lm_eval_sinkmask.zoo import checkpoint_path
+
+    assert checkpoint_digest("zoo:arm") == folder_digest(checkpoint_path("arm", 0))
+    assert checkpoint_digest("zoo:arm") != checkpoint_digest("zoo:llada")
+    assert checkpoint_digest("nobody/not-a-cached-model") is None
+
+
+def test_a_task_digest_follows_its_config_and_documents(tmp_path):
+    def digest(folder):
+        return task_digest(TaskManager(include_path=str(folder), include_defaults=False)
+                           .load(["tiny_gen"])["tasks"]["tiny_gen"])
+
+    base = digest(tiny.write_task(tmp_path / "a"))
+    assert base == digest(tiny.write_task(tmp_path / "a")) and base["version"] == 1.0
+    longer = digest(tiny.write_task(tmp_path / "b", max_gen_toks=9))
+    more = digest(tiny.write_task(tmp_path / "c", n=5))
+    assert longer["docs"] == base["docs"] and longer["config"] != base["config"]
+    assert more["docs"] != base["docs"]
+
+
+def test_a_shipped_task_digest_is_the_same_in_every_task_manager():
+    first = InputDigests(TaskManager(include_defaults=False)).task("mini_gsm_sinkmask")
+    again = InputDigests(TaskManager(include_defaults=False)).task("mini_gsm_sinkmask")
+    assert first == again and first["version"] == 2.0
+
+
+def test_changed_inputs_names_what_differs_and_skips_an_unreadable_checkpoint():
+    task = {"version": 1.0, "config": "sha256:c", "docs": "sha256:d"}
+    done = {"checkpoint": "sha256:a", "task": task}
+    assert changed_inputs(done, done) == []
+    assert changed_inputs(done, {"checkpoint": None, "task": task}) == []
+    assert changed_inputs(done, {"checkpoint": "sha256:b", "task": task}) == [
+        "checkpoint sha256:a -> sha256:b"]
+    assert changed_inputs(done, {"checkpoint": "sha256:a", "task": {**task, "version": 2.0}}) == [
+        "task version 1.0 -> 2.0"]
+    [older] = changed_inputs(None, done)
+    assert "older lm-eval-sinkmask" in older
+
+
+def test_input_digests_are_computed_once_per_checkpoint_and_task(monkeypatch):
+    import lm_eval_sinkmask.provenance as provenance
+
+    calls = []
+    monkeypatch.setattr(provenance, "checkpoint_digest", lambda p: calls.append(p) or "sha256:x")
+    monkeypatch.setattr(provenance, "task_digest", lambda t: calls.append(t) or {"version": 1})
+
+    class Manager:
+        def load(self, names):
+            return {"tasks": {n: n for n in names}}
+
+    digests = InputDigests(Manager())
+    for _ in range(3):
+        digests.for_cell("/m", "t")
+    assert len(calls) == 2
