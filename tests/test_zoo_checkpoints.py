@@ -5,22 +5,20 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from lm_eval_sinkmask.zoo import CHECKPOINTS_DIR, ZOO_NAMES, checkpoint_path, data, register
+from lm_eval_sinkmask.zoo.install import PACKAGE_BUDGET_MB, REPO_BUDGET_MB, megabytes
 
 pytestmark = pytest.mark.skipif(not (CHECKPOINTS_DIR / "arm").is_dir(),
                                 reason="zoo checkpoints not trained yet")
 
 
-def _megabytes(folder):
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
-
-
 def test_checkpoints_fit_the_size_budgets():
     """Inside the package (what every install carries) <= 40 MB; with the further training
     seeds in the repository's zoo_seeds/ <= 120 MB."""
-    shipped = _megabytes(CHECKPOINTS_DIR)
+    shipped = megabytes(CHECKPOINTS_DIR)
     seeds = CHECKPOINTS_DIR.parents[2] / "zoo_seeds"
-    assert shipped <= 40
-    assert shipped + (_megabytes(seeds) if seeds.is_dir() else 0) <= 120
+    assert PACKAGE_BUDGET_MB == 40 and REPO_BUDGET_MB == 120
+    assert shipped <= PACKAGE_BUDGET_MB
+    assert shipped + (megabytes(seeds) if seeds.is_dir() else 0) <= REPO_BUDGET_MB
 
 
 @pytest.mark.parametrize("name", ZOO_NAMES)

@@ -1,0 +1,124 @@
+"""Install a trained zoo (what ``gpu_zoo`` leaves in OUT) as the project's checkpoints.
+
+    python -m lm_eval_sinkmask.zoo.install runs/zoo2 --seeds 0,1,2
+
+Seed 0 replaces the checkpoints inside the package (``zoo:llada``), seeds >= 1 go to the
+repository's ``zoo_seeds/<name>/seed<S>/`` (``zoo:llada@1``). Each OUT/seed<S>/<name>/ is
+copied whole, model card and training log included, once two checks pass (otherwise nothing
+is copied):
+
+- every installed checkpoint has the content digest that its evaluation cells in OUT/eval
+  recorded, so ``zoo.report --cells OUT/eval`` counts them (it leaves out cells of any other
+  weights);
+- the size budget: checkpoints inside the package <= 40 MB (every install carries them), all
+  checkpoints in the repository <= 120 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from . import CHECKPOINTS_DIR, ZOO_NAMES, seeds_dir
+
+PACKAGE_BUDGET_MB = 40
+REPO_BUDGET_MB = 120
+
+
+def megabytes(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+
+
+def destination(name: str, seed: int, package: Path, seeds: Path) -> Path:
+    return package / name if seed == 0 else seeds / name / f"seed{seed}"
+
+
+def evaluated_digests(eval_dir: Path) -> dict[tuple[str, int], set[str]]:
+    """(name, seed) -> the checkpoint digests that the K=0 cells of ``eval_dir`` recorded."""
+    from . import identify
+
+    out: dict[tuple[str, int], set[str]] = {}
+    for path in eval_dir.glob("cells/**/k0/cell.json"):
+        record = json.loads(path.read_text())
+        ckpt = identify(record.get("model_path", ""))
+        digest = (record.get("inputs") or {}).get("checkpoint")
+        if ckpt is not None and digest:
+            out.setdefault(ckpt, set()).add(digest)
+    return out
+
+
+def install(run: Path, seeds: list[int], names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR,
+            seeds_root: Path | None = None) -> list[str]:
+    """Check, then copy; returns one line per installed checkpoint. Nothing is copied unless
+    every checkpoint matches its evaluation cells and the result fits the budget."""
+    from ..provenance import checkpoint_digest
+
+    seeds_root = seeds_root or seeds_dir()
+    sources = {(n, s): run / f"seed{s}" / n for s in seeds for n in names}
+    missing = [str(p) for p in sources.values() if not (p / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"not trained (no config.json): {missing}")
+    evaluated = evaluated_digests(run / "eval")
+    lines, problems = [], []
+    for (name, seed), source in sources.items():
+        digest = checkpoint_digest(str(source))  # a copy has the same digest
+        seen = evaluated.get((name, seed), set())
+        if digest not in seen:
+            problems.append(f"{name}@{seed}: " + (f"evaluated on other weights {sorted(seen)}"
+                                                  if seen else "no evaluation cell in OUT/eval"))
+        lines.append(f"{name}@{seed}: {source} -> {destination(name, seed, package, seeds_root)} "
+                     f"({megabytes(source):.1f} MB, {digest})")
+    shipped, total = sizes_after(sources, package, seeds_root)
+    lines.append(f"inside the package {shipped:.1f} MB (budget {PACKAGE_BUDGET_MB}), all "
+                 f"{total:.1f} MB (budget {REPO_BUDGET_MB})")
+    if shipped > PACKAGE_BUDGET_MB or total > REPO_BUDGET_MB:
+        problems.append("over the size budget")
+    if problems:
+        raise SystemExit("\n".join(lines + ["nothing installed:"] + problems))
+    for (name, seed), source in sources.items():
+        target = destination(name, seed, package, seeds_root)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(source, target)
+    return lines
+
+
+def sizes_after(sources: dict[tuple[str, int], Path], package: Path,
+                seeds_root: Path) -> tuple[float, float]:
+    """(MB inside the package, MB of all checkpoints) once ``sources`` replace their targets."""
+    def size(folder: Path) -> float:
+        return megabytes(folder) if folder.is_dir() else 0.0
+
+    replaced = {destination(n, s, package, seeds_root): src for (n, s), src in sources.items()}
+    shipped = size(package) + sum(size(src) - size(dst) for dst, src in replaced.items()
+                                  if dst.parent == package)
+    total = shipped + size(seeds_root) + sum(size(src) - size(dst) for dst, src in replaced.items()
+                                             if dst.parent != package)
+    return shipped, total
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..sweep import parse_seeds
+
+    ap = argparse.ArgumentParser(prog="python -m lm_eval_sinkmask.zoo.install",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="gpu_zoo's --out folder (seed<S>/<name>/, eval/)")
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds to install (default 0,1,2)")
+    ap.add_argument("--models", default=",".join(ZOO_NAMES), help="zoo models to install")
+    args = ap.parse_args(argv)
+    names = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(names) - set(ZOO_NAMES))
+    if unknown:
+        ap.error(f"unknown zoo models {unknown}; choose from {list(ZOO_NAMES)}")
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        ap.error(str(e))
+    print("\n".join(install(args.run, seeds or [0], names)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

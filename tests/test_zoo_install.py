@@ -1,0 +1,71 @@
+"""Installing a trained zoo: only checkpoints whose evaluation cells saw the same weights, only
+within the size budget, and nothing at all when either check fails."""
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from lm_eval_sinkmask.provenance import checkpoint_digest
+from lm_eval_sinkmask.zoo import install
+
+
+def _evaluated(run, name, seed, digest):
+    cell = run / "eval" / "cells" / name / f"seed{seed}" / "mini_gsm_sinkmask" / "k0"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text(json.dumps({
+        "model_path": f"/gpu/box/{run.name}/seed{seed}/{name}",  # written on another machine
+        "inputs": {"checkpoint": digest}}))
+
+
+@pytest.fixture
+def zoo_run(tmp_path, tiny_dirs):
+    """A gpu_zoo folder with llada in seeds 0 and 1 (seed 1 with other weights), both evaluated;
+    a package holding an older llada."""
+    run = tmp_path / "zoo2"
+    for seed in (0, 1):
+        ckpt = shutil.copytree(tiny_dirs["llada"], run / f"seed{seed}" / "llada")
+        if seed:
+            [weights] = ckpt.glob("*.safetensors")
+            tensors = {k: v + 1e-3 for k, v in load_file(weights).items()}
+            save_file(tensors, weights, metadata={"format": "pt"})
+        (ckpt / "README.md").write_text(f"card of seed {seed}\n")
+    package = shutil.copytree(tiny_dirs["dream"], tmp_path / "pkg" / "llada").parent
+    return run, package, tmp_path / "zoo_seeds"
+
+
+def _install(run, package, seeds_root):
+    return install.install(run, [0, 1], ["llada"], package=package, seeds_root=seeds_root)
+
+
+def test_checkpoints_matching_their_evaluation_are_installed_with_their_cards(zoo_run):
+    run, package, seeds_root = zoo_run
+    digests = {s: checkpoint_digest(str(run / f"seed{s}" / "llada")) for s in (0, 1)}
+    assert digests[0] != digests[1]
+    for seed, digest in digests.items():
+        _evaluated(run, "llada", seed, digest)
+    lines = _install(run, package, seeds_root)
+    assert checkpoint_digest(str(package / "llada")) == digests[0]
+    assert checkpoint_digest(str(seeds_root / "llada" / "seed1")) == digests[1]
+    assert (seeds_root / "llada" / "seed1" / "README.md").read_text() == "card of seed 1\n"
+    assert "budget 40" in lines[-1]
+
+
+@pytest.mark.parametrize("case", ["not evaluated", "evaluated on other weights", "over budget"])
+def test_nothing_is_installed_when_a_check_fails(zoo_run, monkeypatch, case):
+    run, package, seeds_root = zoo_run
+    before = checkpoint_digest(str(package / "llada"))
+    _evaluated(run, "llada", 0, checkpoint_digest(str(run / "seed0" / "llada")))
+    if case == "evaluated on other weights":
+        _evaluated(run, "llada", 1, checkpoint_digest(str(run / "seed0" / "llada")))
+        expected = "llada@1: evaluated on other weights"
+    elif case == "over budget":
+        _evaluated(run, "llada", 1, checkpoint_digest(str(run / "seed1" / "llada")))
+        monkeypatch.setattr(install, "REPO_BUDGET_MB", 1e-3)
+        expected = "over the size budget"
+    else:
+        expected = "llada@1: no evaluation cell"
+    with pytest.raises(SystemExit, match=expected):
+        _install(run, package, seeds_root)
+    assert checkpoint_digest(str(package / "llada")) == before and not seeds_root.exists()
