@@ -101,7 +101,7 @@ def cell_text(cell: SeedCell, n_seeds: int, digits: int) -> str:
 
 
 def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
-    from .table import layout, metric_and_sample_notes
+    from .table import input_notes, layout, metric_and_sample_notes
 
     idx = aggregate(grid, entries)
     seeds = grid["seeds"]
@@ -119,7 +119,8 @@ def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
               "computed within each seed, mean ± standard deviation across seeds. K=k masks the "
               "k highest-scoring Eq. 3 sinks per layer and head (the paper's eps0/eps1/eps2 "
               "columns are K=1/5/10). Per-seed values and min-max: table.csv.",
-              *metric_and_sample_notes(grid, metrics, ns, "Samples per cell and seed")]
+              *metric_and_sample_notes(grid, metrics, ns, "Samples per cell and seed"),
+              *input_notes(grid, entries)]
     return "\n".join(lines) + "\n"
 
 

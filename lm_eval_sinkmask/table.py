@@ -35,6 +35,8 @@ class Entry:
     stderr: float | None
     n: int | None
     seed: int | None = None  # training seed (sweeps with --seeds)
+    checkpoint: str | None = None  # digest of the checkpoint's files (provenance)
+    task_inputs: tuple | None = None  # (version, config digest, documents digest) of the task
 
 
 def is_zoo(record: dict) -> bool:
@@ -66,9 +68,31 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
         zoo |= is_zoo(record)
+        inputs = record.get("inputs") or {}
+        task = inputs.get("task") or {}
         entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
-                             value, stderr, record.get("n"), req.get("checkpoint_seed")))
+                             value, stderr, record.get("n"), req.get("checkpoint_seed"),
+                             inputs.get("checkpoint"),
+                             (task.get("version"), task.get("config"), task.get("docs"))
+                             if task else None))
+    _check_one_input_each(entries)
     return grid, entries, zoo
+
+
+def _check_one_input_each(entries: list[Entry]) -> None:
+    """One checkpoint per (model, seed) and one task version per task: a folder whose cells
+    disagree (filled by hand from two runs) would give a table of two experiments."""
+    seen: dict[tuple, set] = {}
+    for e in entries:
+        if e.checkpoint is not None:
+            seen.setdefault(("checkpoint of", e.model, e.seed), set()).add(e.checkpoint)
+        if e.task_inputs is not None:
+            seen.setdefault(("task", e.task, None), set()).add(e.task_inputs)
+    for (what, name, seed), found in seen.items():
+        if len(found) > 1:
+            at = "" if seed is None else f" seed {seed}"
+            raise ValueError(f"the cells disagree on the {what} {name}{at}: {sorted(map(str, found))}; "
+                             "they come from different runs, so this folder is not one table")
 
 
 def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:
@@ -179,6 +203,7 @@ def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> s
               *metric_and_sample_notes(grid, metrics, ns, "Samples per cell")]
     if grid.get("seeds"):
         lines.append(f"Training seed: {grid['seeds'][0]}.")
+    lines += input_notes(grid, entries)
     return "\n".join(lines) + "\n"
 
 
@@ -188,6 +213,32 @@ def metric_and_sample_notes(grid: dict, metrics: dict[str, str], ns: list[int],
     return ["Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
             f"{label}: {', '.join(map(str, ns)) or 'n/a'}"
             + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+
+
+def input_notes(grid: dict, entries: list[Entry]) -> list[str]:
+    """The footer lines naming what the cells ran on by digest (first 12 hex digits), so a
+    table says which weights and which task version it shows; none for cells that predate the
+    digests."""
+    def short(digest: str | None) -> str:
+        return "n/a" if digest is None else f"`{digest.split(':')[-1][:12]}`"
+
+    order = {m["name"]: i for i, m in enumerate(grid["models"])}
+    by_checkpoint: dict[str, list[str]] = {}
+    for e in sorted(entries, key=lambda e: (e.seed or 0, order.get(e.model, len(order)))):
+        label = e.model if e.seed is None else f"{e.model}@{e.seed}"
+        names = by_checkpoint.setdefault(e.checkpoint, []) if e.checkpoint else None
+        if names is not None and label not in names:
+            names.append(label)
+    tasks = {e.task: e.task_inputs for e in entries if e.task_inputs}
+    lines = []
+    if by_checkpoint:
+        lines.append("Checkpoints (sha256 of the model files): " + "; ".join(
+            f"{', '.join(names)} {short(d)}" for d, names in by_checkpoint.items()) + ".")
+    if tasks:
+        lines.append("Tasks: " + "; ".join(
+            f"{t} v{v} (config {short(c)}, documents {short(d)})"
+            for t, (v, c, d) in ((t, tasks[t]) for t in grid["tasks"] if t in tasks)) + ".")
+    return lines
 
 
 def csv_text(grid: dict, entries: list[Entry]) -> str:

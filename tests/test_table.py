@@ -173,3 +173,44 @@ def test_table_of_a_folder_with_no_sweep_says_so_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("sinkmask: error:") and "no sweep.json" in err and "sinkmask sweep" in err
     assert not (tmp_path / "table.md").exists()
+
+
+def _add_inputs(folder: Path, checkpoint_of, task_version=1.0) -> None:
+    """Give every cell of a synthetic sweep the input digests a real sweep records."""
+    for path in folder.glob("cells/**/cell.json"):
+        record = json.loads(path.read_text())
+        req = record["request"]
+        record["inputs"] = {"checkpoint": checkpoint_of(req["model"], req.get("checkpoint_seed")),
+                            "task": {"version": task_version, "config": "sha256:" + "c" * 64,
+                                     "docs": "sha256:" + "d" * 64}}
+        path.write_text(json.dumps(record))
+
+
+def test_the_footer_names_the_checkpoints_and_task_versions_by_digest(tmp_path):
+    folder = write_seeded_sweep(tmp_path / "seeded")
+    _add_inputs(folder, lambda model, seed: f"sha256:{model[-2:]}{seed}" + "0" * 61)
+    md = table.render(folder)["markdown"].read_text().splitlines()
+    assert md[-2] == ("Checkpoints (sha256 of the model files): llada@0 `da0000000000`; llama@0 "
+                      "`ma0000000000`; llada@1 `da1000000000`; llama@1 `ma1000000000`; llada@2 "
+                      "`da2000000000`; llama@2 `ma2000000000`.")
+    assert md[-1] == "Tasks: mini_gsm v1.0 (config `cccccccccccc`, documents `dddddddddddd`)."
+
+    plain = write_sweep(tmp_path / "plain")  # one seed; both models share one checkpoint
+    _add_inputs(plain, lambda model, seed: "sha256:" + "a" * 64)
+    md = table.render(plain)["markdown"].read_text().splitlines()
+    assert md[-2] == "Checkpoints (sha256 of the model files): llada, llama `aaaaaaaaaaaa`."
+
+
+def test_a_folder_whose_cells_ran_on_different_inputs_is_not_one_table(tmp_path):
+    folder = write_sweep(tmp_path / "mixed")
+    _add_inputs(folder, lambda model, seed: "sha256:" + "a" * 64)
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1" / "cell.json"
+    record = json.loads(cell.read_text())
+    record["inputs"]["checkpoint"] = "sha256:" + "b" * 64  # a retrained llada, copied in by hand
+    cell.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="disagree on the checkpoint of llada"):
+        table.render(folder)
+    record["inputs"]["checkpoint"] = "sha256:" + "a" * 64
+    record["inputs"]["task"]["version"] = 2.0
+    cell.write_text(json.dumps(record))
+    assert main(["table", str(folder)]) == 2  # one line, no traceback
