@@ -120,6 +120,8 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
             "| met (>= 0.60) | 30% | **not met** (>= 50%) |") in md
     assert "| arm | 1 | 0.970 ± 0.010 (n=120) | not judged (n=120 of 300) |" in md
     assert "| llada | 3 | 0.500 ± 0.050 (0.450-0.550, n=3) |" in md
+    assert ("(sha256 of the model files, first 12 hex digits): arm@0 `arm-0`, arm@1 `arm-1`, "
+            "llada@0 `llada-0`, llada@1 `llada-1`, llada@2 `llada-2`.") in md
 
 
 def test_value_norms_pool_over_generations_and_give_a_verdict():

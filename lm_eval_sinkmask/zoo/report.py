@@ -235,7 +235,8 @@ def read_accuracy(folders: list[Path], current=None) -> dict[tuple[str, int], di
                 stale.append(str(path.parent))
                 continue
             new = {"metric": r["metric"], "value": r["value"], "stderr": r["stderr"],
-                   "n": r["n"], "cell": str(path.parent), "dtype": args.get("dtype")}
+                   "n": r["n"], "cell": str(path.parent), "dtype": args.get("dtype"),
+                   "checkpoint": now["checkpoint"]}
             old = acc.setdefault(ckpt, {}).get(req["task"])
             if old is None or (new["n"] or 0) > (old["n"] or 0):
                 acc[ckpt][req["task"]] = new
@@ -417,6 +418,12 @@ def markdown(report: dict[str, Any]) -> str:
         share = "-" if main is None else f"{main['share_of_pairs_with_sink']:.0%}"
         sink_bar = _verdict_text(c["bars"]["sinks"], f"{SINK_BAR:.0%}")
         lines.append(f"| {name} | {c['seed']} | " + " | ".join(cells) + f" | {share} | {sink_bar} |")
+    weights = {f"{c['model']}@{c['seed']}": r["checkpoint"] for c in report["checkpoints"]
+               for r in c["accuracy"].values() if r.get("checkpoint")}
+    if weights:
+        lines += ["", "Weights the accuracy cells ran on (sha256 of the model files, first 12 hex "
+                  "digits): " + ", ".join(f"{k} `{d.split(':')[-1][:12]}`"
+                                          for k, d in weights.items()) + "."]
     lines += [
         "",
         "## Per model, across seeds",
