@@ -18,7 +18,9 @@ in bf16, once per checkpoint per sweep.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,19 @@ def checkpoint_digest(path: str) -> str | None:
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+    return json.dumps(value, sort_keys=True, default=_stable, ensure_ascii=False)
+
+
+def _stable(obj: Any) -> str:
+    """A value json cannot hold, as text that is the same in every process: a function by its
+    source (lm-eval leaves some in the config, e.g. a filter's ``filter_fn``), anything else by
+    its repr without memory addresses."""
+    if callable(obj):
+        try:
+            return inspect.getsource(obj)
+        except (OSError, TypeError):
+            return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
 def task_digest(task) -> dict[str, Any]:

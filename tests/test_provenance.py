@@ -43,10 +43,36 @@ def test_a_task_digest_follows_its_config_and_documents(tmp_path):
     assert more["docs"] != base["docs"]
 
 
-def test_a_shipped_task_digest_is_the_same_in_every_task_manager():
-    first = InputDigests(TaskManager(include_defaults=False)).task("mini_gsm_sinkmask")
-    again = InputDigests(TaskManager(include_defaults=False)).task("mini_gsm_sinkmask")
-    assert first == again and first["version"] == 2.0
+def test_a_shipped_task_digest_is_the_same_in_every_process():
+    """mini_code's config holds functions (its target and its filter's ``filter_fn``): they must
+    hash by source, not by a repr that carries a memory address."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, lm_eval_sinkmask; from lm_eval.tasks import TaskManager; "
+            "from lm_eval_sinkmask.provenance import InputDigests; "
+            "d = InputDigests(TaskManager(include_defaults=False)); "
+            "print(json.dumps([d.task('mini_code_sinkmask'), d.task('mini_gsm_sinkmask')]))")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                      check=True).stdout.splitlines()[-1]) for _ in range(2)]
+    here = InputDigests(TaskManager(include_defaults=False))
+    assert runs[0] == runs[1] == [here.task("mini_code_sinkmask"), here.task("mini_gsm_sinkmask")]
+    assert runs[0][1]["version"] == 2.0
+
+
+def test_values_json_cannot_hold_hash_without_memory_addresses():
+    from lm_eval_sinkmask.provenance import _canonical
+
+    class Opaque:
+        pass
+
+    def target(doc):
+        return doc["answer"]
+
+    text = _canonical({"a": Opaque(), "f": target})
+    assert "0x" not in text and 'return doc[\\"answer\\"]' in text  # the function by its source
+    assert _canonical({"a": Opaque()}) == _canonical({"a": Opaque()})
 
 
 def test_changed_inputs_names_what_differs_and_skips_an_unreadable_checkpoint():
