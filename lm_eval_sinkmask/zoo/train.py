@@ -239,11 +239,11 @@ class Run:
                      s.ramp, s.pad_region, log_every=a.log_every, warmup=a.warmup,
                      resume=resume)
 
-    def store(self, name, model, info, schedule, card, eval_as, sink=None, model_tok=None):
-        """Check ``model`` on the first test problems (decoding as ``eval_as``: arm, llada or
-        dream), complete its training record and write the checkpoint with its card."""
+    def store(self, name, model, info, schedule, card, model_tok=None):
+        """Check ``model`` on the first test problems (``quick_eval``), complete its training
+        record and write the checkpoint with its card (and ``model_tok``, if its own)."""
         a = self.args
-        info.update(quick_eval(eval_as, model, self.tok, a.eval_gsm, a.eval_code, sink=sink))
+        info.update(quick_eval(model, self.tok, a.eval_gsm, a.eval_code))
         info.update(self.card_fields, lr=schedule.lr,
                     params=sum(p.numel() for p in model.parameters()), **asdict(card))
         save(model, model_tok or self.tok, a.out, name, info, a.save_dtype)
@@ -287,8 +287,7 @@ def train_arm(run, keep):
             what="Autoregressive Llama (`LlamaForCausalLM`, SDPA attention).",
             arch=f"Llama {run.arm_dims}", eval_how="greedy decoding",
             train_desc="next-token cross-entropy on the answer, prompt as context; "
-                       "curriculum 1 -> 2 -> 3-step problems over the first 20%" + phase),
-            eval_as="arm")
+                       "curriculum 1 -> 2 -> 3-step problems over the first 20%" + phase))
     return arm
 
 
@@ -332,14 +331,15 @@ def train_llada(run, name):
                  "inserted before BOS: it attends only to itself and every token "
                  "can attend to it (config `sink_token_id`, `sink_token_position`)."),
         arch=f"TinyLlada {run.llada_dims}",
-        eval_how="own low-confidence sampler, blocks of 32, 2 tokens per step",
+        eval_how="dlm_sinkmask's block sampler with half its default steps: blocks of 32, "
+                 "low-confidence remasking, 2 tokens per step",
         train_desc="masked diffusion (t ~ U(eps,1), answer tokens masked with prob "
                    "t, prompt clean, CE on masked weighted 1/t); curriculum "
                    "1 -> 2 -> 3-step problems over the first 30%" + (
                        "" if sink is None else
                        "; identical to `llada` (seed, data, steps, initial "
                        "weights) except for the extra sink token")),
-        eval_as="llada", sink=sink, model_tok=model_tok)
+        model_tok=model_tok)
 
 
 def train_dream(run, arm):
@@ -373,10 +373,10 @@ def train_dream(run, arm):
         what="Dream-style diffusion LM adapted from the zoo's ARM "
              "(`TinyDreamModel`, bidirectional GQA, shifted logits).",
         arch=f"TinyDream (= the ARM's shapes) {run.arm_dims}",
-        eval_how="own global low-confidence sampler, 2 tokens per step",
+        eval_how="dlm_sinkmask's Dream sampler with half its default steps: one global "
+                 "span, entropy order, 2 tokens per step on average",
         train_desc="initialised from the arm model; shifted masked diffusion "
-                   "(logits at i-1 predict masked token i), answer EOS-padded" + phase),
-        eval_as="dream")
+                   "(logits at i-1 predict masked token i), answer EOS-padded" + phase))
 
 
 def main(argv=None):
