@@ -62,3 +62,18 @@ def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None, pr
     ce = F.cross_entropy(logits[masked], target[masked], reduction="none")
     w = torch.where(forced, 1.0, (1.0 / t)[:, None])[masked]
     return (ce * w).sum() / region.sum()
+
+
+class DiffusionLoss:
+    """``diffusion_loss`` with one recipe's settings bound, as the training loop calls a loss:
+    ``loss(model, ids, region, valid)``. The noise comes from its own generator, listed in
+    ``generators`` so that a resumed run restores it."""
+
+    def __init__(self, mask_id, shift, gen, sink=None, prefix_frac=0.0, window=None):
+        self.mask_id, self.shift, self.gen = mask_id, shift, gen
+        self.sink, self.prefix_frac, self.window = sink, prefix_frac, window
+        self.generators = [gen]
+
+    def __call__(self, model, ids, region, valid):
+        return diffusion_loss(model, ids, region, valid, self.mask_id, self.shift, self.gen,
+                              self.sink, self.prefix_frac, self.window)

@@ -1,6 +1,8 @@
 """A quick accuracy check at the end of training, written to each model card: greedy decoding
-for the ARM and a small low-confidence sampler for the DLMs, on the first mini_gsm and
-mini_code test problems. Progress metric only; the official numbers come through lm-eval.
+for the ARM, and for the DLMs the samplers ``dlm_sinkmask`` runs (``lm_eval_sinkmask.samplers``,
+at the family's defaults) with half the denoising steps, on the first mini_gsm and mini_code
+test problems. Progress metric only: it runs after the last training step and nothing reads
+it back (no checkpoint choice, no early stop); the official numbers come through lm-eval.
 """
 
 import re
@@ -10,8 +12,13 @@ import sys
 import torch
 
 from .. import sink_token
+from ..families import diffusion_family_of, family_for
+from ..samplers import generate_block, generate_dream
 from . import data
 from .batches import GEN_LEN
+
+# dlm_sinkmask's default is one token per step; two keep the check cheap at the end of a run
+TOKENS_PER_STEP = 2
 
 
 def _pad_left(seqs, pad, device="cpu"):
@@ -32,36 +39,35 @@ def generate_arm(model, tok, prompts, max_new):
     return [tok.decode(o[ids.shape[1]:], skip_special_tokens=True) for o in out]
 
 
+def model_fn(model, family, sink=None):
+    """The logits function ``dlm_sinkmask`` hands the sampler (unmasked): the padding mask in
+    the family's form, or, for a checkpoint with an extra sink token, the token inserted and
+    its position stripped again (``sink_token.forward``)."""
+    if sink is not None:
+        return lambda x, mask: sink_token.forward(model, x, mask, sink, family.takes_position_ids)
+    return lambda x, mask: model(**family.model_inputs(x, mask)).logits
+
+
 @torch.no_grad()
-def generate_dlm(model, tok, prompts, gen_len, shift, block=32, per_step=2, sink=None):
-    """Progress-metric sampler: low-confidence remasking, semi-AR blocks (LLaDA) or one
-    global block (Dream), ``per_step`` tokens unmasked per forward pass."""
-    mask_id = tok.mask_token_id
-    ids, att = _pad_left([tok(p).input_ids + [mask_id] * gen_len for p in prompts],
-                         tok.pad_token_id, model.device)
-    pos = (att.cumsum(-1) - 1).clamp(min=0)
-    S = ids.shape[1]
-    block = gen_len if shift else block
-    for b0 in range(S - gen_len, S, block):
-        while True:
-            todo = ids[:, b0:b0 + block] == mask_id
-            if not todo.any():
-                break
-            if sink is None:
-                logits = model(ids, attention_mask=att, position_ids=pos).logits
-            else:
-                logits = sink_token.forward(model, ids, att, sink, with_position_ids=True)
-            if shift:
-                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
-            logits = logits[:, b0:b0 + block].float()
-            logits[..., mask_id] = -float("inf")  # never "unmask" to the mask token
-            conf, pred = logits.softmax(-1).max(-1)
-            conf = conf.masked_fill(~todo, -1.0)
-            k = min(per_step, block)
-            top = conf.topk(k, dim=-1).indices
-            sel = torch.zeros_like(todo).scatter_(1, top, True) & todo
-            ids[:, b0:b0 + block] = torch.where(sel, pred, ids[:, b0:b0 + block])
-    return [tok.decode(r[S - gen_len:], skip_special_tokens=True) for r in ids]
+def generate_dlm(model, tok, prompts, gen_len):
+    """Token ids [B, gen_len] after each prompt, from the sampler of the model's family as
+    ``dlm_sinkmask`` runs it by default (LLaDA: blocks of 32, low-confidence remasking; Dream:
+    the whole span at once, entropy order) but with gen_len / TOKENS_PER_STEP steps. The family
+    and an extra sink token are read from the model's config, as ``dlm_sinkmask`` reads them."""
+    config = model.config.to_dict()
+    family = family_for(config.get("model_type"))
+    defaults = family.sampler_defaults
+    ids, att = _pad_left([tok(p).input_ids for p in prompts], tok.pad_token_id, model.device)
+    fn = model_fn(model, family, sink_token.SinkToken.from_config(config))
+    common = dict(mask_id=tok.mask_token_id, gen_length=gen_len,
+                  steps=max(1, gen_len // TOKENS_PER_STEP), temperature=defaults["temperature"],
+                  padding_side=defaults["padding_side"])
+    if family.sampler == "block":
+        block = defaults["block_length"]
+        return generate_block(fn, ids, att, remasking=defaults["remasking"],
+                              block_length=block if gen_len % block == 0 else gen_len, **common)
+    return generate_dream(fn, ids, att, alg=defaults["alg"], alg_temp=defaults["alg_temp"],
+                          **common)
 
 
 def _gsm_correct(gen, doc):
@@ -87,17 +93,21 @@ def _truncate_code(gen):
     return gen
 
 
-def quick_eval(kind, model, tok, n_gsm, n_code, batch=32, sink=None):
+def quick_eval(model, tok, n_gsm, n_code, batch=32):
+    """Accuracy on the first ``n_gsm`` mini_gsm and ``n_code`` mini_code test problems; an
+    autoregressive model decodes greedily, a diffusion one as :func:`generate_dlm`."""
     gsm, code = data.mini_gsm_test()[:n_gsm], data.mini_code_test()[:n_code]
+    diffusion = diffusion_family_of(model.config.model_type) is not None
+
     def gen(prompts, max_new):
         out = []
         for i in range(0, len(prompts), batch):
             chunk = prompts[i:i + batch]
-            if kind == "arm":
-                out += generate_arm(model, tok, chunk, max_new)
+            if diffusion:
+                out += tok.batch_decode(generate_dlm(model, tok, chunk, max_new),
+                                        skip_special_tokens=True)
             else:
-                out += generate_dlm(model, tok, chunk, max_new, shift=kind == "dream",
-                                    sink=sink)
+                out += generate_arm(model, tok, chunk, max_new)
         return out
     g = gen([data.gsm_prompt(d) for d in gsm], GEN_LEN)
     c = gen([data.code_prompt(d) for d in code], 64)

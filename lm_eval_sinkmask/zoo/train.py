@@ -23,9 +23,11 @@ learning-rate schedule and the curriculum follow elapsed time). The number of st
 is written to the model card; ``--steps-*`` replays that many steps from the same seed, with
 the schedule spread evenly over the steps, so a run is reproducible without the clock.
 
-This module is the command line: it builds each model and hands it to the pieces that live in
-their own modules (``batches``, ``objectives``, ``training_loop``, ``quick_eval``,
-``save_checkpoint``, ``sink_embedding``).
+This module is the command line. Each model kind is one recipe function below (``train_arm``,
+``train_llada``, ``train_dream``) that builds the model, its loss and its schedule; what every
+recipe shares (the data stream, the fitting, the quick check and the checkpoint on disk) is a
+``Run``, built once from the flags, over the pieces in their own modules (``batches``,
+``objectives``, ``training_loop``, ``quick_eval``, ``save_checkpoint``, ``sink_embedding``).
 """
 
 import argparse
@@ -34,14 +36,16 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from .. import sink_token
 from .batches import GEN_LEN, Batches, PoolBatches
 from .modeling import TinyDreamModel, TinyLladaConfig, TinyLladaModel
-from .objectives import arm_loss, diffusion_loss
+from .objectives import DiffusionLoss, arm_loss
 from .quick_eval import quick_eval
 from .save_checkpoint import save
 from .sink_embedding import add_sink_embedding
@@ -77,7 +81,7 @@ def _run_parallel(argv):
         raise SystemExit(f"training failed: exit codes {codes}")
 
 
-def main(argv=None):
+def _parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
@@ -138,7 +142,245 @@ def main(argv=None):
     ap.add_argument("--parallel", action="store_true",
                     help="two processes of one thread each: arm then dream, and llada "
                          "(same total threads, no idle waits between them on a busy CPU)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one model trains (``training_loop.train``): for ``minutes`` of wall clock or, when
+    ``steps`` is set, exactly that many steps; peak learning rate ``lr``; the curriculum
+    reaches 3-step problems after a ``ramp`` share of the run; ``pad_region``: EOS-pad the
+    answer region (the DLMs, which must learn to end inside a fixed generation length)."""
+
+    minutes: float
+    steps: int | None
+    lr: float
+    ramp: float
+    pad_region: bool
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a model card says about its recipe (the ``save_checkpoint.CARD`` fields)."""
+
+    what: str
+    arch: str
+    eval_how: str
+    train_desc: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every recipe of one invocation shares: the flags, the zoo's one tokenizer, the
+    device, the training pool (GPU path) and the fields every model card repeats."""
+
+    args: argparse.Namespace
+    tok: PreTrainedTokenizerBase  # the zoo's (``tokenizer.train_tokenizer``)
+    device: torch.device
+    pool: dict | None
+    card_fields: dict
+
+    @classmethod
+    def start(cls, args, command):
+        """Resolve the flags once: tokenizer, device, and the pool when training from one."""
+        device = torch.device(args.device)
+        # One tokenizer for every seed (a seed changes initial weights and data order only).
+        tok = train_tokenizer(seed=0)
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            hardware = (f"1 {torch.cuda.get_device_name(device)} "
+                        "(shared by the runs training at once)")
+        else:
+            hardware = f"{args.threads} CPU threads"
+        pool = None
+        if args.pool or device.type == "cuda":
+            from . import pool as pool_mod
+            pool = pool_mod.load_or_build(args.pool or "runs/zoo_pool.pt", args.pool_gsm,
+                                          args.pool_code)
+        card_fields = dict(batch_size=args.batch_size, seed=args.seed, hardware=hardware,
+                           command=command, mask_id=tok.mask_token_id, gen_len=GEN_LEN)
+        return cls(args, tok, device, pool, card_fields)
+
+    @property
+    def arm_dims(self):
+        """Shapes of the ARM (and of the Dream-style model adapted from it)."""
+        return SIZES[self.args.size][0]
+
+    @property
+    def llada_dims(self):
+        return SIZES[self.args.size][1]
+
+    def stream(self, offset):
+        """The data stream of one model: the run's seed plus a per-model offset (a second
+        phase takes another offset, so it sees fresh data)."""
+        seed = self.args.seed + offset
+        if self.pool is None:
+            return Batches(self.tok, seed)
+        return PoolBatches(self.pool, seed, self.device, self.tok.eos_token_id,
+                           self.tok.pad_token_id)
+
+    def fit(self, name, model, stream, loss_fn, schedule):
+        """Train ``model`` by ``schedule``; its training record, or None under ``--probe``,
+        which only times steps (with a warm-up of as many steps first) and keeps nothing."""
+        a, s = self.args, schedule
+        if a.probe:  # warm up (allocator, kernels), then time the same number of steps
+            for timed in (False, True):
+                t0 = time.time()
+                train(name, model, stream, loss_fn, None, a.probe, s.lr, a.batch_size, s.ramp,
+                      s.pad_region, log_every=a.probe)
+                if timed:
+                    print(f"PROBE {name} {(time.time() - t0) / a.probe:.5f}", flush=True)
+            return None
+        resume = None
+        if a.resume_dir is not None:
+            resume = Path(a.resume_dir) / f"{name}-seed{a.seed}.state.pt"
+            resume.parent.mkdir(parents=True, exist_ok=True)
+        return train(name, model, stream, loss_fn, s.minutes, s.steps, s.lr, a.batch_size,
+                     s.ramp, s.pad_region, log_every=a.log_every, warmup=a.warmup,
+                     resume=resume)
+
+    def store(self, name, model, info, schedule, card, model_tok=None):
+        """Check ``model`` on the first test problems (``quick_eval``), complete its training
+        record and write the checkpoint with its card (and ``model_tok``, if its own)."""
+        a = self.args
+        info.update(quick_eval(model, self.tok, a.eval_gsm, a.eval_code))
+        info.update(self.card_fields, lr=schedule.lr,
+                    params=sum(p.numel() for p in model.parameters()), **asdict(card))
+        save(model, model_tok or self.tok, a.out, name, info, a.save_dtype)
+
+
+def _continued_from(path, how):
+    """The card's note on a second phase: what the checkpoint it continues was trained on."""
+    prev = json.loads((Path(path) / "train_info.json").read_text())
+    return (f"; phase 2: continued from a checkpoint trained {prev['steps']} steps "
+            f"({prev['train_seconds']} s, loss {prev['final_loss']}, command "
+            f"`{prev['command']}`), {how}")
+
+
+def train_arm(run, keep):
+    """The autoregressive baseline: a Llama trained with the causal objective (next token
+    on the answer, the prompt as context), 1 -> 2 -> 3-step problems over the first 20%.
+
+    Dream-style models start from its weights, so it is also trained, and not kept
+    (``keep`` False), when only ``dream`` is asked for. ``--init-arm`` continues a saved one
+    instead: no curriculum, fresh data. Returns the trained model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    args, tok = run.args, run.tok
+    torch.manual_seed(args.seed)
+    phase = ""
+    if args.init_arm:
+        arm = LlamaForCausalLM.from_pretrained(args.init_arm)
+        phase = _continued_from(args.init_arm, "no curriculum, fresh data")
+    else:
+        arm = LlamaForCausalLM(LlamaConfig(
+            vocab_size=len(tok), max_position_embeddings=1024, rope_theta=10000.0,
+            tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            attn_implementation="sdpa", **run.arm_dims))
+    arm.to(run.device)
+    schedule = Schedule(args.minutes_arm, args.steps_arm, args.lr_arm,
+                        0.0 if args.init_arm else 0.2, pad_region=False)
+    info = run.fit("arm", arm, run.stream(3 if args.init_arm else 0), arm_loss, schedule)
+    if keep and info is not None:
+        run.store("arm", arm, info, schedule, Card(
+            what="Autoregressive Llama (`LlamaForCausalLM`, SDPA attention).",
+            arch=f"Llama {run.arm_dims}", eval_how="greedy decoding",
+            train_desc="next-token cross-entropy on the answer, prompt as context; "
+                       "curriculum 1 -> 2 -> 3-step problems over the first 20%" + phase))
+    return arm
+
+
+def train_llada(run, name):
+    """LLaDA's recipe, from scratch: the masked objective (answer tokens masked with
+    probability t ~ U(eps, 1), prompt clean, cross-entropy on the masked ones weighted 1/t),
+    bidirectional attention, 1 -> 2 -> 3-step problems over the first 30%.
+
+    ``llada_sink`` is its twin: the same seed, data, noise, schedule and initial weights, plus
+    one extra sink token (one embedding row past the shared vocabulary), so that the pair
+    differs in that token alone. ``--init-llada`` continues a saved llada checkpoint."""
+    args, tok = run.args, run.tok
+    sink, model_tok = None, tok
+    if name == "llada_sink":
+        model_tok = copy.deepcopy(tok)
+        model_tok.add_special_tokens({"additional_special_tokens": [SINK]})
+        sink = sink_token.SinkToken(model_tok.convert_tokens_to_ids(SINK), "start")
+    torch.manual_seed(args.seed + 1)
+    if args.init_llada:
+        model = TinyLladaModel.from_pretrained(args.init_llada)
+    else:
+        model = TinyLladaModel(TinyLladaConfig(
+            vocab_size=len(tok), mask_token_id=tok.mask_token_id, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **run.llada_dims))
+    if sink is not None:
+        add_sink_embedding(model, sink, args.seed)
+    model.to(run.device)
+    # its own noise stream, seeded alike, so that llada_sink masks exactly what llada masks
+    loss_fn = DiffusionLoss(tok.mask_token_id, False, torch.Generator(run.device).manual_seed(
+        args.seed), sink, args.prefix_frac, args.window_llada)
+    schedule = Schedule(args.minutes_llada, args.steps_llada, args.lr_llada, 0.3,
+                        pad_region=True)
+    info = run.fit(name, model, run.stream(1), loss_fn, schedule)
+    if info is None:  # --probe
+        return
+    run.store(name, model, info, schedule, Card(
+        what="LLaDA-style masked diffusion LM trained from scratch "
+             "(`TinyLladaModel`, bidirectional MHA)." + (
+                 "" if sink is None else
+                 f" With an extra sink token `{SINK}` (id {sink.token_id}) "
+                 "inserted before BOS: it attends only to itself and every token "
+                 "can attend to it (config `sink_token_id`, `sink_token_position`)."),
+        arch=f"TinyLlada {run.llada_dims}",
+        eval_how="dlm_sinkmask's block sampler with half its default steps: blocks of 32, "
+                 "low-confidence remasking, 2 tokens per step",
+        train_desc="masked diffusion (t ~ U(eps,1), answer tokens masked with prob "
+                   "t, prompt clean, CE on masked weighted 1/t); curriculum "
+                   "1 -> 2 -> 3-step problems over the first 30%" + (
+                       "" if sink is None else
+                       "; identical to `llada` (seed, data, steps, initial "
+                       "weights) except for the extra sink token")),
+        model_tok=model_tok)
+
+
+def train_dream(run, arm):
+    """Dream's recipe: adapt the ARM ``arm`` to diffusion with the shifted objective (the
+    logits at i - 1 predict a masked token at i, so every weight keeps the job it had in the
+    ARM), the masked objective otherwise as llada's, no curriculum.
+
+    ``--dream-from`` adapts a saved arm instead; ``--init-dream`` continues a saved dream
+    checkpoint on fresh data."""
+    args = run.args
+    phase = ""
+    if args.init_dream:
+        model = TinyDreamModel.from_pretrained(args.init_dream)
+        phase = _continued_from(args.init_dream, "fresh data")
+    else:
+        if args.dream_from:
+            from transformers import LlamaForCausalLM
+            arm = LlamaForCausalLM.from_pretrained(args.dream_from)
+        model = TinyDreamModel.from_llama(arm)
+    model.config.mask_token_id = run.tok.mask_token_id
+    model.to(run.device)
+    loss_fn = DiffusionLoss(run.tok.mask_token_id, True,
+                            torch.Generator(run.device).manual_seed(args.seed),
+                            prefix_frac=args.prefix_frac)
+    schedule = Schedule(args.minutes_dream, args.steps_dream, args.lr_dream, 0.0,
+                        pad_region=True)
+    info = run.fit("dream", model, run.stream(5 if args.init_dream else 2), loss_fn, schedule)
+    if info is None:  # --probe
+        return
+    run.store("dream", model, info, schedule, Card(
+        what="Dream-style diffusion LM adapted from the zoo's ARM "
+             "(`TinyDreamModel`, bidirectional GQA, shifted logits).",
+        arch=f"TinyDream (= the ARM's shapes) {run.arm_dims}",
+        eval_how="dlm_sinkmask's Dream sampler with half its default steps: one global "
+                 "span, entropy order, 2 tokens per step on average",
+        train_desc="initialised from the arm model; shifted masked diffusion "
+                   "(logits at i-1 predict masked token i), answer EOS-padded" + phase))
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     if args.parallel:
         return _run_parallel(argv if argv is not None else sys.argv[1:])
     if args.minutes_per_model is not None:
@@ -146,163 +388,17 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     command = "python -m lm_eval_sinkmask.zoo.train " + " ".join(argv or sys.argv[1:])
+    run = Run.start(args, command)
     models = args.models.split(",")
-    device = torch.device(args.device)
-    # One tokenizer for every seed (a seed changes initial weights and data order only).
-    tok = train_tokenizer(seed=0)
-    vocab = len(tok)
-    arm_dims, llada_dims = SIZES[args.size]
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        hardware = f"1 {torch.cuda.get_device_name(device)} (shared by the runs training at once)"
-    else:
-        hardware = f"{args.threads} CPU threads"
-    common = dict(batch_size=args.batch_size, seed=args.seed, hardware=hardware,
-                  command=command, mask_id=tok.mask_token_id, gen_len=GEN_LEN)
-    gen = torch.Generator(device).manual_seed(args.seed)
-    mask_id = tok.mask_token_id
     arm = None
-    pool = None
-    if args.pool or device.type == "cuda":
-        from . import pool as pool_mod
-        pool = pool_mod.load_or_build(args.pool or "runs/zoo_pool.pt", args.pool_gsm,
-                                      args.pool_code)
-
-    def batches(offset):
-        """The data stream of one model: a seed plus a per-model offset."""
-        if pool is None:
-            return Batches(tok, args.seed + offset)
-        return PoolBatches(pool, args.seed + offset, device, tok.eos_token_id, tok.pad_token_id)
-
-    def fit(name, model, data_stream, loss_fn, minutes, steps, lr, ramp, pad_region):
-        if args.probe:  # warm up (allocator, kernels), then time the same number of steps
-            for timed in (False, True):
-                t0 = time.time()
-                train(name, model, data_stream, loss_fn, None, args.probe, lr,
-                      args.batch_size, ramp, pad_region, log_every=args.probe)
-                if timed:
-                    print(f"PROBE {name} {(time.time() - t0) / args.probe:.5f}", flush=True)
-            return None
-        resume = (None if args.resume_dir is None else
-                  Path(args.resume_dir) / f"{name}-seed{args.seed}.state.pt")
-        if resume is not None:
-            resume.parent.mkdir(parents=True, exist_ok=True)
-        return train(name, model, data_stream, loss_fn, minutes, steps, lr, args.batch_size,
-                     ramp, pad_region, log_every=args.log_every, warmup=args.warmup,
-                     resume=resume)
-
-    def store(model, model_tok, name, info):
-        save(model, model_tok, args.out, name, info, args.save_dtype)
-
+    # Dream-style models are adapted from this run's ARM unless told where else to start
     if "arm" in models or ("dream" in models and not (args.init_dream or args.dream_from)):
-        from transformers import LlamaConfig, LlamaForCausalLM
-        cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=1024, rope_theta=10000.0,
-                          tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                          attn_implementation="sdpa", **arm_dims)
-        torch.manual_seed(args.seed)
-        lr, phase = args.lr_arm, ""
-        if args.init_arm:
-            arm = LlamaForCausalLM.from_pretrained(args.init_arm)
-            prev = json.loads((Path(args.init_arm) / "train_info.json").read_text())
-            phase = (f"; phase 2: continued from a checkpoint trained {prev['steps']} steps "
-                     f"({prev['train_seconds']} s, loss {prev['final_loss']}, command "
-                     f"`{prev['command']}`), no curriculum, fresh data")
-        else:
-            arm = LlamaForCausalLM(cfg)
-        arm.to(device)
-        info = fit("arm", arm, batches(3 if args.init_arm else 0), arm_loss, args.minutes_arm,
-                   args.steps_arm, lr, 0.0 if args.init_arm else 0.2, False)
-        models = models if info is not None else [m for m in models if m != "arm"]
-    if "arm" in models:
-        info.update(quick_eval("arm", arm, tok, args.eval_gsm, args.eval_code))
-        info.update(common, lr=lr, params=sum(p.numel() for p in arm.parameters()),
-                    what="Autoregressive Llama (`LlamaForCausalLM`, SDPA attention).",
-                    arch=f"Llama {arm_dims}", eval_how="greedy decoding",
-                    train_desc="next-token cross-entropy on the answer, prompt as context; "
-                               "curriculum 1 -> 2 -> 3-step problems over the first 20%"
-                               + phase)
-        store(arm, tok, "arm", info)
-
+        arm = train_arm(run, keep="arm" in models)
     for name in ("llada", "llada_sink"):
-        if name not in models:
-            continue
-        # llada_sink: the same seed, data, schedule and initial weights as llada; only the
-        # extra sink token (one embedding row past the shared vocabulary) differs.
-        sink, model_tok = None, tok
-        if name == "llada_sink":
-            model_tok = copy.deepcopy(tok)
-            model_tok.add_special_tokens({"additional_special_tokens": [SINK]})
-            sink = sink_token.SinkToken(model_tok.convert_tokens_to_ids(SINK), "start")
-        torch.manual_seed(args.seed + 1)
-        if args.init_llada:
-            model = TinyLladaModel.from_pretrained(args.init_llada)
-        else:
-            model = TinyLladaModel(TinyLladaConfig(
-                vocab_size=vocab, mask_token_id=mask_id, bos_token_id=tok.bos_token_id,
-                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **llada_dims))
-        if sink is not None:
-            add_sink_embedding(model, sink, args.seed)
-        model.to(device)
-        lr = args.lr_llada
-        g = torch.Generator(device).manual_seed(args.seed)  # own stream: llada_sink masks as llada
-        loss_fn = lambda m, i, r, v, s=sink: diffusion_loss(  # noqa: E731
-            m, i, r, v, mask_id, False, g, s, args.prefix_frac, args.window_llada)
-        loss_fn.generators = [g]
-        info = fit(name, model, batches(1), loss_fn, args.minutes_llada, args.steps_llada, lr,
-                   0.3, True)
-        if info is None:  # --probe
-            continue
-        info.update(quick_eval("llada", model, tok, args.eval_gsm, args.eval_code, sink=sink))
-        info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
-                    what="LLaDA-style masked diffusion LM trained from scratch "
-                         "(`TinyLladaModel`, bidirectional MHA)." + (
-                             "" if sink is None else
-                             f" With an extra sink token `{SINK}` (id {sink.token_id}) "
-                             "inserted before BOS: it attends only to itself and every token "
-                             "can attend to it (config `sink_token_id`, `sink_token_position`)."),
-                    arch=f"TinyLlada {llada_dims}",
-                    eval_how="own low-confidence sampler, blocks of 32, 2 tokens per step",
-                    train_desc="masked diffusion (t ~ U(eps,1), answer tokens masked with prob "
-                               "t, prompt clean, CE on masked weighted 1/t); curriculum "
-                               "1 -> 2 -> 3-step problems over the first 30%" + (
-                                   "" if sink is None else
-                                   "; identical to `llada` (seed, data, steps, initial "
-                                   "weights) except for the extra sink token"))
-        store(model, model_tok, name, info)
-
+        if name in models:
+            train_llada(run, name)
     if "dream" in models:
-        lr, phase = args.lr_dream, ""
-        if args.init_dream:
-            model = TinyDreamModel.from_pretrained(args.init_dream)
-            prev = json.loads((Path(args.init_dream) / "train_info.json").read_text())
-            phase = (f"; phase 2: continued from a checkpoint trained {prev['steps']} steps "
-                     f"({prev['train_seconds']} s, loss {prev['final_loss']}, command "
-                     f"`{prev['command']}`), fresh data")
-        else:
-            if args.dream_from:
-                from transformers import LlamaForCausalLM
-                arm = LlamaForCausalLM.from_pretrained(args.dream_from)
-            model = TinyDreamModel.from_llama(arm)
-        model.config.mask_token_id = mask_id
-        model.to(device)
-        loss_fn = lambda m, i, r, v: diffusion_loss(  # noqa: E731
-            m, i, r, v, mask_id, True, gen, prefix_frac=args.prefix_frac)
-        loss_fn.generators = [gen]
-        info = fit("dream", model, batches(5 if args.init_dream else 2), loss_fn,
-                   args.minutes_dream, args.steps_dream, lr, 0.0, True)
-        if info is None:  # --probe
-            return
-        info.update(quick_eval("dream", model, tok, args.eval_gsm, args.eval_code))
-        info.update(common, lr=lr, params=sum(p.numel() for p in model.parameters()),
-                    what="Dream-style diffusion LM adapted from the zoo's ARM "
-                         "(`TinyDreamModel`, bidirectional GQA, shifted logits).",
-                    arch=f"TinyDream (= the ARM's shapes) {arm_dims}",
-                    eval_how="own global low-confidence sampler, 2 tokens per step",
-                    train_desc="initialised from the arm model; shifted masked diffusion "
-                               "(logits at i-1 predict masked token i), answer EOS-padded"
-                               + phase)
-        store(model, tok, "dream", info)
+        train_dream(run, arm)
 
 
 if __name__ == "__main__":
