@@ -170,10 +170,11 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
         for seed in seeds:
             for i, prompt in enumerate(prompts):
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
+                ref = f"zoo:{name}@{seed}"  # recorded as is: a name, not this machine's path
                 if Trace.stands(folder, gen_length=GEN_LENGTH["mini_gsm_sinkmask"], min_version=3,
-                                checkpoint=checkpoint_digest(str(checkpoint_path(name, seed)))):
+                                checkpoint=checkpoint_digest(ref)):
                     continue  # value norms recorded (version 3), this length, these weights
-                trace_generation(str(checkpoint_path(name, seed)), prompt,
+                trace_generation(ref, prompt,
                                  gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
                                  model_args=args, device=device,
                                  name=f"{label} seed {seed}").save(folder)
