@@ -8,8 +8,8 @@ does) and ``cell.json``: what was asked (exact model_args, task, K, limit), what
 the versions, the masking counters and the primary numbers. ``cell.json`` is written last and
 atomically, so a cell counts as done only when everything else is on disk; a rerun skips done
 cells, redoes a cell that a kill interrupted, and refuses a done cell whose checkpoint or task
-has changed since (a retrained ``zoo:llada`` keeps its name). ``DIR/sweep.json`` records the grid (model order, tasks, K) that
-``sinkmask table`` lays out.
+has changed since (a retrained ``zoo:llada`` keeps its name). ``DIR/sweep.json`` records the
+grid (model order, tasks, K) that ``sinkmask table`` lays out.
 
 A seed axis (``--seeds 0,1,2``) runs every model once per training seed: ``zoo:llada`` becomes
 ``zoo:llada@S`` and any other path names its seed with a ``{seed}`` placeholder
