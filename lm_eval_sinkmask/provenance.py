@@ -85,12 +85,17 @@ def _stable(obj: Any) -> str:
 def task_digest(task) -> dict[str, Any]:
     """``{"version", "config", "docs"}`` of a built lm-eval task.
 
-    The config leaves out ``metadata`` other than the version: lm-eval puts the YAML's absolute
-    path there, and ``--metadata`` may carry local paths (a GSM8K folder) whose content the
-    documents' digest already covers.
+    The config leaves out where things lie, whose content the documents' digest covers, so a
+    task folder that moves keeps its digest: ``metadata`` other than the version (lm-eval puts
+    the YAML's absolute path there, and ``--metadata`` may carry local paths such as a GSM8K
+    folder) and the local files or folder a dataset is read from (``dataset_kwargs``'
+    ``data_files`` and ``data_dir``).
     """
     config = task.config.to_dict()
     metadata = config.pop("metadata", None) or {}
+    if isinstance(config.get("dataset_kwargs"), dict):
+        config["dataset_kwargs"] = {k: v for k, v in config["dataset_kwargs"].items()
+                                    if k not in ("data_files", "data_dir")}
     version = metadata.get("version") if isinstance(metadata, dict) else None
     docs = hashlib.sha256()
     dataset = getattr(task, "dataset", None) or {}

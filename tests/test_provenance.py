@@ -41,6 +41,7 @@ def test_a_task_digest_follows_its_config_and_documents(tmp_path):
     more = digest(tiny.write_task(tmp_path / "c", n=5))
     assert longer["docs"] == base["docs"] and longer["config"] != base["config"]
     assert more["docs"] != base["docs"]
+    assert digest(tiny.write_task(tmp_path / "moved" / "elsewhere")) == base  # same files, new place
 
 
 def test_a_shipped_task_digest_is_the_same_in_every_process():
