@@ -68,18 +68,23 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
         zoo |= is_zoo(record)
-        inputs = record.get("inputs") or {}
-        task = inputs.get("task") or {}
         entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
                              value, stderr, record.get("n"), req.get("checkpoint_seed"),
-                             inputs.get("checkpoint"),
-                             (task.get("version"), task.get("config"), task.get("docs"))
-                             if task else None))
-    _check_one_input_each(entries)
+                             *recorded_inputs(record)))
+    check_one_input_each(entries)
     return grid, entries, zoo
 
 
-def _check_one_input_each(entries: list[Entry]) -> None:
+def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:
+    """A cell's (checkpoint digest, task inputs) as ``Entry`` holds them; None for cells that
+    predate the digests."""
+    inputs = record.get("inputs") or {}
+    task = inputs.get("task") or {}
+    return (inputs.get("checkpoint"),
+            (task.get("version"), task.get("config"), task.get("docs")) if task else None)
+
+
+def check_one_input_each(entries: list[Entry]) -> None:
     """One checkpoint per (model, seed) and one task version per task: a folder whose cells
     disagree (filled by hand from two runs) would give a table of two experiments."""
     seen: dict[tuple, set] = {}

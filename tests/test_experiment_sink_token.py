@@ -8,7 +8,13 @@ import pytest
 from lm_eval_sinkmask.experiments import sink_token as exp
 
 
-def _cell(out, model, task, k, value, root=None, seed=None):
+def _inputs(model, task):
+    checkpoint = "sha256:" + ("a" if model == "llada" else "b") * 64
+    return {"checkpoint": checkpoint, "task": {"version": 2.0, "config": "sha256:" + "c" * 64,
+                                               "docs": "sha256:" + ("d" if "gsm" in task else "e") * 64}}
+
+
+def _cell(out, model, task, k, value, root=None, seed=None, inputs=None):
     folder = (out if seed is not None else out / "cells" / model) / task / f"k{k}"
     folder.mkdir(parents=True)
     metric = "exact_match,strict-match" if "gsm" in task else "pass@1,create_test"
@@ -19,6 +25,7 @@ def _cell(out, model, task, k, value, root=None, seed=None):
         "request": request,
         "metric": metric, "value": value, "stderr": 0.05, "n": 10, "seconds": 1.0,
         "sinkmask": {"counters": {"keys_masked": 3 * k, "forward_passes": 8}},
+        **({"inputs": inputs} if inputs else {}),
     }))
 
 
@@ -60,3 +67,20 @@ def test_seed_pairs_report_the_gain_per_pair_and_across_pairs(tmp_path):
     assert g["per_seed"] == pytest.approx({0: 0.1, 1: 0.0, 2: 0.2}) and g["pairs"] == 3
     rows = list(csv.DictReader((tmp_path / "table.csv").open()))
     assert len(rows) == 3 * 2 * (4 + 4 + 3) and {r["seed"] for r in rows} == {"0", "1", "2"}
+
+
+def test_report_names_the_weights_and_tasks_its_cells_ran_on_and_refuses_a_mix(tmp_path):
+    for task in exp.TASKS:
+        for name, (_, _, ks) in exp.MODELS.items():
+            for k in ks:
+                _cell(tmp_path, name, task, k, 0.5, inputs=_inputs(name, task))
+    exp.write_report(tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    assert ("Checkpoints (sha256 of the model files): llada `aaaaaaaaaaaa`; llada_sink, "
+            "llada_sink_excl `bbbbbbbbbbbb`.") in table
+    assert ("Tasks: mini_gsm_sinkmask v2.0 (config `cccccccccccc`, documents `dddddddddddd`); "
+            "mini_code_sinkmask v2.0 (config `cccccccccccc`, documents `eeeeeeeeeeee`).") in table
+    other = _inputs("llada", "mini_gsm_sinkmask") | {"checkpoint": "sha256:" + "f" * 64}
+    _cell(tmp_path, "llada", "mini_gsm_sinkmask", 20, 0.5, inputs=other)  # a cell from another run
+    with pytest.raises(ValueError, match="disagree on the checkpoint of llada"):
+        exp.write_report(tmp_path)

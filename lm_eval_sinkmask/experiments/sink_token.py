@@ -69,14 +69,19 @@ def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, task
             run_sweep(plan)
 
 
+def _records(out: Path) -> list[dict[str, Any]]:
+    """The experiment's sweep cells as saved (cell.json), in path order."""
+    cells = out / "cells"
+    records = [json.loads(p.read_text()) for p in sorted(
+        [*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")])]
+    return [r for r in records
+            if r["request"]["model"] in MODELS and r["request"]["task"] in TASKS]
+
+
 def read_cells(out: Path) -> list[dict[str, Any]]:
     rows = []
-    cells = out / "cells"
-    for path in sorted([*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")]):
-        r = json.loads(path.read_text())
+    for r in _records(out):
         req = r["request"]
-        if req["model"] not in MODELS or req["task"] not in TASKS:
-            continue
         counters = (r.get("sinkmask") or {}).get("counters") or {}
         rows.append({"model": req["model"], "seed": req.get("checkpoint_seed"),
                      "task": req["task"], "k": req["top_k"],
@@ -85,6 +90,19 @@ def read_cells(out: Path) -> list[dict[str, Any]]:
                      "keys_masked": counters.get("keys_masked"),
                      "forward_passes": counters.get("forward_passes")})
     return rows
+
+
+def input_lines(out: Path) -> list[str]:
+    """The report's footer naming the checkpoints and task versions the cells ran on; a folder
+    whose cells disagree on them (two runs mixed) is refused, as ``sinkmask table`` refuses it."""
+    from ..table import Entry, check_one_input_each, input_notes, recorded_inputs
+
+    entries = [Entry(r["request"]["model"], "dlm", r["request"]["task"], r["request"]["top_k"],
+                     r["metric"], r["value"], r["stderr"], r["n"],
+                     r["request"].get("checkpoint_seed"), *recorded_inputs(r))
+               for r in _records(out)]
+    check_one_input_each(entries)
+    return input_notes({"models": [{"name": m} for m in MODELS], "tasks": list(TASKS)}, entries)
 
 
 # ------------------------------------------------------------------------------ sinks
@@ -293,6 +311,9 @@ def write_report(out: Path) -> dict[str, Any]:
             f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
             " Shares are the mean attention a valid query row gives the key (uniform share "
             "= 1/|K|), averaged over steps, layers and heads.", ""]
+    notes = input_lines(out)
+    if notes:
+        lines += notes + [""]
     (out / "table.md").write_text("\n".join(lines))
     with (out / "table.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
