@@ -1,0 +1,45 @@
+"""The committed results were made on the checkpoints and tasks in this checkout.
+
+Every committed sweep cell and sink trace records the digests of what it ran on. When a zoo
+checkpoint is retrained or a task edited, this fails until the results that rest on it are
+regenerated, so the README cannot quote numbers of weights the repository no longer holds."""
+
+import json
+from pathlib import Path
+
+import pytest
+from lm_eval.tasks import TaskManager
+
+from lm_eval_sinkmask.provenance import InputDigests, changed_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
+CELLS = sorted(ROOT.glob("results/*/cells/**/cell.json"))
+TRACES = sorted(ROOT.glob("results/**/meta.json"))
+
+
+@pytest.fixture(scope="module")
+def digests():
+    return InputDigests(TaskManager(include_defaults=False))
+
+
+def _checkpoint(path: str) -> str:
+    """A recorded model path as this checkout names it (relative paths are from the root)."""
+    return path if path.startswith("zoo:") or Path(path).is_absolute() else str(ROOT / path)
+
+
+def test_there_are_committed_cells_and_traces_to_check():
+    assert len(CELLS) >= 80 and len(TRACES) >= 30  # the globs did find the results
+
+
+@pytest.mark.parametrize("path", CELLS, ids=lambda p: str(p.relative_to(ROOT).parent))
+def test_every_committed_cell_ran_on_this_checkouts_checkpoint_and_task(path, digests):
+    record = json.loads(path.read_text())
+    now = digests.for_cell(_checkpoint(record["model_path"]), record["request"]["task"])
+    assert now["checkpoint"] is not None
+    assert changed_inputs(record.get("inputs"), now) == []
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(ROOT).parent))
+def test_every_committed_trace_ran_on_this_checkouts_checkpoint(path, digests):
+    meta = json.loads(path.read_text())
+    assert meta.get("checkpoint") == digests.checkpoint(_checkpoint(meta["model"]))
