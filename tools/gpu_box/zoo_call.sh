@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One command on the GPU box, from the repository root with .whl/ beside it:
+#
+#   tools/gpu_box/zoo_call.sh WAIT_S [PART] [MINUTES]
+#
+# The box takes commands of at most 10 minutes and gives itself back when idle, so the zoo
+# (python -m lm_eval_sinkmask.zoo.gpu_zoo, ~15 minutes) runs in the background and each call
+# waits on it for WAIT_S seconds:
+# - first call: installs the wheels (once), starts the zoo training with MINUTES of training
+#   budget (default 11), and once its step plan is fixed the CUDA correctness tests of the
+#   fused and flex detection paths beside it (correctness only; timings must run alone);
+# - every call: waits until the zoo is DONE, fails, or WAIT_S passes, then leaves in $OUT a
+#   status.txt, the logs (logs.tgz) and, when done, the evaluation cells (eval.tgz);
+# - PART a or b (after DONE): the trained checkpoints, one archive per seed, in two calls
+#   because at most 64 MiB come back per call: a = arm + llada, b = dream + llada_sink.
+# Unpack every archive into runs/zoo2, then `python -m lm_eval_sinkmask.zoo.install runs/zoo2`.
+# ZOO_ARGS adds gpu_zoo options; ZOO_RUN and ZOO_SITE move its folder and the wheels' (a CPU
+# rehearsal: ZOO_ARGS="--device cpu --size test ..." with an existing environment as ZOO_SITE).
+set -uo pipefail
+wait_s=${1:?usage: zoo_call.sh WAIT_S [none|a|b] [MINUTES]}
+part=${2:-none}
+minutes=${3:-11}
+seeds=0,1,2
+run=${ZOO_RUN:-/tmp/zoo2}
+site=${ZOO_SITE:-/tmp/site}
+out=${OUT:?no \$OUT to write to}
+mkdir -p "$run"
+export PYTHONPATH=$site:$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+       PYTHONUNBUFFERED=1
+
+if [ ! -f $site/.installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target $site .whl/*.whl || exit 1
+    # the hook that registers this project's models and tasks when lm_eval is imported
+    cp lm_eval_sinkmask.pth "$(python3 -c 'import site; print(site.getsitepackages()[0])')/" || exit 1
+    python3 -c "import torch, transformers, lm_eval, lm_eval_sinkmask; \
+print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" \
+        || exit 1
+    touch $site/.installed
+fi
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+start() {  # start NAME COMMAND...: in its own session, so it outlives this call
+    local name=$1; shift
+    setsid nohup "$@" >> "$run/$name.log" 2>&1 < /dev/null &
+    echo $! > "$run/$name.pid"
+}
+start_tests() {
+    [ -f $run/plan.json ] && [ ! -f $run/cuda_tests.pid ] || return 0
+    start cuda_tests python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/test_fused_mass.py tests/test_flex_mass.py -k cuda
+}
+
+if [ ! -f $run/DONE ] && ! alive $run/gpu_zoo.pid; then
+    start gpu_zoo python3 -m lm_eval_sinkmask.zoo.gpu_zoo --out $run --seeds $seeds \
+        --minutes "$minutes" ${ZOO_ARGS:-}
+fi
+end=$((SECONDS + wait_s))
+while [ ! -f $run/DONE ] && alive $run/gpu_zoo.pid && [ $SECONDS -lt $end ]; do
+    start_tests
+    sleep 10
+done
+start_tests
+
+{
+    if [ -f $run/DONE ]; then echo "zoo: DONE"
+    elif alive $run/gpu_zoo.pid; then echo "zoo: running"
+    else echo "zoo: STOPPED without DONE (see gpu_zoo.log)"; fi
+    if alive $run/cuda_tests.pid; then echo "cuda tests: running"
+    elif [ -f $run/cuda_tests.pid ]; then echo "cuda tests: $(tail -n 1 $run/cuda_tests.log)"; fi
+    command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total --format=csv,noheader
+    echo "--- gpu_zoo.log"; tail -n 15 $run/gpu_zoo.log
+    for log in $run/logs/*.log; do [ -f "$log" ] && { echo "--- $log"; tail -n 2 "$log"; }; done
+} > "$out/status.txt" 2>&1
+cat "$out/status.txt"
+tar czf "$out/logs.tgz" -C $run --ignore-failed-read logs plan.json gpu_zoo.log cuda_tests.log \
+    2>/dev/null
+[ -d $run/eval ] && tar czf "$out/eval.tgz" -C $run eval
+
+case $part in
+    a) models=(arm llada) ;;
+    b) models=(dream llada_sink) ;;
+    *) models=() ;;
+esac
+if [ ${#models[@]} -gt 0 ]; then
+    [ -f $run/DONE ] || { echo "not DONE yet: nothing to fetch"; exit 1; }
+    for s in ${seeds//,/ }; do
+        tar czf "$out/$part-seed$s.tgz" -C $run "${models[@]/#/seed$s/}"
+    done
+    ls -l "$out"
+fi
