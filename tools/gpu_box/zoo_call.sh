@@ -14,30 +14,16 @@
 # - PART a or b (after DONE): the trained checkpoints, one archive per seed, in two calls
 #   because at most 64 MiB come back per call: a = arm + llada, b = dream + llada_sink.
 # Unpack every archive into runs/zoo2, then `python -m lm_eval_sinkmask.zoo.install runs/zoo2`.
-# ZOO_ARGS adds gpu_zoo options; ZOO_RUN and ZOO_SITE move its folder and the wheels' (a CPU
-# rehearsal: ZOO_ARGS="--device cpu --size test ..." with an existing environment as ZOO_SITE).
+# ZOO_ARGS adds gpu_zoo options; ZOO_RUN moves its folder, ZOO_SITE the wheels' (env.sh).
 set -uo pipefail
 wait_s=${1:?usage: zoo_call.sh WAIT_S [none|a|b] [MINUTES]}
 part=${2:-none}
 minutes=${3:-11}
 seeds=0,1,2
 run=${ZOO_RUN:-/tmp/zoo2}
-site=${ZOO_SITE:-/tmp/site}
 out=${OUT:?no \$OUT to write to}
 mkdir -p "$run"
-export PYTHONPATH=$site:$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-       PYTHONUNBUFFERED=1
-
-if [ ! -f $site/.installed ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target $site .whl/*.whl || exit 1
-    # the hook that registers this project's models and tasks when lm_eval is imported
-    cp lm_eval_sinkmask.pth "$(python3 -c 'import site; print(site.getsitepackages()[0])')/" || exit 1
-    python3 -c "import torch, transformers, lm_eval, lm_eval_sinkmask; \
-print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" \
-        || exit 1
-    touch $site/.installed
-fi
+. tools/gpu_box/env.sh || exit 1
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 start() {  # start NAME COMMAND...: in its own session, so it outlives this call
