@@ -6,7 +6,9 @@ cell reports: the mean over seeds, the sample standard deviation across seeds (n
 denominator; with three seeds a rough spread, reported next to the min-max in the CSV), the
 mean of lm-eval's per-seed standard errors (the sampling error of the problems), and the change
 from the unmasked run computed within each seed (masked seed s minus unmasked seed s), with its
-own mean and standard deviation across seeds. Pure arithmetic on :class:`table.Entry` records.
+own mean and standard deviation across seeds and the mean of its per-seed paired standard errors
+(:mod:`paired`). A spread across seeds well above the standard errors is the seeds disagreeing,
+not the problems' sampling. Pure arithmetic on :class:`table.Entry` records.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class SeedCell:
     values: dict[int, float]  # seed -> lm-eval's value
     stderrs: dict[int, float | None]  # seed -> lm-eval's standard error
     deltas: dict[int, float]  # seed -> value minus the same seed's K=0 value
+    delta_ses: dict[int, float | None]  # seed -> paired standard error of that seed's delta
     ns: tuple[int, ...]  # distinct sample counts
 
     @property
@@ -50,6 +53,12 @@ class SeedCell:
     def delta_std(self) -> float | None:
         return sample_std(self.deltas.values())
 
+    @property
+    def delta_se_mean(self) -> float | None:
+        """Mean paired standard error of the per-seed deltas; None unless every seed has one."""
+        ses = list(self.delta_ses.values())
+        return statistics.fmean(ses) if ses and None not in ses else None
+
 
 def sample_std(values) -> float | None:
     """Standard deviation with n - 1 in the denominator; None below two values."""
@@ -64,6 +73,8 @@ def multi_seed(grid: dict) -> bool:
 
 def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], SeedCell]:
     """(model, task, K) -> :class:`SeedCell`, over the entries of the grid's seeds."""
+    from .table import delta_se
+
     seeds = set(grid.get("seeds") or [])
     by_cell: dict[tuple[str, str, int], dict[int, object]] = {}
     for e in entries:
@@ -80,21 +91,22 @@ def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], SeedCell]:
             values={s: per_seed[s].value for s in order},
             stderrs={s: per_seed[s].stderr for s in order},
             deltas={s: per_seed[s].value - base[s].value for s in order if s in base},
+            delta_ses={s: delta_se(base[s], per_seed[s]) for s in order if s in base},
             ns=tuple(sorted({per_seed[s].n for s in order if per_seed[s].n is not None})),
         )
     return out
 
 
 def cell_text(cell: SeedCell, n_seeds: int, digits: int) -> str:
-    """``mean ± std (Δ mean ± std; se x)``, with ``[2 of 3 seeds]`` when seeds are missing."""
+    """``mean ± std (se x); Δ mean ± std (se y)``: ± the spread across seeds, se the mean
+    per-seed standard error (lm-eval's; paired for Δ), ``[2 of 3 seeds]`` when seeds are missing."""
     from .table import _fmt
 
-    text = f"{_fmt(cell.mean, digits)} ± {_fmt(cell.std, digits)}"
-    inner = [f"se {_fmt(cell.stderr_mean, digits)}"]
+    text = f"{_fmt(cell.mean, digits)} ± {_fmt(cell.std, digits)} (se {_fmt(cell.stderr_mean, digits)})"
     if cell.k != 0 and cell.deltas:
-        inner.insert(0, f"Δ {_fmt(cell.delta_mean, digits, sign=True)} ± "
-                        f"{_fmt(cell.delta_std, digits)}")
-    text += f" ({'; '.join(inner)})"
+        text += f"; Δ {_fmt(cell.delta_mean, digits, sign=True)} ± {_fmt(cell.delta_std, digits)}"
+        if cell.delta_se_mean is not None:
+            text += f" (se {_fmt(cell.delta_se_mean, digits)})"
     if len(cell.values) < n_seeds:
         text += f" [{len(cell.values)} of {n_seeds} seeds]"
     return text
@@ -114,9 +126,11 @@ def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
     ns = sorted({n for c in idx.values() for n in c.ns})
     lines += ["",
               f"Cells: mean over {len(seeds)} training seeds ({', '.join(map(str, seeds))}) ± "
-              "the sample standard deviation across seeds (n - 1 denominator); se: the mean of "
-              "lm-eval's per-seed standard errors; Δ: the change from the unmasked run (K=0), "
-              "computed within each seed, mean ± standard deviation across seeds. K=k masks the "
+              "the sample standard deviation across seeds (n - 1 denominator), in parentheses "
+              "the mean of lm-eval's per-seed standard errors; Δ: the change from the unmasked "
+              "run (K=0), computed within each seed, mean ± standard deviation across seeds, in "
+              "parentheses the mean of its per-seed paired standard errors (the standard error "
+              "of the per-problem differences; where lm-eval's samples are kept). K=k masks the "
               "k highest-scoring Eq. 3 sinks per layer and head (the paper's eps0/eps1/eps2 "
               "columns are K=1/5/10). Per-seed values and min-max: table.csv.",
               *metric_and_sample_notes(grid, metrics, ns, "Samples per cell and seed"),
@@ -136,12 +150,14 @@ def csv_rows(grid: dict, entries) -> list[dict]:
             "seeds": ";".join(map(str, c.values)), "mean": c.mean, "std": c.std,
             "min": min(c.values.values()), "max": max(c.values.values()),
             "stderr_mean": c.stderr_mean, "delta_mean": c.delta_mean,
-            "delta_std": c.delta_std, "n": ";".join(map(str, c.ns)),
+            "delta_std": c.delta_std, "delta_se_mean": c.delta_se_mean,
+            "n": ";".join(map(str, c.ns)),
         }
         for s in grid["seeds"]:
             row[f"value_seed{s}"] = c.values.get(s)
             row[f"stderr_seed{s}"] = c.stderrs.get(s)
             row[f"delta_seed{s}"] = c.deltas.get(s)
+            row[f"delta_se_seed{s}"] = c.delta_ses.get(s)
         out.append(row)
     return out
 
@@ -150,7 +166,7 @@ def csv_text(grid: dict, entries) -> str:
     from .table import write_csv
 
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "seeds", "mean", "std",
-              "min", "max", "stderr_mean", "delta_mean", "delta_std", "n"]
+              "min", "max", "stderr_mean", "delta_mean", "delta_std", "delta_se_mean", "n"]
     for s in grid["seeds"]:
-        fields += [f"value_seed{s}", f"stderr_seed{s}", f"delta_seed{s}"]
+        fields += [f"value_seed{s}", f"stderr_seed{s}", f"delta_seed{s}", f"delta_se_seed{s}"]
     return write_csv(fields, csv_rows(grid, entries))

@@ -1,9 +1,9 @@
 """Table 1 from a sweep folder (docs/method.md section 9): Markdown, CSV and a plot of accuracy vs K.
 
 Rows are task x {Unmasked, K=1, K=5, K=10} (whatever K the sweep ran), columns are models, each
-cell ``mean ± stderr (Δ vs unmasked)`` read from the ``cell.json`` that :mod:`sweep` wrote next
-to lm-eval's results. Nothing here runs a model; the same folder always renders the same
-Markdown and CSV.
+cell ``mean ± stderr (Δ vs unmasked ± its paired stderr)`` read from the ``cell.json`` and the
+per-problem samples that :mod:`sweep` wrote next to lm-eval's results (:mod:`paired`). Nothing
+here runs a model; the same folder always renders the same Markdown and CSV.
 
 A sweep over several training seeds (``sweep --seeds``) shows in each cell the mean over seeds,
 the spread across seeds and the mean lm-eval standard error, and the drop from K=0 computed
@@ -15,10 +15,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import seed_stats
+from . import paired, seed_stats
 from .sweep import primary_metric
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
@@ -37,6 +38,8 @@ class Entry:
     seed: int | None = None  # training seed (sweeps with --seeds)
     checkpoint: str | None = None  # digest of the checkpoint's files (provenance)
     task_inputs: tuple | None = None  # (version, config digest, documents digest) of the task
+    # doc_id -> score, from lm-eval's samples (None without them): for the paired stderr of Δ
+    per_doc: Mapping[int, float] | None = field(default=None, compare=False, repr=False)
 
 
 def is_zoo(record: dict) -> bool:
@@ -70,7 +73,9 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
         zoo |= is_zoo(record)
         entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
                              value, stderr, record.get("n"), req.get("checkpoint_seed"),
-                             *recorded_inputs(record)))
+                             *recorded_inputs(record),
+                             per_doc=paired.read_per_document(record_path.parent, req["task"],
+                                                              metric, value)))
     check_one_input_each(entries)
     return grid, entries, zoo
 
@@ -121,6 +126,10 @@ def with_zoo_note(title: str, zoo: bool) -> str:
     return title
 
 
+PAIRED_NOTE = ("its paired standard error (both runs scored the same problems: the standard error "
+               "of the per-problem differences, shown where lm-eval's samples are kept)")
+
+
 def row_label(k: int) -> str:
     return "Unmasked" if k == 0 else f"K={k}"
 
@@ -156,9 +165,15 @@ def rows(grid: dict, entries: list[Entry]) -> list[dict]:
         out.append({
             "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
             "kind": m["kind"], "metric": e.metric, "value": e.value,
-            "stderr": e.stderr, "delta_vs_unmasked": delta, "n": e.n,
+            "stderr": e.stderr, "delta_vs_unmasked": delta,
+            "delta_se": delta_se(base, e) if k != 0 else None, "n": e.n,
         })
     return out
+
+
+def delta_se(base: Entry | None, masked: Entry) -> float | None:
+    """Paired standard error of ``masked.value - base.value`` (:mod:`paired`)."""
+    return paired.paired_se(base.per_doc if base is not None else None, masked.per_doc)
 
 
 def layout(grid: dict, title: str, text_of) -> tuple[list[str], dict[str, str]]:
@@ -196,15 +211,17 @@ def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> s
         text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
         base = idx.get((model, task, 0))
         if k != 0 and base is not None:
-            text += f" ({_fmt(e.value - base.value, digits, sign=True)})"
+            se = delta_se(base, e)
+            paired_text = "" if se is None else f" ± {_fmt(se, digits)}"
+            text += f" ({_fmt(e.value - base.value, digits, sign=True)}{paired_text})"
         return text, e.metric
 
     lines, metrics = layout(grid, title, text_of)
     ns = sorted({e.n for e in entries if e.n is not None})
     lines += ["",
               "Cells: mean ± standard error from lm-eval; in parentheses the absolute change from "
-              "the unmasked run (K=0). K=k masks the k highest-scoring Eq. 3 sinks per layer and "
-              "head (the paper's eps0/eps1/eps2 columns are K=1/5/10).",
+              f"the unmasked run (K=0) ± {PAIRED_NOTE}. K=k masks the k highest-scoring Eq. 3 "
+              "sinks per layer and head (the paper's eps0/eps1/eps2 columns are K=1/5/10).",
               *metric_and_sample_notes(grid, metrics, ns, "Samples per cell")]
     if grid.get("seeds"):
         lines.append(f"Training seed: {grid['seeds'][0]}.")
@@ -250,7 +267,7 @@ def csv_text(grid: dict, entries: list[Entry]) -> str:
     if seed_stats.multi_seed(grid):
         return seed_stats.csv_text(grid, entries)
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "value", "stderr",
-              "delta_vs_unmasked", "n"]
+              "delta_vs_unmasked", "delta_se", "n"]
     return write_csv(fields, rows(grid, entries))
 
 

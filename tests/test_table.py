@@ -5,6 +5,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lm_eval_sinkmask import table
@@ -57,7 +58,7 @@ EXPECTED_MD = """\
 |  | K=1 | 0.37 ± 0.04 (+0.00) | 0.00 ± 0.00 (-0.66) |
 |  | K=5 | 0.39 ± 0.04 (+0.02) | - |
 
-Cells: mean ± standard error from lm-eval; in parentheses the absolute change from the unmasked run (K=0). K=k masks the k highest-scoring Eq. 3 sinks per layer and head (the paper's eps0/eps1/eps2 columns are K=1/5/10).
+Cells: mean ± standard error from lm-eval; in parentheses the absolute change from the unmasked run (K=0) ± its paired standard error (both runs scored the same problems: the standard error of the per-problem differences, shown where lm-eval's samples are kept). K=k masks the k highest-scoring Eq. 3 sinks per layer and head (the paper's eps0/eps1/eps2 columns are K=1/5/10).
 Metrics: mini_gsm: `exact_match,strict-match`; mini_code: `pass@1,create_test`.
 Samples per cell: 50 (--limit 50).
 """
@@ -67,9 +68,9 @@ def test_markdown_csv_and_plot_from_result_jsons(tmp_path):
     out = table.render(write_sweep(tmp_path))
     assert out["markdown"].read_text() == EXPECTED_MD
     lines = out["csv"].read_text().splitlines()
-    assert lines[0] == "task,setting,top_k,model,kind,metric,value,stderr,delta_vs_unmasked,n"
-    assert lines[1] == 'mini_gsm,Unmasked,0,llada,dlm,"exact_match,strict-match",0.76,0.012,0.0,50'
-    assert lines[4] == 'mini_gsm,K=1,1,llama,arm,"exact_match,strict-match",0.02,0.0039,-0.83,50'
+    assert lines[0] == "task,setting,top_k,model,kind,metric,value,stderr,delta_vs_unmasked,delta_se,n"
+    assert lines[1] == 'mini_gsm,Unmasked,0,llada,dlm,"exact_match,strict-match",0.76,0.012,0.0,,50'
+    assert lines[4] == 'mini_gsm,K=1,1,llama,arm,"exact_match,strict-match",0.02,0.0039,-0.83,,50'
     assert len(lines) == 1 + len(VALUES)
     png = out["figure"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -143,8 +144,8 @@ def test_seeded_table_shows_mean_spread_stderr_and_the_per_seed_drop(tmp_path):
     # llada K=1: drops -0.10, 0.00, -0.05 -> mean -0.05, std 0.05
     # llama K=1: seeds 0 and 1 only: drops -0.80, -0.80 -> std 0
     assert md[4] == "| mini_gsm | Unmasked | 0.75 ± 0.05 (se 0.02) | 0.85 ± 0.05 (se 0.02) |"
-    assert md[5] == ("|  | K=1 | 0.70 ± 0.10 (Δ -0.05 ± 0.05; se 0.02) | "
-                     "0.05 ± 0.07 (Δ -0.80 ± 0.00; se 0.01) [2 of 3 seeds] |")
+    assert md[5] == ("|  | K=1 | 0.70 ± 0.10 (se 0.02); Δ -0.05 ± 0.05 | "
+                     "0.05 ± 0.07 (se 0.01); Δ -0.80 ± 0.00 [2 of 3 seeds] |")
     assert "mean over 3 training seeds (0, 1, 2)" in md[7] and "sample standard deviation" in md[7]
     rows = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
     assert [r["model"] for r in rows] == ["llada", "llama", "llada", "llama"]
@@ -214,3 +215,83 @@ def test_a_folder_whose_cells_ran_on_different_inputs_is_not_one_table(tmp_path)
     record["inputs"]["task"]["version"] = 2.0
     cell.write_text(json.dumps(record))
     assert main(["table", str(folder)]) == 2  # one line, no traceback
+
+
+# ---- the paired standard error of Δ ------------------------------------------------------------
+
+def _write_samples(cell: Path, task: str, metric: str, scores: list[float]) -> None:
+    """lm-eval's samples file for ``scores``, with a second filter's records beside them (a
+    GSM8K task keeps strict-match and flexible-extract records for every document)."""
+    name, _, filt = metric.partition(",")
+    records = []
+    for doc, score in enumerate(scores):
+        records.append({"doc_id": doc, "filter": filt, "metrics": [name], name: score})
+        records.append({"doc_id": doc, "filter": "other", "metrics": [name], name: 1.0 - score})
+    (cell / f"samples_{task}_2025-01-01T00-00-00.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records))
+
+
+def _paired_sweep(folder: Path, per_seed: dict, value_of=None) -> Path:
+    """One model on one task; ``per_seed``: training seed (None: a sweep without --seeds) ->
+    K -> per-document scores. A cell's value is their mean unless ``value_of(k)`` says otherwise."""
+    seeds = [s for s in per_seed if s is not None]
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps(
+        {"models": [{"name": "llada", "kind": "dlm", "path": "/ckpt/llada", "args": ""}],
+         "tasks": ["mini_gsm"], "ks": [0, 1], "eps": 3.0, **({"seeds": seeds} if seeds else {})}))
+    for seed, per_k in per_seed.items():
+        for k, scores in per_k.items():
+            cell = folder.joinpath("cells", "llada", *([f"seed{seed}"] if seeds else []),
+                                   "mini_gsm", f"k{k}")
+            cell.mkdir(parents=True)
+            value = value_of(k) if value_of else float(np.mean(scores))
+            (cell / "cell.json").write_text(json.dumps({
+                "request": {"model": "llada", "task": "mini_gsm", "top_k": k, "checkpoint_seed": seed},
+                "kind": "dlm", "model_path": "/ckpt/llada", "metric": GSM, "value": value,
+                "stderr": float(np.std(scores, ddof=1) / np.sqrt(len(scores))), "n": len(scores)}))
+            _write_samples(cell, "mini_gsm", GSM, scores)
+    return folder
+
+
+BASE = [1, 1, 0, 0, 1, 0, 1, 1, 1, 0]
+MASKED = [1, 0, 0, 1, 1, 0, 0, 1, 0, 0]
+
+
+def test_the_drop_carries_its_paired_standard_error_from_the_samples(tmp_path):
+    out = table.render(_paired_sweep(tmp_path / "t", {None: {0: BASE, 1: MASKED}}), figure=False)
+    diffs = np.subtract(MASKED, BASE, dtype=float)
+    se = np.std(diffs, ddof=1) / np.sqrt(len(diffs))  # 0.18: the drop (-0.20) is not clear
+    md = out["markdown"].read_text()
+    assert f"|  | K=1 | 0.40 ± 0.16 (-0.20 ± {se:.2f}) |" in md
+    [_, masked] = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    assert float(masked["delta_se"]) == pytest.approx(se, rel=1e-12)
+    assert float(masked["delta_vs_unmasked"]) == pytest.approx(diffs.mean())
+
+
+def test_no_paired_standard_error_without_matching_per_document_scores(tmp_path):
+    # scores that do not average to the cell's value (another aggregation): no paired se
+    odd = _paired_sweep(tmp_path / "odd", {None: {0: BASE, 1: MASKED}}, value_of=lambda k: 0.5)
+    assert "|  | K=1 | 0.50 ± 0.16 (+0.00) |" in table.render(odd, figure=False)["markdown"].read_text()
+    # the masked cell scored other documents than the unmasked one
+    short = _paired_sweep(tmp_path / "short", {None: {0: BASE, 1: MASKED[:8]}})
+    drop = np.mean(MASKED[:8]) - np.mean(BASE)
+    assert f"({drop:+.2f}) |" in table.render(short, figure=False)["markdown"].read_text()
+    # a cell without lm-eval's samples
+    plain = _paired_sweep(tmp_path / "plain", {None: {0: BASE, 1: MASKED}})
+    for f in plain.glob("cells/llada/mini_gsm/k1/samples_*.jsonl"):
+        f.unlink()
+    assert "(-0.20) |" in table.render(plain, figure=False)["markdown"].read_text()
+
+
+def test_over_seeds_the_drop_shows_the_mean_paired_standard_error(tmp_path):
+    per_seed = {0: (BASE, MASKED), 1: (BASE, BASE[:5] + MASKED[5:]), 2: (MASKED, MASKED)}
+    folder = _paired_sweep(tmp_path / "t", {s: {0: b, 1: m} for s, (b, m) in per_seed.items()})
+    out = table.render(folder, figure=False)
+    ses = [np.std(np.subtract(m, b, dtype=float), ddof=1) / np.sqrt(len(b)) for b, m in per_seed.values()]
+    deltas = [np.mean(m) - np.mean(b) for b, m in per_seed.values()]
+    md = out["markdown"].read_text()
+    assert (f"Δ {np.mean(deltas):+.2f} ± {np.std(deltas, ddof=1):.2f} (se {np.mean(ses):.2f}) |"
+            in md), md
+    [_, masked] = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    assert [float(masked[f"delta_se_seed{s}"]) for s in range(3)] == pytest.approx(ses, rel=1e-12)
+    assert float(masked["delta_se_mean"]) == pytest.approx(np.mean(ses), rel=1e-12)

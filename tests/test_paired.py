@@ -1,0 +1,56 @@
+"""The paired standard error of a change: per-document scores from lm-eval samples, and the
+standard error of their differences checked against numpy."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lm_eval_sinkmask import paired
+
+
+def test_per_document_reads_one_filter_and_refuses_what_is_not_a_per_document_mean():
+    records = [{"doc_id": 0, "filter": "strict-match", "exact_match": 1.0},
+               {"doc_id": 0, "filter": "flexible-extract", "exact_match": 0.0},
+               {"doc_id": 1, "filter": "strict-match", "exact_match": 0}]
+    assert paired.per_document(records, "exact_match,strict-match") == {0: 1.0, 1: 0.0}
+    assert paired.per_document(records, "exact_match,flexible-extract") == {0: 0.0}
+    assert paired.per_document(records, "acc,none") is None  # no record of that metric
+    assert paired.per_document(records + records[:1], "exact_match,strict-match") is None  # doc twice
+    corpus = [{"doc_id": 0, "filter": "none", "bleu": ["ref", "pred"]}]  # aggregated over the corpus
+    assert paired.per_document(corpus, "bleu,none") is None
+    assert paired.per_document([{"doc_id": 0, "acc": True}], "acc,none") is None
+
+
+def test_paired_se_is_the_standard_error_of_the_per_document_differences():
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 2, 200).astype(float)
+    other = np.where(rng.random(200) < 0.8, base, 1 - base)  # mostly the same problems right
+    got = paired.paired_se(dict(enumerate(base)), dict(enumerate(other)))
+    assert got == pytest.approx(np.std(other - base, ddof=1) / np.sqrt(200), rel=1e-12)
+    # pairing: well below the two cells' independent standard errors combined
+    unpaired = np.hypot(np.std(base, ddof=1), np.std(other, ddof=1)) / np.sqrt(200)
+    assert got < 0.8 * unpaired
+    # documents are matched by id, not by order
+    shuffled = {doc: other[doc] for doc in rng.permutation(200).tolist()}
+    assert paired.paired_se(dict(enumerate(base)), shuffled) == got
+
+
+@pytest.mark.parametrize("base, other", [
+    ({0: 1.0, 1: 0.0}, {0: 1.0}),  # other documents
+    ({0: 1.0}, {0: 0.0}),  # one document: no spread to measure
+    (None, {0: 1.0, 1: 0.0}),
+    ({0: 1.0, 1: 0.0}, None),
+])
+def test_paired_se_needs_the_same_documents_at_least_two(base, other):
+    assert paired.paired_se(base, other) is None
+
+
+def test_read_per_document_checks_the_scores_average_to_the_cell_value(tmp_path):
+    records = [{"doc_id": i, "filter": "create_test", "pass@1": float(i % 2)} for i in range(4)]
+    (tmp_path / "samples_code_2025-01-01T00-00-00.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records))
+    assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.5) == {
+        0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
+    assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.6) is None
+    assert paired.read_per_document(tmp_path, "other_task", "pass@1,create_test", 0.5) is None
