@@ -3,6 +3,7 @@
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from lm_eval_sinkmask.experiments import sink_token as exp
@@ -14,10 +15,17 @@ def _inputs(model, task):
                                                "docs": "sha256:" + ("d" if "gsm" in task else "e") * 64}}
 
 
-def _cell(out, model, task, k, value, root=None, seed=None, inputs=None):
+def _cell(out, model, task, k, value, root=None, seed=None, inputs=None, scores=None):
+    """A sweep cell; ``scores``: per-problem scores, written as lm-eval's samples (their mean
+    is then the cell's value)."""
     folder = (out if seed is not None else out / "cells" / model) / task / f"k{k}"
     folder.mkdir(parents=True)
     metric = "exact_match,strict-match" if "gsm" in task else "pass@1,create_test"
+    if scores is not None:
+        value = float(np.mean(scores))
+        name, _, filt = metric.partition(",")
+        (folder / f"samples_{task}_2025-01-01T00-00-00.jsonl").write_text("".join(
+            json.dumps({"doc_id": i, "filter": filt, name: x}) + "\n" for i, x in enumerate(scores)))
     request = {"model": model, "task": task, "top_k": k, "limit": 10}
     if seed is not None:
         request["checkpoint_seed"] = seed
@@ -59,7 +67,8 @@ def test_seed_pairs_report_the_gain_per_pair_and_across_pairs(tmp_path):
     assert summary["seeds"] == [0, 1, 2]
     # llada K=0 over seeds: mean 50.0, std 10.0, lm-eval's se 5.0
     assert "| llada (baseline) | 50.0 ± 10.0 (3 seeds; se 5.0) | 49.0 ± 10.0 (3 seeds; se 5.0) |" in table
-    assert ("| mini_code | llada_sink - llada | 0 | +10.0 | +0.0 | +20.0 | +10.0 ± 10.0 | 2 of 3 |"
+    # no lm-eval samples in these cells: no paired standard errors
+    assert ("| mini_code | llada_sink - llada | 0 | +10.0 | +0.0 | +20.0 | +10.0 ± 10.0 | n/a | 2 of 3 |"
             in table)
     assert "Unmasked mini_code: llada_sink is ahead in 2 of 3 pairs only (mean +10.0 ± 10.0" in table
     [g] = [g for g in summary["paired_gains"] if g["task"] == "mini_code_sinkmask"
@@ -84,3 +93,46 @@ def test_report_names_the_weights_and_tasks_its_cells_ran_on_and_refuses_a_mix(t
     _cell(tmp_path, "llada", "mini_gsm_sinkmask", 20, 0.5, inputs=other)  # a cell from another run
     with pytest.raises(ValueError, match="disagree on the checkpoint of llada"):
         exp.write_report(tmp_path)
+
+
+def _se(base, other):
+    return 100 * np.std(np.subtract(other, base, dtype=float), ddof=1) / np.sqrt(len(base))
+
+
+BASE = [1, 0, 0, 1, 0, 0, 1, 0, 0, 0]
+SINK = [1, 1, 0, 1, 0, 1, 1, 0, 0, 1]
+
+
+def test_one_run_reports_the_gain_with_its_paired_standard_error(tmp_path):
+    for task in exp.TASKS:
+        for name, (_, _, ks) in exp.MODELS.items():
+            for k in ks:
+                _cell(tmp_path, name, task, k, None, scores=BASE if name == "llada" else SINK)
+    summary = exp.write_report(tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    # +30 points on the same 10 problems, paired se 15.3: the three gained problems
+    assert f"| mini_code | llada_sink - llada | 0 | +30.0 ± {_se(BASE, SINK):.1f} |" in table
+    assert "one training run each" in table
+    [g] = [g for g in summary["paired_gains"] if g["task"] == "mini_gsm_sinkmask"
+           and g["comparison"] == "llada_sink - llada" and g["k"] == 1]
+    assert g["per_seed_se"][None] == pytest.approx(_se(BASE, SINK) / 100)
+
+
+def test_seed_pairs_carry_their_paired_standard_errors(tmp_path):
+    sink = {0: SINK, 1: BASE, 2: SINK[:5] + BASE[5:]}
+    for seed in sink:
+        for task in exp.TASKS:
+            for name, (_, _, ks) in exp.MODELS.items():
+                for k in ks:
+                    _cell(tmp_path / "cells" / name / f"seed{seed}", name, task, k, None,
+                          root=tmp_path, seed=seed, scores=BASE if name == "llada" else sink[seed])
+    summary = exp.write_report(tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    ses = [_se(BASE, sink[s]) for s in range(3)]
+    gains = [100 * (np.mean(sink[s]) - np.mean(BASE)) for s in range(3)]
+    assert (f"| mini_code | llada_sink - llada | 0 | +{gains[0]:.1f} ± {ses[0]:.1f} | +0.0 ± 0.0 | "
+            f"+{gains[2]:.1f} ± {ses[2]:.1f} | +{np.mean(gains):.1f} ± {np.std(gains, ddof=1):.1f} | "
+            f"{np.mean(ses):.1f} | 2 of 3 |") in table
+    [g] = [g for g in summary["paired_gains"] if g["task"] == "mini_code_sinkmask"
+           and g["comparison"] == "llada_sink - llada" and g["k"] == 0]
+    assert g["se_mean"] == pytest.approx(np.mean(ses) / 100)

@@ -5,8 +5,9 @@
 Compares the zoo's LLaDA-style baseline (``zoo:llada``) with the same recipe retrained with an
 extra sink token (``zoo:llada_sink``; the two differ in that token only), in every training
 seed: seed S of one is paired with seed S of the other (same init and data order apart from
-the token), and the report gives the gain per pair and its mean and spread across pairs, since
-one pair's gap can be run-to-run luck:
+the token), and the report gives the gain per pair with its paired standard error (both models
+scored the same problems) and its mean and spread across pairs, since one pair's gap can be
+run-to-run luck:
 
 1. accuracy: ``sinkmask sweep``'s cells on mini_gsm and mini_code at K = 0, 1, 5, 10 (the
    extra token among the sink candidates, the default ``sink_token=include``), and the masking
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import paired
 from ..tasks import max_gen_toks
 
 TASKS = {"mini_gsm_sinkmask": "mini_gsm", "mini_code_sinkmask": "mini_code"}
@@ -69,18 +71,26 @@ def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, task
             run_sweep(plan)
 
 
-def _records(out: Path) -> list[dict[str, Any]]:
-    """The experiment's sweep cells as saved (cell.json), in path order."""
+def _records(out: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(folder, cell.json) of the experiment's sweep cells as saved, in path order."""
     cells = out / "cells"
-    records = [json.loads(p.read_text()) for p in sorted(
+    records = [(p.parent, json.loads(p.read_text())) for p in sorted(
         [*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")])]
-    return [r for r in records
+    return [(folder, r) for folder, r in records
             if r["request"]["model"] in MODELS and r["request"]["task"] in TASKS]
+
+
+def per_document(out: Path) -> dict[tuple, dict[int, float] | None]:
+    """(model, seed, task, K) -> each problem's score (lm-eval's samples), for paired errors."""
+    return {(r["request"]["model"], r["request"].get("checkpoint_seed"), r["request"]["task"],
+             r["request"]["top_k"]): paired.read_per_document(folder, r["request"]["task"],
+                                                              r["metric"], r["value"])
+            for folder, r in _records(out)}
 
 
 def read_cells(out: Path) -> list[dict[str, Any]]:
     rows = []
-    for r in _records(out):
+    for _, r in _records(out):
         req = r["request"]
         counters = (r.get("sinkmask") or {}).get("counters") or {}
         rows.append({"model": req["model"], "seed": req.get("checkpoint_seed"),
@@ -100,7 +110,7 @@ def input_lines(out: Path) -> list[str]:
     entries = [Entry(r["request"]["model"], "dlm", r["request"]["task"], r["request"]["top_k"],
                      r["metric"], r["value"], r["stderr"], r["n"],
                      r["request"].get("checkpoint_seed"), *recorded_inputs(r))
-               for r in _records(out)]
+               for _, r in _records(out)]
     check_one_input_each(entries)
     return input_notes({"models": [{"name": m} for m in MODELS], "tasks": list(TASKS)}, entries)
 
@@ -221,11 +231,14 @@ GAINS = [("llada_sink - llada", "llada_sink", KS),
          ("llada_sink, token excluded - llada", "llada_sink_excl", KS[1:])]
 
 
-def paired_gains(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The token's gain per seed pair (llada_sink@S minus llada@S, same task and K), with its
-    mean, sample std, min and max across pairs and the number of pairs where it is positive."""
+def paired_gains(rows: list[dict[str, Any]], per_doc: dict | None = None) -> list[dict[str, Any]]:
+    """The token's gain per seed pair (llada_sink@S minus llada@S, same task and K; a run
+    without seeds is one pair, seed None), with its mean, sample std, min and max across pairs,
+    the number of pairs where it is positive, and per pair the paired standard error of the gain
+    over the problems both scored (from ``per_doc``, :func:`per_document`)."""
     by = {(r["model"], r["seed"], r["task"], r["k"]): r["value"] for r in rows}
-    seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
+    seeds = sorted({r["seed"] for r in rows}, key=lambda s: -1 if s is None else s)
+    per_doc = per_doc or {}
     out = []
     for task in TASKS:
         for label, model, ks in GAINS:
@@ -236,7 +249,12 @@ def paired_gains(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if not diffs:
                     continue
                 d = list(diffs.values())
+                ses = {s: paired.paired_se(per_doc.get(("llada", s, task, k)),
+                                           per_doc.get((base, s, task, k))) for s in diffs}
+                known = [se for se in ses.values() if se is not None]
                 out.append({"task": task, "comparison": label, "k": k, "per_seed": diffs,
+                            "per_seed_se": ses,
+                            "se_mean": statistics.fmean(known) if len(known) == len(ses) else None,
                             "mean": statistics.fmean(d),
                             "std": statistics.stdev(d) if len(d) > 1 else None,
                             "min": min(d), "max": max(d), "pairs": len(d),
@@ -244,27 +262,51 @@ def paired_gains(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _pp(x: float | None, se: float | None = None) -> str:
+    """Percentage points, signed, with `` ± se`` when the paired standard error is known."""
+    if x is None:
+        return "-"
+    return f"{100 * x:+.1f}" + ("" if se is None else f" ± {100 * se:.1f}")
+
+
 def _gain_lines(gains: list[dict[str, Any]], seeds: list[int]) -> list[str]:
-    pp = lambda x: "-" if x is None else f"{100 * x:+.1f}"  # noqa: E731
     lines = ["## Does the gain survive seeds? (paired by seed, percentage points)", "",
              "Each seed of llada_sink against the same seed of llada (same init and data order "
-             "apart from the token): the difference per pair, then its mean ± sample standard "
-             "deviation (n - 1) and the pairs where llada_sink is ahead.", "",
+             "apart from the token): the difference per pair ± its paired standard error (both "
+             "scored the same problems: the standard error of the per-problem differences), "
+             "then the mean ± sample standard deviation (n - 1) across pairs, the mean paired "
+             "standard error, and the pairs where llada_sink is ahead. A spread across pairs "
+             "well above the paired standard errors is the training runs disagreeing.", "",
              "| task | comparison | K | " + " | ".join(f"seed {s}" for s in seeds)
-             + " | mean ± std | pairs with a gain |",
-             "|---|---|---|" + "---|" * len(seeds) + "---|---|"]
+             + " | mean ± std | paired se (mean) | pairs with a gain |",
+             "|---|---|---|" + "---|" * len(seeds) + "---|---|---|"]
     for g in gains:
         std = "n/a" if g["std"] is None else f"{100 * g['std']:.1f}"
+        se = "n/a" if g["se_mean"] is None else f"{100 * g['se_mean']:.1f}"
         lines.append(f"| {TASKS[g['task']]} | {g['comparison']} | {g['k']} | "
-                     + " | ".join(pp(g["per_seed"].get(s)) for s in seeds)
-                     + f" | {pp(g['mean'])} ± {std} | {g['pairs_with_gain']} of {g['pairs']} |")
+                     + " | ".join(_pp(g["per_seed"].get(s), g["per_seed_se"].get(s)) for s in seeds)
+                     + f" | {_pp(g['mean'])} ± {std} | {se} | {g['pairs_with_gain']} of {g['pairs']} |")
     for g in gains:
         if g["comparison"] == GAINS[0][0] and g["k"] == 0:
             held = "in every pair" if g["pairs_with_gain"] == g["pairs"] else (
                 f"in {g['pairs_with_gain']} of {g['pairs']} pairs only")
             std = "n/a" if g["std"] is None else f"{100 * g['std']:.1f}"
             lines.append(f"\nUnmasked {TASKS[g['task']]}: llada_sink is ahead {held} "
-                         f"(mean {pp(g['mean'])} ± {std} percentage points).")
+                         f"(mean {_pp(g['mean'])} ± {std} percentage points).")
+    return lines + [""]
+
+
+def _single_gain_lines(gains: list[dict[str, Any]]) -> list[str]:
+    """One training run per arm: the gain ± its paired standard error, which covers the
+    problems' sampling only (not what another training run would do)."""
+    lines = ["## The token's gain on the same problems (one training run each, percentage points)",
+             "", "llada_sink minus llada on the same problems ± the paired standard error (the "
+             "standard error of the per-problem differences). It measures the sampling of the "
+             "problems only: whether another training run of either model would keep the gap "
+             "takes several seeds (`--seeds 0,1,2`).", "",
+             "| task | comparison | K | gain ± paired se |", "|---|---|---|---|"]
+    lines += [f"| {TASKS[g['task']]} | {g['comparison']} | {g['k']} | "
+              f"{_pp(g['mean'], g['per_seed_se'].get(None))} |" for g in gains]
     return lines + [""]
 
 
@@ -296,9 +338,9 @@ def write_report(out: Path) -> dict[str, Any]:
                 _fmt_cell(c, multi) if c else "(= K=0 above)" if k == 0 else "-"
                 for c, k in zip(cells, KS)) + " |")
         lines.append("")
-    gains = paired_gains(rows) if multi else []
+    gains = paired_gains(rows, per_document(out))
     if gains:
-        lines += _gain_lines(gains, seeds)
+        lines += _gain_lines(gains, seeds) if multi else _single_gain_lines(gains)
     if stab:
         lines += ["## Sinks in unmasked generations (eps = 3, means over traced prompts)", "",
                   "| | " + " | ".join(stab) + " |", "|---|" + "---|" * len(stab)]
@@ -320,8 +362,9 @@ def write_report(out: Path) -> dict[str, Any]:
         w.writeheader()
         w.writerows(rows)
     summary = {"accuracy": rows, "sinks": stab}
+    summary["paired_gains"] = gains
     if multi:
-        summary.update(seeds=seeds, paired_gains=gains)
+        summary["seeds"] = seeds
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     draw(out, cell, stab, seeds if multi else None)
     return summary
