@@ -1,5 +1,6 @@
 """The sweep: grid parsing, exact model_args, resume after a kill, the code-execution opt-in."""
 
+import csv
 import json
 from pathlib import Path
 
@@ -194,6 +195,9 @@ def test_a_seeded_sweep_resumes_runs_in_parallel_and_tables_over_seeds(tmp_path,
     assert json.loads((resumed / "sweep.json").read_text())["seeds"] == [0, 1]
     assert (resumed / "table.md").read_text() == (parallel / "table.md").read_text()
     assert "mean over 2 training seeds (0, 1)" in (resumed / "table.md").read_text()
+    # every seed's drop has its paired standard error, from the samples lm-eval wrote
+    [masked] = [r for r in csv.DictReader((resumed / "table.csv").open()) if r["top_k"] == "1"]
+    assert all(float(masked[f"delta_se_seed{s}"]) >= 0 for s in (0, 1)), masked
     with pytest.raises(SystemExit, match="seed axis"):  # the two layouts never mix
         main(["sweep", "--models", f"llada={tmp_path}/ckpt/llada-s0", "--tasks", "tiny_gen",
               "--include-path", str(tiny_task), "--top-k", "0", "--out", str(resumed)])
