@@ -10,6 +10,7 @@ standard errors combined. Pure arithmetic on per-document scores read from lm-ev
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -38,11 +39,15 @@ def per_document(samples: Iterable[dict], metric: str) -> dict[int, float] | Non
 def read_per_document(cell: Path, task: str, metric: str, value: float) -> dict[int, float] | None:
     """The per-document scores of a sweep cell's lm-eval samples file, or None when there is no
     such file or its scores do not average to the cell's ``value`` (a metric whose aggregate is
-    not the mean of its per-document scores has no paired standard error of this kind)."""
-    files = sorted(Path(cell).glob(f"samples_{task}_*.jsonl"))
+    not the mean of its per-document scores has no paired standard error of this kind). The
+    file may be gzipped (``.jsonl.gz``), as the repository keeps its committed results."""
+    files = sorted([*Path(cell).glob(f"samples_{task}_*.jsonl"),
+                    *Path(cell).glob(f"samples_{task}_*.jsonl.gz")],
+                   key=lambda f: f.name.removesuffix(".gz"))
     if not files:
         return None
-    with files[-1].open() as f:
+    opener = gzip.open if files[-1].suffix == ".gz" else open
+    with opener(files[-1], "rt") as f:
         scores = per_document((json.loads(line) for line in f if line.strip()), metric)
     if scores is None or not math.isclose(statistics.fmean(scores.values()), value,
                                           rel_tol=1e-9, abs_tol=1e-12):

@@ -43,3 +43,18 @@ def test_every_committed_cell_ran_on_this_checkouts_checkpoint_and_task(path, di
 def test_every_committed_trace_ran_on_this_checkouts_checkpoint(path, digests):
     meta = json.loads(path.read_text())
     assert meta.get("checkpoint") == digests.checkpoint(_checkpoint(meta["model"]))
+
+
+@pytest.mark.parametrize("name", ["tiny", "mc"])
+def test_every_committed_table_is_what_its_committed_cells_render(name):
+    """The README quotes these tables: they must be what the current code makes of the cells
+    (and their gzipped samples, which the paired standard errors come from)."""
+    from lm_eval_sinkmask import table
+
+    folder = ROOT / "results" / name
+    committed = (folder / "table.md").read_text()
+    title = committed.splitlines()[0].removeprefix("# ").removesuffix(f" [{table.ZOO_NOTE}]")
+    grid, entries, zoo = table.load(folder)
+    assert all(e.per_doc is not None for e in entries)  # every cell kept its samples
+    assert table.markdown(grid, entries, table.with_zoo_note(title, zoo)) == committed
+    assert table.csv_text(grid, entries) == (folder / "table.csv").read_text()

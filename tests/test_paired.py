@@ -54,3 +54,12 @@ def test_read_per_document_checks_the_scores_average_to_the_cell_value(tmp_path)
         0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
     assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.6) is None
     assert paired.read_per_document(tmp_path, "other_task", "pass@1,create_test", 0.5) is None
+
+
+def test_read_per_document_reads_a_gzipped_samples_file(tmp_path):
+    import gzip
+
+    records = [{"doc_id": i, "filter": "none", "acc": float(i < 3)} for i in range(4)]
+    with gzip.open(tmp_path / "samples_mc_2025-01-01T00-00-00.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    assert paired.read_per_document(tmp_path, "mc", "acc,none", 0.75) == {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}
