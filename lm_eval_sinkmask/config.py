@@ -15,6 +15,7 @@ GRANULARITIES = ("head", "layer")
 ARM_RULES = ("last_row", "all_rows")
 SINK_TOKEN_MODES = ("include", "exclude")
 DETECT_BACKENDS = ("auto", "fused", "materialized", "flex")
+MASK_TARGETS = ("sinks", "random")
 
 
 def parse_layers(value: Any) -> tuple[int, ...] | None:
@@ -72,6 +73,12 @@ class SinkMaskConfig:
         "flex": the same column mass from two FlexAttention calls (``flex_mass``; compiled
         on CUDA), the other way to avoid the probabilities, for timing against "fused".
         The choice changes only speed and float rounding, not the method.
+    mask_target: "sinks" (default) masks the top-k Eq. 3 sinks; "random" is the matched
+        control: in each (layer, head) and step it masks as many keys as the sink run would
+        (min(top_k, number of sinks)), drawn uniformly from the keys that are not sinks, so a
+        drop under "sinks" that "random" does not show is the sinks' doing, not the removal
+        of any k keys (docs/method.md section 3).
+    mask_seed: seeds the random draws of ``mask_target=random`` (per generation batch).
     """
 
     top_k: int = 0
@@ -83,6 +90,8 @@ class SinkMaskConfig:
     query_chunk: int = 256
     sink_token: str = "include"
     detect_backend: str = "auto"
+    mask_target: str = "sinks"
+    mask_seed: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
@@ -107,6 +116,10 @@ class SinkMaskConfig:
             raise ValueError(
                 f"detect_backend must be one of {DETECT_BACKENDS}, got {self.detect_backend!r}"
             )
+        if self.mask_target not in MASK_TARGETS:
+            raise ValueError(f"mask_target must be one of {MASK_TARGETS}, got {self.mask_target!r}")
+        if isinstance(self.mask_seed, bool) or not isinstance(self.mask_seed, int) or self.mask_seed < 0:
+            raise ValueError(f"mask_seed must be an integer >= 0, got {self.mask_seed!r}")
         if self.detect_backend == "flex":  # before any weight loads, not at the first call
             from .flex_mass import require_flex
 
@@ -151,7 +164,10 @@ class SinkMaskConfig:
             args["top_k"] = number("top_k", kwargs.pop("top_k"), int)
         if "eps" in kwargs:
             args["eps"] = number("eps", kwargs.pop("eps"), float)
-        for name in ("detect", "granularity", "arm_rule", "sink_token", "detect_backend"):
+        if "mask_seed" in kwargs:
+            args["mask_seed"] = number("mask_seed", kwargs.pop("mask_seed"), int)
+        for name in ("detect", "granularity", "arm_rule", "sink_token", "detect_backend",
+                     "mask_target"):
             if name in kwargs:
                 args[name] = str(kwargs.pop(name))
         if "layers" in kwargs:

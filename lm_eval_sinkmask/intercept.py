@@ -30,7 +30,7 @@ from . import chunked_attention, compiled_tail, flex_mass, fused_mass
 from .attention_view import Detection, MaskView, Scores, keys_seen
 from .config import SinkMaskConfig
 from .masking_stats import MaskingStats
-from .metric import top_k_sinks
+from .metric import random_non_sinks, top_k_sinks
 
 logger = logging.getLogger(__name__)
 
@@ -250,6 +250,7 @@ class _Run:
         self.previous: dict[int, torch.Tensor] = {}
         # all_rows under a KV cache: per layer, the mass and row counts of every row so far
         self.history: dict[int, Detection] = {}
+        self.generator: torch.Generator | None = None  # mask_target=random's draws
 
     def begin_pass(self, attention_mask) -> None:
         self.active = True
@@ -321,6 +322,8 @@ class _Run:
                     f"call has batch {sc.batch} and {sc.n_k} keys"
                 )
             chosen = top_k_sinks(scores, sinks & ~extra[:, None].to(sinks.device), self.config.top_k)
+        if self.config.mask_target == "random":
+            chosen = self._random_control(chosen, sinks, key_seen, extra)
         self.previous[layer] = chosen
         if blocked is None:
             blocked = chosen
@@ -336,6 +339,19 @@ class _Run:
                 observe(event)
         self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
         return out
+
+    def _random_control(self, chosen, sinks, key_seen, extra) -> torch.Tensor:
+        """``mask_target=random``: per (batch element, head), as many keys as the sinks just
+        chosen, drawn from the keys Eq. 3 ranged over that are not sinks (never the extra
+        sink token under ``sink_token=exclude``). One generator per attach() block, seeded by
+        ``mask_seed``, so a batch draws the same keys on every run."""
+        eligible = key_seen[:, None]
+        if self.config.sink_token == "exclude" and extra is not None:
+            eligible = eligible & ~extra[:, None].to(eligible.device)
+        if self.generator is None:
+            self.generator = torch.Generator(device=chosen.device)
+            self.generator.manual_seed(self.config.mask_seed)
+        return random_non_sinks(chosen, sinks, eligible, self.generator)
 
     def _mask_view(self, attn_mask, is_causal, batch, n_q, n_k, device, chunk) -> MaskView:
         """The pass's view of this mask: made by the first layer, reused by the others."""

@@ -56,6 +56,10 @@ ARGS: tuple[ModelArg, ...] = (
              "fused on CUDA with Triton installed (each kernel variant checked against torch on "
              "its first call, materialized if it fails), else materialized; the results record "
              "which ran (`counters.detection`)", BOTH, "masking"),
+    ModelArg("mask_target", "sinks", "`sinks` masks the top-k Eq. 3 sinks; `random` is the "
+             "matched control: as many keys per (layer, head) and step, drawn from the keys that "
+             "are not sinks", BOTH, "masking"),
+    ModelArg("mask_seed", "0", "seeds the draws of `mask_target=random`", BOTH, "masking"),
     # -- diffusion sampling: DiffusionSettings (dlm_model.py); defaults per family in families.py
     ModelArg("family", "from `config.model_type`", "`llada`, `mmada` or `dream`", (DLM,),
              "sampling"),

@@ -73,6 +73,19 @@ def test_masking_changes_dlm_generations_and_reports_counters(tiny_dirs):
     json.dumps(info)  # goes into lm-eval's results JSON
 
 
+@pytest.mark.parametrize("name, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])
+def test_the_random_control_runs_through_model_args_and_is_recorded(tiny_dirs, name, kind):
+    args = dict(top_k=2, eps=0.0, **({"block_length": 4} if kind == "llada" else {}))
+    sinks = make(name, tiny_dirs[kind], **args)
+    control = make(name, tiny_dirs[kind], mask_target="random", mask_seed=7, **args)
+    again = make(name, tiny_dirs[kind], mask_target="random", mask_seed=7, **args)
+    texts = [lm.generate_until(requests(max_gen_toks=16)) for lm in (sinks, control, again)]
+    assert texts[1] == texts[2] and texts[1] != texts[0]
+    info = control.get_model_info()["sinkmask"]
+    assert info["config"]["mask_target"] == "random" and info["config"]["mask_seed"] == 7
+    assert info["counters"]["keys_masked"] > 0
+
+
 def test_arm_top_k_zero_generates_exactly_what_lm_evals_hf_model_does(tiny_dirs):
     hf = make("hf", tiny_dirs["llama"], batch_size=2)
     arm = make("arm_sinkmask", tiny_dirs["llama"], batch_size=2, top_k=0)
@@ -136,6 +149,8 @@ def config_only(tmp_path, tiny_dirs):
         ({"family": "dream", "alg": "greedy"}, "alg must be one of"),
         ({"family": "dream", "dream_sampler": "exact"}, "dream_sampler must be one of"),
         ({"padding_side": "middle"}, "padding_side must be one of"),
+        ({"mask_target": "tokens"}, "mask_target must be one of"),
+        ({"mask_seed": "x"}, "mask_seed must be a number"),
     ],
 )
 def test_bad_model_args_fail_clearly_before_weights_load(config_only, args, message):

@@ -1,0 +1,116 @@
+"""``mask_target=random``, the matched control of sink masking: as many keys as the sinks, never a
+sink, drawn uniformly and reproducibly; masked exactly as sinks are."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.metric import random_non_sinks, top_k_sinks
+from tests.test_intercept import eager_attention, masker, run_model
+
+
+def test_the_draw_matches_the_sink_count_and_never_takes_a_sink_or_an_ineligible_key():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(3, 4, 20, generator=g)
+    is_sink = torch.rand(3, 4, 20, generator=g) < 0.3
+    eligible = torch.rand(3, 1, 20, generator=g) < 0.8  # padding: per element, all heads
+    is_sink &= eligible
+    chosen = top_k_sinks(scores, is_sink, 3)
+    drawn = random_non_sinks(chosen, is_sink, eligible, g)
+    assert not (drawn & is_sink).any() and not (drawn & ~eligible).any()
+    candidates = (eligible & ~is_sink).sum(-1)
+    assert torch.equal(drawn.sum(-1), torch.minimum(chosen.sum(-1), candidates))
+    # fewer candidates than sinks chosen: every candidate
+    few = torch.zeros(1, 1, 6, dtype=torch.bool)
+    few[..., :2] = True
+    sinks = ~few
+    assert torch.equal(random_non_sinks(top_k_sinks(torch.rand(1, 1, 6), sinks, 3), sinks,
+                                        torch.ones_like(few), g), few)
+
+
+def test_the_draw_is_uniform_over_the_candidates():
+    g = torch.Generator().manual_seed(1)
+    n_draws, keys = 20_000, 10
+    is_sink = torch.zeros(n_draws, keys, dtype=torch.bool)
+    is_sink[:, [0, 3]] = True
+    chosen = is_sink.clone()  # two sinks chosen per row: two non-sinks drawn
+    drawn = random_non_sinks(chosen, is_sink, torch.ones_like(is_sink), g)
+    freq = drawn.float().mean(0)
+    assert freq[[0, 3]].eq(0).all()
+    # each of the 8 candidates has probability 2/8; binomial sd over 20k rows is 0.003
+    torch.testing.assert_close(freq[[1, 2, 4, 5, 6, 7, 8, 9]], torch.full((8,), 0.25),
+                               atol=0.015, rtol=0)
+
+
+@pytest.mark.parametrize("detect", ["current", "previous"])
+def test_in_the_model_it_masks_as_many_non_sink_keys_as_the_sinks_and_nothing_else(tiny_model, detect):
+    kind, model = tiny_model
+    ids = torch.randint(5, 50, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :3] = 0  # padded keys are never drawn
+    m, events = masker(top_k=2, detect=detect, mask_target="random")
+    _, stats, rec = run_model(kind, model, m, ids, mask)
+    assert stats.keys_masked > 0
+    for (args, kwargs, out), e in zip(rec.calls, events, strict=True):
+        # this pass's draw: same count as the top-2 sinks of each (element, head), no sink
+        assert not (e.chosen & e.sinks).any()
+        assert torch.equal(e.chosen.sum(-1), top_k_sinks(e.scores, e.sinks, 2).sum(-1))
+        assert not e.chosen[1, :, :3].any()
+        # and the keys are removed exactly as sinks would be
+        q, k, v = args[:3]
+        call_kwargs = dict(zip(["attn_mask", "dropout_p", "is_causal"], args[3:]), **kwargs)
+        probs, expected, _ = eager_attention(q, k, v, **call_kwargs,
+                                             blocked=e.blocked.expand(-1, q.shape[1], -1))
+        rows = (probs.sum(-1) > 0).unsqueeze(-1).expand_as(out)
+        torch.testing.assert_close(out[rows], expected[rows], atol=2e-5, rtol=1e-4)
+
+
+def test_the_draw_is_reproducible_by_mask_seed(tiny_model):
+    kind, model = tiny_model
+    ids = torch.randint(5, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def keys(seed):
+        m, events = masker(top_k=3, detect="current", mask_target="random", mask_seed=seed)
+        logits, _, _ = run_model(kind, model, m, ids)
+        return logits, torch.stack([e.blocked for e in events])
+
+    (a, ka), (b, kb), (_, kc) = keys(0), keys(0), keys(1)
+    assert torch.equal(a, b) and torch.equal(ka, kb)
+    assert not torch.equal(ka, kc)
+
+
+def test_the_extra_sink_token_stays_out_of_the_draw_when_excluded():
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 9, 8) for _ in range(3))
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    extra = torch.zeros(2, 9, dtype=torch.bool)
+    extra[:, 0] = True
+    attn = Attn()
+    for seed in range(20):
+        m, events = masker(top_k=4, detect="current", mask_target="random", mask_seed=seed,
+                           sink_token="exclude")
+        with m.attach(attn):
+            m.set_extra_keys(extra)
+            attn()
+        assert not events[0].blocked[:, :, 0].any()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"mask_target": "sink"}, "mask_target must be one of"),
+    ({"mask_seed": -1}, "mask_seed must be an integer >= 0"),
+])
+def test_bad_values_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        SinkMaskConfig(top_k=1, **bad)
+
+
+def test_model_args_strings_become_the_config():
+    kwargs = {"top_k": 5, "mask_target": "random", "mask_seed": "3", "pretrained": "x"}
+    config = SinkMaskConfig.pop_from(kwargs)
+    assert (config.mask_target, config.mask_seed) == ("random", 3) and kwargs == {"pretrained": "x"}
+    assert config.as_dict()["mask_target"] == "random"
