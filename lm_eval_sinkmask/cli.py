@@ -20,6 +20,7 @@ from pathlib import Path
 
 def _sweep(a: argparse.Namespace) -> int:
     from .sweep import SweepPlan, process_rank, parse_ks, parse_models, parse_seeds, run_sweep
+    from .versus import parse_versus
 
     seeds = parse_seeds(a.seeds)
     models = parse_models(a.models, seeds=seeds)
@@ -48,18 +49,21 @@ def _sweep(a: argparse.Namespace) -> int:
         allow_code_execution=a.allow_code_execution,
         seed=a.seed,
         seeds=seeds,
+        versus=parse_versus(a.versus),
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
-        _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2))
+        _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2, versus=None))
     return 0
 
 
 def _table(a: argparse.Namespace) -> int:
     from .table import render
+    from .versus import parse_versus
 
     metrics = dict(m.split("=", 1) for m in (a.metric or []))
-    out = render(Path(a.folder), title=a.title, metrics=metrics, digits=a.digits)
+    pairs = None if a.versus is None else parse_versus(a.versus)
+    out = render(Path(a.folder), title=a.title, metrics=metrics, digits=a.digits, versus_pairs=pairs)
     print(out["markdown"].read_text())
     print("wrote " + ", ".join(str(p) for p in out.values()))
     return 0
@@ -168,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")
     s.add_argument("--max-cells", type=int, default=None, help="stop after this many new cells")
     s.add_argument("--title", default=None, help="title of the table rendered at the end")
+    s.add_argument("--versus", default=None, metavar="A:B,...",
+                   help="pairs of models whose difference A - B the table gives per task and K, "
+                        "with its paired standard error (e.g. llada:llada_random)")
     s.add_argument("--no-table", action="store_true", help="do not render the table at the end")
     s.set_defaults(func=_sweep)
 
@@ -177,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--metric", action="append", metavar="TASK=METRIC",
                    help="override a task's metric, e.g. gsm8k_sinkmask=exact_match,flexible-extract")
     t.add_argument("--digits", type=int, default=2)
+    t.add_argument("--versus", default=None, metavar="A:B,...",
+                   help="model pairs whose difference A - B to give (default: the sweep's --versus)")
     t.set_defaults(func=_table)
 
     k = sub.add_parser("sinks", help="trace one generation's sinks and draw Figs. 3, 5, 7, 10, stability, value norms")

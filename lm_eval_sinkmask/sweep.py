@@ -167,6 +167,12 @@ class SweepPlan:
     allow_code_execution: bool = False
     seed: int = 0
     seeds: list[int] | None = None  # training seeds of every model (None: no seed axis)
+    versus: list[list[str]] = field(default_factory=list)  # [A, B]: A - B under the table
+
+    def __post_init__(self) -> None:
+        from .versus import check_pairs
+
+        check_pairs(self.versus, [m.name for m in self.models])
 
     def cells(self) -> list[Cell]:
         return [Cell(self, m, t, k, s) for m in self.models for s in self.seeds or [None]
@@ -182,6 +188,8 @@ class SweepPlan:
         }
         if self.seeds is not None:
             grid["seeds"] = self.seeds
+        if self.versus:
+            grid["versus"] = self.versus
         return grid
 
 
@@ -502,4 +510,6 @@ def _merge_grids(old: dict, new: dict) -> dict:
     merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
     merged["tasks"] = union(old.get("tasks", []), new["tasks"])
     merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))
+    if old.get("versus") or new.get("versus"):
+        merged["versus"] = union(old.get("versus", []), new.get("versus", []), key=tuple)
     return merged

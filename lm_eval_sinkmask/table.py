@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paired, seed_stats
+from . import paired, seed_stats, versus
 from .sweep import primary_metric
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
@@ -200,8 +200,15 @@ def layout(grid: dict, title: str, text_of) -> tuple[list[str], dict[str, str]]:
 
 
 def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
-    if seed_stats.multi_seed(grid):
-        return seed_stats.markdown(grid, entries, title, digits)
+    """The table (over seeds when the sweep has several), then the paired differences of the
+    sweep's ``versus`` pairs (:mod:`versus`), if any."""
+    text = (seed_stats.markdown(grid, entries, title, digits) if seed_stats.multi_seed(grid)
+            else _single_seed_markdown(grid, entries, title, digits))
+    extra = versus.markdown_lines(grid, versus.compare(grid, entries), digits)
+    return text + "\n".join(extra) + "\n" if extra else text
+
+
+def _single_seed_markdown(grid: dict, entries: list[Entry], title: str, digits: int) -> str:
     idx = _index(entries)
 
     def text_of(model: str, task: str, k: int):
@@ -341,16 +348,24 @@ def _wrap(text: str, width: int) -> str:
 
 
 def render(folder: Path, title: str | None = None, metrics: dict[str, str] | None = None,
-           digits: int = 2, figure: bool = True) -> dict[str, Path]:
-    """Write ``table.md``, ``table.csv`` and ``accuracy_vs_k.png`` into ``folder``."""
+           digits: int = 2, figure: bool = True, versus_pairs: list | None = None) -> dict[str, Path]:
+    """Write ``table.md``, ``table.csv`` and ``accuracy_vs_k.png`` into ``folder``, and
+    ``versus.csv`` for the sweep's ``--versus`` pairs (``versus_pairs`` replaces them)."""
     folder = Path(folder)
     grid, entries, zoo = load(folder, metrics)
     if not entries:
         raise SystemExit(f"no finished cells under {folder}/cells")
+    if versus_pairs is not None:
+        versus.check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
+        grid = {**grid, "versus": versus_pairs}
     title = with_zoo_note(title, zoo) if title else default_title(grid, zoo)
     out = {"markdown": folder / "table.md", "csv": folder / "table.csv"}
     out["markdown"].write_text(markdown(grid, entries, title, digits))
     out["csv"].write_text(csv_text(grid, entries))
+    comparisons = versus.compare(grid, entries)
+    if comparisons:
+        out["versus"] = folder / "versus.csv"
+        out["versus"].write_text(write_csv(versus.FIELDS, versus.csv_rows(comparisons)))
     if figure:
         out["figure"] = plot(grid, entries, title, folder / "accuracy_vs_k.png")
     return out

@@ -49,7 +49,7 @@ def test_every_committed_trace_ran_on_this_checkouts_checkpoint(path, digests):
 def test_every_committed_table_is_what_its_committed_cells_render(name):
     """The README quotes these tables: they must be what the current code makes of the cells
     (and their gzipped samples, which the paired standard errors come from)."""
-    from lm_eval_sinkmask import table
+    from lm_eval_sinkmask import table, versus
 
     folder = ROOT / "results" / name
     committed = (folder / "table.md").read_text()
@@ -58,3 +58,8 @@ def test_every_committed_table_is_what_its_committed_cells_render(name):
     assert all(e.per_doc is not None for e in entries)  # every cell kept its samples
     assert table.markdown(grid, entries, table.with_zoo_note(title, zoo)) == committed
     assert table.csv_text(grid, entries) == (folder / "table.csv").read_text()
+    comparisons = versus.compare(grid, entries)
+    assert bool(comparisons) == (folder / "versus.csv").exists()
+    if comparisons:
+        assert table.write_csv(versus.FIELDS, versus.csv_rows(comparisons)) == (
+            folder / "versus.csv").read_text()

@@ -258,3 +258,15 @@ def test_a_resume_refuses_cells_whose_checkpoint_or_task_changed_under_the_same_
     yaml.write_text(yaml.read_text().replace("max_gen_toks: 8", "max_gen_toks: 6"))
     with pytest.raises(SystemExit, match="task config"):
         run_sweep(plan(), progress=False)
+
+
+def test_versus_pairs_are_checked_before_anything_runs_and_kept_in_sweep_json(tmp_path, tiny_dirs, tiny_task):
+    base = ["sweep", "--models", f"llada={tiny_dirs['llada']},twin={tiny_dirs['llada']}",
+            "--tasks", "tiny_gen", "--include-path", str(tiny_task), "--top-k", "0",
+            "--limit", "2", "--device", "cpu", "--model-args-extra", "block_length=8"]
+    assert main(base + ["--out", str(tmp_path / "bad"), "--versus", "llada:nope"]) == 2
+    assert not (tmp_path / "bad").exists()
+    assert main(base + ["--out", str(tmp_path / "ok"), "--versus", "llada:twin"]) == 0
+    assert json.loads((tmp_path / "ok" / "sweep.json").read_text())["versus"] == [["llada", "twin"]]
+    # the same checkpoint twice: no difference, on every problem
+    assert "| tiny_gen | Unmasked | +0.00 ± 0.00 |" in (tmp_path / "ok" / "table.md").read_text()

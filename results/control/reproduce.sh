@@ -3,8 +3,9 @@
 # sinks (arm, llada, dream) and, beside it, at as many keys per (layer, head) and step drawn
 # from the keys that are not sinks (*_random: mask_target=random, mask_seed=0). A drop that
 # the sinks cause and the random keys do not is the sinks' doing, not the removal of any k
-# keys. Same tasks, problems and settings as results/tiny (first 64 test problems, greedy,
-# one thread per process, the shipped seed-0 checkpoints).
+# keys; the table's last section gives sinks minus random per column pair (--versus), paired
+# over the same problems. Same tasks, problems and settings as results/tiny (first 64 test
+# problems, greedy, one thread per process, the shipped seed-0 checkpoints).
 #
 #   results/control/reproduce.sh [OUT]      # OUT defaults to results/control (resumes)
 set -euo pipefail
@@ -20,6 +21,7 @@ sinkmask sweep \
   --tasks mini_gsm_sinkmask,mini_code_sinkmask --top-k 0,1,5,10 \
   --limit 64 --batch-size 32 --device cpu --seed 0 --jobs 2 \
   --allow-code-execution \
+  --versus arm:arm_random,llada:llada_random,dream:dream_random \
   --title "Sinks vs random keys: accuracy under masking of the top-K Eq. 3 sinks and of as many non-sink keys (eps = 3)" \
   --out "$out"
 # the repository keeps lm-eval's per-problem samples gzipped (the table reads either form)

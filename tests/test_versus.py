@@ -1,0 +1,91 @@
+"""``--versus A:B``: two columns' difference on the same problems, with its paired standard
+error, in one seed and over seeds; checked against numpy on synthetic sweep folders."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lm_eval_sinkmask import table
+from lm_eval_sinkmask.cli import main
+from lm_eval_sinkmask.versus import parse_versus
+from tests.test_table import GSM, _write_samples
+
+SINKS = {0: [1, 1, 0, 1, 1, 0, 1, 1], 1: [0, 1, 0, 0, 1, 0, 0, 0]}  # K -> per-problem scores
+RANDOM = {0: [1, 1, 0, 1, 1, 0, 1, 1], 1: [1, 1, 0, 1, 0, 0, 1, 1]}
+
+
+def _sweep(folder: Path, per_seed: dict, versus=(("llada", "llada_random"),)) -> Path:
+    """Two columns of one task; ``per_seed``: seed (None: no --seeds) -> model -> K -> scores."""
+    seeds = [s for s in per_seed if s is not None]
+    models = [{"name": m, "kind": "dlm", "path": "/ckpt/llada", "args": ""}
+              for m in ("llada", "llada_random")]
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps(
+        {"models": models, "tasks": ["mini_gsm"], "ks": [0, 1], "eps": 3.0,
+         "versus": [list(p) for p in versus], **({"seeds": seeds} if seeds else {})}))
+    for seed, per_model in per_seed.items():
+        for model, per_k in per_model.items():
+            for k, scores in per_k.items():
+                cell = folder.joinpath("cells", model, *([f"seed{seed}"] if seeds else []),
+                                       "mini_gsm", f"k{k}")
+                cell.mkdir(parents=True)
+                (cell / "cell.json").write_text(json.dumps({
+                    "request": {"model": model, "task": "mini_gsm", "top_k": k,
+                                "checkpoint_seed": seed},
+                    "kind": "dlm", "model_path": "/ckpt/llada", "metric": GSM,
+                    "value": float(np.mean(scores)), "stderr": 0.1, "n": len(scores)}))
+                _write_samples(cell, "mini_gsm", GSM, scores)
+    return folder
+
+
+def _paired(a, b):
+    d = np.subtract(a, b, dtype=float)
+    return d.mean(), d.std(ddof=1) / np.sqrt(len(d))
+
+
+def test_one_seed_gives_the_difference_and_its_paired_standard_error(tmp_path):
+    out = table.render(_sweep(tmp_path / "t", {None: {"llada": SINKS, "llada_random": RANDOM}}),
+                       figure=False)
+    md = out["markdown"].read_text()
+    diff, se = _paired(SINKS[1], RANDOM[1])  # -0.50 ± 0.19: the sinks cost more
+    assert "| Task | Sinks masked | llada − llada_random |" in md
+    assert "| mini_gsm | Unmasked | +0.00 ± 0.00 |" in md
+    assert f"|  | K=1 | {diff:+.2f} ± {se:.2f} |" in md
+    rows = list(csv.DictReader(out["versus"].open()))
+    assert [(r["top_k"], r["seed"]) for r in rows] == [("0", ""), ("1", "")]
+    assert float(rows[1]["difference"]) == pytest.approx(diff)
+    assert float(rows[1]["paired_se"]) == pytest.approx(se, rel=1e-12)
+
+
+def test_over_seeds_the_difference_is_taken_within_each_seed(tmp_path):
+    other = {0: RANDOM[0], 1: [0, 0, 0, 1, 1, 0, 1, 1]}
+    per_seed = {0: {"llada": SINKS, "llada_random": RANDOM},
+                1: {"llada": SINKS, "llada_random": other},
+                2: {"llada": SINKS}}  # seed 2's control not run yet
+    md = table.render(_sweep(tmp_path / "t", per_seed), figure=False)["markdown"].read_text()
+    pairs = [_paired(SINKS[1], RANDOM[1]), _paired(SINKS[1], other[1])]
+    diffs, ses = [d for d, _ in pairs], [s for _, s in pairs]
+    assert (f"|  | K=1 | {np.mean(diffs):+.2f} ± {np.std(diffs, ddof=1):.2f} "
+            f"(se {np.mean(ses):.2f}) [2 of 3 seeds] |") in md
+
+
+def test_no_pairs_no_section_and_the_table_flag_replaces_the_sweeps_pairs(tmp_path):
+    folder = _sweep(tmp_path / "t", {None: {"llada": SINKS, "llada_random": RANDOM}}, versus=())
+    out = table.render(folder, figure=False)
+    assert "Paired differences" not in out["markdown"].read_text() and "versus" not in out
+    assert main(["table", str(folder), "--versus", "llada_random:llada"]) == 0
+    assert "| Task | Sinks masked | llada_random − llada |" in (folder / "table.md").read_text()
+    assert main(["table", str(folder), "--versus", "llada:dream"]) == 2  # one line, no traceback
+
+
+@pytest.mark.parametrize("text", ["llada", "llada:llada", "llada:", ":llada"])
+def test_pairs_are_two_different_models(text):
+    with pytest.raises(ValueError, match="MODEL:MODEL"):
+        parse_versus(text)
+
+
+def test_parse_versus_reads_several_pairs():
+    assert parse_versus("a:b, c:d,") == [["a", "b"], ["c", "d"]] and parse_versus(None) == []
