@@ -55,6 +55,14 @@ def read_per_document(cell: Path, task: str, metric: str, value: float) -> dict[
     return scores
 
 
+def mean_se(ses: Iterable[float | None]) -> float | None:
+    """The mean of several paired standard errors (one per training seed), or None unless every
+    one is known: a mean over the seeds that kept their samples would describe other seeds than
+    the difference it stands beside."""
+    ses = list(ses)
+    return statistics.fmean(ses) if ses and None not in ses else None
+
+
 def paired_se(base: Mapping[int, float] | None, other: Mapping[int, float] | None) -> float | None:
     """Standard error of mean(other - base) over the documents both scored; None unless both
     scored the same documents (at least two)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from .paired import mean_se
+
 
 @dataclass(frozen=True)
 class SeedCell:
@@ -56,8 +58,7 @@ class SeedCell:
     @property
     def delta_se_mean(self) -> float | None:
         """Mean paired standard error of the per-seed deltas; None unless every seed has one."""
-        ses = list(self.delta_ses.values())
-        return statistics.fmean(ses) if ses and None not in ses else None
+        return mean_se(self.delta_ses.values())
 
 
 def sample_std(values) -> float | None:

@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass
 
 from . import paired
+from .seed_stats import sample_std
 
 
 def parse_versus(text: str | None) -> list[list[str]]:
@@ -56,12 +57,11 @@ class Comparison:
 
     @property
     def std(self) -> float | None:
-        return statistics.stdev(self.diffs.values()) if len(self.diffs) > 1 else None
+        return sample_std(self.diffs.values())
 
     @property
     def se_mean(self) -> float | None:
-        ses = list(self.ses.values())
-        return statistics.fmean(ses) if ses and None not in ses else None
+        return paired.mean_se(self.ses.values())
 
 
 def compare(grid: dict, entries) -> list[Comparison]:

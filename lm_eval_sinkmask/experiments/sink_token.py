@@ -80,17 +80,18 @@ def _records(out: Path) -> list[tuple[Path, dict[str, Any]]]:
             if r["request"]["model"] in MODELS and r["request"]["task"] in TASKS]
 
 
-def per_document(out: Path) -> dict[tuple, dict[int, float] | None]:
+def per_document(records: list[tuple[Path, dict[str, Any]]]) -> dict[tuple, dict | None]:
     """(model, seed, task, K) -> each problem's score (lm-eval's samples), for paired errors."""
     return {(r["request"]["model"], r["request"].get("checkpoint_seed"), r["request"]["task"],
              r["request"]["top_k"]): paired.read_per_document(folder, r["request"]["task"],
                                                               r["metric"], r["value"])
-            for folder, r in _records(out)}
+            for folder, r in records}
 
 
-def read_cells(out: Path) -> list[dict[str, Any]]:
+def read_cells(records: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per cell of :func:`_records`: its accuracy, sample count and masking counters."""
     rows = []
-    for _, r in _records(out):
+    for _, r in records:
         req = r["request"]
         counters = (r.get("sinkmask") or {}).get("counters") or {}
         rows.append({"model": req["model"], "seed": req.get("checkpoint_seed"),
@@ -102,7 +103,7 @@ def read_cells(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def input_lines(out: Path) -> list[str]:
+def input_lines(records: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     """The report's footer naming the checkpoints and task versions the cells ran on; a folder
     whose cells disagree on them (two runs mixed) is refused, as ``sinkmask table`` refuses it."""
     from ..table import Entry, check_one_input_each, input_notes, recorded_inputs
@@ -110,7 +111,7 @@ def input_lines(out: Path) -> list[str]:
     entries = [Entry(r["request"]["model"], "dlm", r["request"]["task"], r["request"]["top_k"],
                      r["metric"], r["value"], r["stderr"], r["n"],
                      r["request"].get("checkpoint_seed"), *recorded_inputs(r))
-               for _, r in _records(out)]
+               for _, r in records]
     check_one_input_each(entries)
     return input_notes({"models": [{"name": m} for m in MODELS], "tasks": list(TASKS)}, entries)
 
@@ -251,10 +252,8 @@ def paired_gains(rows: list[dict[str, Any]], per_doc: dict | None = None) -> lis
                 d = list(diffs.values())
                 ses = {s: paired.paired_se(per_doc.get(("llada", s, task, k)),
                                            per_doc.get((base, s, task, k))) for s in diffs}
-                known = [se for se in ses.values() if se is not None]
                 out.append({"task": task, "comparison": label, "k": k, "per_seed": diffs,
-                            "per_seed_se": ses,
-                            "se_mean": statistics.fmean(known) if len(known) == len(ses) else None,
+                            "per_seed_se": ses, "se_mean": paired.mean_se(ses.values()),
                             "mean": statistics.fmean(d),
                             "std": statistics.stdev(d) if len(d) > 1 else None,
                             "min": min(d), "max": max(d), "pairs": len(d),
@@ -311,7 +310,8 @@ def _single_gain_lines(gains: list[dict[str, Any]]) -> list[str]:
 
 
 def write_report(out: Path) -> dict[str, Any]:
-    rows = read_cells(out)
+    records = _records(out)
+    rows = read_cells(records)
     stab = trace_summary(out)
     seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
     multi = len(seeds) > 1
@@ -338,7 +338,7 @@ def write_report(out: Path) -> dict[str, Any]:
                 _fmt_cell(c, multi) if c else "(= K=0 above)" if k == 0 else "-"
                 for c, k in zip(cells, KS)) + " |")
         lines.append("")
-    gains = paired_gains(rows, per_document(out))
+    gains = paired_gains(rows, per_document(records))
     if gains:
         lines += _gain_lines(gains, seeds) if multi else _single_gain_lines(gains)
     if stab:
@@ -353,7 +353,7 @@ def write_report(out: Path) -> dict[str, Any]:
             f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
             " Shares are the mean attention a valid query row gives the key (uniform share "
             "= 1/|K|), averaged over steps, layers and heads.", ""]
-    notes = input_lines(out)
+    notes = input_lines(records)
     if notes:
         lines += notes + [""]
     (out / "table.md").write_text("\n".join(lines))
