@@ -39,7 +39,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         self._batch_rows: set[tuple[int, ...]] = set()  # inputs of the loglikelihood requests in flight
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
-        with self.masking():
+        with self.masking(context, generation_kwargs.get("attention_mask")):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
 
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None):
@@ -49,9 +49,10 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
             # HFLM right-pads a loglikelihood batch and passes no mask; the causal rows do not
             # see the pads, but the masker must know them: the last_row rule reads each row's
             # last real token, and pad rows and keys must not count
-            with self.masking(), torch.no_grad():
-                return self.model(input_ids=inps, attention_mask=self._padding_mask(inps)).logits
-        with self.masking():
+            padding = self._padding_mask(inps)
+            with self.masking(inps, padding), torch.no_grad():
+                return self.model(input_ids=inps, attention_mask=padding).logits
+        with self.masking(inps, attn_mask):
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):

@@ -78,7 +78,8 @@ class SinkMaskConfig:
         (min(top_k, number of sinks)), drawn uniformly from the keys that are not sinks, so a
         drop under "sinks" that "random" does not show is the sinks' doing, not the removal
         of any k keys (docs/method.md section 3).
-    mask_seed: seeds the random draws of ``mask_target=random`` (per generation batch).
+    mask_seed: seeds the random draws of ``mask_target=random``; with each prompt's tokens,
+        so a prompt draws the same keys at any batch size (``random_control``).
     """
 
     top_k: int = 0

@@ -261,7 +261,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             temperature=s.temperature,
             padding_side=s.padding_side,
         )
-        with torch.inference_mode(), self.masking():
+        with torch.inference_mode(), self.masking(context, prompt_mask):
             if family.sampler == "block":
                 eos = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
                 generated = generate_block(
@@ -333,7 +333,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         cfg = self.settings.cfg_scale if self.family.sampler == "block" else 0.0
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            with self.masking():
+            with self.masking(x):
                 return self._forward(x, torch.ones_like(x))
 
         out, stderrs = [], []
@@ -370,7 +370,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         ids = torch.tensor([context], device=self.device)
         n, s = len(continuation), self.settings
         common = dict(mask_id=self.mask_id, gen_length=n, steps=n, temperature=0.0)
-        with torch.inference_mode(), self.masking():
+        with torch.inference_mode(), self.masking(ids):
             if self.family.sampler == "block":
                 got = generate_block(self._forward, ids, torch.ones_like(ids), block_length=n,
                                      cfg_scale=s.cfg_scale, remasking="low_confidence", **common)

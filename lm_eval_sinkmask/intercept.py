@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -30,7 +30,8 @@ from . import chunked_attention, compiled_tail, flex_mass, fused_mass
 from .attention_view import Detection, MaskView, Scores, keys_seen
 from .config import SinkMaskConfig
 from .masking_stats import MaskingStats
-from .metric import random_non_sinks, top_k_sinks
+from .metric import top_k_sinks
+from .random_control import key_draws, random_non_sinks, row_seeds
 
 logger = logging.getLogger(__name__)
 
@@ -201,14 +202,17 @@ class SinkMasker:
     # -- scoping --------------------------------------------------------------------------
 
     @contextmanager
-    def attach(self, model: torch.nn.Module) -> Iterator[MaskingStats]:
+    def attach(self, model: torch.nn.Module,
+               rows: Sequence[Sequence[int]] | None = None) -> Iterator[MaskingStats]:
         """Intercept SDPA inside ``model``'s forward passes for the duration of the block.
 
         Calls of SDPA outside those forward passes, or from other threads, go to the original
-        function untouched.
+        function untouched. ``rows``: each batch row's tokens without padding (e.g. its
+        prompt), which seed that row's ``mask_target=random`` draws
+        (:mod:`random_control`); without them the draws depend on the batch layout.
         """
         stats = MaskingStats()
-        run = _Run(self, stats, F.scaled_dot_product_attention)
+        run = _Run(self, stats, F.scaled_dot_product_attention, rows)
 
         def pre_hook(module, args, kwargs):
             if threading.get_ident() != run.thread or run.active:
@@ -237,7 +241,7 @@ class SinkMasker:
 class _Run:
     """State of one :meth:`SinkMasker.attach` block: the current pass, layer, previous sinks."""
 
-    def __init__(self, masker: SinkMasker, stats: MaskingStats, original):
+    def __init__(self, masker: SinkMasker, stats: MaskingStats, original, rows=None):
         self.masker = masker
         self.config = masker.config
         self.stats = stats
@@ -250,7 +254,8 @@ class _Run:
         self.previous: dict[int, torch.Tensor] = {}
         # all_rows under a KV cache: per layer, the mass and row counts of every row so far
         self.history: dict[int, Detection] = {}
-        self.generator: torch.Generator | None = None  # mask_target=random's draws
+        self.rows = rows  # each batch row's tokens: mask_target=random's seeds
+        self.row_seeds: dict[int, list[int]] = {}  # by the batch size of the call
 
     def begin_pass(self, attention_mask) -> None:
         self.active = True
@@ -323,7 +328,7 @@ class _Run:
                 )
             chosen = top_k_sinks(scores, sinks & ~extra[:, None].to(sinks.device), self.config.top_k)
         if self.config.mask_target == "random":
-            chosen = self._random_control(chosen, sinks, key_seen, extra)
+            chosen = self._random_control(layer, chosen, sinks, key_seen, extra)
         self.previous[layer] = chosen
         if blocked is None:
             blocked = chosen
@@ -340,18 +345,20 @@ class _Run:
         self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
         return out
 
-    def _random_control(self, chosen, sinks, key_seen, extra) -> torch.Tensor:
+    def _random_control(self, layer, chosen, sinks, key_seen, extra) -> torch.Tensor:
         """``mask_target=random``: per (batch element, head), as many keys as the sinks just
         chosen, drawn from the keys Eq. 3 ranged over that are not sinks (never the extra
-        sink token under ``sink_token=exclude``). One generator per attach() block, seeded by
-        ``mask_seed``, so a batch draws the same keys on every run."""
+        sink token under ``sink_token=exclude``), from each row's own stream for this pass
+        and layer."""
         eligible = key_seen[:, None]
         if self.config.sink_token == "exclude" and extra is not None:
             eligible = eligible & ~extra[:, None].to(eligible.device)
-        if self.generator is None:
-            self.generator = torch.Generator(device=chosen.device)
-            self.generator.manual_seed(self.config.mask_seed)
-        return random_non_sinks(chosen, sinks, eligible, self.generator)
+        batch = chosen.shape[0]
+        if batch not in self.row_seeds:
+            self.row_seeds[batch] = row_seeds(self.config.mask_seed, self.rows, batch)
+        seeds = self.row_seeds[batch]
+        draws = key_draws(key_seen, chosen.shape[1], seeds, self.stats.forward_passes, layer)
+        return random_non_sinks(chosen, sinks, eligible, draws)
 
     def _mask_view(self, attn_mask, is_causal, batch, n_q, n_k, device, chunk) -> MaskView:
         """The pass's view of this mask: made by the first layer, reused by the others."""

@@ -7,9 +7,12 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
+
 from .config import SinkMaskConfig
 from .intercept import NO_ATTENTION_HELP, SinkMasker
 from .masking_stats import MaskingStats
+from .random_control import row_tokens
 
 # a child of lm-eval's logger, so the CLI's --verbosity and format apply to our report
 logger = logging.getLogger("lm_eval.sinkmask")
@@ -35,9 +38,18 @@ class MaskingLMMixin:
         self.run_mask_stats = MaskingStats()  # all processes, filled after each request type
 
     @contextmanager
-    def masking(self) -> Iterator[MaskingStats]:
-        """Intercept attention for one batch of generation; state ends with the batch."""
-        with self.masker.attach(self.model) as stats:
+    def masking(self, ids: torch.Tensor | None = None,
+                valid: torch.Tensor | None = None) -> Iterator[MaskingStats]:
+        """Intercept attention for one batch of generation; state ends with the batch.
+
+        ``ids`` (with ``valid``, 1 on real tokens) are the batch's rows as the caller knows
+        them: under ``mask_target=random`` each row draws from its own tokens' stream, so a
+        document's draws do not depend on its batch-mates.
+        """
+        rows = None
+        if ids is not None and self.mask_config.mask_target == "random":
+            rows = row_tokens(ids, valid)
+        with self.masker.attach(self.model, rows) as stats:
             yield stats
         self.mask_stats.merge(stats)
         if self.mask_config.enabled and stats.attention_calls == 0:

@@ -77,20 +77,6 @@ def top_k_sinks(scores: torch.Tensor, is_sink: torch.Tensor, k: int) -> torch.Te
     return chosen
 
 
-def random_non_sinks(chosen: torch.Tensor, is_sink: torch.Tensor, eligible: torch.Tensor,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
-    """The matched random control of :func:`top_k_sinks` (``mask_target=random``): in each row
-    as many keys as ``chosen`` holds, drawn uniformly without replacement from the ``eligible``
-    keys that are not sinks (all of them where fewer are left). Bool, shaped like ``chosen``.
-    """
-    n = chosen.sum(dim=-1, keepdim=True)
-    candidates = eligible & ~is_sink
-    u = torch.rand(chosen.shape, generator=generator, device=chosen.device)
-    u = u.masked_fill(~candidates, 2.0)  # after every candidate (u < 1)
-    rank = u.argsort(dim=-1).argsort(dim=-1)  # 0 for the smallest draw
-    return candidates & (rank < n)
-
-
 def select_sinks(
     mass: torch.Tensor,
     rows: torch.Tensor,

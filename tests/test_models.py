@@ -93,6 +93,23 @@ def test_arm_top_k_zero_generates_exactly_what_lm_evals_hf_model_does(tiny_dirs)
     assert arm.mask_stats.attention_calls > 0
 
 
+@pytest.mark.parametrize("name, pretrained, args", [
+    ("dlm_sinkmask", "zoo:llada", {"block_length": 8}),
+    ("arm_sinkmask", "zoo:arm", {}),
+])
+def test_the_random_control_draws_per_prompt_whatever_the_batch(name, pretrained, args):
+    # trained checkpoints, whose generations react to which keys go; prompts of equal
+    # length share a batch even where the model takes no padding
+    prompts = ["Question: 3 + 4 = ?\nAnswer:", "Question: 2 + 5 = ?\nAnswer:",
+               "Question: 6 + 1 = ?\nAnswer:",
+               "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:"]
+    args = dict(top_k=2, mask_target="random", **args)
+    texts = [make(name, pretrained, batch_size=bs, **args).generate_until(requests(prompts, 16))
+             for bs in (1, 4)]
+    assert texts[0] == texts[1]
+    assert len(set(texts[0])) > 1
+
+
 def test_arm_masking_one_sink_changes_generations(tiny_dirs):
     hf = make("hf", tiny_dirs["llama"])
     arm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)

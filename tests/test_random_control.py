@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from lm_eval_sinkmask.config import SinkMaskConfig
-from lm_eval_sinkmask.metric import random_non_sinks, top_k_sinks
+from lm_eval_sinkmask.metric import top_k_sinks
+from lm_eval_sinkmask.random_control import key_draws, random_non_sinks, row_seeds, row_tokens
 from tests.test_intercept import eager_attention, masker, run_model
 
 
@@ -17,7 +18,7 @@ def test_the_draw_matches_the_sink_count_and_never_takes_a_sink_or_an_ineligible
     eligible = torch.rand(3, 1, 20, generator=g) < 0.8  # padding: per element, all heads
     is_sink &= eligible
     chosen = top_k_sinks(scores, is_sink, 3)
-    drawn = random_non_sinks(chosen, is_sink, eligible, g)
+    drawn = random_non_sinks(chosen, is_sink, eligible, torch.rand(3, 4, 20, generator=g))
     assert not (drawn & is_sink).any() and not (drawn & ~eligible).any()
     candidates = (eligible & ~is_sink).sum(-1)
     assert torch.equal(drawn.sum(-1), torch.minimum(chosen.sum(-1), candidates))
@@ -26,7 +27,7 @@ def test_the_draw_matches_the_sink_count_and_never_takes_a_sink_or_an_ineligible
     few[..., :2] = True
     sinks = ~few
     assert torch.equal(random_non_sinks(top_k_sinks(torch.rand(1, 1, 6), sinks, 3), sinks,
-                                        torch.ones_like(few), g), few)
+                                        torch.ones_like(few), torch.rand(1, 1, 6)), few)
 
 
 def test_the_draw_is_uniform_over_the_candidates():
@@ -35,12 +36,41 @@ def test_the_draw_is_uniform_over_the_candidates():
     is_sink = torch.zeros(n_draws, keys, dtype=torch.bool)
     is_sink[:, [0, 3]] = True
     chosen = is_sink.clone()  # two sinks chosen per row: two non-sinks drawn
-    drawn = random_non_sinks(chosen, is_sink, torch.ones_like(is_sink), g)
+    drawn = random_non_sinks(chosen, is_sink, torch.ones_like(is_sink),
+                             torch.rand(n_draws, keys, generator=g))
     freq = drawn.float().mean(0)
     assert freq[[0, 3]].eq(0).all()
     # each of the 8 candidates has probability 2/8; binomial sd over 20k rows is 0.003
     torch.testing.assert_close(freq[[1, 2, 4, 5, 6, 7, 8, 9]], torch.full((8,), 0.25),
                                atol=0.015, rtol=0)
+
+
+def test_a_rows_draws_ignore_its_padding_and_its_batch_mates():
+    doc, other = [7, 8, 9], [1, 2, 3, 4, 5]
+    seen = torch.tensor([[True] * 5, [False, False, True, True, True]])  # doc left-padded
+    batched = key_draws(seen, 3, row_seeds(0, [other, doc], 2), step=2, layer=1)
+    alone = key_draws(torch.ones(1, 3, dtype=torch.bool), 3, row_seeds(0, [doc], 1), 2, 1)
+    assert torch.equal(batched[1, :, 2:], alone[0]) and batched[1, :, :2].eq(2).all()
+    assert alone.lt(1).all() and alone.ge(0).all()
+    # another pass, layer, mask_seed or document draws afresh
+    for seed, rows, step, layer in [(0, [doc], 3, 1), (0, [doc], 2, 0), (1, [doc], 2, 1),
+                                    (0, [[7, 8, 10]], 2, 1)]:
+        again = key_draws(torch.ones(1, 3, dtype=torch.bool), 3, row_seeds(seed, rows, 1), step, layer)
+        assert not torch.equal(again, alone)
+
+
+def test_row_seeds_follow_the_declared_rows():
+    rows = [[5, 6], [1, 2, 3]]
+    # a row's seed follows its tokens and mask_seed, not its place in the batch
+    assert row_seeds(0, rows, 2) == row_seeds(0, rows[::-1], 2)[::-1] != row_seeds(1, rows, 2)
+    doubled = row_seeds(0, rows, 4)  # classifier-free guidance: two copies of every row
+    assert doubled[:2] == row_seeds(0, rows, 2) and len(set(doubled)) == 4
+    with pytest.raises(ValueError, match="batch 3 for 2 declared rows"):
+        row_seeds(0, rows, 3)
+    assert len(set(row_seeds(0, None, 3))) == 3  # undeclared: by position in the batch
+    ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+    assert row_tokens(ids, torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])) == [[5, 6], [1, 2, 3, 4]]
+    assert row_tokens(ids) == ids.tolist()
 
 
 @pytest.mark.parametrize("detect", ["current", "previous"])
