@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,6 +320,22 @@ def primary_metric(task_results: dict[str, Any]) -> str | None:
     return keys[0] if keys else None
 
 
+@contextmanager
+def _no_metadata_advice() -> Iterator[None]:
+    """lm-eval advises ``--metadata`` whenever a task with its own dataset loader loads; a sweep
+    has no such option and loads its tasks again in every cell, so the advice would only repeat."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+    task_log = logging.getLogger("lm_eval.api.task")
+    task_log.addFilter(keep)
+    try:
+        yield
+    finally:
+        task_log.removeFilter(keep)
+
+
 def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """One simple_evaluate call; writes lm-eval's files then ``cell.json`` (with ``inputs``, the
     digests of the checkpoint and task it ran on). None on ranks > 0."""
@@ -331,25 +350,26 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     unsafe = cell.task in unsafe_tasks(tm, [cell.task])
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
     started = time.time()
-    results = lm_eval.simple_evaluate(
-        model=cell.model.model_class,
-        model_args=cell.model_args,
-        tasks=[cell.task],
-        num_fewshot=plan.num_fewshot,
-        batch_size=plan.batch_size,
-        device=plan.device or _default_device(),
-        limit=plan.limit,
-        log_samples=True,
-        evaluation_tracker=tracker,
-        apply_chat_template=plan.apply_chat_template,
-        fewshot_as_multiturn=plan.apply_chat_template,
-        task_manager=tm,
-        confirm_run_unsafe_code=unsafe and plan.allow_code_execution,
-        random_seed=plan.seed,
-        numpy_random_seed=plan.seed,
-        torch_random_seed=plan.seed,
-        fewshot_random_seed=plan.seed,
-    )
+    with _no_metadata_advice():
+        results = lm_eval.simple_evaluate(
+            model=cell.model.model_class,
+            model_args=cell.model_args,
+            tasks=[cell.task],
+            num_fewshot=plan.num_fewshot,
+            batch_size=plan.batch_size,
+            device=plan.device or _default_device(),
+            limit=plan.limit,
+            log_samples=True,
+            evaluation_tracker=tracker,
+            apply_chat_template=plan.apply_chat_template,
+            fewshot_as_multiturn=plan.apply_chat_template,
+            task_manager=tm,
+            confirm_run_unsafe_code=unsafe and plan.allow_code_execution,
+            random_seed=plan.seed,
+            numpy_random_seed=plan.seed,
+            torch_random_seed=plan.seed,
+            fewshot_random_seed=plan.seed,
+        )
     if results is None:  # accelerate rank > 0: rank 0 writes
         return None
     if inputs["checkpoint"] is None:  # a hub checkpoint that this run has just downloaded
@@ -447,7 +467,8 @@ def run_sweep(
     tm = task_manager(plan)
     digests = InputDigests(tm)
     cells = plan.cells()
-    inputs = [digests.for_cell(c.path, c.task) for c in cells]
+    with _no_metadata_advice():  # the task digests load every task once
+        inputs = [digests.for_cell(c.path, c.task) for c in cells]
     pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
     todo = pending[:max_cells]
     blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))

@@ -270,3 +270,19 @@ def test_versus_pairs_are_checked_before_anything_runs_and_kept_in_sweep_json(tm
     assert json.loads((tmp_path / "ok" / "sweep.json").read_text())["versus"] == [["llada", "twin"]]
     # the same checkpoint twice: no difference, on every problem
     assert "| tiny_gen | Unmasked | +0.00 ± 0.00 |" in (tmp_path / "ok" / "table.md").read_text()
+
+
+def test_a_sweep_keeps_lm_evals_metadata_advice_out_of_every_cell(tmp_path, caplog):
+    # the zoo tasks load their data with their own loader, for which lm-eval advises
+    # `--metadata` (an option the sweep does not have) each time a cell loads the task
+    import logging
+
+    task_log = logging.getLogger("lm_eval.api.task")
+    plan = SweepPlan(models=[ModelSpec("arm", "zoo:arm", "arm")], tasks=["mini_gsm_sinkmask"],
+                     ks=[0], out=tmp_path, limit=2, device="cpu")
+    with caplog.at_level(logging.INFO):
+        assert run_sweep(plan, progress=False) == 1
+        task_log.warning("mini_gsm_sinkmask: Custom kwargs can be passed to `--metadata` ...")
+    advice = [r for r in caplog.records if "Custom kwargs" in r.getMessage()]
+    assert len(advice) == 1  # only the one logged after the sweep: its filter is gone
+    assert any(r.name.startswith("lm_eval") for r in caplog.records if r not in advice)
