@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .. import paired
+from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 
 TASKS = {"mini_gsm_sinkmask": "mini_gsm", "mini_code_sinkmask": "mini_code"}
@@ -222,7 +223,7 @@ def across_seeds(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[
     for r in rows:
         groups.setdefault((r["model"], r["task"], r["k"]), []).append(r)
     return {key: {"value": statistics.fmean(r["value"] for r in g),
-                  "stderr": statistics.stdev(r["value"] for r in g) if len(g) > 1 else None,
+                  "stderr": sample_std(r["value"] for r in g),
                   "se": _mean(r["stderr"] for r in g), "seeds": len(g)}
             for key, g in groups.items()}
 
@@ -255,7 +256,7 @@ def paired_gains(rows: list[dict[str, Any]], per_doc: dict | None = None) -> lis
                 out.append({"task": task, "comparison": label, "k": k, "per_seed": diffs,
                             "per_seed_se": ses, "se_mean": paired.mean_se(ses.values()),
                             "mean": statistics.fmean(d),
-                            "std": statistics.stdev(d) if len(d) > 1 else None,
+                            "std": sample_std(d),
                             "min": min(d), "max": max(d), "pairs": len(d),
                             "pairs_with_gain": sum(x > 0 for x in d)})
     return out
