@@ -303,7 +303,10 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     if multi:
         idx = seed_stats.aggregate(grid, entries)
     width = max(7.0, 5.2 * len(tasks))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(width, 4.6), squeeze=False)
+    legend_cols = min(len(grid["models"]), 5)
+    legend_rows = -(-len(grid["models"]) // legend_cols)
+    height = 4.6 + 0.22 * legend_rows
+    fig, axes = plt.subplots(1, len(tasks), figsize=(width, height), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         metric = None
         for j, m in enumerate(grid["models"]):
@@ -330,12 +333,18 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
         ax.set_ylim(-0.03, 1.03)
         ax.set_title(task)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    # one legend under the panels: inside them it hid the curves it names
+    labelled = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labelled.setdefault(label, handle)
+    fig.legend(labelled.values(), labelled.keys(), loc="lower center", ncol=legend_cols,
+               fontsize=8, frameon=False)
     if multi:
         title += (f" - mean over seeds {', '.join(map(str, grid['seeds']))}; error bars: std "
                   "across seeds; dots: single seeds")
     fig.suptitle(_wrap(title, int(12 * width)), fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.22 * legend_rows / height + 0.02, 1, 1))
     fig.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(fig)
     return path
