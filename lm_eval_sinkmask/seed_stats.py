@@ -98,19 +98,29 @@ def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], SeedCell]:
     return out
 
 
-def cell_text(cell: SeedCell, n_seeds: int, digits: int) -> str:
-    """``mean ± std (se x); Δ mean ± std (se y)``: ± the spread across seeds, se the mean
-    per-seed standard error (lm-eval's; paired for Δ), ``[2 of 3 seeds]`` when seeds are missing."""
+def spread_text(mean: float | None, std: float | None, se: float | None, digits: int,
+                sign: bool = False) -> str:
+    """``mean ± std (se x)``: ± the spread across seeds, se the mean per-seed standard error
+    (left out where there is none)."""
     from .table import _fmt
 
-    text = f"{_fmt(cell.mean, digits)} ± {_fmt(cell.std, digits)} (se {_fmt(cell.stderr_mean, digits)})"
+    text = f"{_fmt(mean, digits, sign=sign)} ± {_fmt(std, digits)}"
+    return text if se is None else f"{text} (se {_fmt(se, digits)})"
+
+
+def missing_seeds(have: int, want: int) -> str:
+    """`` [2 of 3 seeds]`` when a cell lacks seeds, else nothing."""
+    return f" [{have} of {want} seeds]" if have < want else ""
+
+
+def cell_text(cell: SeedCell, n_seeds: int, digits: int) -> str:
+    """``mean ± std (se x); Δ mean ± std (se y)``: lm-eval's se for the value, the paired se
+    for Δ (:func:`spread_text`), ``[2 of 3 seeds]`` when seeds are missing."""
+    text = spread_text(cell.mean, cell.std, cell.stderr_mean, digits)
     if cell.k != 0 and cell.deltas:
-        text += f"; Δ {_fmt(cell.delta_mean, digits, sign=True)} ± {_fmt(cell.delta_std, digits)}"
-        if cell.delta_se_mean is not None:
-            text += f" (se {_fmt(cell.delta_se_mean, digits)})"
-    if len(cell.values) < n_seeds:
-        text += f" [{len(cell.values)} of {n_seeds} seeds]"
-    return text
+        text += "; Δ " + spread_text(cell.delta_mean, cell.delta_std, cell.delta_se_mean, digits,
+                                     sign=True)
+    return text + missing_seeds(len(cell.values), n_seeds)
 
 
 def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 
 from . import paired
-from .seed_stats import sample_std
+from .seed_stats import missing_seeds, multi_seed, sample_std, spread_text
 
 
 def parse_versus(text: str | None) -> list[list[str]]:
@@ -91,7 +91,7 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
 
     if not comparisons:
         return []
-    multi = len(grid.get("seeds") or []) > 1
+    multi = multi_seed(grid)
     pairs = [tuple(p) for p in grid["versus"]]
     cell = {(c.a, c.b, c.task, c.k): c for c in comparisons}
 
@@ -99,10 +99,8 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
         if not multi:
             [se] = c.ses.values()
             return _fmt(c.mean, digits, sign=True) + ("" if se is None else f" ± {_fmt(se, digits)}")
-        out = f"{_fmt(c.mean, digits, sign=True)} ± {_fmt(c.std, digits)}"
-        out += "" if c.se_mean is None else f" (se {_fmt(c.se_mean, digits)})"
-        return out + (f" [{len(c.diffs)} of {len(grid['seeds'])} seeds]"
-                      if len(c.diffs) < len(grid["seeds"]) else "")
+        return (spread_text(c.mean, c.std, c.se_mean, digits, sign=True)
+                + missing_seeds(len(c.diffs), len(grid["seeds"])))
 
     lines = ["", "## Paired differences on the same problems", "",
              "| Task | Sinks masked | " + " | ".join(f"{a} − {b}" for a, b in pairs) + " |",
