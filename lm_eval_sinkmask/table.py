@@ -199,12 +199,15 @@ def layout(grid: dict, title: str, text_of) -> tuple[list[str], dict[str, str]]:
     return lines, metrics
 
 
-def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2) -> str:
+def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2,
+             comparisons: list | None = None) -> str:
     """The table (over seeds when the sweep has several), then the paired differences of the
-    sweep's ``versus`` pairs (:mod:`versus`), if any."""
+    sweep's ``versus`` pairs (:mod:`versus`; ``comparisons`` when already computed), if any."""
     text = (seed_stats.markdown(grid, entries, title, digits) if seed_stats.multi_seed(grid)
             else _single_seed_markdown(grid, entries, title, digits))
-    extra = versus.markdown_lines(grid, versus.compare(grid, entries), digits)
+    if comparisons is None:
+        comparisons = versus.compare(grid, entries)
+    extra = versus.markdown_lines(grid, comparisons, digits)
     return text + "\n".join(extra) + "\n" if extra else text
 
 
@@ -369,9 +372,9 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
         grid = {**grid, "versus": versus_pairs}
     title = with_zoo_note(title, zoo) if title else default_title(grid, zoo)
     out = {"markdown": folder / "table.md", "csv": folder / "table.csv"}
-    out["markdown"].write_text(markdown(grid, entries, title, digits))
-    out["csv"].write_text(csv_text(grid, entries))
     comparisons = versus.compare(grid, entries)
+    out["markdown"].write_text(markdown(grid, entries, title, digits, comparisons))
+    out["csv"].write_text(csv_text(grid, entries))
     if comparisons:
         out["versus"] = folder / "versus.csv"
         out["versus"].write_text(write_csv(versus.FIELDS, versus.csv_rows(comparisons)))
