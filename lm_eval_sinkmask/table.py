@@ -141,6 +141,11 @@ def _fmt(x: float | None, digits: int, sign: bool = False) -> str:
     return "+0." + "0" * digits if sign and float(s) == 0 else s  # no "-0.00"
 
 
+def signed_with_se(diff: float, se: float | None, digits: int) -> str:
+    """``-0.05 ± 0.03``: a difference with its paired standard error (left out where unknown)."""
+    return _fmt(diff, digits, sign=True) + ("" if se is None else f" ± {_fmt(se, digits)}")
+
+
 def _index(entries: list[Entry]) -> dict[tuple[str, str, int], Entry]:
     return {(e.model, e.task, e.k): e for e in entries}
 
@@ -221,9 +226,7 @@ def _single_seed_markdown(grid: dict, entries: list[Entry], title: str, digits: 
         text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
         base = idx.get((model, task, 0))
         if k != 0 and base is not None:
-            se = delta_se(base, e)
-            paired_text = "" if se is None else f" ± {_fmt(se, digits)}"
-            text += f" ({_fmt(e.value - base.value, digits, sign=True)}{paired_text})"
+            text += f" ({signed_with_se(e.value - base.value, delta_se(base, e), digits)})"
         return text, e.metric
 
     lines, metrics = layout(grid, title, text_of)

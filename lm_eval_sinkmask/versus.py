@@ -87,7 +87,7 @@ def compare(grid: dict, entries) -> list[Comparison]:
 
 def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> list[str]:
     """The "paired differences" section under the table (nothing without comparisons)."""
-    from .table import _fmt, row_label
+    from .table import row_label, signed_with_se
 
     if not comparisons:
         return []
@@ -98,7 +98,7 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
     def text(c: Comparison) -> str:
         if not multi:
             [se] = c.ses.values()
-            return _fmt(c.mean, digits, sign=True) + ("" if se is None else f" ± {_fmt(se, digits)}")
+            return signed_with_se(c.mean, se, digits)
         return (spread_text(c.mean, c.std, c.se_mean, digits, sign=True)
                 + missing_seeds(len(c.diffs), len(grid["seeds"])))
 
