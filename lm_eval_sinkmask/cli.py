@@ -49,6 +49,7 @@ def _sweep(a: argparse.Namespace) -> int:
         allow_code_execution=a.allow_code_execution,
         seed=a.seed,
         seeds=seeds,
+        mask_seeds=parse_seeds(a.mask_seeds, "--mask-seeds"),
         versus=parse_versus(a.versus),
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
@@ -167,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training seeds: run every model once per checkpoint seed (zoo:NAME -> "
                         "zoo:NAME@S; other paths take a {seed} placeholder); the table shows "
                         "the mean and spread across seeds")
+    s.add_argument("--mask-seeds", default=None, metavar="D,D,... or D-D",
+                   help="draws of the random-key control: run every mask_target=random model's "
+                        "masked cells once per mask_seed; the table shows the mean and spread "
+                        "across draws")
     s.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, each in its own process (CPU sweeps; set "
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")

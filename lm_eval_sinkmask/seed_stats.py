@@ -1,14 +1,17 @@
-"""Table 1 over training seeds: one table cell from the same cell of every seed's checkpoint.
+"""Table 1 over seeds: one table cell from several runs of the same cell.
 
-A single training run's accuracy moves with its init and data order by more than some of the
-effects the table is about, so a sweep with ``--seeds`` runs every checkpoint seed and each table
-cell reports: the mean over seeds, the sample standard deviation across seeds (n - 1 in the
-denominator; with three seeds a rough spread, reported next to the min-max in the CSV), the
-mean of lm-eval's per-seed standard errors (the sampling error of the problems), and the change
-from the unmasked run computed within each seed (masked seed s minus unmasked seed s), with its
-own mean and standard deviation across seeds and the mean of its per-seed paired standard errors
-(:mod:`paired`). A spread across seeds well above the standard errors is the seeds disagreeing,
-not the problems' sampling. Pure arithmetic on :class:`table.Entry` records.
+A run is one training seed's checkpoint (``sweep --seeds``) and, for a random-control column
+(``mask_target=random``), one draw of its random keys (``sweep --mask-seeds``). A single
+training run's accuracy moves with its init and data order by more than some of the effects the
+table is about, and a single draw of random keys can be lucky, so each table cell reports: the
+mean over its runs, the sample standard deviation across them (n - 1 in the denominator; with
+three runs a rough spread, reported next to the min-max in the CSV), the mean of lm-eval's
+per-run standard errors (the sampling error of the problems), and the change from the unmasked
+run computed within each run (masked run minus the unmasked run of the same seed; K=0 masks
+nothing, so it has no draws), with its own mean and standard deviation across runs and the mean
+of its per-run paired standard errors (:mod:`paired`). A spread across runs well above the
+standard errors is the runs disagreeing, not the problems' sampling. Pure arithmetic on
+:class:`table.Entry` records.
 """
 
 from __future__ import annotations
@@ -18,20 +21,36 @@ from dataclasses import dataclass
 
 from .paired import mean_se
 
+Run = tuple  # (training seed, mask draw), each None where the sweep has no such axis
+
+
+def run_of(entry) -> Run:
+    return (entry.seed, entry.draw)
+
+
+def run_order(run: Run) -> tuple[int, int]:
+    return tuple(-1 if x is None else x for x in run)
+
+
+def run_label(run: Run) -> str:
+    """``seed1``, ``draw3``, ``seed1_draw3``; empty for the one run of a sweep with no axes."""
+    seed, draw = run
+    return "_".join(([] if seed is None else [f"seed{seed}"]) + ([] if draw is None else [f"draw{draw}"]))
+
 
 @dataclass(frozen=True)
 class SeedCell:
-    """One (model, task, K) over the seeds that finished it."""
+    """One (model, task, K) over the runs that finished it."""
 
     model: str
     kind: str
     task: str
     k: int
     metric: str
-    values: dict[int, float]  # seed -> lm-eval's value
-    stderrs: dict[int, float | None]  # seed -> lm-eval's standard error
-    deltas: dict[int, float]  # seed -> value minus the same seed's K=0 value
-    delta_ses: dict[int, float | None]  # seed -> paired standard error of that seed's delta
+    values: dict[Run, float]  # run -> lm-eval's value
+    stderrs: dict[Run, float | None]  # run -> lm-eval's standard error
+    deltas: dict[Run, float]  # run -> value minus the same seed's K=0 value
+    delta_ses: dict[Run, float | None]  # run -> paired standard error of that run's delta
     ns: tuple[int, ...]  # distinct sample counts
 
     @property
@@ -57,7 +76,7 @@ class SeedCell:
 
     @property
     def delta_se_mean(self) -> float | None:
-        """Mean paired standard error of the per-seed deltas; None unless every seed has one."""
+        """Mean paired standard error of the per-run deltas; None unless every run has one."""
         return mean_se(self.delta_ses.values())
 
 
@@ -67,90 +86,146 @@ def sample_std(values) -> float | None:
     return statistics.stdev(values) if len(values) >= 2 else None
 
 
-def multi_seed(grid: dict) -> bool:
-    """A sweep with more than one training seed (one seed renders as the plain table)."""
-    return len(grid.get("seeds") or []) > 1
+def multi_run(grid: dict) -> bool:
+    """A sweep with several runs of some cell: more than one training seed or more than one
+    draw (one run per cell renders as the plain table)."""
+    return len(grid.get("seeds") or []) > 1 or len(grid.get("mask_seeds") or []) > 1
+
+
+def drawn_models(entries) -> set[str]:
+    """The models whose masked cells ran once per draw (``sweep --mask-seeds``)."""
+    return {e.model for e in entries if e.draw is not None}
+
+
+def draw_notes(grid: dict, entries) -> dict[str, str]:
+    """model -> ``8 draws`` for the columns that ran over several draws (headers, legends)."""
+    draws = grid.get("mask_seeds") or []
+    return {m: f"{len(draws)} draws" for m in drawn_models(entries)} if len(draws) > 1 else {}
+
+
+def runs_wanted(grid: dict, drawn: bool, k: int) -> int:
+    """How many runs a (model, K) cell has once the sweep is complete."""
+    seeds = len(grid.get("seeds") or [None])
+    return seeds * (len(grid["mask_seeds"]) if drawn and k != 0 else 1)
+
+
+def run_unit(grid: dict) -> str:
+    """What the table counts runs in: seeds, or runs where draws multiply them."""
+    return "runs" if grid.get("mask_seeds") else "seeds"
 
 
 def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], SeedCell]:
-    """(model, task, K) -> :class:`SeedCell`, over the entries of the grid's seeds."""
+    """(model, task, K) -> :class:`SeedCell`, over the entries of the grid's seeds. A run's
+    delta is taken against the unmasked cell of the same run, or (a draw) of the same seed."""
     from .table import delta_se
 
-    seeds = set(grid.get("seeds") or [])
-    by_cell: dict[tuple[str, str, int], dict[int, object]] = {}
+    seeds = set(grid.get("seeds") or [None])
+    by_cell: dict[tuple[str, str, int], dict[Run, object]] = {}
     for e in entries:
         if e.seed in seeds:
-            by_cell.setdefault((e.model, e.task, e.k), {})[e.seed] = e
+            by_cell.setdefault((e.model, e.task, e.k), {})[run_of(e)] = e
     out = {}
-    for key, per_seed in by_cell.items():
+    for key, runs in by_cell.items():
         model, task, k = key
-        base = by_cell.get((model, task, 0), {})
-        first = per_seed[min(per_seed)]
-        order = sorted(per_seed)
+        unmasked = by_cell.get((model, task, 0), {})
+        order = sorted(runs, key=run_order)
+        base = {r: b for r in order
+                if (b := unmasked.get(r) or unmasked.get((r[0], None))) is not None}
         out[key] = SeedCell(
-            model=model, kind=first.kind, task=task, k=k, metric=first.metric,
-            values={s: per_seed[s].value for s in order},
-            stderrs={s: per_seed[s].stderr for s in order},
-            deltas={s: per_seed[s].value - base[s].value for s in order if s in base},
-            delta_ses={s: delta_se(base[s], per_seed[s]) for s in order if s in base},
-            ns=tuple(sorted({per_seed[s].n for s in order if per_seed[s].n is not None})),
+            model=model, kind=runs[order[0]].kind, task=task, k=k, metric=runs[order[0]].metric,
+            values={r: runs[r].value for r in order},
+            stderrs={r: runs[r].stderr for r in order},
+            deltas={r: runs[r].value - b.value for r, b in base.items()},
+            delta_ses={r: delta_se(b, runs[r]) for r, b in base.items()},
+            ns=tuple(sorted({runs[r].n for r in order if runs[r].n is not None})),
         )
     return out
 
 
 def spread_text(mean: float | None, std: float | None, se: float | None, digits: int,
                 sign: bool = False) -> str:
-    """``mean ± std (se x)``: ± the spread across seeds, se the mean per-seed standard error
-    (left out where there is none)."""
+    """``mean ± std (se x)``: ± the spread across runs (left out for a single run), se the mean
+    per-run standard error (left out where there is none)."""
     from .table import _fmt
 
-    text = f"{_fmt(mean, digits, sign=sign)} ± {_fmt(std, digits)}"
+    text = _fmt(mean, digits, sign=sign) + ("" if std is None else f" ± {_fmt(std, digits)}")
     return text if se is None else f"{text} (se {_fmt(se, digits)})"
 
 
-def missing_seeds(have: int, want: int) -> str:
-    """`` [2 of 3 seeds]`` when a cell lacks seeds, else nothing."""
-    return f" [{have} of {want} seeds]" if have < want else ""
+def missing_runs(have: int, want: int, unit: str) -> str:
+    """`` [2 of 3 seeds]`` when a cell lacks runs, else nothing."""
+    return f" [{have} of {want} {unit}]" if have < want else ""
 
 
-def cell_text(cell: SeedCell, n_seeds: int, digits: int) -> str:
+def cell_text(cell: SeedCell, want: int, unit: str, digits: int) -> str:
     """``mean ± std (se x); Δ mean ± std (se y)``: lm-eval's se for the value, the paired se
-    for Δ (:func:`spread_text`), ``[2 of 3 seeds]`` when seeds are missing."""
+    for Δ (:func:`spread_text`), ``[2 of 3 seeds]`` when runs are missing."""
     text = spread_text(cell.mean, cell.std, cell.stderr_mean, digits)
     if cell.k != 0 and cell.deltas:
         text += "; Δ " + spread_text(cell.delta_mean, cell.delta_std, cell.delta_se_mean, digits,
                                      sign=True)
-    return text + missing_seeds(len(cell.values), n_seeds)
+    return text + missing_runs(len(cell.values), want, unit)
+
+
+def seeds_text(seeds: list[int]) -> str:
+    """``0-7`` for a contiguous list, else ``0, 2, 5``."""
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def runs_note(grid: dict) -> str:
+    """The footer sentence saying what a cell averages over."""
+    seeds, draws = grid.get("seeds") or [], grid.get("mask_seeds")
+    steps = (" the mean of lm-eval's per-{u} standard errors; Δ: the change from the unmasked "
+             "run (K=0), computed within each {u}, mean ± standard deviation across {u}s, in "
+             "parentheses the mean of its per-{u} paired standard errors (the standard error of "
+             "the per-problem differences; where lm-eval's samples are kept).")
+    if not draws:
+        return (f"Cells: mean over {len(seeds)} training seeds ({', '.join(map(str, seeds))}) ± "
+                "the sample standard deviation across seeds (n - 1 denominator), in parentheses"
+                + steps.format(u="seed"))
+    trained = ("" if not seeds else f" of training seed {seeds[0]}" if len(seeds) == 1
+               else f" of each of {len(seeds)} training seeds ({', '.join(map(str, seeds))})")
+    return ("Cells: mean over runs ± the sample standard deviation across runs (n - 1 "
+            "denominator; a single run shows none), in parentheses" + steps.format(u="run")
+            + f" Runs: the checkpoint{trained}; a column marked 'draws' (mask_target=random) "
+            f"runs each masked cell once per draw of its random keys (mask_seed "
+            f"{seeds_text(draws)}), its unmasked cell once, as K=0 masks nothing.")
 
 
 def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
     from .table import input_notes, layout, metric_and_sample_notes
 
     idx = aggregate(grid, entries)
-    seeds = grid["seeds"]
+    drawn, unit = drawn_models(entries), run_unit(grid)
 
     def text_of(model: str, task: str, k: int):
         c = idx.get((model, task, k))
-        return None if c is None else (cell_text(c, len(seeds), digits), c.metric)
+        if c is None:
+            return None
+        return cell_text(c, runs_wanted(grid, model in drawn, k), unit, digits), c.metric
 
-    lines, metrics = layout(grid, title, text_of)
+    lines, metrics = layout(grid, title, text_of, draw_notes(grid, entries))
     ns = sorted({n for c in idx.values() for n in c.ns})
     lines += ["",
-              f"Cells: mean over {len(seeds)} training seeds ({', '.join(map(str, seeds))}) ± "
-              "the sample standard deviation across seeds (n - 1 denominator), in parentheses "
-              "the mean of lm-eval's per-seed standard errors; Δ: the change from the unmasked "
-              "run (K=0), computed within each seed, mean ± standard deviation across seeds, in "
-              "parentheses the mean of its per-seed paired standard errors (the standard error "
-              "of the per-problem differences; where lm-eval's samples are kept). K=k masks the "
-              "k highest-scoring Eq. 3 sinks per layer and head (the paper's eps0/eps1/eps2 "
-              "columns are K=1/5/10). Per-seed values and min-max: table.csv.",
-              *metric_and_sample_notes(grid, metrics, ns, "Samples per cell and seed"),
+              runs_note(grid) + " K=k masks the k highest-scoring Eq. 3 sinks per layer and "
+              "head (the paper's eps0/eps1/eps2 columns are K=1/5/10). Per-run values and "
+              "min-max: table.csv.",
+              *metric_and_sample_notes(grid, metrics, ns, f"Samples per cell and {unit[:-1]}"),
               *input_notes(grid, entries)]
     return "\n".join(lines) + "\n"
 
 
+def runs_of_grid(grid: dict) -> list[Run]:
+    """Every run a sweep can have, in order: each seed's, then each seed's draws."""
+    seeds = grid.get("seeds") or [None]
+    runs = [(s, None) for s in seeds]
+    return runs + [(s, d) for s in seeds for d in grid.get("mask_seeds") or []]
+
+
 def csv_rows(grid: dict, entries) -> list[dict]:
-    """One row per table cell: the aggregates, then every seed's value, stderr and Δ."""
+    """One row per table cell: the aggregates, then every run's value, stderr and Δ."""
     from .table import in_table_order, row_label
 
     out = []
@@ -158,17 +233,21 @@ def csv_rows(grid: dict, entries) -> list[dict]:
         row = {
             "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
             "kind": m["kind"], "metric": c.metric,
-            "seeds": ";".join(map(str, c.values)), "mean": c.mean, "std": c.std,
+            "seeds": ";".join(str(s) for s in dict.fromkeys(s for s, _ in c.values) if s is not None),
+            "mean": c.mean, "std": c.std,
             "min": min(c.values.values()), "max": max(c.values.values()),
             "stderr_mean": c.stderr_mean, "delta_mean": c.delta_mean,
             "delta_std": c.delta_std, "delta_se_mean": c.delta_se_mean,
             "n": ";".join(map(str, c.ns)),
         }
-        for s in grid["seeds"]:
-            row[f"value_seed{s}"] = c.values.get(s)
-            row[f"stderr_seed{s}"] = c.stderrs.get(s)
-            row[f"delta_seed{s}"] = c.deltas.get(s)
-            row[f"delta_se_seed{s}"] = c.delta_ses.get(s)
+        if grid.get("mask_seeds"):
+            row["draws"] = ";".join(str(d) for d in dict.fromkeys(d for _, d in c.values) if d is not None)
+        for r in runs_of_grid(grid):
+            if run_label(r):
+                row[f"value_{run_label(r)}"] = c.values.get(r)
+                row[f"stderr_{run_label(r)}"] = c.stderrs.get(r)
+                row[f"delta_{run_label(r)}"] = c.deltas.get(r)
+                row[f"delta_se_{run_label(r)}"] = c.delta_ses.get(r)
         out.append(row)
     return out
 
@@ -176,8 +255,9 @@ def csv_rows(grid: dict, entries) -> list[dict]:
 def csv_text(grid: dict, entries) -> str:
     from .table import write_csv
 
-    fields = ["task", "setting", "top_k", "model", "kind", "metric", "seeds", "mean", "std",
-              "min", "max", "stderr_mean", "delta_mean", "delta_std", "delta_se_mean", "n"]
-    for s in grid["seeds"]:
-        fields += [f"value_seed{s}", f"stderr_seed{s}", f"delta_seed{s}", f"delta_se_seed{s}"]
+    fields = ["task", "setting", "top_k", "model", "kind", "metric", "seeds",
+              *(["draws"] if grid.get("mask_seeds") else []), "mean", "std", "min", "max",
+              "stderr_mean", "delta_mean", "delta_std", "delta_se_mean", "n"]
+    for r in filter(run_label, runs_of_grid(grid)):
+        fields += [f"{what}_{run_label(r)}" for what in ("value", "stderr", "delta", "delta_se")]
     return write_csv(fields, csv_rows(grid, entries))

@@ -15,6 +15,12 @@ A seed axis (``--seeds 0,1,2``) runs every model once per training seed: ``zoo:l
 ``zoo:llada@S`` and any other path names its seed with a ``{seed}`` placeholder
 (``/ckpt/llada-s{seed}``). Its cells live one level deeper, ``DIR/cells/<model>/seed<S>/<task>/k<K>/``,
 and ``sweep.json`` lists the seeds; without the axis the layout is the one above.
+
+A draw axis (``--mask-seeds 0-7``) repeats the random-key control: every model with
+``mask_target=random`` runs each masked cell (K > 0) once per ``mask_seed``, so the table can
+give the control's mean and spread over independent draws rather than one draw's luck. Those
+cells live under ``.../<model>[/seed<S>]/draw<D>/<task>/k<K>/``; K=0 masks nothing, draws
+nothing, and runs once.
 """
 
 from __future__ import annotations
@@ -54,6 +60,17 @@ class ModelSpec:
         return seed_path(self.path, seed)
 
 
+def arg_value(model_args: str, key: str) -> str | None:
+    """The value of ``key`` in lm-eval's ``a=1,b=2`` model_args (the last one given wins, as in
+    lm-eval's own parsing), or None."""
+    found = None
+    for part in model_args.split(","):
+        name, sep, value = part.partition("=")
+        if sep and name.strip() == key:
+            found = value.strip()
+    return found
+
+
 SEED_PLACEHOLDER = "{seed}"
 
 
@@ -75,16 +92,19 @@ def seed_path(path: str, seed: int | None) -> str:
     )
 
 
-def parse_seeds(text: str | None) -> list[int] | None:
-    """``0,1,2`` -> [0, 1, 2]; None or empty -> None (no seed axis)."""
+def parse_seeds(text: str | None, option: str = "--seeds") -> list[int] | None:
+    """``0,1,2`` or ``0-2`` (or a mix, ``0-3,7``) -> [0, 1, 2]; None or empty -> None (no axis)."""
     if text is None or not text.strip():
         return None
+    seeds: list[int] = []
     try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            first, dash, last = part.partition("-")
+            seeds += list(range(int(first), int(last) + 1)) if dash else [int(part)]
     except ValueError:
         seeds = []
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds needs distinct integers >= 0, got {text!r}")
+        raise ValueError(f"{option} needs distinct integers >= 0 (e.g. 0,1,2 or 0-7), got {text!r}")
     return seeds
 
 
@@ -170,16 +190,43 @@ class SweepPlan:
     allow_code_execution: bool = False
     seed: int = 0
     seeds: list[int] | None = None  # training seeds of every model (None: no seed axis)
+    mask_seeds: list[int] | None = None  # draws of the random control (None: no draw axis)
     versus: list[list[str]] = field(default_factory=list)  # [A, B]: A - B under the table
 
     def __post_init__(self) -> None:
         from .versus import check_pairs
 
         check_pairs(self.versus, [m.name for m in self.models])
+        if self.mask_seeds is None:
+            return
+        drawn = [m for m in self.models if self.draws_random_keys(m)]
+        if not drawn:
+            raise ValueError("--mask-seeds repeats the draws of mask_target=random models, and no "
+                             "model has mask_target=random (e.g. --model-args-for "
+                             "NAME:mask_target=random)")
+        fixed = [m.name for m in drawn if arg_value(self._args_of(m), "mask_seed") is not None]
+        if fixed:
+            raise ValueError(f"{fixed} set mask_seed themselves; with --mask-seeds the sweep sets "
+                             "it per draw (drop it from their model args)")
+
+    def _args_of(self, model: ModelSpec) -> str:
+        """The model_args that ``model`` adds to every cell (the sweep's, then its own)."""
+        return f"{self.model_args_extra},{model.args}"
+
+    def draws_random_keys(self, model: ModelSpec) -> bool:
+        """Whether ``model`` masks random keys (``mask_target=random``), i.e. has draws."""
+        return arg_value(self._args_of(model), "mask_target") == "random"
+
+    def draws_of(self, model: ModelSpec, k: int) -> list[int | None]:
+        """The mask seeds a (model, K) cell runs with: every draw for a random-control model
+        at K > 0, else one run (None: the model's own mask_seed)."""
+        if self.mask_seeds is None or k == 0 or not self.draws_random_keys(model):
+            return [None]
+        return self.mask_seeds
 
     def cells(self) -> list[Cell]:
-        return [Cell(self, m, t, k, s) for m in self.models for s in self.seeds or [None]
-                for t in self.tasks for k in self.ks]
+        return [Cell(self, m, t, k, s, d) for m in self.models for s in self.seeds or [None]
+                for t in self.tasks for k in self.ks for d in self.draws_of(m, k)]
 
     def grid(self) -> dict[str, Any]:
         grid = {
@@ -191,6 +238,8 @@ class SweepPlan:
         }
         if self.seeds is not None:
             grid["seeds"] = self.seeds
+        if self.mask_seeds is not None:
+            grid["mask_seeds"] = self.mask_seeds
         if self.versus:
             grid["versus"] = self.versus
         return grid
@@ -203,13 +252,23 @@ class Cell:
     task: str
     k: int
     seed: int | None = None  # training seed of the checkpoint (None: no seed axis)
+    draw: int | None = None  # mask_seed of a random-control draw (None: no draw axis)
 
     @property
     def folder(self) -> Path:
         model = self.plan.out / "cells" / self.model.name
         if self.seed is not None:
             model = model / f"seed{self.seed}"
+        if self.draw is not None:
+            model = model / f"draw{self.draw}"
         return model / self.task / f"k{self.k}"
+
+    @property
+    def label(self) -> str:
+        """``llada@1 draw 3``: the model and, on those axes, its seed and draw."""
+        seed = "" if self.seed is None else f"@{self.seed}"
+        draw = "" if self.draw is None else f" draw {self.draw}"
+        return f"{self.model.name}{seed}{draw}"
 
     @property
     def path(self) -> str:
@@ -223,6 +282,8 @@ class Cell:
         if self.model.kind == "arm":
             parts.append(f"arm_rule={self.plan.arm_rule}")
         parts += [self.plan.model_args_extra, self.model.args]
+        if self.draw is not None:
+            parts.append(f"mask_seed={self.draw}")
         parts += [f"top_k={self.k}", f"eps={self.plan.eps:g}"]
         return ",".join(p for p in parts if p)
 
@@ -241,6 +302,8 @@ class Cell:
         }
         if self.seed is not None:  # only on a seed axis: older cells keep their exact request
             request["checkpoint_seed"] = self.seed
+        if self.draw is not None:  # likewise only on a draw axis
+            request["mask_seed"] = self.draw
         return request
 
     def record(self) -> dict[str, Any] | None:
@@ -483,9 +546,8 @@ def run_sweep(
     def report(cell: Cell, record: dict[str, Any] | None) -> None:
         bar.update(1)
         if record is not None:
-            seed = "" if cell.seed is None else f" seed {cell.seed}"
             bar.write(
-                f"{cell.model.name:>10}{seed} {cell.task} K={cell.k}: {record['metric']} = "
+                f"{cell.label:>10} {cell.task} K={cell.k}: {record['metric']} = "
                 f"{record['value']:.4f} ({record['seconds']:.0f}s)"
             )
 
@@ -493,8 +555,7 @@ def run_sweep(
         if jobs == 1:
             for i in todo:
                 cell = cells[i]
-                seed = "" if cell.seed is None else f"@{cell.seed}"
-                bar.set_postfix_str(f"{cell.model.name}{seed} {cell.task} K={cell.k}")
+                bar.set_postfix_str(f"{cell.label} {cell.task} K={cell.k}")
                 record = run_cell(cell, tm, inputs[i])
                 _free_memory()
                 report(cell, record)
@@ -521,13 +582,14 @@ def _merge_grids(old: dict, new: dict) -> dict:
         seen = {key(x) for x in a}
         return list(a) + [x for x in b if key(x) not in seen]
 
-    if ("seeds" in old) != ("seeds" in new):
-        with_axis = "with" if "seeds" in old else "without"
-        raise SystemExit(f"this folder was swept {with_axis} a seed axis (--seeds); use another "
-                         "--out folder rather than mixing the two layouts")
     merged = dict(new)
-    if "seeds" in new:
-        merged["seeds"] = sorted(set(old["seeds"]) | set(new["seeds"]))
+    for axis, option in (("seeds", "--seeds"), ("mask_seeds", "--mask-seeds")):
+        if (axis in old) != (axis in new):
+            with_axis = "with" if axis in old else "without"
+            raise SystemExit(f"this folder was swept {with_axis} {option}; use another --out "
+                             "folder rather than mixing the two layouts")
+        if axis in new:
+            merged[axis] = sorted(set(old[axis]) | set(new[axis]))
     merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
     merged["tasks"] = union(old.get("tasks", []), new["tasks"])
     merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))

@@ -5,9 +5,10 @@ cell ``mean ± stderr (Δ vs unmasked ± its paired stderr)`` read from the ``ce
 per-problem samples that :mod:`sweep` wrote next to lm-eval's results (:mod:`paired`). Nothing
 here runs a model; the same folder always renders the same Markdown and CSV.
 
-A sweep over several training seeds (``sweep --seeds``) shows in each cell the mean over seeds,
-the spread across seeds and the mean lm-eval standard error, and the drop from K=0 computed
-seed by seed (:mod:`seed_stats`); with one seed the table is the plain one above.
+A sweep over several training seeds (``sweep --seeds``) or several draws of the random-key
+control (``sweep --mask-seeds``) shows in each cell the mean over those runs, the spread across
+them and the mean lm-eval standard error, and the drop from K=0 computed run by run
+(:mod:`seed_stats`); with one run per cell the table is the plain one above.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Entry:
     stderr: float | None
     n: int | None
     seed: int | None = None  # training seed (sweeps with --seeds)
+    draw: int | None = None  # mask_seed of a random-control draw (sweeps with --mask-seeds)
     checkpoint: str | None = None  # digest of the checkpoint's files (provenance)
     task_inputs: tuple | None = None  # (version, config digest, documents digest) of the task
     # doc_id -> score, from lm-eval's samples (None without them): for the paired stderr of Δ
@@ -61,7 +63,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     entries: list[Entry] = []
     zoo = False
     cells = folder / "cells"
-    for record_path in sorted([*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")]):
+    for record_path in sorted(cells.rglob("cell.json")):  # any depth: seed and draw folders
         record = json.loads(record_path.read_text())
         req = record["request"]
         if seeds is not None and req.get("checkpoint_seed") not in seeds:
@@ -73,7 +75,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
         zoo |= is_zoo(record)
         entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
                              value, stderr, record.get("n"), req.get("checkpoint_seed"),
-                             *recorded_inputs(record),
+                             req.get("mask_seed"), *recorded_inputs(record),
                              per_doc=paired.read_per_document(record_path.parent, req["task"],
                                                               metric, value)))
     check_one_input_each(entries)
@@ -181,11 +183,19 @@ def delta_se(base: Entry | None, masked: Entry) -> float | None:
     return paired.paired_se(base.per_doc if base is not None else None, masked.per_doc)
 
 
-def layout(grid: dict, title: str, text_of) -> tuple[list[str], dict[str, str]]:
+def model_label(model: dict, notes: dict[str, str] | None = None) -> str:
+    """``llada (DLM)``, or ``llada_random (DLM, 8 draws)`` with a note for that model."""
+    note = (notes or {}).get(model["name"])
+    return f"{model['name']} ({model['kind'].upper()}{f', {note}' if note else ''})"
+
+
+def layout(grid: dict, title: str, text_of, notes: dict[str, str] | None = None
+           ) -> tuple[list[str], dict[str, str]]:
     """The table's title, header and rows; ``text_of(model, task, k)`` gives a cell's
-    (text, metric), or None for a cell not run. Returns the lines and each task's metric."""
+    (text, metric), or None for a cell not run; ``notes`` adds to a model's header (``8
+    draws``). Returns the lines and each task's metric."""
     models = grid["models"]
-    header = ["Task", "Sinks masked"] + [f"{m['name']} ({m['kind'].upper()})" for m in models]
+    header = ["Task", "Sinks masked"] + [model_label(m, notes) for m in models]
     lines = [f"# {title}", "",
              "| " + " | ".join(header) + " |",
              "|" + "|".join(["---", "---"] + [":---:"] * len(models)) + "|"]
@@ -208,15 +218,15 @@ def markdown(grid: dict, entries: list[Entry], title: str, digits: int = 2,
              comparisons: list | None = None) -> str:
     """The table (over seeds when the sweep has several), then the paired differences of the
     sweep's ``versus`` pairs (:mod:`versus`; ``comparisons`` when already computed), if any."""
-    text = (seed_stats.markdown(grid, entries, title, digits) if seed_stats.multi_seed(grid)
-            else _single_seed_markdown(grid, entries, title, digits))
+    text = (seed_stats.markdown(grid, entries, title, digits) if seed_stats.multi_run(grid)
+            else _single_run_markdown(grid, entries, title, digits))
     if comparisons is None:
         comparisons = versus.compare(grid, entries)
     extra = versus.markdown_lines(grid, comparisons, digits)
     return text + "\n".join(extra) + "\n" if extra else text
 
 
-def _single_seed_markdown(grid: dict, entries: list[Entry], title: str, digits: int) -> str:
+def _single_run_markdown(grid: dict, entries: list[Entry], title: str, digits: int) -> str:
     idx = _index(entries)
 
     def text_of(model: str, task: str, k: int):
@@ -238,6 +248,8 @@ def _single_seed_markdown(grid: dict, entries: list[Entry], title: str, digits: 
               *metric_and_sample_notes(grid, metrics, ns, "Samples per cell")]
     if grid.get("seeds"):
         lines.append(f"Training seed: {grid['seeds'][0]}.")
+    if grid.get("mask_seeds"):
+        lines.append(f"Random keys (mask_target=random) drawn with mask_seed {grid['mask_seeds'][0]}.")
     lines += input_notes(grid, entries)
     return "\n".join(lines) + "\n"
 
@@ -277,7 +289,7 @@ def input_notes(grid: dict, entries: list[Entry]) -> list[str]:
 
 
 def csv_text(grid: dict, entries: list[Entry]) -> str:
-    if seed_stats.multi_seed(grid):
+    if seed_stats.multi_run(grid):
         return seed_stats.csv_text(grid, entries)
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "value", "stderr",
               "delta_vs_unmasked", "delta_se", "n"]
@@ -305,7 +317,8 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     idx = _index(entries)
     ks = sorted(grid["ks"])
     tasks = grid["tasks"]
-    multi = seed_stats.multi_seed(grid)
+    multi = seed_stats.multi_run(grid)
+    notes = seed_stats.draw_notes(grid, entries)
     if multi:
         idx = seed_stats.aggregate(grid, entries)
     width = max(7.0, 5.2 * len(tasks))
@@ -321,17 +334,17 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
                 continue
             metric = metric or pts[0][1].metric
             arm = m["kind"] == "arm"
-            # over seeds: the mean with the across-seed std, models dodged so the bars stay apart
+            # over runs: the mean with the across-run std, models dodged so the bars stay apart
             dodge = 0.04 * (j - (len(grid["models"]) - 1) / 2) if multi else 0.0
             x = [i + dodge for i, _ in pts]
             line = ax.errorbar(x, [e.mean if multi else e.value for _, e in pts],
                                yerr=[(e.std if multi else e.stderr) or 0 for _, e in pts],
                                capsize=3, linestyle="--" if arm else "-",
                                marker="s" if arm else "o", linewidth=2.2 if arm else 1.6,
-                               label=f"{m['name']} ({'ARM' if arm else 'DLM'})")
+                               label=model_label(m, notes))
             if multi:
-                seeds = [(xi, v) for xi, (_, e) in zip(x, pts) for v in e.values.values()]
-                ax.plot([xi for xi, _ in seeds], [v for _, v in seeds], linestyle="none",
+                runs = [(xi, v) for xi, (_, e) in zip(x, pts) for v in e.values.values()]
+                ax.plot([xi for xi, _ in runs], [v for _, v in runs], linestyle="none",
                         marker=".", alpha=0.35, color=line[0].get_color())
         ax.set_xticks(range(len(ks)), [f"{k}\n(unmasked)" if k == 0 else str(k) for k in ks])
         ax.set_xlabel("K: top-K sinks masked per layer and head")
@@ -346,9 +359,14 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
             labelled.setdefault(label, handle)
     fig.legend(labelled.values(), labelled.keys(), loc="lower center", ncol=legend_cols,
                fontsize=8, frameon=False)
-    if multi:
+    if multi and not grid.get("mask_seeds"):
         title += (f" - mean over seeds {', '.join(map(str, grid['seeds']))}; error bars: std "
                   "across seeds; dots: single seeds")
+    elif multi:
+        seeds = grid.get("seeds") or []
+        seeds = f"seed{'s' * (len(seeds) > 1)} {seed_stats.seeds_text(seeds)} x " if seeds else ""
+        title += (f" - mean over runs ({seeds}mask_seed {seed_stats.seeds_text(grid['mask_seeds'])}"
+                  " for random keys); error bars: std across runs; dots: single runs")
     fig.suptitle(_wrap(title, int(12 * width)), fontsize=10)
     fig.tight_layout(rect=(0, 0.22 * legend_rows / height + 0.02, 1, 1))
     fig.savefig(path, dpi=120, metadata={"Software": None})

@@ -4,9 +4,11 @@ Some questions are about two columns, not about one column's drop: do the sinks 
 as many random keys (``llada`` vs ``llada_random``, ``mask_target=random``), does a twin with an
 extra sink token do better than its baseline? Both columns score the same problems at each K,
 so the difference A - B gets the paired standard error of the per-problem differences
-(:mod:`paired`), which the two cells' own standard errors would overstate. Over training
-seeds, the difference is taken within each seed (seed s of A against seed s of B) and reported
-as mean ± standard deviation across seeds, with the mean per-seed paired standard error.
+(:mod:`paired`), which the two cells' own standard errors would overstate. Over several runs
+(training seeds, draws of a random control), the difference is taken within each run (seed s
+of A against seed s of B; a column with draws against the other's run of the same seed, or of
+the same draw if both have draws) and reported as mean ± standard deviation across runs, with
+the mean per-run paired standard error.
 Pure arithmetic on :class:`table.Entry` records.
 """
 
@@ -16,7 +18,8 @@ import statistics
 from dataclasses import dataclass
 
 from . import paired
-from .seed_stats import missing_seeds, multi_seed, sample_std, spread_text
+from .seed_stats import (Run, drawn_models, missing_runs, multi_run, run_of, run_order, run_unit,
+                         runs_wanted, sample_std, spread_text)
 
 
 def parse_versus(text: str | None) -> list[list[str]]:
@@ -42,14 +45,15 @@ def check_pairs(pairs: list[list[str]], models: list[str]) -> None:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A minus B at one (task, K), per seed (None: a sweep without --seeds)."""
+    """A minus B at one (task, K), per run (:data:`seed_stats.Run`: training seed, draw)."""
 
     a: str
     b: str
     task: str
     k: int
-    diffs: dict  # seed -> A's value minus B's
-    ses: dict  # seed -> paired standard error of that difference (None without samples)
+    diffs: dict[Run, float]  # run -> A's value minus B's
+    ses: dict[Run, float | None]  # run -> paired standard error of that difference
+    wanted: int = 1  # runs once the sweep is complete
 
     @property
     def mean(self) -> float:
@@ -66,22 +70,30 @@ class Comparison:
 
 def compare(grid: dict, entries) -> list[Comparison]:
     """The comparisons of ``grid["versus"]`` for every task and K where both models have cells
-    of the same seeds, in the table's order."""
-    by = {(e.model, e.task, e.k, e.seed): e for e in entries}
-    seeds = grid.get("seeds") or [None]
+    of the same runs, in the table's order."""
+    by = {(e.model, e.task, e.k, run_of(e)): e for e in entries}
+    drawn = drawn_models(entries)
+
+    def cell(model: str, task: str, k: int, run: Run):
+        """``model``'s cell of ``run``, or of the run's seed for a model without draws."""
+        return by.get((model, task, k, run)) or by.get((model, task, k, (run[0], None)))
+
     out = []
     for a, b in grid.get("versus") or []:
         for task in grid["tasks"]:
             for k in sorted(grid["ks"]):
-                both = [s for s in seeds if (a, task, k, s) in by and (b, task, k, s) in by]
-                if not both:
+                runs = sorted({r for (m, t, kk, r) in by if m in (a, b) and t == task and kk == k},
+                              key=run_order)
+                pairs = {r: (ea, eb) for r in runs
+                         if (ea := cell(a, task, k, r)) and (eb := cell(b, task, k, r))}
+                if not pairs:
                     continue
-                ea = {s: by[(a, task, k, s)] for s in both}
-                eb = {s: by[(b, task, k, s)] for s in both}
-                out.append(Comparison(a, b, task, k,
-                                      diffs={s: ea[s].value - eb[s].value for s in both},
-                                      ses={s: paired.paired_se(eb[s].per_doc, ea[s].per_doc)
-                                           for s in both}))
+                out.append(Comparison(
+                    a, b, task, k,
+                    diffs={r: ea.value - eb.value for r, (ea, eb) in pairs.items()},
+                    ses={r: paired.paired_se(eb.per_doc, ea.per_doc)
+                         for r, (ea, eb) in pairs.items()},
+                    wanted=max(runs_wanted(grid, m in drawn, k) for m in (a, b))))
     return out
 
 
@@ -91,7 +103,7 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
 
     if not comparisons:
         return []
-    multi = multi_seed(grid)
+    multi = multi_run(grid)
     pairs = [tuple(p) for p in grid["versus"]]
     cell = {(c.a, c.b, c.task, c.k): c for c in comparisons}
 
@@ -100,7 +112,7 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
             [se] = c.ses.values()
             return signed_with_se(c.mean, se, digits)
         return (spread_text(c.mean, c.std, c.se_mean, digits, sign=True)
-                + missing_seeds(len(c.diffs), len(grid["seeds"])))
+                + missing_runs(len(c.diffs), c.wanted, run_unit(grid)))
 
     lines = ["", "## Paired differences on the same problems", "",
              "| Task | Sinks masked | " + " | ".join(f"{a} − {b}" for a, b in pairs) + " |",
@@ -114,7 +126,13 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
             lines.append(f"| {task if first else ''} | {row_label(k)} | "
                          + " | ".join("-" if c is None else text(c) for c in row) + " |")
             first = False
-    if multi:
+    if multi and grid.get("mask_seeds"):
+        lines += ["", "Each cell: the first model's value minus the second's, taken within each "
+                  "run (a column with draws against the other column's run of the same training "
+                  "seed, or of the same draw where both have draws), mean ± standard deviation "
+                  "across runs; in parentheses the mean per-run paired standard error (the "
+                  "standard error of the per-problem differences)."]
+    elif multi:
         lines += ["", "Each cell: the first model's value minus the second's, taken within each "
                   "training seed, mean ± standard deviation across seeds; in parentheses the "
                   "mean per-seed paired standard error (the standard error of the per-problem "
@@ -127,10 +145,10 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
 
 
 def csv_rows(comparisons: list[Comparison]) -> list[dict]:
-    """One row per comparison and seed (seed empty for a sweep without --seeds)."""
-    return [{"task": c.task, "top_k": c.k, "a": c.a, "b": c.b, "seed": s,
-             "difference": c.diffs[s], "paired_se": c.ses[s]}
-            for c in comparisons for s in c.diffs]
+    """One row per comparison and run (seed and draw empty where the sweep has no such axis)."""
+    return [{"task": c.task, "top_k": c.k, "a": c.a, "b": c.b, "seed": seed, "draw": draw,
+             "difference": c.diffs[(seed, draw)], "paired_se": c.ses[(seed, draw)]}
+            for c in comparisons for seed, draw in c.diffs]
 
 
-FIELDS = ["task", "top_k", "a", "b", "seed", "difference", "paired_se"]
+FIELDS = ["task", "top_k", "a", "b", "seed", "draw", "difference", "paired_se"]

@@ -198,7 +198,7 @@ def test_a_seeded_sweep_resumes_runs_in_parallel_and_tables_over_seeds(tmp_path,
     # every seed's drop has its paired standard error, from the samples lm-eval wrote
     [masked] = [r for r in csv.DictReader((resumed / "table.csv").open()) if r["top_k"] == "1"]
     assert all(float(masked[f"delta_se_seed{s}"]) >= 0 for s in (0, 1)), masked
-    with pytest.raises(SystemExit, match="seed axis"):  # the two layouts never mix
+    with pytest.raises(SystemExit, match="swept with --seeds"):  # the two layouts never mix
         main(["sweep", "--models", f"llada={tmp_path}/ckpt/llada-s0", "--tasks", "tiny_gen",
               "--include-path", str(tiny_task), "--top-k", "0", "--out", str(resumed)])
 
@@ -286,3 +286,74 @@ def test_a_sweep_keeps_lm_evals_metadata_advice_out_of_every_cell(tmp_path, capl
     advice = [r for r in caplog.records if "Custom kwargs" in r.getMessage()]
     assert len(advice) == 1  # only the one logged after the sweep: its filter is gone
     assert any(r.name.startswith("lm_eval") for r in caplog.records if r not in advice)
+
+
+# ---- draw axis (the random control's mask seeds) ----------------------------------------------
+
+def test_mask_seeds_run_every_masked_random_cell_once_per_draw(tmp_path):
+    assert parse_seeds("0-3,7", "--mask-seeds") == [0, 1, 2, 3, 7]
+    for bad in ("3-1", "0-2,2", "x-1"):
+        with pytest.raises(ValueError, match="--mask-seeds"):
+            parse_seeds(bad, "--mask-seeds")
+    sinks = ModelSpec("llada", "zoo:llada", "dlm")
+    control = ModelSpec("llada_random", "zoo:llada", "dlm", "mask_target=random")
+    plan = SweepPlan(models=[sinks, control], tasks=["t"], ks=[0, 5], out=tmp_path, seeds=[1],
+                     mask_seeds=[0, 2])
+    cells = plan.cells()
+    assert [(c.model.name, c.k, c.draw) for c in cells] == [
+        ("llada", 0, None), ("llada", 5, None),  # masking the sinks draws nothing
+        ("llada_random", 0, None),  # nor does K=0, which masks nothing: run once
+        ("llada_random", 5, 0), ("llada_random", 5, 2)]
+    drawn = cells[4]
+    assert drawn.folder == tmp_path / "cells" / "llada_random" / "seed1" / "draw2" / "t" / "k5"
+    assert drawn.model_args == "pretrained=zoo:llada@1,mask_target=random,mask_seed=2,top_k=5,eps=3"
+    assert drawn.request()["mask_seed"] == 2 and drawn.label == "llada_random@1 draw 2"
+    assert "mask_seed" not in cells[2].request()  # older folders resume unchanged
+    assert plan.grid()["mask_seeds"] == [0, 2]
+    # the sweep-wide model args count too; the last mask_target given wins, as in lm-eval
+    every = SweepPlan(models=[sinks], tasks=["t"], ks=[1], out=tmp_path, mask_seeds=[0, 1],
+                      model_args_extra="mask_target=sinks,mask_target=random")
+    assert [c.draw for c in every.cells()] == [0, 1]
+
+    with pytest.raises(ValueError, match="no model has mask_target=random"):
+        SweepPlan(models=[sinks], tasks=["t"], ks=[1], out=tmp_path, mask_seeds=[0, 1])
+    fixed = ModelSpec("r", "zoo:llada", "dlm", "mask_target=random,mask_seed=4")
+    with pytest.raises(ValueError, match=r"\['r'\] set mask_seed themselves"):
+        SweepPlan(models=[fixed], tasks=["t"], ks=[1], out=tmp_path, mask_seeds=[0, 1])
+
+
+@pytest.mark.slow
+def test_a_swept_random_control_tables_its_draws_and_compares_them_with_the_sinks(
+        tmp_path, tiny_dirs, tiny_task):
+    out = tmp_path / "control"
+    args = ["sweep", "--models", f"llada={tiny_dirs['llada']},llada_random={tiny_dirs['llada']}",
+            "--model-args-for", "llada_random:mask_target=random", "--mask-seeds", "0-2",
+            "--versus", "llada:llada_random", "--tasks", "tiny_gen", "--include-path",
+            str(tiny_task), "--top-k", "0,2", "--eps", "0", "--limit", "4", "--device", "cpu",
+            "--model-args-extra", "block_length=4", "--out", str(out)]
+    assert main(args) == 0
+    done = cell_files(out)
+    assert sorted(done) == sorted(
+        ["cells/llada/tiny_gen/k0/cell.json", "cells/llada/tiny_gen/k2/cell.json",
+         "cells/llada_random/tiny_gen/k0/cell.json",
+         *[f"cells/llada_random/draw{d}/tiny_gen/k2/cell.json" for d in range(3)]])
+    drawn = [done[f"cells/llada_random/draw{d}/tiny_gen/k2/cell.json"] for d in range(3)]
+    for d, record in enumerate(drawn):
+        counters = record["sinkmask"]["counters"]
+        assert f"mask_seed={d}," in record["request"]["model_args"]
+        assert counters["keys_masked"] > 0 and record["sinkmask"]["config"]["mask_seed"] == d
+    # the three draws mask as many keys as each other (and as the sinks): only which keys differs
+    assert len({r["sinkmask"]["counters"]["keys_masked"] for r in drawn}) == 1
+    assert main(args) == 0  # a rerun finds every draw done
+    assert cell_files(out).keys() == done.keys()
+
+    md = (out / "table.md").read_text()
+    assert "| llada (DLM) | llada_random (DLM, 3 draws) |" in md
+    assert "mask_seed 0-2" in md
+    [masked] = [r for r in csv.DictReader((out / "table.csv").open())
+                if r["model"] == "llada_random" and r["top_k"] == "2"]
+    values = [d["value"] for d in drawn]
+    assert masked["draws"] == "0;1;2" and float(masked["mean"]) == pytest.approx(sum(values) / 3)
+    assert [float(masked[f"value_draw{d}"]) for d in range(3)] == values
+    versus = list(csv.DictReader((out / "versus.csv").open()))
+    assert [(r["top_k"], r["draw"]) for r in versus] == [("0", ""), ("2", "0"), ("2", "1"), ("2", "2")]

@@ -89,3 +89,76 @@ def test_pairs_are_two_different_models(text):
 
 def test_parse_versus_reads_several_pairs():
     assert parse_versus("a:b, c:d,") == [["a", "b"], ["c", "d"]] and parse_versus(None) == []
+
+
+# ---- a random control over several draws (sweep --mask-seeds) ----------------------------------
+
+DRAWS = {0: [1, 1, 0, 1, 0, 0, 1, 1], 1: [1, 1, 0, 1, 1, 0, 1, 1], 2: [0, 1, 0, 1, 1, 0, 1, 0]}
+
+
+def _drawn_sweep(folder: Path, draws: dict) -> Path:
+    """``llada`` (sinks) and ``llada_random`` on training seed 0; the control's K=1 cell once
+    per draw in ``draws`` (draw -> scores), its K=0 once, as ``sweep --mask-seeds 0-2`` does."""
+    cells = {("llada", None, 0): SINKS[0], ("llada", None, 1): SINKS[1],
+             ("llada_random", None, 0): RANDOM[0],
+             **{("llada_random", d, 1): scores for d, scores in draws.items()}}
+    models = [{"name": m, "kind": "dlm", "path": "/ckpt/llada", "args": ""}
+              for m in ("llada", "llada_random")]
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps(
+        {"models": models, "tasks": ["mini_gsm"], "ks": [0, 1], "eps": 3.0, "seeds": [0],
+         "mask_seeds": [0, 1, 2], "versus": [["llada", "llada_random"]]}))
+    for (model, draw, k), scores in cells.items():
+        cell = folder.joinpath("cells", model, "seed0", *([f"draw{draw}"] if draw is not None else []),
+                               "mini_gsm", f"k{k}")
+        cell.mkdir(parents=True)
+        (cell / "cell.json").write_text(json.dumps({
+            "request": {"model": model, "task": "mini_gsm", "top_k": k, "checkpoint_seed": 0,
+                        **({"mask_seed": draw} if draw is not None else {})},
+            "kind": "dlm", "model_path": "/ckpt/llada", "metric": GSM,
+            "value": float(np.mean(scores)), "stderr": 0.1, "n": len(scores)}))
+        _write_samples(cell, "mini_gsm", GSM, scores)
+    return folder
+
+
+def test_the_control_is_averaged_over_its_draws_and_compared_draw_by_draw(tmp_path):
+    out = table.render(_drawn_sweep(tmp_path / "t", DRAWS), figure=False)
+    md = out["markdown"].read_text()
+    values = [np.mean(s) for s in DRAWS.values()]
+    drops = [_paired(s, RANDOM[0]) for s in DRAWS.values()]  # each draw against the one K=0
+    assert "| Task | Sinks masked | llada (DLM) | llada_random (DLM, 3 draws) |" in md
+    sinks_drop, sinks_se = _paired(SINKS[1], SINKS[0])
+    random_cell = (f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f} (se 0.10); "
+                   f"Δ {np.mean([d for d, _ in drops]):+.2f} ± {np.std([d for d, _ in drops], ddof=1):.2f}"
+                   f" (se {np.mean([s for _, s in drops]):.2f})")
+    # the sinks column is one run: no spread to show, only its standard errors
+    assert (f"|  | K=1 | {np.mean(SINKS[1]):.2f} (se 0.10); Δ {sinks_drop:+.2f} (se {sinks_se:.2f}) "
+            f"| {random_cell} |") in md
+    assert "mask_seed 0-2" in md and "K=0 masks nothing" in md
+    # sinks minus random: within each draw, then mean ± std across the draws
+    pairs = [_paired(SINKS[1], s) for s in DRAWS.values()]
+    diffs, ses = [d for d, _ in pairs], [s for _, s in pairs]
+    assert (f"|  | K=1 | {np.mean(diffs):+.2f} ± {np.std(diffs, ddof=1):.2f} "
+            f"(se {np.mean(ses):.2f}) |") in md
+    rows = list(csv.DictReader(out["versus"].open()))
+    assert [(r["top_k"], r["seed"], r["draw"]) for r in rows] == [
+        ("0", "0", ""), ("1", "0", "0"), ("1", "0", "1"), ("1", "0", "2")]
+    assert [float(r["difference"]) for r in rows[1:]] == pytest.approx(diffs)
+    table_rows = {(r["model"], r["top_k"]): r for r in csv.DictReader(out["csv"].open())}
+    control = table_rows[("llada_random", "1")]
+    assert control["draws"] == "0;1;2" and control["seeds"] == "0"
+    assert [float(control[f"value_seed0_draw{d}"]) for d in range(3)] == pytest.approx(values)
+    assert float(table_rows[("llada", "1")]["value_seed0"]) == np.mean(SINKS[1])
+    assert table_rows[("llada", "1")]["draws"] == "" and table_rows[("llada", "1")]["std"] == ""
+
+
+def test_a_missing_draw_is_counted_and_one_draw_renders_as_the_plain_table(tmp_path):
+    partial = {d: DRAWS[d] for d in (0, 1)}
+    md = table.render(_drawn_sweep(tmp_path / "t", partial), figure=False)["markdown"].read_text()
+    assert md.count("[2 of 3 runs]") == 2  # the control's cell and its comparison
+    one = _drawn_sweep(tmp_path / "one", {1: DRAWS[1]})
+    grid = json.loads((one / "sweep.json").read_text())
+    (one / "sweep.json").write_text(json.dumps({**grid, "mask_seeds": [1]}))
+    md = table.render(one, figure=False)["markdown"].read_text()
+    assert f"|  | K=1 | {np.mean(SINKS[1]):.2f} ± 0.10" in md and "(DLM, 1 draws)" not in md
+    assert "drawn with mask_seed 1." in md
