@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .paired import mean_se
 
-Run = tuple  # (training seed, mask draw), each None where the sweep has no such axis
+Run = tuple[int | None, int | None]  # (training seed, mask draw); None where the sweep lacks that axis
 
 
 def run_of(entry) -> Run:
@@ -39,7 +39,7 @@ def run_label(run: Run) -> str:
 
 
 @dataclass(frozen=True)
-class SeedCell:
+class RunsCell:
     """One (model, task, K) over the runs that finished it."""
 
     model: str
@@ -114,8 +114,8 @@ def run_unit(grid: dict) -> str:
     return "runs" if grid.get("mask_seeds") else "seeds"
 
 
-def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], SeedCell]:
-    """(model, task, K) -> :class:`SeedCell`, over the entries of the grid's seeds. A run's
+def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], RunsCell]:
+    """(model, task, K) -> :class:`RunsCell`, over the entries of the grid's seeds. A run's
     delta is taken against the unmasked cell of the same run, or (a draw) of the same seed."""
     from .table import delta_se
 
@@ -131,7 +131,7 @@ def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], SeedCell]:
         order = sorted(runs, key=run_order)
         base = {r: b for r in order
                 if (b := unmasked.get(r) or unmasked.get((r[0], None))) is not None}
-        out[key] = SeedCell(
+        out[key] = RunsCell(
             model=model, kind=runs[order[0]].kind, task=task, k=k, metric=runs[order[0]].metric,
             values={r: runs[r].value for r in order},
             stderrs={r: runs[r].stderr for r in order},
@@ -157,7 +157,7 @@ def missing_runs(have: int, want: int, unit: str) -> str:
     return f" [{have} of {want} {unit}]" if have < want else ""
 
 
-def cell_text(cell: SeedCell, want: int, unit: str, digits: int) -> str:
+def cell_text(cell: RunsCell, want: int, unit: str, digits: int) -> str:
     """``mean ± std (se x); Δ mean ± std (se y)``: lm-eval's se for the value, the paired se
     for Δ (:func:`spread_text`), ``[2 of 3 seeds]`` when runs are missing."""
     text = spread_text(cell.mean, cell.std, cell.stderr_mean, digits)
