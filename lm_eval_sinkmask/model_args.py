@@ -59,7 +59,8 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("mask_target", "sinks", "`sinks` masks the top-k Eq. 3 sinks; `random` is the "
              "matched control: as many keys per (layer, head) and step, drawn from the keys that "
              "are not sinks", BOTH, "masking"),
-    ModelArg("mask_seed", "0", "seeds the draws of `mask_target=random`", BOTH, "masking"),
+    ModelArg("mask_seed", "0", "seeds the draws of `mask_target=random` (`sinkmask sweep "
+             "--mask-seeds 0-7` runs one cell per draw)", BOTH, "masking"),
     # -- diffusion sampling: DiffusionSettings (dlm_model.py); defaults per family in families.py
     ModelArg("family", "from `config.model_type`", "`llada`, `mmada` or `dream`", (DLM,),
              "sampling"),
