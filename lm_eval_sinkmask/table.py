@@ -73,13 +73,25 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
         zoo |= is_zoo(record)
-        entries.append(Entry(req["model"], record["kind"], req["task"], req["top_k"], metric,
-                             value, stderr, record.get("n"), req.get("checkpoint_seed"),
-                             req.get("mask_seed"), *recorded_inputs(record),
-                             per_doc=paired.read_per_document(record_path.parent, req["task"],
-                                                              metric, value)))
+        entries.append(entry_of(record, measured=(metric, value, stderr),
+                                per_doc=paired.read_per_document(record_path.parent, req["task"],
+                                                                 metric, value)))
     check_one_input_each(entries)
     return grid, entries, zoo
+
+
+def entry_of(record: dict, kind: str | None = None, measured: tuple | None = None,
+             per_doc: Mapping[int, float] | None = None) -> Entry:
+    """A sweep cell's ``cell.json`` as an :class:`Entry`: ``kind`` when the record lacks one,
+    ``measured`` (metric, value, stderr) in place of its primary numbers, ``per_doc`` its
+    per-problem scores."""
+    req = record["request"]
+    metric, value, stderr = measured or (record["metric"], record["value"], record["stderr"])
+    checkpoint, task_inputs = recorded_inputs(record)
+    return Entry(model=req["model"], kind=kind or record["kind"], task=req["task"],
+                 k=req["top_k"], metric=metric, value=value, stderr=stderr, n=record.get("n"),
+                 seed=req.get("checkpoint_seed"), draw=req.get("mask_seed"),
+                 checkpoint=checkpoint, task_inputs=task_inputs, per_doc=per_doc)
 
 
 def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:

@@ -107,12 +107,9 @@ def read_cells(records: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any
 def input_lines(records: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     """The report's footer naming the checkpoints and task versions the cells ran on; a folder
     whose cells disagree on them (two runs mixed) is refused, as ``sinkmask table`` refuses it."""
-    from ..table import Entry, check_one_input_each, input_notes, recorded_inputs
+    from ..table import check_one_input_each, entry_of, input_notes
 
-    entries = [Entry(r["request"]["model"], "dlm", r["request"]["task"], r["request"]["top_k"],
-                     r["metric"], r["value"], r["stderr"], r["n"],
-                     r["request"].get("checkpoint_seed"), *recorded_inputs(r))
-               for _, r in records]
+    entries = [entry_of(r, kind="dlm") for _, r in records]
     check_one_input_each(entries)
     return input_notes({"models": [{"name": m} for m in MODELS], "tasks": list(TASKS)}, entries)
 
