@@ -320,7 +320,8 @@ def write_csv(fields: list[str], rows: list[dict]) -> str:
 
 
 def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
-    """Accuracy vs K, one panel per task, ARMs dashed and DLMs solid on the same axes."""
+    """Accuracy vs K, one panel per task, ARMs dashed (squares) and DLMs solid (circles) on the
+    same axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -338,8 +339,11 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     legend_rows = -(-len(grid["models"]) // legend_cols)
     height = 4.6 + 0.22 * legend_rows
     fig, axes = plt.subplots(1, len(tasks), figsize=(width, height), squeeze=False)
+    # the second column of a --versus pair (a random control, a baseline) is drawn dotted in
+    # the first one's colour, so each comparison reads as one colour
+    partner = {b: a for a, b in grid.get("versus") or []}
     for ax, task in zip(axes[0], tasks):
-        metric = None
+        metric, colours = None, {}
         for j, m in enumerate(grid["models"]):
             pts = [(i, idx[(m["name"], task, k)]) for i, k in enumerate(ks) if (m["name"], task, k) in idx]
             if not pts:
@@ -349,11 +353,15 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
             # over runs: the mean with the across-run std, models dodged so the bars stay apart
             dodge = 0.04 * (j - (len(grid["models"]) - 1) / 2) if multi else 0.0
             x = [i + dodge for i, _ in pts]
+            style = {"linestyle": "--" if arm else "-"}
+            if partner.get(m["name"]) in colours:
+                style = {"linestyle": ":", "color": colours[partner[m["name"]]],
+                         "markerfacecolor": "none"}
             line = ax.errorbar(x, [e.mean if multi else e.value for _, e in pts],
                                yerr=[(e.std if multi else e.stderr) or 0 for _, e in pts],
-                               capsize=3, linestyle="--" if arm else "-",
-                               marker="s" if arm else "o", linewidth=2.2 if arm else 1.6,
-                               label=model_label(m, notes))
+                               capsize=3, marker="s" if arm else "o",
+                               linewidth=2.2 if arm else 1.6, label=model_label(m, notes), **style)
+            colours[m["name"]] = line[0].get_color()
             if multi:
                 runs = [(xi, v) for xi, (_, e) in zip(x, pts) for v in e.values.values()]
                 ax.plot([xi for xi, _ in runs], [v for _, v in runs], linestyle="none",
