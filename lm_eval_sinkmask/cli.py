@@ -19,7 +19,8 @@ from pathlib import Path
 
 
 def _sweep(a: argparse.Namespace) -> int:
-    from .sweep import SweepPlan, process_rank, parse_ks, parse_models, parse_seeds, run_sweep
+    from .sweep import process_rank, run_sweep
+    from .sweep_plan import SweepPlan, parse_ks, parse_models, parse_seeds
     from .versus import parse_versus
 
     seeds = parse_seeds(a.seeds)

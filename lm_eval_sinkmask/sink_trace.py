@@ -311,7 +311,7 @@ def parse_heads(text: str | None) -> list[tuple[int, int]] | None:
 def _kind(path: str, kind: str | None) -> str:
     if kind:
         return kind
-    from .sweep import infer_kind
+    from .sweep_plan import infer_kind
 
     return infer_kind(path)
 
@@ -342,7 +342,8 @@ def trace_generation(
     from lm_eval.utils import simple_parse_args_string
 
     from .provenance import checkpoint_digest
-    from .sweep import MODEL_CLASS, versions
+    from .sweep import versions
+    from .sweep_plan import MODEL_CLASS
 
     kind = _kind(model, kind)
     args: dict[str, Any] = simple_parse_args_string(model_args) if model_args else {}

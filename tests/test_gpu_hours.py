@@ -135,7 +135,7 @@ def test_recipe_sweeps_parse_and_validate():
     from lm_eval_sinkmask import cli, dlm_model
     from lm_eval_sinkmask.config import SinkMaskConfig
     from lm_eval_sinkmask.families import FAMILIES
-    from lm_eval_sinkmask.sweep import Cell, SweepPlan, parse_models
+    from lm_eval_sinkmask.sweep_plan import Cell, SweepPlan, parse_models
 
     argvs = sweep_argvs()
     assert len(argvs) == 3  # the main sweep, its accelerate variant, Dream's chat protocol

@@ -61,7 +61,8 @@ GEN_LENGTH = {task: max_gen_toks(task) for task in TASKS}
 def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, tasks,
                  models, seeds: list[int] | None = None) -> None:
     """The sweep cells; ``seeds`` None is the older single-run layout (the embedded checkpoints)."""
-    from ..sweep import ModelSpec, SweepPlan, run_sweep
+    from ..sweep import run_sweep
+    from ..sweep_plan import ModelSpec, SweepPlan
 
     for task in tasks:
         for name in models:
@@ -128,7 +129,7 @@ def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> Non
     """One unmasked traced generation per (model, seed, prompt), saved under out/traces/."""
     from ..provenance import checkpoint_digest
     from ..sink_trace import Trace, trace_generation
-    from ..sweep import seed_path
+    from ..sweep_plan import seed_path
 
     for name in TRACED:
         for seed in seeds or [None]:
@@ -454,7 +455,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown task(s)/model(s) {unknown}; choose from "
                              f"{list(TASKS)} and {list(MODELS)}")
         from ..masking_lm import resolve_pretrained
-        from ..sweep import parse_seeds, seed_path
+        from ..sweep_plan import parse_seeds, seed_path
 
         try:
             seeds = parse_seeds(a.seeds)

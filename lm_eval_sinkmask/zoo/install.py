@@ -100,7 +100,7 @@ def sizes_after(sources: dict[tuple[str, int], Path], package: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..sweep import parse_seeds
+    from ..sweep_plan import parse_seeds
 
     ap = argparse.ArgumentParser(prog="python -m lm_eval_sinkmask.zoo.install",
                                  description=__doc__.split("\n\n")[0])

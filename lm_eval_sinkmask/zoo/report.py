@@ -134,7 +134,8 @@ def low_norm_verdict(block: dict[str, Any] | None) -> str:
 
 def run_accuracy(out: Path, models: list[str], seeds: list[int], limit: int | None, jobs: int,
                  device: str = "cpu", batch_size: int = 32) -> None:
-    from ..sweep import SweepPlan, parse_models, run_sweep
+    from ..sweep import run_sweep
+    from ..sweep_plan import SweepPlan, parse_models
 
     specs = parse_models(",".join(f"{m}=zoo:{m}" for m in models), seeds=seeds)
     plan = SweepPlan(models=specs, tasks=list(TASKS), ks=[0], out=out, limit=limit,
@@ -509,7 +510,7 @@ def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..sweep import parse_seeds
+    from ..sweep_plan import parse_seeds
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/zoo")

@@ -1,0 +1,344 @@
+"""What a Table 1 sweep runs and where each cell lives (docs/method.md section 9).
+
+A sweep is models x tasks x K: ``--models name=path,...`` (the kind, ARM or DLM, given or read
+off the checkpoint's config), each cell one lm-eval run of one model at one K on one task, in
+the folder ``DIR/cells/<model>/<task>/k<K>/`` (:class:`Cell`; :mod:`sweep` runs it).
+``DIR/sweep.json`` records the grid (model order, tasks, K) that ``sinkmask table`` lays out.
+
+A seed axis (``--seeds 0,1,2``) runs every model once per training seed: ``zoo:llada`` becomes
+``zoo:llada@S`` and any other path names its seed with a ``{seed}`` placeholder
+(``/ckpt/llada-s{seed}``). Its cells live one level deeper, ``DIR/cells/<model>/seed<S>/<task>/k<K>/``,
+and ``sweep.json`` lists the seeds; without the axis the layout is the one above.
+
+A draw axis (``--mask-seeds 0-7``) repeats the random-key control: every model with
+``mask_target=random`` runs each masked cell (K > 0) once per ``mask_seed``, so the table can
+give the control's mean and spread over independent draws rather than one draw's luck. Those
+cells live under ``.../<model>[/seed<S>]/draw<D>/<task>/k<K>/``; K=0 masks nothing, draws
+nothing, and runs once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .provenance import changed_inputs
+
+KINDS = ("arm", "dlm")
+MODEL_CLASS = {"arm": "arm_sinkmask", "dlm": "dlm_sinkmask"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One column of the table: ``name=path``, ``name=kind:path`` (kind arm or dlm)."""
+
+    name: str
+    path: str
+    kind: str  # "arm" or "dlm"
+    args: str = ""  # model_args for this model only (``--model-args-for name:...``)
+
+    @property
+    def model_class(self) -> str:
+        return MODEL_CLASS[self.kind]
+
+    def path_for_seed(self, seed: int | None) -> str:
+        return seed_path(self.path, seed)
+
+
+def arg_value(model_args: str, key: str) -> str | None:
+    """The value of ``key`` in lm-eval's ``a=1,b=2`` model_args (the last one given wins, as in
+    lm-eval's own parsing), or None."""
+    found = None
+    for part in model_args.split(","):
+        name, sep, value = part.partition("=")
+        if sep and name.strip() == key:
+            found = value.strip()
+    return found
+
+
+SEED_PLACEHOLDER = "{seed}"
+
+
+def seed_path(path: str, seed: int | None) -> str:
+    """The checkpoint of one training seed: ``zoo:NAME`` -> ``zoo:NAME@S``, ``{seed}`` replaced.
+
+    ``seed`` None (no seed axis) returns ``path`` unchanged. A path that names no seed is an
+    error: running one checkpoint once per "seed" would report a spread of zero.
+    """
+    if seed is None:
+        return path
+    if path.startswith("zoo:") and "@" not in path and SEED_PLACEHOLDER not in path:
+        return f"{path}@{seed}"
+    if SEED_PLACEHOLDER in path:
+        return path.replace(SEED_PLACEHOLDER, str(seed))
+    raise ValueError(
+        f"with --seeds every model path must name its seed: use zoo:NAME (without @S) or a "
+        f"{SEED_PLACEHOLDER} placeholder, e.g. /ckpt/llada-s{SEED_PLACEHOLDER}; got {path!r}"
+    )
+
+
+def parse_seeds(text: str | None, option: str = "--seeds") -> list[int] | None:
+    """``0,1,2`` or ``0-2`` (or a mix, ``0-3,7``) -> [0, 1, 2]; None or empty -> None (no axis)."""
+    if text is None or not text.strip():
+        return None
+    seeds: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            first, dash, last = part.partition("-")
+            seeds += list(range(int(first), int(last) + 1)) if dash else [int(part)]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"{option} needs distinct integers >= 0 (e.g. 0,1,2 or 0-7), got {text!r}")
+    return seeds
+
+
+def parse_models(text: str, kind_of=None, seeds: list[int] | None = None) -> list[ModelSpec]:
+    """``llada=GSAI-ML/LLaDA-8B-Instruct,llama=arm:meta-llama/...``; the kind, when not given,
+    comes from the checkpoint's ``config.model_type`` (:func:`infer_kind`).
+
+    With ``seeds``, every seed's checkpoint is resolved now (a missing zoo seed fails here,
+    before any weights load) and must be of the same kind."""
+    kind_of = kind_of or infer_kind
+    specs: list[ModelSpec] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, target = item.partition("=")
+        if not sep or not name or not target:
+            raise ValueError(f"--models entries are name=path or name=kind:path, got {item!r}")
+        kind, sep, path = target.partition(":")
+        if not sep or kind not in KINDS:  # a plain path (a Windows drive letter is not a kind)
+            kind, path = None, target
+        kinds = {_kind_or_check(kind, seed_path(path, s), kind_of) for s in seeds or [None]}
+        if len(kinds) > 1:
+            raise ValueError(f"the seeds of {name!r} are of different kinds {sorted(kinds)}")
+        kind = kinds.pop()
+        if any(s.name == name for s in specs):
+            raise ValueError(f"model name {name!r} given twice")
+        specs.append(ModelSpec(name, path, kind))
+    if not specs:
+        raise ValueError("--models is empty")
+    return specs
+
+
+def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
+    """The given kind (a zoo reference is still resolved, so a missing seed fails now), or the
+    one read off the checkpoint."""
+    if kind is None:
+        return kind_of(path)
+    if path.startswith("zoo:"):
+        from .masking_lm import resolve_pretrained
+
+        resolve_pretrained(path)
+    return kind
+
+
+def infer_kind(path: str) -> str:
+    """"dlm" when ``config.model_type`` belongs to a diffusion family (families.py), else "arm".
+
+    Reads the raw config dict, so remote-code checkpoints need no ``trust_remote_code`` here.
+    """
+    import transformers
+
+    from .families import family_for
+    from .masking_lm import resolve_pretrained
+
+    config, _ = transformers.PretrainedConfig.get_config_dict(resolve_pretrained(path))
+    try:
+        family_for(config.get("model_type"))
+        return "dlm"
+    except ValueError:
+        return "arm"
+
+
+def parse_ks(text: str) -> list[int]:
+    ks = [int(k) for k in text.split(",") if k.strip()]
+    if not ks or any(k < 0 for k in ks) or len(set(ks)) != len(ks):
+        raise ValueError(f"--top-k needs distinct integers >= 0, got {text!r}")
+    return ks
+
+
+@dataclass
+class SweepPlan:
+    models: list[ModelSpec]
+    tasks: list[str]
+    ks: list[int]
+    out: Path
+    eps: float = 3.0
+    limit: int | float | None = None
+    model_args_extra: str = ""  # appended to every model's model_args
+    arm_rule: str = "last_row"
+    batch_size: int | str = 1
+    device: str | None = None
+    num_fewshot: int | None = None
+    apply_chat_template: bool = False
+    include_path: list[str] = field(default_factory=list)
+    allow_code_execution: bool = False
+    seed: int = 0
+    seeds: list[int] | None = None  # training seeds of every model (None: no seed axis)
+    mask_seeds: list[int] | None = None  # draws of the random control (None: no draw axis)
+    versus: list[list[str]] = field(default_factory=list)  # [A, B]: A - B under the table
+
+    def __post_init__(self) -> None:
+        from .versus import check_pairs
+
+        check_pairs(self.versus, [m.name for m in self.models])
+        if self.mask_seeds is None:
+            return
+        drawn = [m for m in self.models if self.draws_random_keys(m)]
+        if not drawn:
+            raise ValueError("--mask-seeds repeats the draws of mask_target=random models, and no "
+                             "model has mask_target=random (e.g. --model-args-for "
+                             "NAME:mask_target=random)")
+        fixed = [m.name for m in drawn if arg_value(self._args_of(m), "mask_seed") is not None]
+        if fixed:
+            raise ValueError(f"{fixed} set mask_seed themselves; with --mask-seeds the sweep sets "
+                             "it per draw (drop it from their model args)")
+
+    def _args_of(self, model: ModelSpec) -> str:
+        """The model_args that ``model`` adds to every cell (the sweep's, then its own)."""
+        return f"{self.model_args_extra},{model.args}"
+
+    def draws_random_keys(self, model: ModelSpec) -> bool:
+        """Whether ``model`` masks random keys (``mask_target=random``), i.e. has draws."""
+        return arg_value(self._args_of(model), "mask_target") == "random"
+
+    def draws_of(self, model: ModelSpec, k: int) -> list[int | None]:
+        """The mask seeds a (model, K) cell runs with: every draw for a random-control model
+        at K > 0, else one run (None: the model's own mask_seed)."""
+        if self.mask_seeds is None or k == 0 or not self.draws_random_keys(model):
+            return [None]
+        return self.mask_seeds
+
+    def cells(self) -> list[Cell]:
+        return [Cell(self, m, t, k, s, d) for m in self.models for s in self.seeds or [None]
+                for t in self.tasks for k in self.ks for d in self.draws_of(m, k)]
+
+    def grid(self) -> dict[str, Any]:
+        grid = {
+            "models": [asdict(m) for m in self.models],
+            "tasks": self.tasks,
+            "ks": self.ks,
+            "eps": self.eps,
+            "limit": self.limit,
+        }
+        if self.seeds is not None:
+            grid["seeds"] = self.seeds
+        if self.mask_seeds is not None:
+            grid["mask_seeds"] = self.mask_seeds
+        if self.versus:
+            grid["versus"] = self.versus
+        return grid
+
+
+@dataclass
+class Cell:
+    plan: SweepPlan
+    model: ModelSpec
+    task: str
+    k: int
+    seed: int | None = None  # training seed of the checkpoint (None: no seed axis)
+    draw: int | None = None  # mask_seed of a random-control draw (None: no draw axis)
+
+    @property
+    def folder(self) -> Path:
+        model = self.plan.out / "cells" / self.model.name
+        if self.seed is not None:
+            model = model / f"seed{self.seed}"
+        if self.draw is not None:
+            model = model / f"draw{self.draw}"
+        return model / self.task / f"k{self.k}"
+
+    @property
+    def label(self) -> str:
+        """``llada@1 draw 3``: the model and, on those axes, its seed and draw."""
+        seed = "" if self.seed is None else f"@{self.seed}"
+        draw = "" if self.draw is None else f" draw {self.draw}"
+        return f"{self.model.name}{seed}{draw}"
+
+    @property
+    def path(self) -> str:
+        """This cell's checkpoint (the model's path for this cell's seed)."""
+        return self.model.path_for_seed(self.seed)
+
+    @property
+    def model_args(self) -> str:
+        """Exactly what lm-eval parses; ``top_k``/``eps`` last so nothing extra overrides them."""
+        parts = [f"pretrained={self.path}"]
+        if self.model.kind == "arm":
+            parts.append(f"arm_rule={self.plan.arm_rule}")
+        parts += [self.plan.model_args_extra, self.model.args]
+        if self.draw is not None:
+            parts.append(f"mask_seed={self.draw}")
+        parts += [f"top_k={self.k}", f"eps={self.plan.eps:g}"]
+        return ",".join(p for p in parts if p)
+
+    def request(self) -> dict[str, Any]:
+        """What identifies this cell's run; a done cell with a different request is an error."""
+        request = {
+            "model": self.model.name,
+            "model_class": self.model.model_class,
+            "model_args": self.model_args,
+            "task": self.task,
+            "top_k": self.k,
+            "limit": self.plan.limit,
+            "num_fewshot": self.plan.num_fewshot,
+            "apply_chat_template": self.plan.apply_chat_template,
+            "seed": self.plan.seed,
+        }
+        if self.seed is not None:  # only on a seed axis: older cells keep their exact request
+            request["checkpoint_seed"] = self.seed
+        if self.draw is not None:  # likewise only on a draw axis
+            request["mask_seed"] = self.draw
+        return request
+
+    def record(self) -> dict[str, Any] | None:
+        path = self.folder / "cell.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def is_done(self, inputs: dict[str, Any]) -> bool:
+        """True when this cell was run with the same request on the same ``inputs`` (the
+        checkpoint's and the task's digests, :mod:`provenance`); a done cell that differs in
+        either is an error rather than a cell to reuse or to overwrite."""
+        record = self.record()
+        if record is None:
+            return False
+        if record["request"] != self.request():
+            raise SystemExit(
+                f"{self.folder} was run with different settings:\n  done: {record['request']}\n"
+                f"  now:  {self.request()}\n{_RERUN_HELP}"
+            )
+        changed = changed_inputs(record.get("inputs"), inputs)
+        if changed:
+            raise SystemExit(
+                f"{self.folder} was run on other inputs than {self.path} and {self.task} are now:\n  "
+                + "\n  ".join(changed) + f"\n{_RERUN_HELP}"
+            )
+        return True
+
+
+_RERUN_HELP = "Use another --out folder (or delete that cell) to rerun it with the new settings."
+
+
+def merge_grids(old: dict, new: dict) -> dict:
+    """The grid of a folder swept again, perhaps wider: earlier models, tasks and K stay in the
+    layout; a folder never mixes the layouts with and without a seed or draw axis."""
+    def union(a, b, key=lambda x: x):
+        seen = {key(x) for x in a}
+        return list(a) + [x for x in b if key(x) not in seen]
+
+    merged = dict(new)
+    for axis, option in (("seeds", "--seeds"), ("mask_seeds", "--mask-seeds")):
+        if (axis in old) != (axis in new):
+            with_axis = "with" if axis in old else "without"
+            raise SystemExit(f"this folder was swept {with_axis} {option}; use another --out "
+                             "folder rather than mixing the two layouts")
+        if axis in new:
+            merged[axis] = sorted(set(old[axis]) | set(new[axis]))
+    merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
+    merged["tasks"] = union(old.get("tasks", []), new["tasks"])
+    merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))
+    if old.get("versus") or new.get("versus"):
+        merged["versus"] = union(old.get("versus", []), new.get("versus", []), key=tuple)
+    return merged
