@@ -47,17 +47,6 @@ class ModelSpec:
         return seed_path(self.path, seed)
 
 
-def arg_value(model_args: str, key: str) -> str | None:
-    """The value of ``key`` in lm-eval's ``a=1,b=2`` model_args (the last one given wins, as in
-    lm-eval's own parsing), or None."""
-    found = None
-    for part in model_args.split(","):
-        name, sep, value = part.partition("=")
-        if sep and name.strip() == key:
-            found = value.strip()
-    return found
-
-
 SEED_PLACEHOLDER = "{seed}"
 
 
@@ -191,18 +180,21 @@ class SweepPlan:
             raise ValueError("--mask-seeds repeats the draws of mask_target=random models, and no "
                              "model has mask_target=random (e.g. --model-args-for "
                              "NAME:mask_target=random)")
-        fixed = [m.name for m in drawn if arg_value(self._args_of(m), "mask_seed") is not None]
+        fixed = [m.name for m in drawn if "mask_seed" in self._args_of(m)]
         if fixed:
             raise ValueError(f"{fixed} set mask_seed themselves; with --mask-seeds the sweep sets "
                              "it per draw (drop it from their model args)")
 
-    def _args_of(self, model: ModelSpec) -> str:
-        """The model_args that ``model`` adds to every cell (the sweep's, then its own)."""
-        return f"{self.model_args_extra},{model.args}"
+    def _args_of(self, model: ModelSpec) -> dict[str, Any]:
+        """The model_args that ``model`` adds to every cell (the sweep's, then its own), as
+        lm-eval parses them (the last value given for a key wins)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return simple_parse_args_string(f"{self.model_args_extra},{model.args}")
 
     def draws_random_keys(self, model: ModelSpec) -> bool:
         """Whether ``model`` masks random keys (``mask_target=random``), i.e. has draws."""
-        return arg_value(self._args_of(model), "mask_target") == "random"
+        return self._args_of(model).get("mask_target") == "random"
 
     def draws_of(self, model: ModelSpec, k: int) -> list[int | None]:
         """The mask seeds a (model, K) cell runs with: every draw for a random-control model
