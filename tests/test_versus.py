@@ -162,3 +162,16 @@ def test_a_missing_draw_is_counted_and_one_draw_renders_as_the_plain_table(tmp_p
     md = table.render(one, figure=False)["markdown"].read_text()
     assert f"|  | K=1 | {np.mean(SINKS[1]):.2f} ± 0.10" in md and "(DLM, 1 draws)" not in md
     assert "drawn with mask_seed 1." in md
+
+
+def test_the_figure_draws_each_pair_in_one_colour_the_second_dotted(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    table.render(_drawn_sweep(tmp_path / "t", DRAWS))
+    [panel] = [ax for ax in figures[0].axes if ax.containers]  # one task, one panel
+    lines = {bars.get_label(): bars.lines[0] for bars in panel.containers}
+    sinks, control = lines["llada (DLM)"], lines["llada_random (DLM, 3 draws)"]
+    assert sinks.get_color() == control.get_color()
+    assert (sinks.get_linestyle(), control.get_linestyle()) == ("-", ":")
