@@ -335,7 +335,10 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     if multi:
         idx = seed_stats.aggregate(grid, entries)
     width = max(7.0, 5.2 * len(tasks))
-    legend_cols = min(len(grid["models"]), 5)
+    # legend columns as many as fit the width (about 0.05 in per character at 8 pt, plus the
+    # marker), at most five
+    label_inches = 0.6 + 0.05 * max(len(model_label(m, notes)) for m in grid["models"])
+    legend_cols = max(1, min(len(grid["models"]), 5, int(0.95 * width / label_inches)))
     legend_rows = -(-len(grid["models"]) // legend_cols)
     height = 4.6 + 0.22 * legend_rows
     fig, axes = plt.subplots(1, len(tasks), figsize=(width, height), squeeze=False)
