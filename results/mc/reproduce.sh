@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sink masking on multiple choice, tiny zoo: the three zoo checkpoints x mini_mc_sinkmask x
-# K in {0, 1, 5, 10} on the first 40 questions (160 scored choices per cell), on the CPU. The
+# K in {0, 1, 5, 10} on the first 40 questions (160 scored choices per cell), on the CPU, each
+# beside its random-key control (*_random: as many non-sink keys per (layer, head) and pass,
+# over eight draws, --mask-seeds 0-7; --versus gives sinks minus random within each draw). The
 # ARM scores each choice with one causal pass (lm-eval's HFLM); the DLMs with the Monte Carlo
 # bound, 32 samples per choice (mc_num=32, one forward pass of 32 rows). Deterministic: one
-# thread per process, fixed batch size, fixed seeds (the DLMs' samples are seeded per request).
-# 2-4 minutes on 2 cores (measured 2m08, and 3m46 beside a test run).
+# thread per process, fixed batch size, fixed seeds (the DLMs' samples and the random keys are
+# seeded per request). About 6 minutes on 2 cores (measured 5m31).
 #
 #   results/mc/reproduce.sh [OUT]      # OUT defaults to results/mc (resumes, skips done cells)
 set -euo pipefail
@@ -13,12 +15,16 @@ out=${1:-results/mc}
 zoo=lm_eval_sinkmask/zoo/checkpoints
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 sinkmask sweep \
-  --models "arm=$zoo/arm,llada=$zoo/llada,dream=$zoo/dream" \
+  --models "arm=$zoo/arm,arm_random=$zoo/arm,llada=$zoo/llada,llada_random=$zoo/llada,dream=$zoo/dream,dream_random=$zoo/dream" \
+  --model-args-for "arm_random:mask_target=random" \
   --model-args-for "llada:mc_num=32,mc_batch_size=32" \
+  --model-args-for "llada_random:mc_num=32,mc_batch_size=32,mask_target=random" \
   --model-args-for "dream:mc_num=32,mc_batch_size=32" \
+  --model-args-for "dream_random:mc_num=32,mc_batch_size=32,mask_target=random" \
+  --mask-seeds 0-7 --versus arm:arm_random,llada:llada_random,dream:dream_random \
   --tasks mini_mc_sinkmask --top-k 0,1,5,10 \
   --limit 40 --batch-size 8 --device cpu --seed 0 --jobs 2 \
-  --title "mini_mc accuracy under attention-sink masking (top-K Eq. 3 sinks masked, eps = 3)" \
+  --title "mini_mc accuracy under attention-sink masking, beside as many random non-sink keys over eight draws (top-K Eq. 3 sinks, eps = 3)" \
   --out "$out"
 # the repository keeps lm-eval's per-problem samples gzipped (the table reads either form)
 find "$out/cells" -name 'samples_*.jsonl' -exec gzip -9nf {} +
