@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The random-key control of the tiny-zoo Table 1: each zoo model masked at its top-K Eq. 3
-# sinks (arm, llada, dream) and, beside it, at as many keys per (layer, head) and step drawn
-# from the keys that are not sinks (*_random: mask_target=random), over eight independent draws
-# (--mask-seeds 0-7: every masked random cell runs once per mask_seed; the table gives the mean
-# and the spread across draws). A drop that the sinks cause and the random keys do not is the
-# sinks' doing, not the removal of any k keys; the table's last section gives sinks minus
-# random per column pair (--versus), paired over the same problems within each draw. Same
-# tasks, problems and settings as results/tiny (first 64 test problems, greedy, one thread per
-# process, the shipped seed-0 checkpoints). About 19 minutes on 2 cores.
+# The random-key control of the tiny-zoo Table 1: each column of results/tiny (arm, llada,
+# dream; arm_all_rows, the ARM under the all_rows query rule; llada_l2r, the LLaDA-style model
+# decoded left to right) masked at its top-K Eq. 3 sinks and, beside it, at as many keys per
+# (layer, head) and step drawn from the keys that are not sinks (*_random:
+# mask_target=random), over eight independent draws (--mask-seeds 0-7: every masked random
+# cell runs once per mask_seed; the table gives the mean and the spread across draws). A drop
+# that the sinks cause and the random keys do not is the sinks' doing, not the removal of any
+# k keys; the table's last section gives sinks minus random per column pair (--versus),
+# paired over the same problems within each draw. Same tasks, problems and settings as
+# results/tiny (first 64 test problems, greedy, one thread per process, the shipped seed-0
+# checkpoints). 290 cells, about 30 minutes on 2 cores (measured: 19 min for the first six
+# columns, 10.5 min more for the last four).
 #
 #   results/control/reproduce.sh [OUT]      # OUT defaults to results/control (resumes)
 set -euo pipefail
@@ -15,15 +18,19 @@ cd "$(dirname "$0")/../.."
 out=${1:-results/control}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 sinkmask sweep \
-  --models "arm=zoo:arm,arm_random=zoo:arm,llada=zoo:llada,llada_random=zoo:llada,dream=zoo:dream,dream_random=zoo:dream" \
+  --models "arm=zoo:arm,arm_random=zoo:arm,llada=zoo:llada,llada_random=zoo:llada,dream=zoo:dream,dream_random=zoo:dream,arm_all_rows=zoo:arm,arm_all_rows_random=zoo:arm,llada_l2r=zoo:llada,llada_l2r_random=zoo:llada" \
   --model-args-for "arm_random:mask_target=random" \
   --model-args-for "llada_random:mask_target=random" \
   --model-args-for "dream_random:mask_target=random" \
+  --model-args-for "arm_all_rows:arm_rule=all_rows" \
+  --model-args-for "arm_all_rows_random:arm_rule=all_rows,mask_target=random" \
+  --model-args-for "llada_l2r:block_length=1" \
+  --model-args-for "llada_l2r_random:block_length=1,mask_target=random" \
   --seeds 0 --mask-seeds 0-7 \
   --tasks mini_gsm_sinkmask,mini_code_sinkmask --top-k 0,1,5,10 \
   --limit 64 --batch-size 32 --device cpu --seed 0 --jobs 2 \
   --allow-code-execution \
-  --versus arm:arm_random,llada:llada_random,dream:dream_random \
+  --versus arm:arm_random,llada:llada_random,dream:dream_random,arm_all_rows:arm_all_rows_random,llada_l2r:llada_l2r_random \
   --title "Sinks vs random keys: accuracy under masking of the top-K Eq. 3 sinks and of as many non-sink keys, over eight draws (eps = 3)" \
   --out "$out"
 # the repository keeps lm-eval's per-problem samples gzipped (the table reads either form)
