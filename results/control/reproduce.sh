@@ -9,8 +9,8 @@
 # k keys; the table's last section gives sinks minus random per column pair (--versus),
 # paired over the same problems within each draw. Same tasks, problems and settings as
 # results/tiny (first 64 test problems, greedy, one thread per process, the shipped seed-0
-# checkpoints). 290 cells, about 30 minutes on 2 cores (measured: 19 min for the first six
-# columns, 10.5 min more for the last four).
+# checkpoints). 290 cells, 24 minutes on 2 cores (measured from an empty folder: 23m32s; its
+# table.md, table.csv and versus.csv came out identical to the committed ones).
 #
 #   results/control/reproduce.sh [OUT]      # OUT defaults to results/control (resumes)
 set -euo pipefail
