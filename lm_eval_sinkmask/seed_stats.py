@@ -218,10 +218,24 @@ def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
 
 
 def runs_of_grid(grid: dict) -> list[Run]:
-    """Every run a sweep can have, in order: each seed's, then each seed's draws."""
+    """Every run of a sweep that gets CSV columns of its own, in order: each seed's, then each
+    seed's draws (none for the one unlabelled run of a sweep with no axes)."""
     seeds = grid.get("seeds") or [None]
-    runs = [(s, None) for s in seeds]
-    return runs + [(s, d) for s in seeds for d in grid.get("mask_seeds") or []]
+    runs = [(s, None) for s in seeds] + [(s, d) for s in seeds for d in grid.get("mask_seeds") or []]
+    return [r for r in runs if run_label(r)]
+
+
+PER_RUN = ("value", "stderr", "delta", "delta_se")  # the CSV's columns for each run
+
+
+def per_run_columns(run: Run) -> list[str]:
+    """``value_seed0_draw3``, ``stderr_seed0_draw3``, ...: one run's CSV columns."""
+    return [f"{what}_{run_label(run)}" for what in PER_RUN]
+
+
+def _distinct(values) -> str:
+    """``0;1;2``: the distinct values that are not None, in order."""
+    return ";".join(str(v) for v in dict.fromkeys(values) if v is not None)
 
 
 def csv_rows(grid: dict, entries) -> list[dict]:
@@ -232,8 +246,7 @@ def csv_rows(grid: dict, entries) -> list[dict]:
     for task, k, m, c in in_table_order(grid, aggregate(grid, entries)):
         row = {
             "task": task, "setting": row_label(k), "top_k": k, "model": m["name"],
-            "kind": m["kind"], "metric": c.metric,
-            "seeds": ";".join(str(s) for s in dict.fromkeys(s for s, _ in c.values) if s is not None),
+            "kind": m["kind"], "metric": c.metric, "seeds": _distinct(s for s, _ in c.values),
             "mean": c.mean, "std": c.std,
             "min": min(c.values.values()), "max": max(c.values.values()),
             "stderr_mean": c.stderr_mean, "delta_mean": c.delta_mean,
@@ -241,13 +254,10 @@ def csv_rows(grid: dict, entries) -> list[dict]:
             "n": ";".join(map(str, c.ns)),
         }
         if grid.get("mask_seeds"):
-            row["draws"] = ";".join(str(d) for d in dict.fromkeys(d for _, d in c.values) if d is not None)
+            row["draws"] = _distinct(d for _, d in c.values)
         for r in runs_of_grid(grid):
-            if run_label(r):
-                row[f"value_{run_label(r)}"] = c.values.get(r)
-                row[f"stderr_{run_label(r)}"] = c.stderrs.get(r)
-                row[f"delta_{run_label(r)}"] = c.deltas.get(r)
-                row[f"delta_se_{run_label(r)}"] = c.delta_ses.get(r)
+            per_run = (c.values, c.stderrs, c.deltas, c.delta_ses)
+            row.update(zip(per_run_columns(r), (of_run.get(r) for of_run in per_run)))
         out.append(row)
     return out
 
@@ -258,6 +268,6 @@ def csv_text(grid: dict, entries) -> str:
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "seeds",
               *(["draws"] if grid.get("mask_seeds") else []), "mean", "std", "min", "max",
               "stderr_mean", "delta_mean", "delta_std", "delta_se_mean", "n"]
-    for r in filter(run_label, runs_of_grid(grid)):
-        fields += [f"{what}_{run_label(r)}" for what in ("value", "stderr", "delta", "delta_se")]
+    for r in runs_of_grid(grid):
+        fields += per_run_columns(r)
     return write_csv(fields, csv_rows(grid, entries))
