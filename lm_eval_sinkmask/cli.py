@@ -30,7 +30,7 @@ def _sweep(a: argparse.Namespace) -> int:
         name, sep, args = item.partition(":")
         if not sep or name not in {m.name for m in models}:
             raise SystemExit(f"--model-args-for takes NAME:ARGS with NAME one of the --models, got {item!r}")
-        per_model[name] = args
+        per_model[name] = f"{per_model[name]},{args}" if name in per_model else args
     models = [dataclasses.replace(m, args=per_model.get(m.name, "")) for m in models]
     limit = None if a.limit is None else (int(a.limit) if float(a.limit).is_integer() and a.limit >= 1 else a.limit)
     plan = SweepPlan(
@@ -52,6 +52,7 @@ def _sweep(a: argparse.Namespace) -> int:
         seeds=seeds,
         mask_seeds=parse_seeds(a.mask_seeds, "--mask-seeds"),
         versus=parse_versus(a.versus),
+        title=a.title,
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
@@ -154,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eps", type=float, default=3.0, help="Eq. 3 threshold [%(default)s]")
     s.add_argument("--model-args-extra", default="", help="model_args appended for every model, e.g. dtype=bfloat16")
     s.add_argument("--model-args-for", action="append", metavar="NAME:ARGS",
-                   help="model_args for one model, e.g. llada:block_length=32 (repeatable)")
+                   help="model_args for one model, e.g. llada:block_length=32 (repeatable; "
+                        "repeats for one model add up)")
     s.add_argument("--arm-rule", default="last_row", choices=["last_row", "all_rows"],
                    help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
@@ -177,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cells run at once, each in its own process (CPU sweeps; set "
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")
     s.add_argument("--max-cells", type=int, default=None, help="stop after this many new cells")
-    s.add_argument("--title", default=None, help="title of the table rendered at the end")
+    s.add_argument("--title", default=None,
+                   help="the table's title, kept in sweep.json for later `sinkmask table` runs")
     s.add_argument("--versus", default=None, metavar="A:B,...",
                    help="pairs of models whose difference A - B the table gives per task and K, "
                         "with its paired standard error (e.g. llada:llada_random)")

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .provenance import InputDigests, checkpoint_digest
-from .sweep_plan import Cell, SweepPlan, merge_grids
+from .sweep_plan import RERUN_HELP, Cell, SweepPlan, merge_grids, mixed_settings
 
 def versions() -> dict[str, str]:
     import platform
@@ -210,16 +210,13 @@ def run_sweep(
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit("--jobs > 1 and accelerate launch do not mix: use one or the other")
-    plan.out.mkdir(parents=True, exist_ok=True)
     grid_path = plan.out / "sweep.json"
     grid = plan.grid()
     if grid_path.exists():
-        old = json.loads(grid_path.read_text())
         # keep earlier models/tasks/K in the layout: a sweep can be extended by rerunning wider
-        grid = merge_grids(old, grid)
-    if process_rank() == 0:
-        grid_path.write_text(json.dumps(grid, indent=2) + "\n")
+        grid = merge_grids(json.loads(grid_path.read_text()), grid)
 
+    # everything is checked before sweep.json records the grid: a typo stays out of the layout
     tm = task_manager(plan)
     digests = InputDigests(tm)
     cells = plan.cells()
@@ -227,12 +224,19 @@ def run_sweep(
         inputs = [digests.for_cell(c.path, c.task) for c in cells]
     pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
     todo = pending[:max_cells]
+    done = [json.loads(p.read_text())["request"] for p in (plan.out / "cells").rglob("cell.json")]
+    mixed = mixed_settings(done + [cells[i].request() for i in todo])
+    if mixed:
+        raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
     blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))
     if blocked and not plan.allow_code_execution:
         raise SystemExit(
             f"task(s) {blocked} execute model-written code (in lm_eval_sinkmask's sandbox). "
             "Pass --allow-code-execution to run them."
         )
+    plan.out.mkdir(parents=True, exist_ok=True)
+    if process_rank() == 0:
+        grid_path.write_text(json.dumps(grid, indent=2) + "\n")
     bar = tqdm(total=len(cells), initial=len(cells) - len(pending), desc="sweep cells",
                unit="cell", disable=not progress or process_rank() != 0, dynamic_ncols=True)
 

@@ -76,6 +76,8 @@ def parse_seeds(text: str | None, option: str = "--seeds") -> list[int] | None:
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
             first, dash, last = part.partition("-")
+            if dash and int(last) < int(first):
+                raise ValueError(part)  # 3-1 would be an empty range, silently
             seeds += list(range(int(first), int(last) + 1)) if dash else [int(part)]
     except ValueError:
         seeds = []
@@ -168,6 +170,7 @@ class SweepPlan:
     seeds: list[int] | None = None  # training seeds of every model (None: no seed axis)
     mask_seeds: list[int] | None = None  # draws of the random control (None: no draw axis)
     versus: list[list[str]] = field(default_factory=list)  # [A, B]: A - B under the table
+    title: str | None = None  # the table's title (kept in sweep.json for later renders)
 
     def __post_init__(self) -> None:
         from .versus import check_pairs
@@ -221,6 +224,8 @@ class SweepPlan:
             grid["mask_seeds"] = self.mask_seeds
         if self.versus:
             grid["versus"] = self.versus
+        if self.title:
+            grid["title"] = self.title
         return grid
 
 
@@ -299,23 +304,25 @@ class Cell:
         if record["request"] != self.request():
             raise SystemExit(
                 f"{self.folder} was run with different settings:\n  done: {record['request']}\n"
-                f"  now:  {self.request()}\n{_RERUN_HELP}"
+                f"  now:  {self.request()}\n{RERUN_HELP}"
             )
         changed = changed_inputs(record.get("inputs"), inputs)
         if changed:
             raise SystemExit(
                 f"{self.folder} was run on other inputs than {self.path} and {self.task} are now:\n  "
-                + "\n  ".join(changed) + f"\n{_RERUN_HELP}"
+                + "\n  ".join(changed) + f"\n{RERUN_HELP}"
             )
         return True
 
 
-_RERUN_HELP = "Use another --out folder (or delete that cell) to rerun it with the new settings."
+RERUN_HELP = "Use another --out folder (or delete that cell) to rerun it with the new settings."
 
 
 def merge_grids(old: dict, new: dict) -> dict:
     """The grid of a folder swept again, perhaps wider: earlier models, tasks and K stay in the
-    layout; a folder never mixes the layouts with and without a seed or draw axis."""
+    layout. Refused: a folder that would mix the layouts with and without a seed or draw axis,
+    a column whose path, kind or model args change, another eps, another --limit for a task
+    already swept (each would put two experiments under one name)."""
     def union(a, b, key=lambda x: x):
         seen = {key(x) for x in a}
         return list(a) + [x for x in b if key(x) not in seen]
@@ -328,9 +335,69 @@ def merge_grids(old: dict, new: dict) -> dict:
                              "folder rather than mixing the two layouts")
         if axis in new:
             merged[axis] = sorted(set(old[axis]) | set(new[axis]))
+    recorded = {m["name"]: m for m in old.get("models", [])}
+    for model in new["models"]:
+        before = recorded.get(model["name"], model)
+        if before != model:
+            raise SystemExit(f"column {model['name']!r} was swept as {before} and is now {model}: "
+                             f"give the new one another name, or use another --out folder")
+    if old.get("eps", new["eps"]) != new["eps"]:
+        raise SystemExit(f"this folder was swept at eps {old['eps']:g}, not {new['eps']:g}: "
+                         "use another --out folder")
+    limits = task_limits(old)
+    for task, limit in task_limits(new).items():
+        if limits.setdefault(task, limit) != limit:
+            raise SystemExit(f"{task} was swept here with --limit {limits[task]}, not {limit}: "
+                             "use another --out folder")
     merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
     merged["tasks"] = union(old.get("tasks", []), new["tasks"])
     merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))
+    shared = set(limits.values())
+    merged["limit"] = shared.pop() if len(shared) == 1 else limits
     if old.get("versus") or new.get("versus"):
         merged["versus"] = union(old.get("versus", []), new.get("versus", []), key=tuple)
+    if "title" in old and "title" not in new:
+        merged["title"] = old["title"]
     return merged
+
+
+def task_limits(grid: dict) -> dict[str, int | float | None]:
+    """task -> the ``--limit`` its cells ran with; a grid stores one number when the tasks
+    share it, else one per task."""
+    limit = grid.get("limit")
+    if isinstance(limit, dict):
+        return dict(limit)
+    return {task: limit for task in grid.get("tasks", [])}
+
+
+# model_args that differ along a column's axes (seed, K, draw): the rest is the column's own
+AXIS_ARGS = ("pretrained", "top_k", "mask_seed")
+
+
+def column_settings(request: dict[str, Any]) -> dict[str, Any]:
+    """What every cell of one column shares: its request less the task, the axes (K, training
+    seed, draw) and the per-task ``limit``."""
+    args = [a for a in request.get("model_args", "").split(",") if a.partition("=")[0] not in AXIS_ARGS]
+    shared = {k: v for k, v in request.items()
+              if k not in ("task", "top_k", "limit", "checkpoint_seed", "mask_seed", "model_args")}
+    return {**shared, "model_args": ",".join(args)}
+
+
+def mixed_settings(requests: list[dict[str, Any]]) -> list[str]:
+    """One line per column whose cells ran with different settings (``column_settings``, and
+    the limit within each task): such a column would average two experiments."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    problems = []
+    for request in requests:
+        for key, value in ((("settings", request["model"]), column_settings(request)),
+                           (("limit", request["model"], request["task"]), request.get("limit"))):
+            first = seen.setdefault(key, value)
+            if first == value:
+                continue
+            if key[0] == "limit":
+                problems.append(f"column {key[1]!r} ran {key[2]} with --limit {first} and {value}")
+            else:
+                differ = {k: [first.get(k), value.get(k)] for k in sorted({*first, *value})
+                          if first.get(k) != value.get(k)}
+                problems.append(f"column {key[1]!r} mixes settings: {differ}")
+    return sorted(set(problems))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import paired, seed_stats, versus
 from .sweep import primary_metric
+from .sweep_plan import mixed_settings, task_limits
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
 
@@ -61,11 +62,13 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     grid = json.loads((folder / "sweep.json").read_text())
     seeds = grid.get("seeds")
     entries: list[Entry] = []
+    requests = []
     zoo = False
     cells = folder / "cells"
     for record_path in sorted(cells.rglob("cell.json")):  # any depth: seed and draw folders
         record = json.loads(record_path.read_text())
         req = record["request"]
+        requests.append(req)
         if seeds is not None and req.get("checkpoint_seed") not in seeds:
             continue
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
@@ -77,6 +80,9 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
                                 per_doc=paired.read_per_document(record_path.parent, req["task"],
                                                                  metric, value)))
     check_one_input_each(entries)
+    mixed = mixed_settings(requests)
+    if mixed:
+        raise ValueError("\n".join(mixed) + "\nso this folder is not one table")
     return grid, entries, zoo
 
 
@@ -127,6 +133,12 @@ def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float
     name, _, filt = metric.partition(",")
     stderr = res.get(f"{name}_stderr,{filt}")
     return metric, res[metric], stderr if isinstance(stderr, (int, float)) else None
+
+
+def title_of(grid: dict, zoo: bool, title: str | None = None) -> str:
+    """``title``, else the sweep's ``--title``, else the default; a zoo table says so in it."""
+    title = title or grid.get("title")
+    return with_zoo_note(title, zoo) if title else default_title(grid, zoo)
 
 
 def default_title(grid: dict, zoo: bool) -> str:
@@ -269,9 +281,16 @@ def _single_run_markdown(grid: dict, entries: list[Entry], title: str, digits: i
 def metric_and_sample_notes(grid: dict, metrics: dict[str, str], ns: list[int],
                             label: str) -> list[str]:
     """The footer lines naming each task's metric and the samples per cell."""
+    def g(n):
+        return "none" if n is None else format(n, "g")
+
+    limits = task_limits(grid)
+    if len(set(limits.values())) > 1:  # tasks swept with their own --limit
+        limit = " (--limit " + ", ".join(f"{g(n)} on {t}" for t, n in limits.items()) + ")"
+    else:
+        limit = f" (--limit {g(grid['limit'])})" if grid.get("limit") is not None else ""
     return ["Metrics: " + "; ".join(f"{t}: `{m}`" for t, m in metrics.items()) + ".",
-            f"{label}: {', '.join(map(str, ns)) or 'n/a'}"
-            + (f" (--limit {grid['limit']:g})." if grid.get("limit") is not None else ".")]
+            f"{label}: {', '.join(map(str, ns)) or 'n/a'}{limit}."]
 
 
 def input_notes(grid: dict, entries: list[Entry]) -> list[str]:
@@ -414,7 +433,7 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
     if versus_pairs is not None:
         versus.check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
         grid = {**grid, "versus": versus_pairs}
-    title = with_zoo_note(title, zoo) if title else default_title(grid, zoo)
+    title = title_of(grid, zoo, title)
     out = {"markdown": folder / "table.md", "csv": folder / "table.csv"}
     comparisons = versus.compare(grid, entries)
     out["markdown"].write_text(markdown(grid, entries, title, digits, comparisons))

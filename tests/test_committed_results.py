@@ -53,10 +53,9 @@ def test_every_committed_table_is_what_its_committed_cells_render(name):
 
     folder = ROOT / "results" / name
     committed = (folder / "table.md").read_text()
-    title = committed.splitlines()[0].removeprefix("# ").removesuffix(f" [{table.ZOO_NOTE}]")
     grid, entries, zoo = table.load(folder)
     assert all(e.per_doc is not None for e in entries)  # every cell kept its samples
-    assert table.markdown(grid, entries, table.with_zoo_note(title, zoo)) == committed
+    assert table.markdown(grid, entries, table.title_of(grid, zoo)) == committed
     assert table.csv_text(grid, entries) == (folder / "table.csv").read_text()
     comparisons = versus.compare(grid, entries)
     assert bool(comparisons) == (folder / "versus.csv").exists()

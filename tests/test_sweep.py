@@ -191,6 +191,36 @@ def test_versus_pairs_are_checked_before_anything_runs_and_kept_in_sweep_json(tm
     assert "| tiny_gen | Unmasked | +0.00 ± 0.00 |" in (tmp_path / "ok" / "table.md").read_text()
 
 
+def test_a_typo_or_a_second_experiment_under_a_column_name_is_refused_and_not_recorded(
+        tmp_path, tiny_dirs, tiny_task):
+    out = tmp_path / "out"
+
+    def sweep(*extra, models=f"llada={tiny_dirs['llada']}", tasks="tiny_gen"):
+        return main(["sweep", "--models", models, "--tasks", tasks, "--include-path",
+                     str(tiny_task), "--top-k", "0", "--limit", "2", "--device", "cpu",
+                     "--model-args-extra", "block_length=8", "--out", str(out), "--no-table",
+                     *extra])
+
+    assert sweep() == 0
+    grid = (out / "sweep.json").read_text()
+    with pytest.raises(SystemExit, match="unknown task"):
+        sweep(tasks="tiny_gen,tiny_gne")
+    # another block length for a new K of the same column: two experiments under one name
+    with pytest.raises(SystemExit, match="column 'llada' was swept as"):
+        sweep("--model-args-for", "llada:block_length=4", "--top-k", "1")
+    with pytest.raises(SystemExit, match=r"column 'llada' mixes settings: \{'model_args': "
+                                         r"\['block_length=8,eps=3', 'block_length=4,eps=3'\]"):
+        sweep("--model-args-extra", "block_length=4", "--top-k", "1")
+    with pytest.raises(SystemExit, match="tiny_gen was swept here with --limit 2, not 3"):
+        sweep("--limit", "3", "--top-k", "1")
+    assert (out / "sweep.json").read_text() == grid  # none of them touched the layout
+    assert sorted(p.parent.name for p in out.rglob("cell.json")) == ["k0"]
+    assert sweep("--top-k", "0,1", "--title", "Wider") == 0  # the same experiment, wider
+    assert json.loads((out / "sweep.json").read_text())["ks"] == [0, 1]
+    assert main(["table", str(out)]) == 0
+    assert (out / "table.md").read_text().startswith("# Wider [")  # the sweep's title stays
+
+
 def test_a_sweep_keeps_lm_evals_metadata_advice_out_of_every_cell(tmp_path, caplog):
     # the zoo tasks load their data with their own loader, for which lm-eval advises
     # `--metadata` (an option the sweep does not have) each time a cell loads the task

@@ -3,8 +3,9 @@ cell, the seed and draw axes' layouts, and bad grids refused before anything loa
 
 import pytest
 
-from lm_eval_sinkmask.sweep_plan import (Cell, ModelSpec, SweepPlan, parse_ks, parse_models,
-                                         parse_seeds, seed_path)
+from lm_eval_sinkmask.sweep_plan import (Cell, ModelSpec, SweepPlan, merge_grids, mixed_settings,
+                                         parse_ks, parse_models, parse_seeds, seed_path,
+                                         task_limits)
 
 def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
     specs = parse_models(f"a=arm:{tiny_dirs['llada']},b={tiny_dirs['llada']},c={tiny_dirs['llama']},"
@@ -86,7 +87,7 @@ def test_zoo_seeds_resolve_from_the_seeds_folder_or_fail_naming_it(tmp_path, mon
 
 def test_mask_seeds_run_every_masked_random_cell_once_per_draw(tmp_path):
     assert parse_seeds("0-3,7", "--mask-seeds") == [0, 1, 2, 3, 7]
-    for bad in ("3-1", "0-2,2", "x-1"):
+    for bad in ("3-1", "0,3-1", "0-2,2", "x-1"):
         with pytest.raises(ValueError, match="--mask-seeds"):
             parse_seeds(bad, "--mask-seeds")
     sinks = ModelSpec("llada", "zoo:llada", "dlm")
@@ -114,3 +115,48 @@ def test_mask_seeds_run_every_masked_random_cell_once_per_draw(tmp_path):
     fixed = ModelSpec("r", "zoo:llada", "dlm", "mask_target=random,mask_seed=4")
     with pytest.raises(ValueError, match=r"\['r'\] set mask_seed themselves"):
         SweepPlan(models=[fixed], tasks=["t"], ks=[1], out=tmp_path, mask_seeds=[0, 1])
+
+
+def test_a_folder_swept_again_keeps_one_experiment_per_column(tmp_path):
+    def grid(**kw):
+        plan = dict(models=[ModelSpec("arm", "zoo:arm", "arm")], tasks=["gsm"], ks=[0, 1],
+                    out=tmp_path, limit=50, title="T")
+        return SweepPlan(**{**plan, **kw}).grid()
+
+    old = grid()
+    wider = merge_grids(old, grid(models=[ModelSpec("llada", "zoo:llada", "dlm")], tasks=["code"],
+                                  ks=[5], limit=100, title=None))
+    assert [m["name"] for m in wider["models"]] == ["arm", "llada"] and wider["ks"] == [0, 1, 5]
+    assert wider["limit"] == {"gsm": 50, "code": 100} and wider["title"] == "T"
+    assert task_limits(wider) == {"gsm": 50, "code": 100} and task_limits(old) == {"gsm": 50}
+    assert merge_grids(wider, grid(tasks=["code"], limit=100))["limit"] == wider["limit"]
+    assert merge_grids(old, grid(ks=[10]))["limit"] == 50  # one number while the tasks share it
+
+    for changed, refusal in ((dict(models=[ModelSpec("arm", "zoo:arm", "arm", "arm_rule=all_rows")]),
+                              "column 'arm' was swept as"),
+                             (dict(models=[ModelSpec("arm", "zoo:dream", "dlm")]), "column 'arm'"),
+                             (dict(eps=2.0), "at eps 3, not 2"),
+                             (dict(limit=64), "gsm was swept here with --limit 50, not 64")):
+        with pytest.raises(SystemExit, match=refusal):
+            merge_grids(old, grid(**changed))
+
+
+def test_cells_of_one_column_must_share_every_setting_but_their_axes():
+    def request(k=0, task="gsm", limit=50, args="arm_rule=last_row", seed=None, draw=None):
+        pretrained = "zoo:arm" if seed is None else f"zoo:arm@{seed}"
+        mask = "" if draw is None else f",mask_seed={draw}"
+        return {"model": "arm", "model_class": "arm_sinkmask", "task": task, "top_k": k,
+                "model_args": f"pretrained={pretrained},{args}{mask},top_k={k},eps=3",
+                "limit": limit, "num_fewshot": None, "seed": 0,
+                **({} if seed is None else {"checkpoint_seed": seed}),
+                **({} if draw is None else {"mask_seed": draw})}
+
+    one_column = [request(), request(k=5, seed=1, draw=3), request(task="code", limit=100)]
+    assert mixed_settings(one_column) == []
+    assert mixed_settings(one_column + [request(k=1, args="arm_rule=all_rows")]) == [
+        "column 'arm' mixes settings: {'model_args': ['arm_rule=last_row,eps=3', "
+        "'arm_rule=all_rows,eps=3']}"]
+    assert mixed_settings(one_column + [request(k=1, limit=20)]) == [
+        "column 'arm' ran gsm with --limit 50 and 20"]
+    assert mixed_settings([request(), {**request(k=1), "num_fewshot": 5}]) == [
+        "column 'arm' mixes settings: {'num_fewshot': [None, 5]}"]

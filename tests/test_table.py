@@ -217,6 +217,22 @@ def test_a_folder_whose_cells_ran_on_different_inputs_is_not_one_table(tmp_path)
     assert main(["table", str(folder)]) == 2  # one line, no traceback
 
 
+
+def test_per_task_limits_and_a_column_of_two_experiments(tmp_path):
+    folder = write_sweep(tmp_path / "limits")
+    grid = json.loads((folder / "sweep.json").read_text())
+    grid["limit"] = {"mini_gsm": 50, "mini_code": 100}
+    (folder / "sweep.json").write_text(json.dumps(grid))
+    md = table.render(folder, figure=False)["markdown"].read_text()
+    assert "Samples per cell: 50 (--limit 50 on mini_gsm, 100 on mini_code)." in md
+
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1" / "cell.json"
+    record = json.loads(cell.read_text())
+    record["request"]["model_args"] = "pretrained=/ckpt/llada,block_length=4,top_k=1"
+    cell.write_text(json.dumps(record))  # one cell of llada run with another block length
+    with pytest.raises(ValueError, match="column 'llada' mixes settings"):
+        table.load(folder)
+
 # ---- the paired standard error of Δ ------------------------------------------------------------
 
 def _write_samples(cell: Path, task: str, metric: str, scores: list[float]) -> None:
