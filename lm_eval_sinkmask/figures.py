@@ -147,7 +147,7 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
             raise ValueError(f"head {l}:{h} is outside the trace's {pos.shape[1]} layers x {pos.shape[2]} heads")
         y = np.where(is_sink[:, l, h], pos[:, l, h], np.nan)
         ax.plot(steps, y, marker="o", markersize=3.5, linewidth=1.3, label=f"layer {l}, head {h}")
-    P = trace.meta["prompt_length"]
+    P = trace.meta["prompt_length"] + trace.key_offset  # in key positions, like top_pos
     ax.axhline(P - 0.5, color="grey", linestyle=":", linewidth=1)
     # labelled in the right margin, where no data line can run over it
     for word, va in (("\u2191 prompt", "bottom"), ("\u2193 generation", "top")):
@@ -160,7 +160,8 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
         left = np.array([np.flatnonzero(r).min() if r.any() else np.nan for r in masked])
         ax.fill_between(steps[: len(right)], left, right, color="tab:grey", alpha=0.12,
                         label="still-masked span")
-    S = len(trace.meta.get("tokens") or []) or int(trace["n_keys"].max())
+    tokens = trace.meta.get("tokens") or []
+    S = len(tokens) + trace.key_offset if tokens else int(trace["n_keys"].max())
     ax.set_ylim(S - 0.5, -0.5)  # whole sequence, position 0 at the top
     if not np.isfinite(np.where(is_sink, pos, np.nan)[:, [l for l, _ in heads], [h for _, h in heads]]).any():
         ax.text(0.5, 0.5, f"no Eq. 3 sink at eps={trace.meta['eps']:g} in these heads",

@@ -18,12 +18,15 @@ an extra sink token's). Saved as ``trace.npz`` + ``meta.json``; :mod:`figures` d
 alone. ``meta["stability"]`` holds the sink-stability summary (:mod:`stability`, issue 7): how
 often the main sink keeps its position from one step to the next, per (layer, head) and overall.
 A share of attention is a score divided by the step's key count (``n_keys``): exact for the
-single, unpadded sequence a trace records.
+single, unpadded sequence a trace records. Key positions (``top_pos``, ``inputs``, ``n_keys``)
+count every key the model attends to, an extra sink token's included; ``meta["tokens"]`` and
+``prompt_length`` count the text alone, so token ``i`` is key ``i + key_offset``
+(:attr:`Trace.key_offset`: 1 with a sink token inserted at the start, else 0).
 
 Tracing an unmasked run: the intercept emits events only when ``top_k >= 1``, so the trace runs
 with ``top_k=1`` and an eps no score can exceed (``OBSERVE_EPS``): every call is scored, nothing
-qualifies, nothing is masked. The output then comes from the intercept's own float32 softmax
-rather than the fused SDPA kernel (equal up to rounding). ``top_k >= 1`` traces a masked run.
+qualifies, nothing is masked, and every call returns the model's own SDPA output, the tokens
+of an untraced top_k=0 run. ``top_k >= 1`` traces a masked run.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ OBSERVE_EPS = 1e30
 # 2: stability summary in meta, optional watch_pos / watch_score arrays (version 1 had neither;
 # its stability is recomputed from top_pos / top_score / n_keys, which both versions keep)
 # 3: top_vnorm / v_median arrays and meta["value_norms"]; older traces load without them
-TRACE_VERSION = 3
+# 4: meta["key_offset"], the key positions before the first token (an extra sink token)
+TRACE_VERSION = 4
 # score bins, in units of the uniform share: [0, 1/16), [1/16, 1/8), ..., [512, 1024), [1024, inf)
 HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
 
@@ -159,6 +163,19 @@ class Trace:
     @property
     def steps(self) -> int:
         return self.arrays["total"].shape[0]
+
+    @property
+    def key_offset(self) -> int:
+        """Key positions before the first token of ``meta["tokens"]``: 1 where an extra sink
+        token leads the sequence, else 0 (traces before version 4 recorded no sink token)."""
+        return int(self.meta.get("key_offset", 0))
+
+    def key_label(self, pos: int) -> str | None:
+        """The text token at key position ``pos``; None for a key that is no text token (an
+        extra sink token)."""
+        tokens = self.meta.get("tokens") or []
+        i = pos - self.key_offset
+        return tokens[i] if 0 <= i < len(tokens) else None
 
     def top_are_sinks(self, eps: float | None = None) -> np.ndarray:
         """[T, L, H, topn] bool: which recorded top keys pass Eq. 3 at eps (default: the
@@ -370,6 +387,7 @@ def trace_generation(
         arrays.pop("inputs", None)  # one new token per pass: the final sequence says it all
     seq = full[0].tolist()
     config = lm.model.config
+    sink = getattr(lm, "sink", None)  # a DLM's extra sink token (sink_token.SinkToken)
     meta = {
         "trace_version": TRACE_VERSION,
         "model": model,
@@ -381,6 +399,7 @@ def trace_generation(
         "prompt": prompt,
         "chat": chat,
         "prompt_length": int(context.shape[1]),
+        "key_offset": int(sink is not None and sink.position == "start"),
         "gen_length": gen_length,
         "mask_id": getattr(lm, "mask_id", None),
         "eps": eps,

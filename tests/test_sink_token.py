@@ -182,6 +182,23 @@ def test_sink_token_exclude_through_model_args(sink_dir):
     assert lm.mask_stats.keys_masked > 0
 
 
+
+def test_a_trace_counts_keys_with_the_sink_token_and_text_without_it(sink_dir):
+    from lm_eval_sinkmask.sink_trace import trace_generation
+    from lm_eval_sinkmask.zoo.report import position_label
+
+    trace = trace_generation(str(sink_dir), "1 2 3", gen_length=4, model_args="block_length=4",
+                             device="cpu")
+    tokens, offset = trace.meta["tokens"], trace.key_offset
+    assert offset == 1 and trace["inputs"].shape[1] == len(tokens) + 1 == trace["n_keys"].max()
+    assert trace["inputs"][0, 0] == json.loads((sink_dir / "config.json").read_text())["sink_token_id"]
+    assert trace.key_label(0) is None and trace.key_label(1) == tokens[0]
+    prompt = trace.meta["prompt_length"]
+    assert position_label(0, prompt, offset, len(tokens)) == "sink token"
+    assert position_label(1, prompt, offset, len(tokens)) == "0 (BOS)"
+    assert position_label(prompt + offset, prompt, offset, len(tokens)) == "answer +0"
+    assert position_label(len(tokens), prompt, 0, len(tokens)) == "sink token"  # one at the end
+
 @pytest.mark.parametrize("config, message", [
     ({"sink_token_id": 900, "vocab_size": 843}, "outside the vocabulary"),
     ({"sink_token_id": 5, "sink_token_position": "middle"}, "sink_token_position"),

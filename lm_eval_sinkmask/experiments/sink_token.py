@@ -138,7 +138,7 @@ def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> Non
             root = out / "traces" / name / ("" if seed is None else f"seed{seed}")
             for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
                 folder = root / f"{TASKS[task]}_{i % n_prompts}"
-                if Trace.stands(folder, gen_length=GEN_LENGTH[task], checkpoint=digest):
+                if Trace.stands(folder, gen_length=GEN_LENGTH[task], checkpoint=digest, min_version=4):
                     continue  # done, with this generation length and these weights
                 # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink
                 # token (position 0, "start") and BOS (llada_sink)
@@ -170,8 +170,9 @@ def trace_summary(out: Path) -> dict[str, dict[str, Any]]:
             agg = trace.meta.get("stability", trace.stability())["aggregate"]
             pos, _ = trace.main_sink()
             has = pos >= 0
-            sink_pos = 0 if name == "llada_sink" else None  # the extra token's key position
-            bos_pos = 1 if name == "llada_sink" else 0
+            offset = trace.key_offset  # 1: the extra token leads the keys, BOS follows it
+            sink_pos = 0 if offset else None
+            bos_pos = offset
             per_trace.append({
                 "keep_rate": agg["keep_rate"],
                 "pooled_keep_rate": agg["pooled_keep_rate"],

@@ -56,30 +56,37 @@ NEUTRAL_ARGS = {"pretrained", "top_k", "eps", "arm_rule", "sink_token", "dtype",
 
 # ------------------------------------------------------------------- sink statistics
 
-def position_label(pos: int, prompt_length: int) -> str:
+def position_label(pos: int, prompt_length: int, key_offset: int = 0,
+                   n_tokens: int | None = None) -> str:
     """Positions comparable across prompts: BOS, counted back from the prompt's end, or
-    forward into the generated answer."""
-    if pos == 0:
+    forward into the generated answer. ``pos`` is a key position, ``key_offset`` the keys
+    before the first text token (an extra sink token at the start); a key outside the
+    ``n_tokens`` text tokens is the extra sink token."""
+    i = pos - key_offset
+    if i < 0 or (n_tokens is not None and i >= n_tokens):
+        return "sink token"
+    if i == 0:
         return "0 (BOS)"
-    if pos < prompt_length:
-        return f"prompt end {pos - prompt_length}"
-    return f"answer +{pos - prompt_length}"
+    if i < prompt_length:
+        return f"prompt end {i - prompt_length}"
+    return f"answer +{i - prompt_length}"
 
 
 def sink_summary(n_sinks: np.ndarray, top_pos: np.ndarray, is_sink: np.ndarray,
-                 token_at, prompt_length: int) -> dict[str, Any]:
+                 token_at, prompt_length: int, key_offset: int = 0,
+                 n_tokens: int | None = None) -> dict[str, Any]:
     """One traced generation: sinks per (layer, head) and where they sit.
 
     n_sinks: [T, L, H] Eq. 3 sinks per step; top_pos / is_sink: [T, L, H, n] the recorded top
     keys and which of them are sinks; ``token_at(step, pos)`` names the token a key held at
-    that step (a DLM's canvas changes as it is decoded).
+    that step (a DLM's canvas changes as it is decoded); positions as :func:`position_label`.
     """
     per_pair = n_sinks.mean(axis=0)  # [L, H]: mean sinks per step
     tokens, positions = Counter(), Counter()
     for t, l, h, i in zip(*np.nonzero(is_sink)):
         pos = int(top_pos[t, l, h, i])
         tokens[token_at(int(t), pos)] += 1
-        positions[position_label(pos, prompt_length)] += 1
+        positions[position_label(pos, prompt_length, key_offset, n_tokens)] += 1
     return {
         "mean_sinks_per_pair": float(per_pair.mean()),
         "pairs": int(per_pair.size),
@@ -172,7 +179,7 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
             for i, prompt in enumerate(prompts):
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
                 ref = f"zoo:{name}@{seed}"  # recorded as is: a name, not this machine's path
-                if Trace.stands(folder, gen_length=GEN_LENGTH["mini_gsm_sinkmask"], min_version=3,
+                if Trace.stands(folder, gen_length=GEN_LENGTH["mini_gsm_sinkmask"], min_version=4,
                                 checkpoint=checkpoint_digest(ref)):
                     continue  # value norms recorded (version 3), this length, these weights
                 trace_generation(ref, prompt,
@@ -187,16 +194,16 @@ def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
 
     trace = Trace.load(folder)
     is_sink = trace.top_are_sinks()
-    inputs = trace.arrays.get("inputs")
-    final = trace.meta["tokens"]
+    inputs = trace.arrays.get("inputs")  # key positions, like top_pos
 
     def token_at(step: int, pos: int) -> str:
         if inputs is not None and pos < inputs.shape[1] and inputs[step, pos] >= 0:
             return tokenizer.decode([int(inputs[step, pos])])
-        return final[pos] if pos < len(final) else "?"
+        return trace.key_label(pos) or "?"
 
     summary = sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
-                           trace.meta["prompt_length"])
+                           trace.meta["prompt_length"], trace.key_offset,
+                           len(trace.meta["tokens"]))
     summary["values"] = ((trace["top_vnorm"], is_sink, trace.meta["eps"])
                          if "top_vnorm" in trace.arrays else None)
     return summary
