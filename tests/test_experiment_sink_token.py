@@ -103,11 +103,13 @@ BASE = [1, 0, 0, 1, 0, 0, 1, 0, 0, 0]
 SINK = [1, 1, 0, 1, 0, 1, 1, 0, 0, 1]
 
 
-def test_one_run_reports_the_gain_with_its_paired_standard_error(tmp_path):
+@pytest.mark.parametrize("seed", [None, 0])  # a run without --seeds, or with --seeds 0
+def test_one_run_reports_the_gain_with_its_paired_standard_error(tmp_path, seed):
     for task in exp.TASKS:
         for name, (_, _, ks) in exp.MODELS.items():
             for k in ks:
-                _cell(tmp_path, name, task, k, None, scores=BASE if name == "llada" else SINK)
+                _cell(tmp_path if seed is None else tmp_path / "cells" / name / "seed0", name,
+                      task, k, None, seed=seed, scores=BASE if name == "llada" else SINK)
     summary = exp.write_report(tmp_path)
     table = (tmp_path / "table.md").read_text()
     # +30 points on the same 10 problems, paired se 15.3: the three gained problems
@@ -115,7 +117,7 @@ def test_one_run_reports_the_gain_with_its_paired_standard_error(tmp_path):
     assert "one training run each" in table
     [g] = [g for g in summary["paired_gains"] if g["task"] == "mini_gsm_sinkmask"
            and g["comparison"] == "llada_sink - llada" and g["k"] == 1]
-    assert g["per_seed_se"][None] == pytest.approx(_se(BASE, SINK) / 100)
+    assert g["per_seed_se"][seed] == pytest.approx(_se(BASE, SINK) / 100)
 
 
 def test_seed_pairs_carry_their_paired_standard_errors(tmp_path):

@@ -84,6 +84,8 @@ def test_zoo_seeds_resolve_from_the_seeds_folder_or_fail_naming_it(tmp_path, mon
     assert zoo.identify("/gpu/runs/zoo2/seed2/dream") == ("dream", 2)  # gpu_zoo's layout
     assert zoo.identify("/ckpt/llada/seed1") is None
     assert zoo.identify("/ckpt/seed1/llama") is None
+    # what the zoo's own tools run by default: seed 0 and every seed all models have
+    assert zoo.installed_seeds(("llada",)) == [0, 1] and zoo.installed_seeds() == [0]
 
 def test_mask_seeds_run_every_masked_random_cell_once_per_draw(tmp_path):
     assert parse_seeds("0-3,7", "--mask-seeds") == [0, 1, 2, 3, 7]

@@ -1,6 +1,6 @@
 """Does one extra sink token help a diffusion LM? (issue 7; "One Token Is Enough")
 
-    python -m lm_eval_sinkmask.experiments.sink_token --out results/sink_token --seeds 0,1,2
+    python -m lm_eval_sinkmask.experiments.sink_token --out results/sink_token   # installed seeds
 
 Compares the zoo's LLaDA-style baseline (``zoo:llada``) with the same recipe retrained with an
 extra sink token (``zoo:llada_sink``; the two differ in that token only), in every training
@@ -244,14 +244,13 @@ def paired_gains(rows: list[dict[str, Any]], per_doc: dict | None = None) -> lis
     for task in TASKS:
         for label, model, ks in GAINS:
             for k in ks:
-                base = "llada_sink" if model == "llada_sink_excl" and k == 0 else model
-                diffs = {s: by[(base, s, task, k)] - by[("llada", s, task, k)] for s in seeds
-                         if (base, s, task, k) in by and ("llada", s, task, k) in by}
+                diffs = {s: by[(model, s, task, k)] - by[("llada", s, task, k)] for s in seeds
+                         if (model, s, task, k) in by and ("llada", s, task, k) in by}
                 if not diffs:
                     continue
                 d = list(diffs.values())
                 ses = {s: paired.paired_se(per_doc.get(("llada", s, task, k)),
-                                           per_doc.get((base, s, task, k))) for s in diffs}
+                                           per_doc.get((model, s, task, k))) for s in diffs}
                 out.append({"task": task, "comparison": label, "k": k, "per_seed": diffs,
                             "per_seed_se": ses, "se_mean": paired.mean_se(ses.values()),
                             "mean": statistics.fmean(d),
@@ -305,7 +304,7 @@ def _single_gain_lines(gains: list[dict[str, Any]]) -> list[str]:
              "takes several seeds (`--seeds 0,1,2`).", "",
              "| task | comparison | K | gain ± paired se |", "|---|---|---|---|"]
     lines += [f"| {TASKS[g['task']]} | {g['comparison']} | {g['k']} | "
-              f"{_pp(g['mean'], g['per_seed_se'].get(None))} |" for g in gains]
+              f"{_pp(g['mean'], g['se_mean'])} |" for g in gains]
     return lines + [""]
 
 
@@ -438,10 +437,10 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-prompts", type=int, default=4,
                     help="traced prompts per task and model [%(default)s]")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--seeds", default="0,1,2",
+    ap.add_argument("--seeds", default=None,
                     help="training seeds: seed S of llada is paired with seed S of llada_sink "
                          "(empty: only the embedded checkpoints, the older single-run layout) "
-                         "[%(default)s]")
+                         "[every seed installed: 0, and those in zoo_seeds/]")
     ap.add_argument("--skip-traces", action="store_true")
     ap.add_argument("--report-only", action="store_true", help="only redraw from what is saved")
     a = ap.parse_args(argv)
@@ -457,9 +456,11 @@ def main(argv=None) -> int:
                              f"{list(TASKS)} and {list(MODELS)}")
         from ..masking_lm import resolve_pretrained
         from ..sweep_plan import parse_seeds, seed_path
+        from ..zoo import installed_seeds
 
         try:
-            seeds = parse_seeds(a.seeds)
+            seeds = (installed_seeds(("llada", "llada_sink")) if a.seeds is None
+                     else parse_seeds(a.seeds))
             for name in {*models, *TRACED}:  # a missing seed fails before anything runs
                 for seed in seeds or [None]:
                     resolve_pretrained(seed_path(MODELS[name][0], seed))

@@ -47,6 +47,15 @@ def checkpoint_path(name: str, seed: int = 0) -> Path:
     return path
 
 
+def installed_seeds(names=ZOO_NAMES) -> list[int]:
+    """The training seeds every one of ``names`` has here: 0 (in the package) and each seed
+    S >= 1 whose checkpoints :func:`seeds_dir` holds for all of them."""
+    found = [{int(p.parent.name.removeprefix("seed"))
+              for p in (seeds_dir() / name).glob("seed*/config.json")
+              if p.parent.name.removeprefix("seed").isdigit()} for name in names]
+    return [0] + sorted(set.intersection(*found) if found else set())
+
+
 def parse_ref(ref: str) -> tuple[str, int]:
     """``llada`` -> ("llada", 0); ``llada@2`` -> ("llada", 2) (what follows ``zoo:``)."""
     name, sep, seed = ref.partition("@")

@@ -1,6 +1,6 @@
 """The tiny zoo's report card: every checkpoint's accuracy on the whole test splits, and where its sinks are.
 
-    python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds 0,1,2
+    python -m lm_eval_sinkmask.zoo.report --out results/zoo   # every installed seed
 
 1. Accuracy: every zoo model (ARM, LLaDA-style, Dream-style and the extra-sink-token twin
    ``llada_sink``) in every training seed, unmasked and greedy, on the whole mini_gsm (300) and
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..tasks import max_gen_toks
-from . import ZOO_NAMES, checkpoint_path, identify
+from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
@@ -523,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/zoo")
     ap.add_argument("--models", default=",".join(ZOO_NAMES),
                     help="models to run now; the report covers every zoo model saved in --out")
-    ap.add_argument("--seeds", default="0,1,2", help="training seeds to run now [%(default)s]")
+    ap.add_argument("--seeds", default=None,
+                    help="training seeds to run now [every seed installed: 0, and those in "
+                         "zoo_seeds/]")
     ap.add_argument("--limit", type=int, default=None,
                     help="test problems per task (default: the whole splits; bars are judged "
                          "only on whole splits)")
@@ -545,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown zoo models {unknown}; choose from {list(ZOO_NAMES)}")
     try:
-        seeds = parse_seeds(args.seeds) or [0]
+        seeds = installed_seeds() if args.seeds is None else parse_seeds(args.seeds) or [0]
         for m in models if not args.report_only else []:  # a missing seed fails now
             for s in seeds:
                 checkpoint_path(m, s)
