@@ -56,9 +56,9 @@ def read_per_document(cell: Path, task: str, metric: str, value: float) -> dict[
 
 
 def mean_se(ses: Iterable[float | None]) -> float | None:
-    """The mean of several paired standard errors (one per training seed), or None unless every
-    one is known: a mean over the seeds that kept their samples would describe other seeds than
-    the difference it stands beside."""
+    """The mean of several standard errors (one per run: training seed or draw), or None unless
+    every one is known: a mean over the runs that kept their samples would describe other runs
+    than the value it stands beside."""
     ses = list(ses)
     return statistics.fmean(ses) if ses and None not in ses else None
 

@@ -63,8 +63,8 @@ class RunsCell:
 
     @property
     def stderr_mean(self) -> float | None:
-        known = [s for s in self.stderrs.values() if s is not None]
-        return statistics.fmean(known) if known else None
+        """Mean lm-eval standard error of the runs; None unless every run has one."""
+        return mean_se(self.stderrs.values())
 
     @property
     def delta_mean(self) -> float | None:
@@ -136,7 +136,7 @@ def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], RunsCell]:
             values={r: runs[r].value for r in order},
             stderrs={r: runs[r].stderr for r in order},
             deltas={r: runs[r].value - b.value for r, b in base.items()},
-            delta_ses={r: delta_se(b, runs[r]) for r, b in base.items()},
+            delta_ses={r: delta_se(b, runs[r]) if k != 0 else None for r, b in base.items()},
             ns=tuple(sorted({runs[r].n for r in order if runs[r].n is not None})),
         )
     return out
@@ -164,6 +164,8 @@ def cell_text(cell: RunsCell, want: int, unit: str, digits: int) -> str:
     if cell.k != 0 and cell.deltas:
         text += "; Δ " + spread_text(cell.delta_mean, cell.delta_std, cell.delta_se_mean, digits,
                                      sign=True)
+        if len(cell.deltas) < len(cell.values):  # a run whose unmasked cell is missing
+            text += f" [Δ: {len(cell.deltas)} of {len(cell.values)} {unit}]"
     return text + missing_runs(len(cell.values), want, unit)
 
 

@@ -311,3 +311,14 @@ def test_over_seeds_the_drop_shows_the_mean_paired_standard_error(tmp_path):
     [_, masked] = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
     assert [float(masked[f"delta_se_seed{s}"]) for s in range(3)] == pytest.approx(ses, rel=1e-12)
     assert float(masked["delta_se_mean"]) == pytest.approx(np.mean(ses), rel=1e-12)
+    [unmasked, _] = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    assert unmasked["delta_se_mean"] == unmasked["delta_se_seed0"] == ""  # as without seeds
+
+
+def test_a_drop_over_fewer_runs_than_its_value_says_so(tmp_path):
+    # seed 2 lacks its unmasked cell: its K=1 value counts, its drop cannot be taken
+    folder = _paired_sweep(tmp_path / "t", {0: {0: BASE, 1: MASKED}, 1: {0: BASE, 1: BASE},
+                                            2: {1: MASKED}})
+    md = table.render(folder, figure=False)["markdown"].read_text()
+    assert "Δ -0.10 ± 0.14 (se 0.10) [Δ: 2 of 3 seeds] |" in md
+    assert "Unmasked | 0.60 ± 0.00 (se 0.16) [2 of 3 seeds] |" in md
