@@ -7,10 +7,11 @@ point, so it imports only the standard library at module level):
   tokens); stdin from /dev/null; stdout discarded; stderr kept only as a short diagnostic;
 - wall-clock timeout, RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, no core dumps;
 - its own session; at the end its whole process group is SIGKILLed;
-- when we are root: a fresh network namespace (no network), then a switch to a random unused
-  uid with no groups and ``no_new_privs``, so it can neither write our files nor read root's
-  (tokens, keys), RLIMIT_NPROC binds, and every process of that uid is killed afterwards,
-  including ones that left the process group with ``setsid``;
+- when we are root: a fresh network namespace (no network; where the kernel refuses one, as
+  in a container without CAP_SYS_ADMIN, a warning says the programs keep the network), then
+  a switch to a random unused uid with no groups and ``no_new_privs``, so it can neither
+  write our files nor read root's (tokens, keys), RLIMIT_NPROC binds, and every process of
+  that uid is killed afterwards, including ones that left the process group with ``setsid``;
 - a seatbelt (``guard``): destructive ``os``/``shutil``/``subprocess`` calls are removed
   before the program runs. It is bypassable (ctypes), so it is the second layer, not the first.
 
@@ -30,6 +31,7 @@ between it and the caller's files; processes that leave the group with ``setsid`
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -39,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -105,6 +108,8 @@ def run_program(program: str, test: str = "", limits: Limits = Limits()) -> Outc
     workdir = tempfile.mkdtemp(prefix="sinkmask-sandbox-")
     token = secrets.token_hex(16)
     uid = _sandbox_uid()
+    if uid is not None:
+        _warn_if_no_network_namespace()
     token_r, token_w = os.pipe()
     result_r, result_w = os.pipe()
     try:
@@ -210,6 +215,19 @@ def _sandbox_uid() -> int | None:
         return None
     base = int(os.environ.get(UID_BASE_ENV, _DEFAULT_UID_BASE))
     return base + secrets.randbelow(_UID_SPAN)
+
+
+@functools.cache
+def _warn_if_no_network_namespace() -> None:
+    """Once per process: can a child make the network namespace the docstring promises?"""
+    probe = ("import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+             "sys.exit(libc.unshare(0x40000000) != 0 and ctypes.get_errno())")
+    code = subprocess.run([sys.executable, "-I", "-c", probe], stdin=subprocess.DEVNULL,
+                          capture_output=True).returncode
+    if code:
+        warnings.warn(f"sandbox: no network namespace could be made ({os.strerror(code)}); the "
+                      "generated programs it runs can reach the network", RuntimeWarning,
+                      stacklevel=3)
 
 
 def _minimal_env(workdir: str) -> dict[str, str]:
