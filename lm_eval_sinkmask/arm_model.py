@@ -17,7 +17,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import model_args
+from . import checkpoint_checks, model_args
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
 from .masking_lm import MaskingLMMixin, resolve_pretrained
@@ -29,7 +29,13 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         model_args.check(model_args.ARM, kwargs)
         pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
-        _refuse_diffusion_checkpoint(pretrained, kwargs)
+        try:
+            config = checkpoint_checks.read_config(pretrained, kwargs)
+        except (OSError, ValueError):
+            config = {}  # no readable config.json here: HFLM reports that itself
+        _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
+        checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
+        checkpoint_checks.check_attention(mask_config, pretrained, kwargs)
         # SDPA is what the intercept sees; eager or flash-attn would bypass it.
         if isinstance(pretrained, str):
             kwargs.setdefault("attn_implementation", "sdpa")
@@ -50,7 +56,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
             # see the pads, but the masker must know them: the last_row rule reads each row's
             # last real token, and pad rows and keys must not count
             padding = self._padding_mask(inps)
-            with self.masking(inps, padding), torch.no_grad():
+            with self.masking(inps, padding), torch.no_grad(), self.autocast():
                 return self.model(input_ids=inps, attention_mask=padding).logits
         with self.masking(inps, attn_mask):
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
@@ -78,33 +84,10 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
             mask[b, :n] = 1
         return mask
 
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-        self._report()
-        return out
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        out = super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
-        self._report()
-        return out
-
-
-def _refuse_diffusion_checkpoint(pretrained, kwargs: dict[str, Any]) -> None:
+def _refuse_diffusion_checkpoint(pretrained, model_type: str | None) -> None:
     """A DLM checkpoint would fail deep in transformers (or, worse, load as a causal LM):
-    say which model class serves it instead, reading only its config.json."""
-    if isinstance(pretrained, str):
-        import transformers
-
-        try:
-            config, _ = transformers.PretrainedConfig.get_config_dict(
-                pretrained, revision=kwargs.get("revision") or "main",
-                subfolder=kwargs.get("subfolder") or "",
-            )
-        except (OSError, ValueError):
-            return  # no readable config.json here: HFLM reports that itself
-        model_type = config.get("model_type")
-    else:
-        model_type = getattr(getattr(pretrained, "config", None), "model_type", None)
+    say which model class serves it instead."""
     family = diffusion_family_of(model_type)
     if family is not None:
         raise ValueError(

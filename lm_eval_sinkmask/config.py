@@ -26,20 +26,27 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
     """
     if value is None or value == "" or value == "all":
         return None
+    if isinstance(value, bool):
+        raise ValueError(f"layers must be layer indices such as 0-3;7, got {value!r}")
     if isinstance(value, int):
-        return (value,)
+        value = (value,)
     if isinstance(value, str):
         out: list[int] = []
         for part in value.replace(" ", "").split(";"):
             if not part:
                 continue
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                out.extend(range(int(lo), int(hi) + 1))
-            else:
-                out.append(int(part))
+            lo, dash, hi = part.partition("-")
+            try:
+                first, last = int(lo), int(hi if dash else lo)
+            except ValueError:
+                raise ValueError(f"layers must look like 0-3;7 (ranges and ';'), got {value!r}") from None
+            if last < first:
+                raise ValueError(f"layers: the range {part} is reversed (write {last}-{first})")
+            out.extend(range(first, last + 1))
         value = out
     layers = tuple(sorted({int(v) for v in value}))
+    if not layers:  # masking "no layer" would be an unmasked run reported as masked
+        raise ValueError("layers selects no layer; leave it out (or layers=all) to mask every layer")
     if any(v < 0 for v in layers):
         raise ValueError(f"layers must be non-negative layer indices, got {layers}")
     return layers
@@ -99,7 +106,8 @@ class SinkMaskConfig:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not isinstance(self.eps, (int, float)) or not math.isfinite(self.eps):
+        if (isinstance(self.eps, bool) or not isinstance(self.eps, (int, float))
+                or not math.isfinite(self.eps)):
             raise ValueError(f"eps must be a finite number, got {self.eps!r}")
         if self.detect not in DETECT_MODES:
             raise ValueError(f"detect must be one of {DETECT_MODES}, got {self.detect!r}")
@@ -125,7 +133,8 @@ class SinkMaskConfig:
             from .flex_mass import require_flex
 
             require_flex()
-        if not isinstance(self.query_chunk, int) or self.query_chunk < 1:
+        if (isinstance(self.query_chunk, bool) or not isinstance(self.query_chunk, int)
+                or self.query_chunk < 1):
             raise ValueError(f"query_chunk must be a positive integer, got {self.query_chunk!r}")
 
     @property
@@ -149,6 +158,8 @@ class SinkMaskConfig:
         """
 
         def number(name: str, value: Any, kind: type) -> Any:
+            if isinstance(value, bool):  # lm-eval reads "True" as a bool, never as 1
+                raise ValueError(f"{name} must be a number, got {value!r}")
             if isinstance(value, str):
                 try:
                     value = kind(value) if kind is int else float(value)

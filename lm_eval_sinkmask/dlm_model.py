@@ -19,19 +19,25 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import likelihood, model_args, sink_token, zoo
+from . import checkpoint_checks, likelihood, model_args, sink_token, zoo
 from .config import SinkMaskConfig
-from .families import Family, disable_flash_attention, family_for
+from .families import FAMILIES, Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
 from .padding_probe import UNPADDED, choose_padding
 from .samplers import generate_block, generate_dream, validate_block_args
+from .samplers.block import REMASKING
+from .samplers.dream import ALGS as DREAM_ALGS
 from .samplers.dream import VARIANTS as DREAM_SAMPLERS
 
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
 
-REMASKING = ("low_confidence", "random")
-DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 PADDING_SIDES = ("left", "right")
+# settings one sampler reads and the other never does: set for the wrong family they would
+# change nothing, and the run would be recorded as if they had
+SAMPLER_ONLY = {
+    "block": ("block_length", "remasking", "cfg_scale", "logits_eos_inf", "confidence_eos_eot_inf"),
+    "dream": ("alg", "alg_temp", "top_p", "sampling_top_k", "dream_sampler"),
+}
 
 @dataclass(frozen=True)
 class DiffusionSettings:
@@ -64,6 +70,15 @@ class DiffusionSettings:
         unknown = sorted(set(user) - known)
         if unknown:  # pragma: no cover - caught earlier by pop_settings
             raise ValueError(f"unknown sampler settings {unknown}")
+        for sampler, names in SAMPLER_ONLY.items():
+            ignored = [n for n in names if n in user]
+            if ignored and sampler != family.sampler:
+                users = "/".join(f.name for f in FAMILIES.values() if f.sampler == sampler)
+                it = "it" if len(ignored) == 1 else "them"
+                raise ValueError(
+                    f"{', '.join(ignored)}: only the {sampler} sampler ({users}) reads {it}, and "
+                    f"family {family.name} decodes with the {family.sampler} sampler, which "
+                    f"would ignore {it}; drop {it} from model_args")
         defaults = {k: v for k, v in family.sampler_defaults.items() if k in known}
         settings = cls(**{**defaults, **user})
         settings.validate(family)
@@ -158,15 +173,13 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         user_settings = DiffusionSettings.pop_from(kwargs)
         self.likelihood = likelihood.LikelihoodSettings.pop_from(kwargs)
         self._mc_stderrs: list[float] = []  # per scored request, for the run's report
-        if isinstance(pretrained, str):
-            # the raw config.json: no remote code needed to read model_type and mask id
-            config, _ = transformers.PretrainedConfig.get_config_dict(
-                pretrained, revision=kwargs.get("revision") or "main"
-            )
-        else:
-            config = pretrained.config.to_dict()
+        # the raw config.json: no remote code needed to read model_type, depth and mask id
+        config = checkpoint_checks.read_config(pretrained, kwargs)
         self.family = family_for(config.get("model_type"), family)
         self.settings = DiffusionSettings.build(self.family, user_settings)
+        checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
+        checkpoint_checks.check_mask_id(mask_id, config)
+        checkpoint_checks.check_attention(mask_config, pretrained, kwargs)
         # an extra sink token declared by the checkpoint: inserted around every forward
         self.sink = sink_token.SinkToken.from_config(config)
         if model_class is not None:
@@ -211,10 +224,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor, on_keys=None) -> torch.Tensor:
         """Logits [B, T, V] of the working sequence x under key mask ``mask`` [B, T], the mask
         passed as ``inputs`` builds it (a checkpoint with an extra sink token: see sink_token)."""
-        if self.sink is not None:  # the samplers see neither the token nor its logits
-            return sink_token.forward(self.model, x, mask, self.sink, self.family.takes_position_ids,
-                                      on_keys=on_keys)
-        return self.model(**inputs(x, mask)).logits
+        with self.autocast():
+            if self.sink is not None:  # the samplers see neither the token nor its logits
+                return sink_token.forward(self.model, x, mask, self.sink,
+                                          self.family.takes_position_ids, on_keys=on_keys)
+            return self.model(**inputs(x, mask)).logits
 
     def _probe_padding(self) -> str:
         """How this checkpoint is given padded batches: the first of the family's mask forms
@@ -304,18 +318,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
 
     # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py
 
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-        self._report()
-        return out
-
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         """A lower bound on each document's log-likelihood: lm-eval's disjoint windows, each
         scored by the bound given the tokens before it (the chain rule over windows keeps it a
         bound), so perplexities derived from it are upper bounds."""
-        out = super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
-        self._report()
-        return out
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         """(estimate, is_greedy) per (cache key, context ids, continuation ids) request.

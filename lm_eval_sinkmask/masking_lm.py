@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .checkpoint_checks import check_layers
 from .config import SinkMaskConfig
 from .intercept import NO_ATTENTION_HELP, SinkMasker
 from .masking_stats import MaskingStats
@@ -54,9 +55,29 @@ class MaskingLMMixin:
         self.mask_stats.merge(stats)
         if self.mask_config.enabled and stats.attention_calls == 0:
             raise RuntimeError(NO_ATTENTION_HELP)
+        if self.mask_config.enabled and stats.forward_passes:
+            # the config's depth was checked before loading; this catches a model whose
+            # attention calls per pass are fewer than the layers it declares
+            check_layers(self.mask_config, 1 + max(stats.layers), "attention calls per pass")
+
+    def autocast(self):
+        """lm-eval's ``mixed_precision_dtype`` around our own model calls, as HFLM's
+        ``_model_call`` applies it around its own (off when it is not set)."""
+        dtype = getattr(self, "mixed_precision_dtype", None)
+        return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         out = super().generate_until(requests, disable_tqdm=disable_tqdm)
+        self._report()
+        return out
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        self._report()
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        out = super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
         self._report()
         return out
 

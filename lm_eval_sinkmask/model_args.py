@@ -48,7 +48,7 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("query_chunk", "256", "query rows scored at once (bounds the extra memory)", BOTH,
              "masking"),
     ModelArg("sink_token", "include", "checkpoints with an extra sink token: `include` lets the "
-             "masker pick it like any key, `exclude` never masks it", BOTH, "masking"),
+             "masker pick it like any key, `exclude` never masks it", (DLM,), "masking"),
     ModelArg("detect_backend", "auto", "how detection gets each key's attention mass: `fused` "
              "(row log-sum-exp, then column sums over key tiles, never the probabilities; Triton "
              "kernels on CUDA), `materialized` (float32 probabilities chunk by chunk), `flex` "
@@ -189,6 +189,10 @@ def check(model: str, names: Iterable[str]) -> None:
 
 
 def _wrong_model(model: str, other: str, name: str) -> str:
+    arg = next(a for a in ARGS if a.name == name)
+    if model == ARM and arg.group == "masking":
+        return (f"{name} is a {DLM} argument ({arg.meaning.replace('`', '')}); {ARM} has no use "
+                f"for it.")
     if model == ARM:
         return (f"{name} is a {DLM} argument (diffusion sampling); {ARM} decodes left to right "
                 f"with transformers' generate. For a diffusion LM use --model {DLM}.")

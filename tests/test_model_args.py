@@ -66,6 +66,26 @@ def no_weight_loads(monkeypatch):
         ("arm_sinkmask", "dream", {}, r"family dream\): use --model dlm_sinkmask"),
         ("dlm_sinkmask", "llama", {}, r"model_type 'llama' is an autoregressive LM: use --model arm_sinkmask"),
         ("dlm_sinkmask", "llada", {"gen_length": 100}, r"gen_length=100 must be a multiple of block_length=32\. Fix: add gen_length=128 .* or block_length=25"),
+        # layers= that would mask no layer at all: an unmasked run reported as masked
+        ("dlm_sinkmask", "llada", {"layers": "3-1"}, r"the range 3-1 is reversed \(write 1-3\)"),
+        ("dlm_sinkmask", "llada", {"layers": ";"}, r"layers selects no layer"),
+        ("arm_sinkmask", "llama", {"layers": "a-b"}, r"layers must look like 0-3;7"),
+        ("dlm_sinkmask", "dream", {"top_k": 1, "layers": "1;5-6"}, r"names layer\(s\) \[5, 6\], but the model has 2 layers \(0-1, from its config\)"),
+        ("arm_sinkmask", "llama", {"top_k": 1, "layers": "2"}, r"names layer\(s\) \[2\], but the model has 2 layers"),
+        # lm-eval reads True/False as bools: never a threshold of 1 or a chunk of 1 row
+        ("dlm_sinkmask", "llada", {"eps": True}, r"eps must be a number, got True"),
+        ("arm_sinkmask", "llama", {"query_chunk": True}, r"query_chunk must be a number, got True"),
+        ("arm_sinkmask", "llama", {"top_k": True}, r"top_k must be a number, got True"),
+        # an argument that would be accepted and change nothing
+        ("arm_sinkmask", "llama", {"sink_token": "exclude"}, r"sink_token is a dlm_sinkmask argument \(checkpoints with an extra sink token.*arm_sinkmask has no use for it"),
+        ("dlm_sinkmask", "dream", {"cfg_scale": 1.5, "block_length": 8}, r"block_length, cfg_scale: only the block sampler \(llada/mmada\) reads them, and family dream decodes with the dream sampler"),
+        ("dlm_sinkmask", "llada", {"alg": "entropy"}, r"alg: only the dream sampler \(dream\) reads it, and family llada"),
+        ("dlm_sinkmask", "llada", {"dream_sampler": "invariant"}, r"dream_sampler: only the dream sampler"),
+        # contradictions with the checkpoint, read off its config.json
+        ("dlm_sinkmask", "llada", {"mask_id": 100000}, r"mask_id=100000 is outside the checkpoint's vocabulary of \d+ tokens"),
+        ("dlm_sinkmask", "dream", {"mask_id": -1}, r"mask_id must be a token id"),
+        ("arm_sinkmask", "llama", {"top_k": 1, "attn_implementation": "eager"}, r"attn_implementation=eager bypasses torch\.nn\.functional\.scaled_dot_product_attention.*top_k=1 would mask nothing"),
+        ("dlm_sinkmask", "llada", {"top_k": 5, "attn_implementation": "flash_attention_2"}, r"attn_implementation=flash_attention_2 bypasses"),
     ],
 )
 def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_weight_loads, model, kind, args, message):

@@ -44,7 +44,7 @@ def test_batched_generation_equals_batch_size_one(tiny_dirs, kind, padding_side)
 def test_dlm_top_k_zero_matches_the_sampler_without_any_intercept(tiny_dirs, kind):
     from lm_eval_sinkmask.samplers import generate_block, generate_dream
 
-    lm = make("dlm_sinkmask", tiny_dirs[kind], top_k=0, block_length=8)
+    lm = make("dlm_sinkmask", tiny_dirs[kind], top_k=0, **({"block_length": 8} if kind == "llada" else {}))
     [text] = lm.generate_until(requests(PROMPTS[1:2]))
     ids = torch.tensor([lm.tok_encode(PROMPTS[1])])
     model_fn = lambda x, m: lm.model(**lm.family.model_inputs(x, m)).logits  # noqa: E731
@@ -126,8 +126,9 @@ def test_until_strings_cut_the_decoded_text(tiny_dirs):
     assert words[2] not in cut and full.startswith(cut)
 
 
-def test_arm_with_eager_attention_refuses_to_report_an_unmasked_run(tiny_dirs):
-    lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, attn_implementation="eager")
+def test_a_model_that_bypasses_sdpa_after_loading_refuses_to_report_an_unmasked_run(tiny_dirs):
+    lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1)
+    lm.model.config._attn_implementation = "eager"  # its attention now skips SDPA
     with pytest.raises(RuntimeError, match="no call to torch.nn.functional.scaled_dot_product"):
         lm.generate_until(requests(PROMPTS[:1]))
 
@@ -214,3 +215,32 @@ def test_left_to_right_decoding_one_pass_per_token_with_masking(tiny_dirs, top_k
     assert info["counters"]["forward_passes"] == 8  # one batch, one pass per token
     assert info["counters"]["attention_calls"] == 8 * layers
     assert (info["counters"]["keys_masked"] > 0) == (top_k > 0)
+
+
+def test_layers_past_the_attention_calls_of_a_pass_fail_after_the_first_batch(tiny_dirs):
+    # a config can declare more layers than the model runs attention in: the check before
+    # loading passes, and the first batch must not report an unmasked run as masked
+    from dataclasses import replace
+
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, block_length=4)
+    lm._init_masking(replace(lm.mask_config, layers=(1, 7)), rule="all")
+    with pytest.raises(ValueError, match=r"names layer\(s\) \[7\], but the model has 2 layers "
+                                         r"\(0-1, from its attention calls per pass\)"):
+        lm.generate_until(requests(PROMPTS[:1]))
+
+
+@pytest.mark.parametrize("name, kind, args", [
+    ("arm_sinkmask", "llama", {}),
+    ("dlm_sinkmask", "llada", {"block_length": 4}),
+    ("dlm_sinkmask", "dream", {}),
+])
+def test_mixed_precision_dtype_reaches_the_masked_model_calls(tiny_dirs, name, kind, args):
+    # HFLM runs its own model calls under autocast(mixed_precision_dtype); ours must too
+    lm = make(name, tiny_dirs[kind], top_k=1, eps=0.0, mixed_precision_dtype="bfloat16", **args)
+    seen = []
+    lm.model.register_forward_pre_hook(
+        lambda *_: seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
+    lm.generate_until(requests(PROMPTS[:1], max_gen_toks=4 if name == "dlm_sinkmask" else 8))
+    lm.loglikelihood([Instance("loglikelihood", {}, (PROMPTS[0], " 3"), 0),
+                      Instance("loglikelihood", {}, (PROMPTS[2], " 12 apples"), 1)])
+    assert seen and set(seen) == {torch.bfloat16}

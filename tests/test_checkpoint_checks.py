@@ -1,0 +1,47 @@
+"""The checks made against a checkpoint's config.json before any weight loads."""
+
+import json
+
+import pytest
+
+from lm_eval_sinkmask import checkpoint_checks
+from lm_eval_sinkmask.config import SinkMaskConfig
+
+
+def test_the_config_is_read_from_the_subfolder_the_weights_come_from(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32}))
+    (tmp_path / "dlm").mkdir()
+    (tmp_path / "dlm" / "config.json").write_text(json.dumps({"model_type": "llada", "n_layers": 4}))
+    config = checkpoint_checks.read_config(str(tmp_path), {"subfolder": "dlm", "revision": None})
+    assert config["model_type"] == "llada" and checkpoint_checks.depth(config) == 4
+
+
+@pytest.mark.parametrize("config, layers", [
+    ({"num_hidden_layers": 32}, 32), ({"n_layers": 32}, 32), ({"num_layers": 3}, 3), ({}, None)])
+def test_depth_reads_every_name_checkpoints_use(config, layers):
+    assert checkpoint_checks.depth(config) == layers
+
+
+def test_layers_inside_the_model_pass_and_an_unknown_depth_defers_to_the_first_batch():
+    mask = SinkMaskConfig(top_k=1, layers=(0, 3))
+    checkpoint_checks.check_layers(mask, 4)
+    checkpoint_checks.check_layers(mask, None)
+    checkpoint_checks.check_layers(SinkMaskConfig(top_k=1), 1)  # all layers
+    with pytest.raises(ValueError, match=r"names layer\(s\) \[3\]"):
+        checkpoint_checks.check_layers(mask, 3)
+
+
+def test_the_mask_id_is_checked_against_the_larger_of_vocab_and_embedding_sizes():
+    checkpoint_checks.check_mask_id(126336, {"vocab_size": 126464, "embedding_size": 126464})
+    checkpoint_checks.check_mask_id(10, {"vocab_size": 8, "embedding_size": 16})
+    checkpoint_checks.check_mask_id(None, {"vocab_size": 8})
+    with pytest.raises(ValueError, match="outside the checkpoint's vocabulary of 16 tokens"):
+        checkpoint_checks.check_mask_id(16, {"vocab_size": 8, "embedding_size": 16})
+    with pytest.raises(ValueError, match="mask_id must be a token id"):
+        checkpoint_checks.check_mask_id(True, {"vocab_size": 8})
+
+
+def test_an_unmasked_run_may_use_any_attention_kernel():
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=0), "x", {"attn_implementation": "eager"})
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), "x", {"attn_implementation": "sdpa"})
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), "x", {})
