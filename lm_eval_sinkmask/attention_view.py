@@ -38,9 +38,10 @@ class MaskView:
     When the mask does not depend on the query row (a key-padding mask, LLaDA's additive
     bias, or a 4-D mask whose rows are all equal) and the call is not causal, it is folded
     into a single additive [B, 1 or H, 1, Sk] term (``key_bias``) instead of per chunk. A row
-    that sees no key at all (a fully padded batch element) would softmax to NaN; its scores
-    are left finite and its row factor (``alive``) is 0: it weighs nothing in the detection
-    and its output is 0, as SDPA returns for it.
+    that sees no key at all (a pad query row) would softmax to NaN; its scores are left
+    finite and its row factor (``alive``) is 0: it weighs nothing in the detection and its
+    masked output is 0. SDPA gives such a row 0 under a bool mask but the mean of V under a
+    finite float bias (``finfo.min``, LLaDA's); no real token reads a pad row's output.
     """
 
     def __init__(self, attn_mask, is_causal, batch, n_q, n_k, device, token_valid, rule, chunk):

@@ -53,10 +53,11 @@ class _Compiled:
 _COMPILED = _Compiled()
 
 
-def selector(device: torch.device, fused: bool):
-    """The selection function for a call on ``device``: compiled on CUDA with the fused
-    detection path, else the eager :func:`metric.select_sinks` (CPU, and the materialised
-    path kept as it was for comparison)."""
-    if ENABLED and fused and device.type == "cuda":
+def selector(device: torch.device, unmaterialized: bool):
+    """The selection function for a call on ``device``: compiled on CUDA when detection
+    never held the probabilities (``unmaterialized``: the fused or the flex path), else the
+    eager :func:`metric.select_sinks` (CPU, and the materialised path kept as it was for
+    comparison)."""
+    if ENABLED and unmaterialized and device.type == "cuda":
         return _COMPILED
     return select_sinks

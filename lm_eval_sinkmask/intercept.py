@@ -390,7 +390,8 @@ class _Run:
         """Sinks chosen at this layer on the previous pass, aligned to this pass's keys.
 
         Keys only ever get appended between passes (KV cache) or stay fixed (DLM steps), so
-        positions keep their meaning; a changed batch or head layout starts afresh.
+        positions keep their meaning; a changed batch size (classifier-free guidance doubles
+        it) starts afresh. A layer's head layout cannot change within a run.
         """
         prev = self.previous.get(layer)
         if prev is None or prev.shape[0] != sc.batch or prev.shape[-1] > sc.n_k:

@@ -191,7 +191,9 @@ def runs_note(grid: dict) -> str:
                else f" of each of {len(seeds)} training seeds ({', '.join(map(str, seeds))})")
     return ("Cells: mean over runs ± the sample standard deviation across runs (n - 1 "
             "denominator; a single run shows none), in parentheses" + steps.format(u="run")
-            + f" Runs: the checkpoint{trained}; a column marked 'draws' (mask_target=random) "
+            + f" Runs: the checkpoint{trained}; "
+            + ("a column marked 'draws'" if len(draws) > 1 else "a random-key column")
+            + " (mask_target=random) "
             f"runs each masked cell once per draw of its random keys (mask_seed "
             f"{seeds_text(draws)}), its unmasked cell once, as K=0 masks nothing.")
 

@@ -322,3 +322,11 @@ def test_a_drop_over_fewer_runs_than_its_value_says_so(tmp_path):
     md = table.render(folder, figure=False)["markdown"].read_text()
     assert "Δ -0.10 ± 0.14 (se 0.10) [Δ: 2 of 3 seeds] |" in md
     assert "Unmasked | 0.60 ± 0.00 (se 0.16) [2 of 3 seeds] |" in md
+
+
+@pytest.mark.parametrize("draws, says", [([0, 1, 2], "a column marked 'draws'"), ([3], "a random-key column")])
+def test_the_footer_names_draw_columns_only_where_headers_mark_them(draws, says):
+    from lm_eval_sinkmask.seed_stats import runs_note
+
+    note = runs_note({"seeds": [0, 1], "mask_seeds": draws})
+    assert says in note and f"mask_seed {draws[0]}" in note
