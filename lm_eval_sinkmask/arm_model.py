@@ -35,7 +35,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
             config = {}  # no readable config.json here: HFLM reports that itself
         _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
         checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
-        checkpoint_checks.check_attention(mask_config, pretrained, kwargs)
+        checkpoint_checks.check_attention(mask_config, kwargs)
         # SDPA is what the intercept sees; eager or flash-attn would bypass it.
         if isinstance(pretrained, str):
             kwargs.setdefault("attn_implementation", "sdpa")

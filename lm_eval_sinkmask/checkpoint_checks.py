@@ -50,14 +50,14 @@ def check_layers(mask: SinkMaskConfig, layers_in_model: int | None, where: str =
             f"has {layers_in_model} layers (0-{layers_in_model - 1}, from its {where})")
 
 
-def check_attention(mask: SinkMaskConfig, pretrained, kwargs: dict[str, Any]) -> None:
-    """Masking needs every attention call to go through SDPA; any other kernel would leave
-    the run unmasked (refused here, not after the first batch)."""
+def check_attention(mask: SinkMaskConfig, kwargs: dict[str, Any]) -> None:
+    """Masking needs every attention call to go through SDPA; a kernel asked for by name that
+    would bypass it is refused here, not after the first batch. (A model object's own
+    ``_attn_implementation`` is not read: remote code such as LLaDA's calls SDPA whatever it
+    says; the first batch finds out.)"""
     if not mask.enabled:
         return
     chosen = kwargs.get("attn_implementation")
-    if chosen is None and not isinstance(pretrained, str):
-        chosen = getattr(pretrained.config, "_attn_implementation", None)
     if chosen is not None and chosen != "sdpa":
         raise ValueError(
             f"attn_implementation={chosen} bypasses torch.nn.functional."

@@ -179,7 +179,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self.settings = DiffusionSettings.build(self.family, user_settings)
         checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
         checkpoint_checks.check_mask_id(mask_id, config)
-        checkpoint_checks.check_attention(mask_config, pretrained, kwargs)
+        checkpoint_checks.check_attention(mask_config, kwargs)
         # an extra sink token declared by the checkpoint: inserted around every forward
         self.sink = sink_token.SinkToken.from_config(config)
         if model_class is not None:

@@ -42,6 +42,6 @@ def test_the_mask_id_is_checked_against_the_larger_of_vocab_and_embedding_sizes(
 
 
 def test_an_unmasked_run_may_use_any_attention_kernel():
-    checkpoint_checks.check_attention(SinkMaskConfig(top_k=0), "x", {"attn_implementation": "eager"})
-    checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), "x", {"attn_implementation": "sdpa"})
-    checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), "x", {})
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=0), {"attn_implementation": "eager"})
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), {"attn_implementation": "sdpa"})
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), {})
