@@ -382,16 +382,7 @@ def _spread_text(s: dict[str, Any] | None, pct: bool = False) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    def fmt(pairs):  # newlines and tabs as escapes, so a token cannot break the table
-        return ", ".join(f"`{k.encode('unicode_escape').decode()}` {v:.0%}" for k, v in pairs)
-
-    def acc_text(r):
-        if r is None:
-            return "-"
-        dtype = f", {r['dtype']}" if r.get("dtype") else ""
-        se = "n/a" if r["stderr"] is None else f"{r['stderr']:.3f}"
-        return f"{r['value']:.3f} ± {se} (n={r['n']}{dtype})"
-
+    """The report card: every checkpoint, each model across seeds, the sinks traced."""
     seeds = ",".join(str(s) for s in sorted({c["seed"] for c in report["checkpoints"]})) or "0"
     lines = [
         "# Tiny zoo report card",
@@ -399,6 +390,24 @@ def markdown(report: dict[str, Any]) -> str:
         "Tiny models on synthetic tasks (a test bed, **not a claim about 8B models**). "
         f"Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds {seeds}` "
         "(`--cells DIR` reads unmasked cells computed elsewhere, e.g. on a GPU).",
+    ]
+    lines += _checkpoint_section(report["checkpoints"])
+    lines += _summary_section(report["summary"])
+    lines += _sink_section(report["checkpoints"])
+    return "\n".join(lines) + "\n"
+
+
+def _accuracy_text(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    dtype = f", {r['dtype']}" if r.get("dtype") else ""
+    se = "n/a" if r["stderr"] is None else f"{r['stderr']:.3f}"
+    return f"{r['value']:.3f} ± {se} (n={r['n']}{dtype})"
+
+
+def _checkpoint_section(checkpoints: list[dict[str, Any]]) -> list[str]:
+    """One row per (model, seed): accuracy with its bars, the share of pairs with a sink."""
+    lines = [
         "",
         "## Every checkpoint (unmasked, greedy, whole test splits, through lm-eval)",
         "",
@@ -415,25 +424,30 @@ def markdown(report: dict[str, Any]) -> str:
         "| model | seed | mini_gsm | bar | mini_code | bar | pairs with a sink | bar |",
         "|---|---:|---|---|---|---|---:|---|",
     ]
-    for c in report["checkpoints"]:
+    for c in checkpoints:
         name = c["model"]
         cells = []
         for i, task in enumerate(TASKS):
             r = c["accuracy"].get(task)
             bar = TARGETS.get(name, (None, None))[i]
-            cells += [acc_text(r), _verdict_text(c["bars"][task], f"{bar:.2f}" if bar else "",
-                                                 r and r["n"], SPLIT_SIZE[task])]
+            cells += [_accuracy_text(r), _verdict_text(c["bars"][task], f"{bar:.2f}" if bar else "",
+                                                       r and r["n"], SPLIT_SIZE[task])]
         main = c["sinks"].get("arm (last_row)" if name == "arm" else name)
         share = "-" if main is None else f"{main['share_of_pairs_with_sink']:.0%}"
         sink_bar = _verdict_text(c["bars"]["sinks"], f"{SINK_BAR:.0%}")
         lines.append(f"| {name} | {c['seed']} | " + " | ".join(cells) + f" | {share} | {sink_bar} |")
-    weights = {f"{c['model']}@{c['seed']}": r["checkpoint"] for c in report["checkpoints"]
+    weights = {f"{c['model']}@{c['seed']}": r["checkpoint"] for c in checkpoints
                for r in c["accuracy"].values() if r.get("checkpoint")}
     if weights:
         lines += ["", "Weights the accuracy cells ran on (sha256 of the model files, first 12 hex "
                   "digits): " + ", ".join(f"{k} `{d.split(':')[-1][:12]}`"
                                           for k, d in weights.items()) + "."]
-    lines += [
+    return lines
+
+
+def _summary_section(summary: dict[str, Any]) -> list[str]:
+    """One row per model: its spread across seeds and how many checkpoints met each bar."""
+    lines = [
         "",
         "## Per model, across seeds",
         "",
@@ -445,13 +459,21 @@ def markdown(report: dict[str, Any]) -> str:
         "mini_code bar met | sink bar met |",
         "|---|---:|---|---|---|---|---|---|",
     ]
-    for name, s in report["summary"].items():
+    for name, s in summary.items():
         met = [("-" if judged == 0 else f"{m}/{judged}") for m, judged in s["bars_met"].values()]
         lines.append(f"| {name} | {s['checkpoints']} | {_spread_text(s.get(TASKS[0]))} | "
                      f"{_spread_text(s.get(TASKS[1]))} | "
                      f"{_spread_text(s.get('share_of_pairs_with_sink'), pct=True)} | "
                      + " | ".join(met) + " |")
-    lines += [
+    return lines
+
+
+def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
+    """One row per traced (checkpoint, query rule): how many sinks, which tokens, where."""
+    def fmt(pairs):  # newlines and tabs as escapes, so a token cannot break the table
+        return ", ".join(f"`{k.encode('unicode_escape').decode()}` {v:.0%}" for k, v in pairs)
+
+    lines = [
         "",
         f"## Sinks (eps = 3, {GEN_LENGTH['mini_gsm_sinkmask']}-token mini_gsm generations, unmasked)",
         "",
@@ -466,14 +488,14 @@ def markdown(report: dict[str, Any]) -> str:
         "most common sink tokens | most common sink positions |",
         "|---|---:|---:|---:|---:|---|---|",
     ]
-    for c in report["checkpoints"]:
+    for c in checkpoints:
         for label, s in c["sinks"].items():
             lines.append(f"| {label} | {c['seed']} | {s['generations']} | "
                          f"{s['mean_sinks_per_pair']:.2f} | {s['share_of_pairs_with_sink']:.0%} | "
                          f"{fmt(s['top_tokens'])} | {fmt(s['top_positions'])} |")
-    lines += value_norm_section({f"{label} seed {c['seed']}": s for c in report["checkpoints"]
+    lines += value_norm_section({f"{label} seed {c['seed']}": s for c in checkpoints
                                  for label, s in c["sinks"].items()})
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
