@@ -75,6 +75,7 @@ def _table(a: argparse.Namespace) -> int:
 def _sinks(a: argparse.Namespace) -> int:
     import numpy as np
 
+    from . import stability
     from .figures import draw_all
     from .sink_trace import parse_heads, trace_generation, value_norm_line
 
@@ -86,7 +87,7 @@ def _sinks(a: argparse.Namespace) -> int:
     )
     folder = trace.save(Path(a.out))
     print(f"completion: {trace.meta['completion']!r}")
-    print(stability_line(trace.meta["stability"]))
+    print(stability.line(trace.meta["stability"]))
     print(value_norm_line(trace.meta["value_norms"]))
     for p in trace.meta["watch_positions"]:
         share = trace.share_on_position(p)
@@ -104,26 +105,13 @@ def _positions(text: str | None) -> list[int]:
         raise ValueError(f"--watch takes comma-separated key positions, got {text!r}") from None
 
 
-def stability_line(block: dict) -> str:
-    """One line of a trace's ``stability`` block, for the terminal."""
-    g = block["aggregate"]
-
-    def f(x, spec=".2f"):
-        return "n/a" if x is None else format(x, spec)
-
-    return (f"sink stability (eps={block['eps']:g}): keep rate {f(g['keep_rate'])} per head "
-            f"({g['heads_with_pairs']}/{g['heads']} heads with a sink at consecutive steps; pooled "
-            f"{g['kept']}/{g['pairs']} pairs = {f(g['pooled_keep_rate'])}), "
-            f"{f(g['distinct_positions'], '.1f')} distinct positions, "
-            f"main sink share {f(g['main_share'], '.3f')} ({g['heads_with_sink']} heads with a sink)")
-
-
 def _figures(a: argparse.Namespace) -> int:
+    from . import stability
     from .figures import draw_all
     from .sink_trace import Trace, value_norm_line
 
     trace = Trace.load(Path(a.folder))
-    print(stability_line(trace.meta.get("stability") or trace.stability()))  # version-1 traces lack it
+    print(stability.line(trace.meta.get("stability") or trace.stability()))  # version-1 traces lack it
     print(value_norm_line(trace.value_norms()))  # None before version 3
     for name, path in draw_all(Path(a.folder), a.heads).items():
         print(f"{name}: {path}")

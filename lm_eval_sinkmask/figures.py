@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .sink_trace import Trace, parse_heads
+from .stability import or_na
 
 FIGURES = {
     "fig3": "fig3_score_distribution.png",
@@ -249,13 +250,9 @@ def fig_stability(trace: Trace, path: Path) -> Path:
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, label=label)
     g = block["aggregate"]
-
-    def f(x, spec=".2f"):
-        return "n/a" if x is None else format(x, spec)
-
-    axes[0].set_title(f"keep rate, mean {f(g['keep_rate'])} over {g['heads_with_pairs']}/{g['heads']} heads; "
+    axes[0].set_title(f"keep rate, mean {or_na(g['keep_rate'])} over {g['heads_with_pairs']}/{g['heads']} heads; "
                       f"\"n pos\": distinct positions\n(grey: no sink at two consecutive steps)", fontsize=8)
-    axes[1].set_title(f"main sink share, mean {f(g['main_share'], '.3f')} over {g['heads_with_sink']} heads"
+    axes[1].set_title(f"main sink share, mean {or_na(g['main_share'], '.3f')} over {g['heads_with_sink']} heads"
                       "\n(grey: never a sink)", fontsize=8)
     fig.suptitle(f"Sink stability over steps 1-{trace.steps}: {_name(trace)}, eps={block['eps']:g}",
                  fontsize=10)

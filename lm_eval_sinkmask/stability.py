@@ -146,3 +146,18 @@ def position_share(
     score = np.where(hit, np.asarray(top_score, np.float64), 0.0).sum(-1)
     n = np.asarray(n_keys, np.float64).reshape((-1,) + (1,) * (top_pos.ndim - 2))
     return np.where(hit.any(-1), score / np.maximum(n, 1), np.nan)
+
+
+def or_na(x: float | None, spec: str = ".2f") -> str:
+    """An aggregate as text; ``n/a`` where no head qualified (the block stores None)."""
+    return "n/a" if x is None else format(x, spec)
+
+
+def line(block: dict[str, Any]) -> str:
+    """One line of a trace's ``stability`` block, for the terminal."""
+    g = block["aggregate"]
+    return (f"sink stability (eps={block['eps']:g}): keep rate {or_na(g['keep_rate'])} per head "
+            f"({g['heads_with_pairs']}/{g['heads']} heads with a sink at consecutive steps; pooled "
+            f"{g['kept']}/{g['pairs']} pairs = {or_na(g['pooled_keep_rate'])}), "
+            f"{or_na(g['distinct_positions'], '.1f')} distinct positions, "
+            f"main sink share {or_na(g['main_share'], '.3f')} ({g['heads_with_sink']} heads with a sink)")
