@@ -26,16 +26,7 @@ from .masking_lm import MaskingLMMixin, resolve_pretrained
 @register_model("arm_sinkmask")
 class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     def __init__(self, pretrained, **kwargs: Any) -> None:
-        model_args.check(model_args.ARM, kwargs)
-        pretrained = resolve_pretrained(pretrained)
-        mask_config = SinkMaskConfig.pop_from(kwargs)
-        try:
-            config = checkpoint_checks.read_config(pretrained, kwargs)
-        except (OSError, ValueError):
-            config = {}  # no readable config.json here: HFLM reports that itself
-        _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
-        checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
-        checkpoint_checks.check_attention(mask_config, kwargs)
+        pretrained, mask_config = _take_checked_args(pretrained, kwargs)
         # SDPA is what the intercept sees; eager or flash-attn would bypass it.
         if isinstance(pretrained, str):
             kwargs.setdefault("attn_implementation", "sdpa")
@@ -43,6 +34,12 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         self.model.eval()
         self._init_masking(mask_config, rule=mask_config.arm_rule)
         self._batch_rows: set[tuple[int, ...]] = set()  # inputs of the loglikelihood requests in flight
+
+    @classmethod
+    def check_args(cls, pretrained, **kwargs: Any) -> None:
+        """Everything the constructor refuses before loading weights, without loading them
+        (``sinkmask sweep`` runs it on every column before the first cell)."""
+        _take_checked_args(pretrained, dict(kwargs))
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         with self.masking(context, generation_kwargs.get("attention_mask")):
@@ -83,6 +80,22 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
                 n -= 1
             mask[b, :n] = 1
         return mask
+
+
+def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMaskConfig]:
+    """(checkpoint, masking config): our model_args checked against each other and against
+    the checkpoint's config.json, and popped from ``kwargs`` (the rest goes to HFLM)."""
+    model_args.check(model_args.ARM, kwargs)
+    pretrained = resolve_pretrained(pretrained)
+    mask_config = SinkMaskConfig.pop_from(kwargs)
+    try:
+        config = checkpoint_checks.read_config(pretrained, kwargs)
+    except (OSError, ValueError):
+        config = {}  # no readable config.json here: HFLM reports that itself
+    _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
+    checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
+    checkpoint_checks.check_attention(mask_config, kwargs)
+    return pretrained, mask_config
 
 
 def _refuse_diffusion_checkpoint(pretrained, model_type: str | None) -> None:

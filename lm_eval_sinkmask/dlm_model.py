@@ -151,6 +151,42 @@ def _import_object(path: str):
     return getattr(importlib.import_module(module), name)
 
 
+@dataclass(frozen=True)
+class _CheckedArgs:
+    """``dlm_sinkmask``'s model_args, validated against each other and against the
+    checkpoint's config.json: everything that can be refused before a weight loads."""
+
+    pretrained: Any  # a zoo: reference resolved to its folder
+    config: dict[str, Any]  # the checkpoint's config.json (no remote code needed to read it)
+    mask_config: SinkMaskConfig
+    family: Family
+    settings: DiffusionSettings
+    likelihood_settings: likelihood.LikelihoodSettings
+    sink: sink_token.SinkToken | None  # an extra sink token the checkpoint declares
+    auto_model_class: Any  # model_class=module:Class, imported; None: transformers.AutoModel
+
+    @classmethod
+    def take(cls, pretrained, family: str | None, mask_id: int | None, model_class: str | None,
+             kwargs: dict[str, Any]) -> _CheckedArgs:
+        """Check and pop our keys from ``kwargs``; what is left goes to HFLM."""
+        model_args.check(model_args.DLM, kwargs)
+        pretrained = resolve_pretrained(pretrained)
+        mask_config = SinkMaskConfig.pop_from(kwargs)
+        user_settings = DiffusionSettings.pop_from(kwargs)
+        likelihood_settings = likelihood.LikelihoodSettings.pop_from(kwargs)
+        config = checkpoint_checks.read_config(pretrained, kwargs)
+        family_ = family_for(config.get("model_type"), family)
+        settings = DiffusionSettings.build(family_, user_settings)
+        checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
+        checkpoint_checks.check_mask_id(mask_id, config)
+        checkpoint_checks.check_attention(mask_config, kwargs)
+        # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub repo):
+        # model_class=models:MMadaModelLM
+        auto = _import_object(model_class) if model_class is not None else None
+        return cls(pretrained, config, mask_config, family_, settings, likelihood_settings,
+                   sink_token.SinkToken.from_config(config), auto)
+
+
 @register_model("dlm_sinkmask")
 class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     """A masked diffusion LM (family from ``config.model_type`` or ``family=``) with sinks
@@ -167,25 +203,14 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         **kwargs: Any,
     ) -> None:
         # Everything that can be wrong with the arguments fails here, before weights load.
-        model_args.check(model_args.DLM, kwargs)
-        pretrained = resolve_pretrained(pretrained)
-        mask_config = SinkMaskConfig.pop_from(kwargs)
-        user_settings = DiffusionSettings.pop_from(kwargs)
-        self.likelihood = likelihood.LikelihoodSettings.pop_from(kwargs)
+        checked = _CheckedArgs.take(pretrained, family, mask_id, model_class, kwargs)
+        pretrained, mask_config, config = checked.pretrained, checked.mask_config, checked.config
+        self.family, self.settings = checked.family, checked.settings
+        self.likelihood = checked.likelihood_settings
+        self.sink = checked.sink
         self._mc_stderrs: list[float] = []  # per scored request, for the run's report
-        # the raw config.json: no remote code needed to read model_type, depth and mask id
-        config = checkpoint_checks.read_config(pretrained, kwargs)
-        self.family = family_for(config.get("model_type"), family)
-        self.settings = DiffusionSettings.build(self.family, user_settings)
-        checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
-        checkpoint_checks.check_mask_id(mask_id, config)
-        checkpoint_checks.check_attention(mask_config, kwargs)
-        # an extra sink token declared by the checkpoint: inserted around every forward
-        self.sink = sink_token.SinkToken.from_config(config)
-        if model_class is not None:
-            # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub
-            # repo): model_class=models:MMadaModelLM
-            self.AUTO_MODEL_CLASS = _import_object(model_class)
+        if checked.auto_model_class is not None:
+            self.AUTO_MODEL_CLASS = checked.auto_model_class
         if self.family.attn_implementation and isinstance(pretrained, str):
             kwargs.setdefault("attn_implementation", self.family.attn_implementation)
 
@@ -199,6 +224,13 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self._init_masking(mask_config, rule="all")
         self.padding = self._probe_padding()
         self._inputs = dict(self.family.padding_inputs()).get(self.padding, self.family.model_inputs)
+
+    @classmethod
+    def check_args(cls, pretrained, family: str | None = None, mask_id: int | None = None,
+                   model_class: str | None = None, **kwargs: Any) -> None:
+        """Everything the constructor refuses before loading weights, without loading them
+        (``sinkmask sweep`` runs it on every column before the first cell)."""
+        _CheckedArgs.take(pretrained, family, mask_id, model_class, dict(kwargs))
 
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (

@@ -32,6 +32,14 @@ def resolve_pretrained(pretrained):
 class MaskingLMMixin:
     """Mix into an :class:`lm_eval.models.huggingface.HFLM` subclass, before HFLM."""
 
+    @classmethod
+    def check_arg_string(cls, arg_string: str) -> None:
+        """What ``create_from_arg_string(arg_string)`` would refuse before loading a weight,
+        found without loading one (each model class says what in ``check_args``)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        cls.check_args(**simple_parse_args_string(arg_string))
+
     def _init_masking(self, config: SinkMaskConfig, rule: str) -> None:
         self.mask_config = config
         self.masker = SinkMasker(config, rule=rule)

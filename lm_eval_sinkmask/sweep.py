@@ -194,6 +194,25 @@ def _free_memory() -> None:
         pass
 
 
+def refused_model_args(cells: list[Cell]) -> list[str]:
+    """What each column's model class would refuse before loading weights, checked for every
+    distinct model_args before the first cell: a typo in the last column fails now, not
+    after hours of the others."""
+    from lm_eval.api.registry import get_model
+
+    refused, seen = [], set()
+    for cell in cells:
+        key = (cell.model.model_class, cell.model_args)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            get_model(cell.model.model_class).check_arg_string(cell.model_args)
+        except (ValueError, OSError) as e:
+            refused.append(f"{cell.label} ({cell.model.model_class}, {cell.model_args}): {e}")
+    return refused
+
+
 def run_sweep(
     plan: SweepPlan, *, max_cells: int | None = None, progress: bool = True, jobs: int = 1
 ) -> int:
@@ -228,6 +247,9 @@ def run_sweep(
     mixed = mixed_settings(done + [cells[i].request() for i in todo])
     if mixed:
         raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
+    refused = refused_model_args([cells[i] for i in todo])
+    if refused:
+        raise SystemExit("\n".join(refused))
     blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))
     if blocked and not plan.allow_code_execution:
         raise SystemExit(
