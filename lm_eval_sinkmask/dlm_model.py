@@ -26,6 +26,7 @@ from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
 from .padding_probe import UNPADDED, choose_padding
 from .samplers import generate_block, generate_dream, validate_block_args
 from .samplers.block import REMASKING
+from .samplers.block import VARIANTS as LLADA_SAMPLERS
 from .samplers.dream import ALGS as DREAM_ALGS
 from .samplers.dream import VARIANTS as DREAM_SAMPLERS
 
@@ -35,7 +36,8 @@ PADDING_SIDES = ("left", "right")
 # settings one sampler reads and the other never does: set for the wrong family they would
 # change nothing, and the run would be recorded as if they had
 SAMPLER_ONLY = {
-    "block": ("block_length", "remasking", "cfg_scale", "logits_eos_inf", "confidence_eos_eot_inf"),
+    "block": ("block_length", "remasking", "cfg_scale", "logits_eos_inf", "confidence_eos_eot_inf",
+              "llada_sampler"),
     "dream": ("alg", "alg_temp", "top_p", "sampling_top_k", "dream_sampler"),
 }
 
@@ -60,8 +62,10 @@ class DiffusionSettings:
     padding_side: str = "left"
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
-    # Dream: "reference" decodes as Dream's diffusion_generate (its tie order, the mask token
-    # predictable, the model's dtype); "invariant" gives the same tokens at any batch size
+    # "reference" decodes as the family's own code (LLaDA's generate.py, Dream's
+    # diffusion_generate: their tie order, the mask token predictable, the model's dtype);
+    # "invariant" gives the same tokens at any batch size (samplers/block.py, samplers/dream.py)
+    llada_sampler: str = "reference"
     dream_sampler: str = "reference"
 
     @classmethod
@@ -93,6 +97,10 @@ class DiffusionSettings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.alg_temp is not None and (isinstance(self.alg_temp, bool)
+                                          or not isinstance(self.alg_temp, (int, float))
+                                          or not math.isfinite(self.alg_temp) or self.alg_temp < 0):
+            raise ValueError(f"alg_temp must be a finite number >= 0, got {self.alg_temp!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.padding_side not in PADDING_SIDES:
@@ -104,6 +112,10 @@ class DiffusionSettings:
                 self.for_request(self.gen_length, family)
         elif self.alg not in DREAM_ALGS:
             raise ValueError(f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
+        if self.llada_sampler not in LLADA_SAMPLERS:
+            raise ValueError(
+                f"llada_sampler must be one of {LLADA_SAMPLERS}, got {self.llada_sampler!r}"
+            )
         if self.dream_sampler not in DREAM_SAMPLERS:
             raise ValueError(
                 f"dream_sampler must be one of {DREAM_SAMPLERS}, got {self.dream_sampler!r}"
@@ -319,6 +331,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                     suppress_confidence_ids=(eos + self._special_ids(family.eot_tokens))
                     if s.confidence_eos_eot_inf
                     else (),
+                    variant=s.llada_sampler,
                     **common,
                 )
             else:
@@ -412,7 +425,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         with torch.inference_mode(), self.masking(ids):
             if self.family.sampler == "block":
                 got = generate_block(self._forward, ids, torch.ones_like(ids), block_length=n,
-                                     cfg_scale=s.cfg_scale, remasking="low_confidence", **common)
+                                     cfg_scale=s.cfg_scale, remasking="low_confidence",
+                                     variant=s.llada_sampler, **common)
             else:
                 got = generate_dream(self._forward, ids, torch.ones_like(ids), alg=s.alg,
                                      alg_temp=0.0, variant=s.dream_sampler, **common)

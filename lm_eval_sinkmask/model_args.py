@@ -85,6 +85,11 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("padding_side", "right (LLaDA/MMaDA), left (Dream)", "layout of batched prompts: "
              "`right` keeps every row's positions from 0, `left` suits models that count "
              "positions from the first real token", (DLM,), "sampling"),
+    ModelArg("llada_sampler", "reference", "LLaDA/MMaDA: `reference` decodes as LLaDA's own "
+             "`generate.py` (confidences in the model's dtype, `torch.topk`'s tie order, the mask "
+             "token predictable, EOS/EOT taken out of the softmax under `confidence_eos_eot_inf`); "
+             "`invariant` gives the same tokens at every batch size and padding (float32, ties "
+             "to the leftmost position, the mask token never predicted)", (DLM,), "sampling"),
     ModelArg("dream_sampler", "reference", "Dream: `reference` decodes as Dream's own "
              "`diffusion_generate` (`torch.topk`'s tie order, the mask token predictable, the "
              "model's dtype); `invariant` gives the same tokens at every batch size and padding "

@@ -89,10 +89,10 @@ def padded(prompts, side="left", pad=0):
 
 
 PROMPTS = [[3, 1, 4, 1, 5], [9], [2, 6, 5], [5, 3, 5, 8, 9, 7, 9]]
-BLOCK = dict(mask_id=MASK, gen_length=8, steps=8, block_length=4)
-# the batch-invariant variant: these tests ask for the same tokens at every batch size and a
-# fully unmasked answer (the reference variant is checked against Dream's loop in
-# test_dream_reference.py)
+# the batch-invariant variants: these tests ask for the same tokens at every batch size and a
+# fully unmasked answer (the reference variants are checked against LLaDA's and Dream's own
+# loops in test_llada_reference.py and test_dream_reference.py)
+BLOCK = dict(mask_id=MASK, gen_length=8, steps=8, block_length=4, variant="invariant")
 DREAM = dict(mask_id=MASK, gen_length=8, steps=6, variant="invariant")
 
 
@@ -288,11 +288,13 @@ def test_block_temperature_seeded_is_reproducible(model):
 
 def test_mask_token_is_never_generated():
     # A model whose favourite prediction is the mask token itself still ends fully unmasked;
-    # except under Dream's reference variant, where, as in Dream, such positions stay masked.
+    # except under the reference variants, where, as in LLaDA and Dream, such positions stay
+    # masked.
     fn = toy(score=lambda r: 5.0 + 0 * r, target=lambda r: torch.full_like(r, MASK))
     ids, mask = padded([[1, 2]])
     assert not generate_block(fn, ids, mask, **BLOCK).eq(MASK).any()
     assert not generate_dream(fn, ids, mask, **DREAM).eq(MASK).any()
+    assert generate_block(fn, ids, mask, **{**BLOCK, "variant": "reference"}).eq(MASK).all()
     assert generate_dream(fn, ids, mask, **{**DREAM, "variant": "reference"}).eq(MASK).all()
 
 

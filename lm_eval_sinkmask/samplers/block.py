@@ -5,15 +5,32 @@ The answer starts as gen_length mask tokens, cut into blocks decoded left to rig
 steps / num_blocks forward passes; at every pass the model predicts all masked tokens, and the
 ones it is most confident about (low_confidence remasking) or a random choice of them (random
 remasking) are fixed for good, the rest stay masked. A block is finished before the next starts.
+
+Two variants, as for Dream. ``reference`` (the default) decodes as LLaDA's own ``generate.py``
+does (its current form, with ``logits_eos_inf`` and ``confidence_eos_eot_inf``): confidences
+are the probabilities in the model's dtype (bfloat16 for the released checkpoints, where every
+probability above about 0.998 is 1.0 and ties are common), the positions fixed are
+``torch.topk``'s choice over the whole working row, ties included, the mask token may be
+predicted (such a position stays masked), and ``confidence_eos_eot_inf`` sets EOS and EOT to
+-inf before the softmax, so the other confidences renormalise (with low-confidence remasking
+only; LLaDA's random remasking ignores it). One difference is deliberate: at temperature > 0
+LLaDA's code removes only EOT from the softmax (its EOS assignment lands on the noisy copy of
+the logits); both are removed here. ``invariant`` gives the same tokens at every batch size and
+padding: float32 confidences, ties towards the leftmost position, the mask token never
+predicted, and EOS/EOT confidences set to the lowest finite value under either remasking.
+The reference matches LLaDA's tokens when decoding greedily with low-confidence remasking (the
+paper's protocol); with temperature > 0 or random remasking it draws from the same
+distributions with another random stream.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .layout import build_layout
+from .layout import build_layout, topk_over_rows
 
 REMASKING = ("low_confidence", "random")
+VARIANTS = ("reference", "invariant")
 
 
 def validate_block_args(gen_length: int, steps: int, block_length: int) -> None:
@@ -67,19 +84,23 @@ def generate_block(
     suppress_logit_ids=(),
     suppress_confidence_ids=(),
     padding_side: str = "left",
+    variant: str = "reference",
     generator: torch.Generator | None = None,
 ) -> torch.LongTensor:
     """Decode gen_length tokens after each prompt; returns them, [B, gen_length].
 
     model_fn(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, V]; see layout.py for how
     prompts and pads are placed. suppress_logit_ids are never generated (LLaDA's logits_eos_inf);
-    suppress_confidence_ids get the lowest confidence, so they are unmasked last in their block
-    (LLaDA's confidence_eos_eot_inf). The mask token itself is never a valid prediction and is
-    always suppressed, so every position ends unmasked.
+    predictions of suppress_confidence_ids are unmasked last in their block (LLaDA's
+    confidence_eos_eot_inf). ``variant``: see the module docstring; under ``invariant`` the mask
+    token is never a valid prediction, so every position ends unmasked.
     """
     validate_block_args(gen_length, steps, block_length)
     if remasking not in REMASKING:
         raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    invariant = variant == "invariant"
     lay = build_layout(prompt_ids, prompt_mask, gen_length=gen_length, mask_id=mask_id,
                        padding_side=padding_side)
     x, device = lay.x.clone(), prompt_ids.device
@@ -88,33 +109,58 @@ def generate_block(
     num_blocks = gen_length // block_length
     counts = transfer_counts(block_length, steps // num_blocks)  # same for every row: blocks start full
     attn = torch.cat([lay.attention_mask] * 2) if cfg_scale > 0 else lay.attention_mask
-    banned = torch.tensor(sorted({mask_id, *suppress_logit_ids}), dtype=torch.long, device=device)
+    banned = torch.tensor(sorted({*suppress_logit_ids, *([mask_id] if invariant else [])}),
+                          dtype=torch.long, device=device)
     low_conf = torch.tensor(list(suppress_confidence_ids), dtype=torch.long, device=device)
 
     for b in range(num_blocks):
-        cols = lay.gen_cols[:, b * block_length:(b + 1) * block_length]  # [B, block_length]
+        # the columns that may change: the block's; for the reference also any earlier one
+        # left masked (a predicted mask token), which LLaDA's loop keeps as a candidate
+        cols = lay.gen_cols[:, (b if invariant else 0) * block_length:(b + 1) * block_length]
         for n in counts:
             if cfg_scale > 0:  # classifier-free guidance: a copy with the prompt masked out
                 both = model_fn(torch.cat([x, x.masked_fill(lay.prompt, mask_id)]), attn)
                 cond, uncond = both[:B][rows, cols], both[B:][rows, cols]
                 logits = uncond + (cfg_scale + 1) * (cond - uncond)
             else:
-                logits = model_fn(x, attn)[rows, cols]  # only the block can change: [B, block, V]
+                logits = model_fn(x, attn)[rows, cols]  # [B, len(cols), V]
             logits[..., banned] = -torch.inf
 
             x0 = add_gumbel_noise(logits, temperature, generator).argmax(-1)
-            if remasking == "low_confidence":
-                conf = torch.softmax(logits, -1, dtype=torch.float32).gather(-1, x0[..., None])[..., 0]
-            else:
-                conf = torch.rand(x0.shape, device=device, generator=generator)
-            if len(low_conf):
-                # LLaDA uses -inf; the lowest finite value keeps these ahead of already-decoded
-                # positions (-inf below), so a tie can never re-pick a fixed token.
-                conf = conf.masked_fill(torch.isin(x0, low_conf), torch.finfo(conf.dtype).min)
             block = x[rows, cols]
-            conf = conf.masked_fill(block != mask_id, -torch.inf)
-
-            # Stable sort: ties go to the leftmost position, independent of padding and batch.
-            pick = conf.argsort(dim=1, descending=True, stable=True)[:, :n]
-            x[rows, cols] = block.scatter(1, pick, x0.gather(1, pick))
+            if invariant:
+                conf = _invariant_confidence(logits, x0, remasking, low_conf, generator)
+                conf = conf.masked_fill(block != mask_id, -torch.inf)
+                # Stable sort: ties go to the leftmost position, independent of padding and batch.
+                pick = conf.argsort(dim=1, descending=True, stable=True)[:, :n]
+                x[rows, cols] = block.scatter(1, pick, x0.gather(1, pick))
+            else:
+                conf = _reference_confidence(logits, x0, remasking, low_conf, generator)
+                conf = conf.masked_fill(block != mask_id, -torch.inf)
+                take = topk_over_rows(conf, torch.full((B,), n), cols, x.shape[1])
+                x[rows, cols] = torch.where(take, x0, block)
     return lay.generated(x)
+
+
+def _invariant_confidence(logits, x0, remasking, low_conf, generator) -> torch.Tensor:
+    """float32 confidences of the predictions x0 [B, n]; ``low_conf`` predictions lowest."""
+    if remasking == "low_confidence":
+        conf = torch.softmax(logits, -1, dtype=torch.float32).gather(-1, x0[..., None])[..., 0]
+    else:
+        conf = torch.rand(x0.shape, device=x0.device, generator=generator)
+    if len(low_conf):
+        # LLaDA uses -inf; the lowest finite value keeps these ahead of already-decoded
+        # positions (-inf below), so a tie can never re-pick a fixed token.
+        conf = conf.masked_fill(torch.isin(x0, low_conf), torch.finfo(conf.dtype).min)
+    return conf
+
+
+def _reference_confidence(logits, x0, remasking, low_conf, generator) -> torch.Tensor:
+    """Confidences of x0 [B, n] as LLaDA's generate.py computes them: the probabilities in
+    the logits' dtype, ``low_conf`` tokens removed from the softmax first; random remasking
+    draws them uniformly and ignores ``low_conf``."""
+    if remasking == "random":
+        return torch.rand(x0.shape, device=x0.device, generator=generator)
+    if len(low_conf):
+        logits = logits.index_fill(-1, low_conf, -torch.inf)
+    return torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]

@@ -17,14 +17,18 @@ simply stays masked), and the tokens revealed are ``torch.topk``'s choice over t
 ties included. ``invariant`` gives the same tokens at every batch size and padding: float32
 probabilities, the mask token never predicted, and ties broken towards the leftmost position.
 Both count the tokens to reveal per row, where Dream divides the batch's count by its size:
-the same number whenever the rows hold equally many masks (always at batch size 1).
+the same number whenever the rows hold equally many masks (always at batch size 1). The
+reference matches Dream's tokens when decoding greedily (temperature 0, alg_temp 0: the
+paper's protocol); when sampling it draws from the same distributions with another random
+stream (Dream samples ``origin``'s tokens after its reveal draws, and ``alg_temp``'s positions
+with ``torch.multinomial``; here Gumbel-top-k).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .layout import build_layout
+from .layout import build_layout, topk_over_rows
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 VARIANTS = ("reference", "invariant")
@@ -149,23 +153,6 @@ def generate_dream(
                 rank = torch.empty_like(order).scatter_(1, order, positions)
                 reveal = rank < k[:, None]
             else:
-                reveal = _topk_over_rows(conf, k, lay.gen_cols, x.shape[1])
-        x[rows, lay.gen_cols] = torch.where(reveal, x0, gen)
+                reveal = topk_over_rows(conf, k, lay.gen_cols, x.shape[1])
+        x[rows, lay.gen_cols] = torch.where(reveal & masked, x0, gen)  # decoded tokens stay
     return lay.generated(x)
-
-
-def _topk_over_rows(conf: torch.Tensor, k: torch.Tensor, gen_cols: torch.Tensor, width: int):
-    """Which generated positions ``torch.topk`` reveals when, as in Dream, it ranks the whole
-    working row (-inf outside the masked positions), so that ties fall where Dream's fall.
-    Rows sharing a count share one call (all rows, in Dream's own loop); bool [B, G]."""
-    full = torch.full((conf.shape[0], width), -torch.inf, dtype=conf.dtype, device=conf.device)
-    full.scatter_(1, gen_cols, conf)
-    chosen = torch.zeros(full.shape, dtype=torch.bool, device=conf.device)
-    counts = k.tolist()
-    for n in sorted(set(counts)):
-        if n == 0:
-            continue
-        sel = torch.tensor([c == n for c in counts], device=conf.device)
-        idx = full[sel].topk(n, dim=1).indices
-        chosen[sel] = torch.zeros_like(chosen[sel]).scatter_(1, idx, True)
-    return chosen.gather(1, gen_cols)

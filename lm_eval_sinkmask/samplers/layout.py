@@ -58,3 +58,21 @@ def build_layout(prompt_ids, prompt_mask, *, gen_length: int, mask_id: int, padd
     x = torch.where(prompt, tokens, torch.full_like(tokens, mask_id))
     gen_cols = (offset + n)[:, None] + torch.arange(gen_length, device=device)[None, :]
     return Layout(x=x, attention_mask=(prompt | gen).long(), prompt=prompt, gen_cols=gen_cols)
+
+
+def topk_over_rows(conf: torch.Tensor, k: torch.Tensor, cols: torch.Tensor, width: int) -> torch.Tensor:
+    """Which of the columns ``cols`` [B, n] ``torch.topk`` picks when, as in LLaDA's and
+    Dream's own loops, it ranks the whole working row of ``width`` columns (-inf outside
+    ``cols``), so that ties fall where theirs fall. ``conf`` [B, n]; ``k`` [B] picks per row.
+    Rows sharing a count share one call (all rows, in the reference loops); bool [B, n]."""
+    full = torch.full((conf.shape[0], width), -torch.inf, dtype=conf.dtype, device=conf.device)
+    full.scatter_(1, cols, conf)
+    chosen = torch.zeros(full.shape, dtype=torch.bool, device=conf.device)
+    counts = k.tolist()
+    for n in sorted(set(counts)):
+        if n == 0:
+            continue
+        sel = torch.tensor([c == n for c in counts], device=conf.device)
+        idx = full[sel].topk(n, dim=1).indices
+        chosen[sel] = torch.zeros_like(chosen[sel]).scatter_(1, idx, True)
+    return chosen.gather(1, cols)
