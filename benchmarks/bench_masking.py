@@ -203,7 +203,10 @@ def bench_tiny(args):
     cfgs = configs(eps, args.chunk)
 
     def run_one(n):
-        kw = dict(mask_id=mask_id, gen_length=gen, steps=steps, block_length=block)
+        # the invariant sampler, as in every recorded result: a random-init model predicts the
+        # mask token, which the reference sampler would leave in place
+        kw = dict(mask_id=mask_id, gen_length=gen, steps=steps, block_length=block,
+                  variant="invariant")
         with torch.inference_mode():
             if cfgs[n] is None:
                 generate_block(fn, ids, pmask, **kw)
@@ -436,7 +439,8 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
         with torch.inference_mode(), SinkMasker(
                 cfg, observers=[lambda e: blocked.append(e.blocked.cpu())]).attach(model) as stats:
             tokens = generate_block(model_fn_of(model), ids.to(dev), pmask.to(dev),
-                                    mask_id=mask_id, gen_length=32, steps=32, block_length=16)
+                                    mask_id=mask_id, gen_length=32, steps=32, block_length=16,
+                                    variant="invariant")
         runs[(dev, backend)] = (tokens.cpu(), stats.keys_masked, blocked)
     cpu, mat = runs[("cpu", "auto")], runs[(accel, "materialized")]
     same = torch.equal(cpu[0], mat[0]) and cpu[1] == mat[1]
@@ -551,8 +555,9 @@ def reference_llada_generate(model, prompt, *, steps, gen_length, block_length, 
     blocks; each block gets steps/num_blocks forward passes; at each the model predicts every
     masked token and, per row, the top-k most confident predictions inside the current block
     are kept (low-confidence remasking), k spread evenly over the block's steps with the
-    remainder first. Greedy (temperature 0). Like our sampler, the mask token itself is never
-    accepted as a prediction. Equal-length prompts (no padding)."""
+    remainder first. Greedy (temperature 0). Like our sampler's invariant variant (the one
+    timed here), the mask token itself is never accepted as a prediction and confidences are
+    float32. Equal-length prompts (no padding)."""
     B, P = prompt.shape
     x = torch.full((B, P + gen_length), mask_id, dtype=torch.long)
     x[:, :P] = prompt
@@ -600,14 +605,14 @@ def bench_sampler(args):
         ids, _ = prompts(B, P, model.config.vocab_size, mask_id, ragged=False, seed=2)
         ones = torch.ones_like(ids)
         kw = dict(mask_id=mask_id, gen_length=gen, steps=steps, block_length=block)
-        ours = generate_block(fn, ids, ones, **kw)
+        ours = generate_block(fn, ids, ones, variant="invariant", **kw)
         ref = reference_llada_generate(model, ids, **kw)
         assert torch.equal(ours, ref), f"batch {B}: our sampler and the reference disagree"
 
         def run_one(n):
             with torch.inference_mode():
                 if n == "ours":
-                    generate_block(fn, ids, ones, **kw)
+                    generate_block(fn, ids, ones, variant="invariant", **kw)
                 else:
                     reference_llada_generate(model, ids, **kw)
 
