@@ -114,10 +114,11 @@ def generate_block(
     low_conf = torch.tensor(list(suppress_confidence_ids), dtype=torch.long, device=device)
 
     for b in range(num_blocks):
-        # the columns that may change: the block's; for the reference also any earlier one
-        # left masked (a predicted mask token), which LLaDA's loop keeps as a candidate
-        cols = lay.gen_cols[:, (b if invariant else 0) * block_length:(b + 1) * block_length]
+        block_cols = lay.gen_cols[:, b * block_length:(b + 1) * block_length]  # [B, block_length]
         for n in counts:
+            cols = block_cols
+            if not invariant and b > 0:
+                cols = _with_masked_before(x, lay.gen_cols, b * block_length, block_cols, mask_id)
             if cfg_scale > 0:  # classifier-free guidance: a copy with the prompt masked out
                 both = model_fn(torch.cat([x, x.masked_fill(lay.prompt, mask_id)]), attn)
                 cond, uncond = both[:B][rows, cols], both[B:][rows, cols]
@@ -140,6 +141,16 @@ def generate_block(
                 take = topk_over_rows(conf, torch.full((B,), n), cols, x.shape[1])
                 x[rows, cols] = torch.where(take, x0, block)
     return lay.generated(x)
+
+
+def _with_masked_before(x, gen_cols, start: int, block_cols, mask_id: int):
+    """The block's columns, or every generated column up to the block's end when an earlier
+    one is still masked (a predicted mask token): LLaDA's loop keeps those as candidates.
+    Rare, so the common step scores the block alone."""
+    earlier = gen_cols[:, :start]
+    if bool((x.gather(1, earlier) == mask_id).any()):
+        return gen_cols[:, :start + block_cols.shape[1]]
+    return block_cols
 
 
 def _invariant_confidence(logits, x0, remasking, low_conf, generator) -> torch.Tensor:
