@@ -93,14 +93,13 @@ class DiffusionSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("temperature", "cfg_scale"):
+        for name in ("temperature", "cfg_scale", "alg_temp"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if value is None and name == "alg_temp":  # Dream's own default: no randomness
+                continue
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.alg_temp is not None and (isinstance(self.alg_temp, bool)
-                                          or not isinstance(self.alg_temp, (int, float))
-                                          or not math.isfinite(self.alg_temp) or self.alg_temp < 0):
-            raise ValueError(f"alg_temp must be a finite number >= 0, got {self.alg_temp!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.padding_side not in PADDING_SIDES:

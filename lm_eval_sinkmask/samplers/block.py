@@ -112,13 +112,15 @@ def generate_block(
     banned = torch.tensor(sorted({*suppress_logit_ids, *([mask_id] if invariant else [])}),
                           dtype=torch.long, device=device)
     low_conf = torch.tensor(list(suppress_confidence_ids), dtype=torch.long, device=device)
+    confidence = _invariant_confidence if invariant else _reference_confidence
 
     for b in range(num_blocks):
-        block_cols = lay.gen_cols[:, b * block_length:(b + 1) * block_length]  # [B, block_length]
+        start, end = b * block_length, (b + 1) * block_length
         for n in counts:
-            cols = block_cols
-            if not invariant and b > 0:
-                cols = _with_masked_before(x, lay.gen_cols, b * block_length, block_cols, mask_id)
+            # the block's columns; the reference also keeps any earlier column still masked (a
+            # predicted mask token) as a candidate, as LLaDA's loop does
+            first = 0 if not invariant and _masked_before(x, lay.gen_cols, start, mask_id) else start
+            cols = lay.gen_cols[:, first:end]
             if cfg_scale > 0:  # classifier-free guidance: a copy with the prompt masked out
                 both = model_fn(torch.cat([x, x.masked_fill(lay.prompt, mask_id)]), attn)
                 cond, uncond = both[:B][rows, cols], both[B:][rows, cols]
@@ -129,28 +131,22 @@ def generate_block(
 
             x0 = add_gumbel_noise(logits, temperature, generator).argmax(-1)
             block = x[rows, cols]
+            conf = confidence(logits, x0, remasking, low_conf, generator)
+            conf = conf.masked_fill(block != mask_id, -torch.inf)
             if invariant:
-                conf = _invariant_confidence(logits, x0, remasking, low_conf, generator)
-                conf = conf.masked_fill(block != mask_id, -torch.inf)
                 # Stable sort: ties go to the leftmost position, independent of padding and batch.
                 pick = conf.argsort(dim=1, descending=True, stable=True)[:, :n]
                 x[rows, cols] = block.scatter(1, pick, x0.gather(1, pick))
             else:
-                conf = _reference_confidence(logits, x0, remasking, low_conf, generator)
-                conf = conf.masked_fill(block != mask_id, -torch.inf)
                 take = topk_over_rows(conf, torch.full((B,), n), cols, x.shape[1])
                 x[rows, cols] = torch.where(take, x0, block)
     return lay.generated(x)
 
 
-def _with_masked_before(x, gen_cols, start: int, block_cols, mask_id: int):
-    """The block's columns, or every generated column up to the block's end when an earlier
-    one is still masked (a predicted mask token): LLaDA's loop keeps those as candidates.
-    Rare, so the common step scores the block alone."""
-    earlier = gen_cols[:, :start]
-    if bool((x.gather(1, earlier) == mask_id).any()):
-        return gen_cols[:, :start + block_cols.shape[1]]
-    return block_cols
+def _masked_before(x, gen_cols, start: int, mask_id: int) -> bool:
+    """Whether a generated column before ``start`` is still masked (rare: only a predicted
+    mask token leaves one), so that the common step scores its block alone."""
+    return start > 0 and bool((x.gather(1, gen_cols[:, :start]) == mask_id).any())
 
 
 def _invariant_confidence(logits, x0, remasking, low_conf, generator) -> torch.Tensor:
