@@ -162,12 +162,10 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
 
 def _model_type(path: str) -> str | None:
     try:
-        import transformers
-
+        from .checkpoint_checks import read_config
         from .masking_lm import resolve_pretrained
 
-        config, _ = transformers.PretrainedConfig.get_config_dict(resolve_pretrained(path))
-        return config.get("model_type")
+        return read_config(resolve_pretrained(path), {}).get("model_type")
     except Exception:  # noqa: BLE001 - informational only
         return None
 

@@ -130,12 +130,11 @@ def infer_kind(path: str) -> str:
 
     Reads the raw config dict, so remote-code checkpoints need no ``trust_remote_code`` here.
     """
-    import transformers
-
+    from .checkpoint_checks import read_config
     from .families import family_for
     from .masking_lm import resolve_pretrained
 
-    config, _ = transformers.PretrainedConfig.get_config_dict(resolve_pretrained(path))
+    config = read_config(resolve_pretrained(path), {})
     try:
         family_for(config.get("model_type"))
         return "dlm"
