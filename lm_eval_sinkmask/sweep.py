@@ -2,7 +2,8 @@
 
 Each cell (model, task, K) is one ``lm_eval.simple_evaluate`` call with our model classes, and
 leaves in its folder lm-eval's own results JSON and per-sample JSONL (written by lm-eval's
-``EvaluationTracker``, as ``lm_eval --output_path`` does) and ``cell.json``: what was asked
+``EvaluationTracker``, as ``lm_eval --output_path`` does; the samples then gzipped, since a
+sweep keeps hundreds of them: ``zcat`` reads them) and ``cell.json``: what was asked
 (exact model_args, task, K, limit), what it ran on (digests of the checkpoint's files and of
 the task's config and documents, :mod:`provenance`), the versions, the masking counters and the
 primary numbers. ``cell.json`` is written last and atomically, so a cell counts as done only
@@ -15,6 +16,7 @@ or sharded over ``accelerate launch`` ranks.
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 import logging
 import os
@@ -22,6 +24,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from .provenance import InputDigests, checkpoint_digest
@@ -134,6 +137,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     tracker.save_results_aggregated(results=results, samples=samples)
     for name, task_samples in samples.items():
         tracker.save_results_samples(task_name=name, samples=task_samples)
+    compress_samples(cell.folder)
 
     task_results = results["results"][cell.task]
     metric = primary_metric(task_results)
@@ -158,6 +162,18 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, cell.folder / "cell.json")
     return record
+
+
+def compress_samples(folder: Path) -> None:
+    """Replace lm-eval's ``samples_*.jsonl`` in ``folder`` by ``.jsonl.gz``: a tenth of the
+    size, and the same bytes from the same samples (no timestamp in the gzip header)."""
+    for plain in folder.glob("samples_*.jsonl"):
+        packed = plain.with_name(plain.name + ".gz")
+        with open(plain, "rb") as src, open(packed, "wb") as raw:
+            with gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw,
+                               mtime=0) as dst:
+                shutil.copyfileobj(src, dst)
+        plain.unlink()
 
 
 def _model_type(path: str) -> str | None:

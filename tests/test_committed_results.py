@@ -39,6 +39,13 @@ def test_every_committed_cell_ran_on_this_checkouts_checkpoint_and_task(path, di
     assert changed_inputs(record.get("inputs"), now) == []
 
 
+def test_every_committed_cell_lists_the_files_its_folder_holds():
+    stale = [str(p.parent.relative_to(ROOT)) for p in CELLS
+             if sorted(json.loads(p.read_text())["results_files"])
+             != sorted(f.name for f in p.parent.iterdir() if f.name != "cell.json")]
+    assert stale == []
+
+
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(ROOT).parent))
 def test_every_committed_trace_ran_on_this_checkouts_checkpoint(path, digests):
     meta = json.loads(path.read_text())

@@ -2,6 +2,7 @@
 inputs that changed under a done cell, versus pairs kept in sweep.json."""
 
 import csv
+import gzip
 import json
 from pathlib import Path
 
@@ -63,9 +64,10 @@ def test_a_killed_sweep_resumes_to_the_same_table(tmp_path, tiny_dirs, tiny_task
     assert record["inputs"]["task"]["version"] == 1.0
     cell = resumed / "cells/llada/tiny_gen/k1"
     [results] = cell.glob("results_*.json")
-    [samples] = cell.glob("samples_tiny_gen_*.jsonl")
+    [samples] = cell.glob("samples_tiny_gen_*.jsonl.gz")  # gzipped, no plain copy left
     assert json.loads(results.read_text())["config"]["model_args"] == record["request"]["model_args"]
-    assert len(samples.read_text().splitlines()) == 2
+    assert len(gzip.decompress(samples.read_bytes()).splitlines()) == 2
+    assert sorted(p.name for p in cell.iterdir()) == sorted([*record["results_files"], "cell.json"])
 
     # a rerun into the same folder with other settings refuses instead of mixing runs
     with pytest.raises(SystemExit, match="different settings"):

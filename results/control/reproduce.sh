@@ -33,5 +33,3 @@ sinkmask sweep \
   --versus arm:arm_random,llada:llada_random,dream:dream_random,arm_all_rows:arm_all_rows_random,llada_l2r:llada_l2r_random \
   --title "Sinks vs random keys: accuracy under masking of the top-K Eq. 3 sinks and of as many non-sink keys, over eight draws (eps = 3)" \
   --out "$out"
-# the repository keeps lm-eval's per-problem samples gzipped (the table reads either form)
-find "$out/cells" -name 'samples_*.jsonl' -exec gzip -9nf {} +

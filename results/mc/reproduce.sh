@@ -26,5 +26,3 @@ sinkmask sweep \
   --limit 40 --batch-size 8 --device cpu --seed 0 --jobs 2 \
   --title "mini_mc accuracy under attention-sink masking, beside as many random non-sink keys over eight draws (top-K Eq. 3 sinks, eps = 3)" \
   --out "$out"
-# the repository keeps lm-eval's per-problem samples gzipped (the table reads either form)
-find "$out/cells" -name 'samples_*.jsonl' -exec gzip -9nf {} +

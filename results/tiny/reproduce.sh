@@ -37,5 +37,3 @@ sinkmask sweep \
   --tasks mini_gsm_sinkmask,mini_code_sinkmask --top-k 0,1,5,10 \
   --limit "$problems" --batch-size 32 --device cpu --seed 0 --jobs 2 \
   --allow-code-execution --out "$out"
-# the repository keeps lm-eval's per-problem samples gzipped (the table reads either form)
-find "$out/cells" -name 'samples_*.jsonl' -exec gzip -9nf {} +
