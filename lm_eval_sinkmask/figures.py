@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .sink_trace import Trace, parse_heads
-from .stability import or_na
+from .text_format import or_na
 
 FIGURES = {
     "fig3": "fig3_score_distribution.png",

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from .paired import mean_se
+from .text_format import spread
 
 Run = tuple[int | None, int | None]  # (training seed, mask draw); None where the sweep lacks that axis
 
@@ -142,16 +143,6 @@ def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], RunsCell]:
     return out
 
 
-def spread_text(mean: float | None, std: float | None, se: float | None, digits: int,
-                sign: bool = False) -> str:
-    """``mean ± std (se x)``: ± the spread across runs (left out for a single run), se the mean
-    per-run standard error (left out where there is none)."""
-    from .table import _fmt
-
-    text = _fmt(mean, digits, sign=sign) + ("" if std is None else f" ± {_fmt(std, digits)}")
-    return text if se is None else f"{text} (se {_fmt(se, digits)})"
-
-
 def missing_runs(have: int, want: int, unit: str) -> str:
     """`` [2 of 3 seeds]`` when a cell lacks runs, else nothing."""
     return f" [{have} of {want} {unit}]" if have < want else ""
@@ -159,11 +150,11 @@ def missing_runs(have: int, want: int, unit: str) -> str:
 
 def cell_text(cell: RunsCell, want: int, unit: str, digits: int) -> str:
     """``mean ± std (se x); Δ mean ± std (se y)``: lm-eval's se for the value, the paired se
-    for Δ (:func:`spread_text`), ``[2 of 3 seeds]`` when runs are missing."""
-    text = spread_text(cell.mean, cell.std, cell.stderr_mean, digits)
+    for Δ (:func:`text_format.spread`), ``[2 of 3 seeds]`` when runs are missing."""
+    text = spread(cell.mean, cell.std, cell.stderr_mean, digits)
     if cell.k != 0 and cell.deltas:
-        text += "; Δ " + spread_text(cell.delta_mean, cell.delta_std, cell.delta_se_mean, digits,
-                                     sign=True)
+        text += "; Δ " + spread(cell.delta_mean, cell.delta_std, cell.delta_se_mean, digits,
+                                sign=True)
         if len(cell.deltas) < len(cell.values):  # a run whose unmasked cell is missing
             text += f" [Δ: {len(cell.deltas)} of {len(cell.values)} {unit}]"
     return text + missing_runs(len(cell.values), want, unit)

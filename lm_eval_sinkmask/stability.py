@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from .text_format import or_na
+
 NO_SINK = -1
 
 
@@ -146,11 +148,6 @@ def position_share(
     score = np.where(hit, np.asarray(top_score, np.float64), 0.0).sum(-1)
     n = np.asarray(n_keys, np.float64).reshape((-1,) + (1,) * (top_pos.ndim - 2))
     return np.where(hit.any(-1), score / np.maximum(n, 1), np.nan)
-
-
-def or_na(x: float | None, spec: str = ".2f") -> str:
-    """An aggregate as text; ``n/a`` where no head qualified (the block stores None)."""
-    return "n/a" if x is None else format(x, spec)
 
 
 def line(block: dict[str, Any]) -> str:

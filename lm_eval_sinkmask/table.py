@@ -23,6 +23,7 @@ from pathlib import Path
 from . import paired, seed_stats, versus
 from .sweep import primary_metric
 from .sweep_plan import mixed_settings, task_limits
+from .text_format import fixed, signed_with_se
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
 
@@ -160,18 +161,6 @@ def row_label(k: int) -> str:
     return "Unmasked" if k == 0 else f"K={k}"
 
 
-def _fmt(x: float | None, digits: int, sign: bool = False) -> str:
-    if x is None:
-        return "n/a"
-    s = f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-    return "+0." + "0" * digits if sign and float(s) == 0 else s  # no "-0.00"
-
-
-def signed_with_se(diff: float, se: float | None, digits: int) -> str:
-    """``-0.05 ± 0.03``: a difference with its paired standard error (left out where unknown)."""
-    return _fmt(diff, digits, sign=True) + ("" if se is None else f" ± {_fmt(se, digits)}")
-
-
 def _index(entries: list[Entry]) -> dict[tuple[str, str, int], Entry]:
     return {(e.model, e.task, e.k): e for e in entries}
 
@@ -257,7 +246,7 @@ def _single_run_markdown(grid: dict, entries: list[Entry], title: str, digits: i
         e = idx.get((model, task, k))
         if e is None:
             return None
-        text = f"{_fmt(e.value, digits)} ± {_fmt(e.stderr, digits)}"
+        text = f"{fixed(e.value, digits)} ± {fixed(e.stderr, digits)}"
         base = idx.get((model, task, 0))
         if k != 0 and base is not None:
             text += f" ({signed_with_se(e.value - base.value, delta_se(base, e), digits)})"

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from . import paired
 from .seed_stats import (Run, drawn_models, missing_runs, multi_run, run_of, run_order, run_unit,
-                         runs_wanted, sample_std, spread_text)
+                         runs_wanted, sample_std)
+from .text_format import signed_with_se, spread
 
 
 def parse_versus(text: str | None) -> list[list[str]]:
@@ -99,7 +100,7 @@ def compare(grid: dict, entries) -> list[Comparison]:
 
 def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> list[str]:
     """The "paired differences" section under the table (nothing without comparisons)."""
-    from .table import row_label, signed_with_se
+    from .table import row_label
 
     if not comparisons:
         return []
@@ -111,7 +112,7 @@ def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> li
         if not multi:
             [se] = c.ses.values()
             return signed_with_se(c.mean, se, digits)
-        return (spread_text(c.mean, c.std, c.se_mean, digits, sign=True)
+        return (spread(c.mean, c.std, c.se_mean, digits, sign=True)
                 + missing_runs(len(c.diffs), c.wanted, run_unit(grid)))
 
     lines = ["", "## Paired differences on the same problems", "",

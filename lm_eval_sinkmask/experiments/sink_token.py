@@ -37,6 +37,7 @@ import numpy as np
 from .. import paired
 from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
+from ..text_format import percent
 
 TASKS = {"mini_gsm_sinkmask": "mini_gsm", "mini_code_sinkmask": "mini_code"}
 KS = (0, 1, 5, 10)
@@ -193,14 +194,11 @@ def trace_summary(out: Path) -> dict[str, dict[str, Any]]:
 
 # ----------------------------------------------------------------------------- report
 
-def _fmt(value, stderr=None, pct=True):
+def _stability_text(value: float | None, pct: bool) -> str:
+    """A stability aggregate: a share in percent (``96.4%``) or a count (``1.25``)."""
     if value is None:
         return "-"
-    if pct:
-        s = f"{100 * value:.1f}"
-        return s + (f" ± {100 * stderr:.1f}" if stderr is not None else "")
-    return f"{value:.2f}"
-
+    return percent(value) + "%" if pct else f"{value:.2f}"
 
 STABILITY_COLUMNS = [
     ("keep_rate", "main sink keeps its position (per-head mean)"),
@@ -260,13 +258,6 @@ def paired_gains(rows: list[dict[str, Any]], per_doc: dict | None = None) -> lis
     return out
 
 
-def _pp(x: float | None, se: float | None = None) -> str:
-    """Percentage points, signed, with `` ± se`` when the paired standard error is known."""
-    if x is None:
-        return "-"
-    return f"{100 * x:+.1f}" + ("" if se is None else f" ± {100 * se:.1f}")
-
-
 def _gain_lines(gains: list[dict[str, Any]], seeds: list[int]) -> list[str]:
     lines = ["## Does the gain survive seeds? (paired by seed, percentage points)", "",
              "Each seed of llada_sink against the same seed of llada (same init and data order "
@@ -279,18 +270,17 @@ def _gain_lines(gains: list[dict[str, Any]], seeds: list[int]) -> list[str]:
              + " | mean ± std | paired se (mean) | pairs with a gain |",
              "|---|---|---|" + "---|" * len(seeds) + "---|---|---|"]
     for g in gains:
-        std = "n/a" if g["std"] is None else f"{100 * g['std']:.1f}"
-        se = "n/a" if g["se_mean"] is None else f"{100 * g['se_mean']:.1f}"
+        std, se = percent(g["std"], missing="n/a"), percent(g["se_mean"], missing="n/a")
         lines.append(f"| {TASKS[g['task']]} | {g['comparison']} | {g['k']} | "
-                     + " | ".join(_pp(g["per_seed"].get(s), g["per_seed_se"].get(s)) for s in seeds)
-                     + f" | {_pp(g['mean'])} ± {std} | {se} | {g['pairs_with_gain']} of {g['pairs']} |")
+                     + " | ".join(percent(g["per_seed"].get(s), g["per_seed_se"].get(s), sign=True) for s in seeds)
+                     + f" | {percent(g['mean'], sign=True)} ± {std} | {se} | {g['pairs_with_gain']} of {g['pairs']} |")
     for g in gains:
         if g["comparison"] == GAINS[0][0] and g["k"] == 0:
             held = "in every pair" if g["pairs_with_gain"] == g["pairs"] else (
                 f"in {g['pairs_with_gain']} of {g['pairs']} pairs only")
-            std = "n/a" if g["std"] is None else f"{100 * g['std']:.1f}"
-            lines.append(f"\nUnmasked {TASKS[g['task']]}: llada_sink is ahead {held} "
-                         f"(mean {_pp(g['mean'])} ± {std} percentage points).")
+            lines.append(f"\nUnmasked {TASKS[g['task']]}: llada_sink is ahead {held} (mean "
+                         f"{percent(g['mean'], sign=True)} ± {percent(g['std'], missing='n/a')} "
+                         "percentage points).")
     return lines + [""]
 
 
@@ -304,7 +294,7 @@ def _single_gain_lines(gains: list[dict[str, Any]]) -> list[str]:
              "takes several seeds (`--seeds 0,1,2`).", "",
              "| task | comparison | K | gain ± paired se |", "|---|---|---|---|"]
     lines += [f"| {TASKS[g['task']]} | {g['comparison']} | {g['k']} | "
-              f"{_pp(g['mean'], g['se_mean'])} |" for g in gains]
+              f"{percent(g['mean'], g['se_mean'], sign=True)} |" for g in gains]
     return lines + [""]
 
 
@@ -346,8 +336,7 @@ def write_report(out: Path) -> dict[str, Any]:
         for key, label in STABILITY_COLUMNS:
             pct = key not in ("distinct_positions",)
             lines.append(f"| {label} | " + " | ".join(
-                _fmt(stab[m].get(key), pct=pct) + ("%" if pct and stab[m].get(key) is not None else "")
-                for m in stab) + " |")
+                _stability_text(stab[m].get(key), pct) for m in stab) + " |")
         lines += ["", "Traced prompts per model: " + ", ".join(
             f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
             " Shares are the mean attention a valid query row gives the key (uniform share "
@@ -371,8 +360,8 @@ def write_report(out: Path) -> dict[str, Any]:
 
 def _fmt_cell(c: dict[str, Any], multi: bool) -> str:
     if not multi:
-        return _fmt(c["value"], c["stderr"])
-    std = "n/a" if c["stderr"] is None else f"{100 * c['stderr']:.1f}"
+        return percent(c["value"], c["stderr"])
+    std = percent(c["stderr"], missing="n/a")
     se = "" if c["se"] is None else f"; se {100 * c['se']:.1f}"
     return f"{100 * c['value']:.1f} ± {std} ({c['seeds']} seeds{se})"
 

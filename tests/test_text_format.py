@@ -1,0 +1,21 @@
+"""The one way reports write numbers: unknown is said, a signed zero has one spelling."""
+
+from lm_eval_sinkmask.text_format import fixed, or_na, percent, signed_with_se, spread
+
+
+def test_a_change_that_rounds_to_zero_reads_plus_zero_from_either_side():
+    assert fixed(-0.001, 2, sign=True) == fixed(0.001, 2, sign=True) == "+0.00"
+    assert fixed(-0.05, 2, sign=True) == "-0.05" and fixed(0.05, 2) == "0.05"
+
+
+def test_unknown_values_are_written_not_guessed():
+    assert fixed(None, 2) == or_na(None) == "n/a"
+    assert percent(None) == "-" and percent(None, missing="n/a") == "n/a"
+    assert signed_with_se(-0.05, None, 2) == "-0.05"  # no "± n/a" for a missing error
+    assert spread(0.5, None, None, 2) == "0.50"  # one run: no spread, no se
+
+
+def test_spread_and_percent_layouts():
+    assert spread(0.5, 0.1, 0.03, 2, sign=True) == "+0.50 ± 0.10 (se 0.03)"
+    assert signed_with_se(-0.25, 0.04, 2) == "-0.25 ± 0.04"
+    assert percent(0.964) == "96.4" and percent(0.03, 0.011, sign=True) == "+3.0 ± 1.1"
