@@ -360,13 +360,10 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             self.settings_per_task[req.task_name or "requests"] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
 
-    # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        """A lower bound on each document's log-likelihood: lm-eval's disjoint windows, each
-        scored by the bound given the tokens before it (the chain rule over windows keeps it a
-        bound), so perplexities derived from it are upper bounds."""
-        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+    # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py.
+    # loglikelihood_rolling is lm-eval's own: disjoint windows, each scored by the bound given
+    # the tokens before it (the chain rule over windows keeps it a lower bound on the
+    # document's log-likelihood), so perplexities derived from it are upper bounds.
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         """(estimate, is_greedy) per (cache key, context ids, continuation ids) request.
