@@ -451,3 +451,33 @@ def test_float32_inputs_are_not_copied_for_keys_and_values():
     sc = Scores(q, k, v, mask, None, False)
     assert sc.kt.data_ptr() == k.data_ptr() and sc.v.data_ptr() == v.data_ptr()
     assert mask.key_only and mask.key_bias is None
+
+
+@pytest.mark.parametrize("detect", ["current", "previous"])
+def test_autocast_does_not_lower_the_precision_of_detection_or_the_masked_output(detect):
+    """lm-eval's mixed_precision_dtype runs the model under autocast; the intercept's scores
+    and the CPU sweep's output are float32 math, which autocast had run in bfloat16 (scores
+    off by ~1e-2 on this call, where float32 is exact to ~1e-6): the same bfloat16 inputs
+    must give the same sinks and output with autocast on or off."""
+    torch.manual_seed(0)
+    B, H, S, D = 1, 4, 64, 32
+    q, k, v = (torch.randn(B, H, S, D).bfloat16() for _ in range(3))
+    k[:, :, 3] *= 3
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    def run(autocast):
+        attn, (m, events) = Attn(), masker(top_k=1, detect=detect)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+                m.attach(attn):
+            outs = [attn(), attn()]
+        return outs, events
+
+    (outs_a, ev_a), (outs_f, ev_f) = run(True), run(False)
+    for a, f in zip(ev_a, ev_f, strict=True):
+        torch.testing.assert_close(a.scores, f.scores, atol=1e-6, rtol=1e-6)
+        assert torch.equal(a.blocked, f.blocked)
+    for a, f in zip(outs_a, outs_f, strict=True):
+        torch.testing.assert_close(a, f, atol=0, rtol=0)
