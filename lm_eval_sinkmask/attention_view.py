@@ -224,8 +224,12 @@ def _additive(bias: torch.Tensor | None, visible: torch.Tensor | None):
         return bias, None
     alive = visible.any(dim=-1, keepdim=True)
     hidden = ~visible & alive
-    add = torch.zeros(hidden.shape, device=hidden.device) if bias is None else bias.expand(hidden.shape)
-    return add.masked_fill(hidden, float("-inf")), alive.float()
+    if bias is None:
+        return torch.zeros(hidden.shape, device=hidden.device).masked_fill(hidden, float("-inf")), alive.float()
+    # a dead row of the model's own bias may hold -inf (a float mask that hides with -inf, not
+    # finfo.min): 0 there keeps its scores finite, else its NaN reaches every key's mass
+    add = bias.expand(hidden.shape).masked_fill(hidden, float("-inf")).masked_fill(~alive, 0.0)
+    return add, alive.float()
 
 
 def _matmul_plus(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

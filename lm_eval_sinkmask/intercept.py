@@ -20,7 +20,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +122,14 @@ def _output_from_scores(device: torch.device) -> bool:
     underflow check (benchmarks/bench_masking.py measures both).
     """
     return device.type == "cpu"
+
+
+def _without_autocast(device: torch.device):
+    """A block in which the caller's autocast (if any) does not lower the precision of our
+    own float32 math; nothing to enter when autocast is off (the common case)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return nullcontext()
 
 
 def _removes_nothing(blocked: torch.Tensor) -> bool:
@@ -296,6 +304,26 @@ class _Run:
                 f"sink masking expects [batch, heads, seq, dim] attention inputs, got {tuple(query.shape)}"
             )
         chunk = self.config.query_chunk
+        # the scores and the sweep's output are float32 by design; the caller's autocast
+        # (lm-eval's mixed_precision_dtype) would run their matmuls in its lower precision
+        with _without_autocast(query.device):
+            sc, blocked, keep_all, out, (scores, sinks, chosen) = self._decide(layer, a, chunk)
+        if keep_all:  # nothing masked: the model's own output, exactly what top_k=0 returns
+            out = self.original(*args, **kwargs)
+        elif out is None:
+            out = _fused_masked_output(self.original, a, sc, blocked, chunk)
+        if self.masker.observers:
+            event = AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked,
+                                   value_norms=sc.v.norm(dim=-1))
+            for observe in self.masker.observers:
+                observe(event)
+        self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
+        return out
+
+    def _decide(self, layer: int, a: dict, chunk: int):
+        """(scores view, blocked keys, whether they remove nothing, the masked output where
+        the sweep made it, (scores, sinks, chosen)) of one call's arguments ``a``."""
+        query = a["query"]
         mask = self._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0],
                                query.shape[-2], a["key"].shape[-2], query.device, chunk)
         sc = Scores(query, a["key"], a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
@@ -333,17 +361,7 @@ class _Run:
         if blocked is None:
             blocked = chosen
             keep_all = _removes_nothing(blocked)
-        if keep_all:  # nothing masked: the model's own output, exactly what top_k=0 returns
-            out = self.original(*args, **kwargs)
-        elif out is None:
-            out = _fused_masked_output(self.original, a, sc, blocked, chunk)
-        if self.masker.observers:
-            event = AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked,
-                                   value_norms=sc.v.norm(dim=-1))
-            for observe in self.masker.observers:
-                observe(event)
-        self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
-        return out
+        return sc, blocked, keep_all, out, (scores, sinks, chosen)
 
     def _random_control(self, layer, chosen, sinks, key_seen, extra) -> torch.Tensor:
         """``mask_target=random``: per (batch element, head), as many keys as the sinks just

@@ -403,6 +403,30 @@ def test_every_path_matches_eager_attention_without_the_blocked_keys(
             torch.testing.assert_close(event.scores, expected_scores.float(), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("detect", ["current", "previous"])
+def test_a_float_mask_hiding_pad_rows_with_minus_inf_detects_as_its_bool_form(detect):
+    """A pad row that sees no key under a float mask of -inf (not finfo.min) must weigh
+    nothing, as under the same mask in bool form: its NaN softmax once made every key's mass
+    NaN, so the padded element found no sink and was never masked, and (detect=previous) the
+    CPU output of its pad rows was NaN, where torch's own SDPA gives 0."""
+    forms = _mask_forms()
+    torch.manual_seed(6)
+    B, H, S, D = 2, 3, 9, 8
+    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    k[:, :, 4] *= 4
+    qs = [torch.randn(B, H, S, D) for _ in range(2)]
+    got = {form: _two_pass_events(qs, k, v, 4, detect, **forms[form])
+           for form in ("float_per_row", "bool_per_row")}
+    (outs_f, ev_f), (outs_b, ev_b) = got["float_per_row"], got["bool_per_row"]
+    assert int(ev_b[-1].blocked[1].sum()) > 0  # the padded element has sinks to mask
+    for a, b in zip(ev_f, ev_b, strict=True):
+        torch.testing.assert_close(a.scores, b.scores, atol=1e-6, rtol=1e-6)
+        assert torch.equal(a.blocked, b.blocked)
+    for a, b in zip(outs_f, outs_b, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
 def test_dominant_sink_does_not_underflow_the_other_keys():
     """A sink 200 nats above every other key: exp(s - rowmax) of the rest is 0 in float32, so
     the single sweep must fall back to the kept keys' own maximum, as the textbook masked
@@ -427,3 +451,33 @@ def test_float32_inputs_are_not_copied_for_keys_and_values():
     sc = Scores(q, k, v, mask, None, False)
     assert sc.kt.data_ptr() == k.data_ptr() and sc.v.data_ptr() == v.data_ptr()
     assert mask.key_only and mask.key_bias is None
+
+
+@pytest.mark.parametrize("detect", ["current", "previous"])
+def test_autocast_does_not_lower_the_precision_of_detection_or_the_masked_output(detect):
+    """lm-eval's mixed_precision_dtype runs the model under autocast; the intercept's scores
+    and the CPU sweep's output are float32 math, which autocast had run in bfloat16 (scores
+    off by ~1e-2 on this call, where float32 is exact to ~1e-6): the same bfloat16 inputs
+    must give the same sinks and output with autocast on or off."""
+    torch.manual_seed(0)
+    B, H, S, D = 1, 4, 64, 32
+    q, k, v = (torch.randn(B, H, S, D).bfloat16() for _ in range(3))
+    k[:, :, 3] *= 3
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    def run(autocast):
+        attn, (m, events) = Attn(), masker(top_k=1, detect=detect)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+                m.attach(attn):
+            outs = [attn(), attn()]
+        return outs, events
+
+    (outs_a, ev_a), (outs_f, ev_f) = run(True), run(False)
+    for a, f in zip(ev_a, ev_f, strict=True):
+        torch.testing.assert_close(a.scores, f.scores, atol=1e-6, rtol=1e-6)
+        assert torch.equal(a.blocked, f.blocked)
+    for a, f in zip(outs_a, outs_f, strict=True):
+        torch.testing.assert_close(a, f, atol=0, rtol=0)
