@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -130,6 +131,18 @@ def _without_autocast(device: torch.device):
     if torch.is_autocast_enabled(device.type):
         return torch.autocast(device_type=device.type, enabled=False)
     return nullcontext()
+
+
+class _Decision(NamedTuple):
+    """One intercepted call's outcome (:meth:`_Run._decide`)."""
+
+    sc: Scores  # the call's attention, as detection reads it
+    blocked: torch.Tensor  # [B, H, S_k] keys masked in this call
+    keep_all: bool  # blocked removes nothing: the model's own output serves
+    out: torch.Tensor | None  # the masked output, where the detection sweep made it
+    scores: torch.Tensor  # this pass's Eq. 3 scores, sinks and chosen keys
+    sinks: torch.Tensor
+    chosen: torch.Tensor
 
 
 def _removes_nothing(blocked: torch.Tensor) -> bool:
@@ -307,22 +320,23 @@ class _Run:
         # the scores and the sweep's output are float32 by design; the caller's autocast
         # (lm-eval's mixed_precision_dtype) would run their matmuls in its lower precision
         with _without_autocast(query.device):
-            sc, blocked, keep_all, out, (scores, sinks, chosen) = self._decide(layer, a, chunk)
-        if keep_all:  # nothing masked: the model's own output, exactly what top_k=0 returns
+            d = self._decide(layer, a, chunk)
+        out = d.out
+        if d.keep_all:  # nothing masked: the model's own output, exactly what top_k=0 returns
             out = self.original(*args, **kwargs)
         elif out is None:
-            out = _fused_masked_output(self.original, a, sc, blocked, chunk)
+            out = _fused_masked_output(self.original, a, d.sc, d.blocked, chunk)
         if self.masker.observers:
-            event = AttentionEvent(self.stats.forward_passes, layer, scores, sinks, chosen, blocked,
-                                   value_norms=sc.v.norm(dim=-1))
+            event = AttentionEvent(self.stats.forward_passes, layer, d.scores, d.sinks, d.chosen,
+                                   d.blocked, value_norms=d.sc.v.norm(dim=-1))
             for observe in self.masker.observers:
                 observe(event)
-        self.stats.defer(counters, sinks, blocked, sc.heads // blocked.shape[1])
+        self.stats.defer(counters, d.sinks, d.blocked, d.sc.heads // d.blocked.shape[1])
         return out
 
-    def _decide(self, layer: int, a: dict, chunk: int):
-        """(scores view, blocked keys, whether they remove nothing, the masked output where
-        the sweep made it, (scores, sinks, chosen)) of one call's arguments ``a``."""
+    def _decide(self, layer: int, a: dict, chunk: int) -> _Decision:
+        """What one call's arguments ``a`` lead to: the keys it masks, this pass's sinks and,
+        where the detection sweep made it, the masked output."""
         query = a["query"]
         mask = self._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0],
                                query.shape[-2], a["key"].shape[-2], query.device, chunk)
@@ -361,7 +375,7 @@ class _Run:
         if blocked is None:
             blocked = chosen
             keep_all = _removes_nothing(blocked)
-        return sc, blocked, keep_all, out, (scores, sinks, chosen)
+        return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen)
 
     def _random_control(self, layer, chosen, sinks, key_seen, extra) -> torch.Tensor:
         """``mask_target=random``: per (batch element, head), as many keys as the sinks just
