@@ -300,13 +300,43 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         s = self.settings.for_request(max_length - context.shape[1], self.family)
         self.settings_used.add((s.gen_length, s.steps, s.block_length))
         if self.padding != UNPADDED:
-            return torch.cat([context, self._decode(context, prompt_mask, s).to(context.device)], dim=1)
+            generated = self._decode(context, prompt_mask, s).to(context.device)
+            return torch.cat([context, self._cut_at_special_stops(generated, stop)], dim=1)
         lengths = prompt_mask.sum(1)
         generated = torch.empty(context.shape[0], s.gen_length, dtype=torch.long, device=context.device)
         for n in lengths.unique().tolist():  # equal lengths: no padding (build_layout drops it)
             rows = (lengths == n).nonzero().squeeze(1)
             generated[rows] = self._decode(context[rows], prompt_mask[rows], s).to(context.device)
-        return torch.cat([context, generated], dim=1)
+        return torch.cat([context, self._cut_at_special_stops(generated, stop)], dim=1)
+
+    def _cut_at_special_stops(self, generated: torch.Tensor, stop) -> torch.Tensor:
+        """Each row from its first stop token on repeats that token, so it decodes to nothing.
+
+        HFLM decodes a continuation without special tokens and only then cuts it at ``until``,
+        so a stop sequence that is a special token (EOS, which HFLM always adds, ``<|eot_id|>``,
+        ``<|im_end|>``) never appears in the text. ``generate`` stops a row there; a diffusion
+        sampler fills every position, and what it wrote after the EOS would be scored (LLaDA's
+        own eval decodes with the special tokens, cuts, then strips them).
+        """
+        ids = self._special_stop_ids(tuple(stop or ()))
+        if not ids:
+            return generated
+        hit = torch.isin(generated, torch.tensor(ids, device=generated.device))
+        first = torch.where(hit.any(1), hit.int().argmax(1), generated.shape[1])
+        after = torch.arange(generated.shape[1], device=generated.device)[None] >= first[:, None]
+        stop_token = generated.gather(1, first.clamp(max=generated.shape[1] - 1)[:, None])
+        return torch.where(after, stop_token, generated)
+
+    def _special_stop_ids(self, stop: tuple[str, ...]) -> list[int]:
+        """Ids of the stop sequences that are one token whose text HFLM's decoding drops."""
+        ids = []
+        for text in stop:
+            i = self.tokenizer.convert_tokens_to_ids(text) if text else None
+            if (isinstance(i, int) and i != self.tokenizer.unk_token_id
+                    and self.tok_decode([i], skip_special_tokens=False) == text
+                    and self.tok_decode([i]) == ""):
+                ids.append(i)
+        return ids
 
     def _decode(self, context, prompt_mask, s: DiffusionSettings) -> torch.Tensor:
         """The family's sampler on one batch of prompts under the masker: [B, gen_length]."""

@@ -132,6 +132,17 @@ def test_until_strings_cut_the_decoded_text(tiny_dirs):
     assert words[2] not in cut and full.startswith(cut)
 
 
+@pytest.mark.parametrize("until", [(), ("<eos>",), ("Question",)])
+def test_text_a_dlm_writes_after_its_eos_is_cut(tiny_dirs, monkeypatch, until):
+    """HFLM drops special tokens before it cuts at ``until``; a diffusion sampler fills every
+    position, so what follows an EOS must be cut at the token, as LLaDA's own eval does."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, **RANDOM_LLADA)
+    tok = lm.tokenizer
+    row = tok.convert_tokens_to_ids(["5", "<eos>", "7", "3", "<eos>", "<eos>", "1", "2"])
+    monkeypatch.setattr(lm, "_decode", lambda context, mask, s: torch.tensor([row] * len(context)))
+    assert lm.generate_until(requests(PROMPTS[:2], max_gen_toks=8, until=until)) == ["5", "5"]
+
+
 def test_a_model_that_bypasses_sdpa_after_loading_refuses_to_report_an_unmasked_run(tiny_dirs):
     lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1)
     lm.model.config._attn_implementation = "eager"  # its attention now skips SDPA
