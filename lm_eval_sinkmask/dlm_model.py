@@ -41,6 +41,11 @@ SAMPLER_ONLY = {
     "dream": ("alg", "alg_temp", "top_p", "sampling_top_k", "dream_sampler"),
 }
 
+# the generation_kwargs of a request the diffusion sampler reads (after lm-eval normalises
+# them); do_sample and temperature only to check they agree with model_args
+GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
+
+
 @dataclass(frozen=True)
 class DiffusionSettings:
     """Sampler settings: family defaults (``families.py``) overridden by ``model_args``.
@@ -385,10 +390,30 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         from lm_eval.models.utils import normalize_gen_kwargs
 
         for req in requests:
-            max_gen_toks = normalize_gen_kwargs(req.args[1], self.max_gen_toks)["max_gen_toks"]
-            s = self.settings.for_request(max_gen_toks, self.family, task=req.task_name)
+            gen_kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
+            self._check_gen_kwargs(gen_kwargs, req.task_name)
+            s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
             self.settings_per_task[req.task_name or "requests"] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
+
+    def _check_gen_kwargs(self, gen_kwargs: dict, task: str | None) -> None:
+        """The diffusion sampler reads only ``until`` and ``max_gen_toks`` from a request; how
+        it samples is set by model_args. A request (task YAML or ``--gen_kwargs``) asking for
+        anything else would be decoded without it and recorded as if it had been honoured."""
+        where = f"task {task or '?'}"
+        unread = sorted(set(gen_kwargs) - GEN_KWARGS_READ)
+        if unread:
+            raise ValueError(
+                f"{where}: generation_kwargs {unread} are not read by dlm_sinkmask, whose "
+                "sampler settings are model_args (`sinkmask args` lists them); drop them from "
+                "--gen_kwargs or the task")
+        temperature = float(gen_kwargs.get("temperature", 0.0))
+        if gen_kwargs.get("do_sample") and temperature != self.settings.temperature:
+            raise ValueError(
+                f"{where}: generation_kwargs ask for sampling at temperature {temperature:g} "
+                f"(do_sample=True), but dlm_sinkmask samples at model_args temperature="
+                f"{self.settings.temperature:g}; put temperature={temperature:g} in model_args "
+                "instead of --gen_kwargs")
 
     # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py
 

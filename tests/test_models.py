@@ -208,6 +208,26 @@ def test_task_max_gen_toks_must_fit_the_blocks(tiny_dirs):
         lm.generate_until(requests(PROMPTS[:1], max_gen_toks=40))
 
 
+@pytest.mark.parametrize("gen_kwargs, message", [
+    ({"do_sample": True, "temperature": 0.7}, "temperature=0.7 in model_args"),
+    ({"temperature": 0.7}, "temperature=0.7 in model_args"),
+    ({"top_p": 0.9}, "top_p"),
+])
+def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, message):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, **RANDOM_LLADA)
+    request = Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 8, **gen_kwargs}), 0)
+    with pytest.raises(ValueError, match=message):
+        lm.generate_until([request])
+
+
+def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
+    sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}
+    greedy = {"max_gen_toks": 8, "do_sample": False, "temperature": 0.0}
+    for kwargs in (sampled, greedy):
+        assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], kwargs), 0)])) == 1
+
+
 def test_instantiating_our_class_directly_also_works(tiny_dirs):
     lm = DLMSinkMaskLM(pretrained=str(tiny_dirs["dream"]), device="cpu", top_k=1, eps=0.0)
     assert lm.family.name == "dream" and lm.mask_config.top_k == 1
