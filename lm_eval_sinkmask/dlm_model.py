@@ -224,7 +224,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self.family, self.settings = checked.family, checked.settings
         self.likelihood = checked.likelihood_settings
         self.sink = checked.sink
-        self._mc_stderrs: list[float] = []  # per scored request, for the run's report
+        self._mc_stderrs: list[float] = []  # per scored request, this process
+        self._run_mc_stderrs: list[float] = []  # all processes, filled after each request type
         if checked.auto_model_class is not None:
             self.AUTO_MODEL_CLASS = checked.auto_model_class
         if self.family.attn_implementation and isinstance(pretrained, str):
@@ -486,6 +487,14 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                                      alg_temp=0.0, variant=s.dream_sampler, **common)
         return got[0].tolist() == continuation
 
+    def _report(self) -> None:
+        """Also gather every process's Monte Carlo standard errors: under ``accelerate launch``
+        each rank scores its own share of the requests, and rank 0 writes the report."""
+        super()._report()
+        gathered = self.gather_object(self._mc_stderrs, dst=0)
+        if self.rank == 0:
+            self._run_mc_stderrs = [e for part in gathered for e in part]
+
     def get_model_info(self) -> dict:
         info = super().get_model_info()
         info["sinkmask"]["family"] = self.family.name
@@ -499,7 +508,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         info["sinkmask"]["likelihood"] = {
             **self.likelihood.as_dict(),
-            "requests": len(self._mc_stderrs),
-            "mean_mc_stderr": sum(self._mc_stderrs) / len(self._mc_stderrs) if self._mc_stderrs else None,
+            "requests": len(self._run_mc_stderrs),
+            "mean_mc_stderr": (sum(self._run_mc_stderrs) / len(self._run_mc_stderrs)
+                               if self._run_mc_stderrs else None),
         }
         return info
