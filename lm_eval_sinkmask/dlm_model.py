@@ -44,6 +44,8 @@ SAMPLER_ONLY = {
 # the generation_kwargs of a request the diffusion sampler reads (after lm-eval normalises
 # them); do_sample and temperature only to check they agree with model_args
 GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
+# settings of sampling that greedy decoding ignores (transformers' generate does too)
+SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
 
 
 @dataclass(frozen=True)
@@ -402,7 +404,10 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         it samples is set by model_args. A request (task YAML or ``--gen_kwargs``) asking for
         anything else would be decoded without it and recorded as if it had been honoured."""
         where = f"task {task or '?'}"
-        unread = sorted(set(gen_kwargs) - GEN_KWARGS_READ)
+        unread = set(gen_kwargs) - GEN_KWARGS_READ
+        if not gen_kwargs.get("do_sample"):
+            unread -= SAMPLING_ONLY_GEN_KWARGS
+        unread = sorted(unread)
         if unread:
             raise ValueError(
                 f"{where}: generation_kwargs {unread} are not read by dlm_sinkmask, whose "

@@ -211,7 +211,8 @@ def test_task_max_gen_toks_must_fit_the_blocks(tiny_dirs):
 @pytest.mark.parametrize("gen_kwargs, message", [
     ({"do_sample": True, "temperature": 0.7}, "temperature=0.7 in model_args"),
     ({"temperature": 0.7}, "temperature=0.7 in model_args"),
-    ({"top_p": 0.9}, "top_p"),
+    ({"do_sample": True, "temperature": 0.7, "top_p": 0.9}, "top_p"),
+    ({"num_beams": 4}, "num_beams"),
 ])
 def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, message):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, **RANDOM_LLADA)
@@ -223,7 +224,7 @@ def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, 
 def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
     sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}
-    greedy = {"max_gen_toks": 8, "do_sample": False, "temperature": 0.0}
+    greedy = {"max_gen_toks": 8, "do_sample": False, "temperature": 0.0, "top_p": 0.95}
     for kwargs in (sampled, greedy):
         assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], kwargs), 0)])) == 1
 
