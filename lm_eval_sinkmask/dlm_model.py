@@ -41,6 +41,13 @@ SAMPLER_ONLY = {
     "dream": ("alg", "alg_temp", "top_p", "sampling_top_k", "dream_sampler"),
 }
 
+# the generation_kwargs of a request the diffusion sampler reads (after lm-eval normalises
+# them); do_sample and temperature only to check they agree with model_args
+GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
+# settings of sampling that greedy decoding ignores (transformers' generate does too)
+SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
+
+
 @dataclass(frozen=True)
 class DiffusionSettings:
     """Sampler settings: family defaults (``families.py``) overridden by ``model_args``.
@@ -219,7 +226,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self.family, self.settings = checked.family, checked.settings
         self.likelihood = checked.likelihood_settings
         self.sink = checked.sink
-        self._mc_stderrs: list[float] = []  # per scored request, for the run's report
+        self._mc_stderrs: list[float] = []  # per scored request, this process
+        self._run_mc_stderrs: list[float] = []  # all processes, filled after each request type
         if checked.auto_model_class is not None:
             self.AUTO_MODEL_CLASS = checked.auto_model_class
         if self.family.attn_implementation and isinstance(pretrained, str):
@@ -300,13 +308,43 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         s = self.settings.for_request(max_length - context.shape[1], self.family)
         self.settings_used.add((s.gen_length, s.steps, s.block_length))
         if self.padding != UNPADDED:
-            return torch.cat([context, self._decode(context, prompt_mask, s).to(context.device)], dim=1)
+            generated = self._decode(context, prompt_mask, s).to(context.device)
+            return torch.cat([context, self._cut_at_special_stops(generated, stop)], dim=1)
         lengths = prompt_mask.sum(1)
         generated = torch.empty(context.shape[0], s.gen_length, dtype=torch.long, device=context.device)
         for n in lengths.unique().tolist():  # equal lengths: no padding (build_layout drops it)
             rows = (lengths == n).nonzero().squeeze(1)
             generated[rows] = self._decode(context[rows], prompt_mask[rows], s).to(context.device)
-        return torch.cat([context, generated], dim=1)
+        return torch.cat([context, self._cut_at_special_stops(generated, stop)], dim=1)
+
+    def _cut_at_special_stops(self, generated: torch.Tensor, stop) -> torch.Tensor:
+        """Each row from its first stop token on repeats that token, so it decodes to nothing.
+
+        HFLM decodes a continuation without special tokens and only then cuts it at ``until``,
+        so a stop sequence that is a special token (EOS, which HFLM always adds, ``<|eot_id|>``,
+        ``<|im_end|>``) never appears in the text. ``generate`` stops a row there; a diffusion
+        sampler fills every position, and what it wrote after the EOS would be scored (LLaDA's
+        own eval decodes with the special tokens, cuts, then strips them).
+        """
+        ids = self._special_stop_ids(tuple(stop or ()))
+        if not ids:
+            return generated
+        hit = torch.isin(generated, torch.tensor(ids, device=generated.device))
+        first = torch.where(hit.any(1), hit.int().argmax(1), generated.shape[1])
+        after = torch.arange(generated.shape[1], device=generated.device)[None] >= first[:, None]
+        stop_token = generated.gather(1, first.clamp(max=generated.shape[1] - 1)[:, None])
+        return torch.where(after, stop_token, generated)
+
+    def _special_stop_ids(self, stop: tuple[str, ...]) -> list[int]:
+        """Ids of the stop sequences that are one token whose text HFLM's decoding drops."""
+        ids = []
+        for text in stop:
+            i = self.tokenizer.convert_tokens_to_ids(text) if text else None
+            if (isinstance(i, int) and i != self.tokenizer.unk_token_id
+                    and self.tok_decode([i], skip_special_tokens=False) == text
+                    and self.tok_decode([i]) == ""):
+                ids.append(i)
+        return ids
 
     def _decode(self, context, prompt_mask, s: DiffusionSettings) -> torch.Tensor:
         """The family's sampler on one batch of prompts under the masker: [B, gen_length]."""
@@ -355,10 +393,33 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         from lm_eval.models.utils import normalize_gen_kwargs
 
         for req in requests:
-            max_gen_toks = normalize_gen_kwargs(req.args[1], self.max_gen_toks)["max_gen_toks"]
-            s = self.settings.for_request(max_gen_toks, self.family, task=req.task_name)
+            gen_kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
+            self._check_gen_kwargs(gen_kwargs, req.task_name)
+            s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
             self.settings_per_task[req.task_name or "requests"] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
+
+    def _check_gen_kwargs(self, gen_kwargs: dict, task: str | None) -> None:
+        """The diffusion sampler reads only ``until`` and ``max_gen_toks`` from a request; how
+        it samples is set by model_args. A request (task YAML or ``--gen_kwargs``) asking for
+        anything else would be decoded without it and recorded as if it had been honoured."""
+        where = f"task {task or '?'}"
+        unread = set(gen_kwargs) - GEN_KWARGS_READ
+        if not gen_kwargs.get("do_sample"):
+            unread -= SAMPLING_ONLY_GEN_KWARGS
+        unread = sorted(unread)
+        if unread:
+            raise ValueError(
+                f"{where}: generation_kwargs {unread} are not read by dlm_sinkmask, whose "
+                "sampler settings are model_args (`sinkmask args` lists them); drop them from "
+                "--gen_kwargs or the task")
+        temperature = float(gen_kwargs.get("temperature", 0.0))
+        if gen_kwargs.get("do_sample") and temperature != self.settings.temperature:
+            raise ValueError(
+                f"{where}: generation_kwargs ask for sampling at temperature {temperature:g} "
+                f"(do_sample=True), but dlm_sinkmask samples at model_args temperature="
+                f"{self.settings.temperature:g}; put temperature={temperature:g} in model_args "
+                "instead of --gen_kwargs")
 
     # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py.
     # loglikelihood_rolling is lm-eval's own: disjoint windows, each scored by the bound given
@@ -428,6 +489,14 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                                      alg_temp=0.0, variant=s.dream_sampler, **common)
         return got[0].tolist() == continuation
 
+    def _report(self) -> None:
+        """Also gather every process's Monte Carlo standard errors: under ``accelerate launch``
+        each rank scores its own share of the requests, and rank 0 writes the report."""
+        super()._report()
+        gathered = self.gather_object(self._mc_stderrs, dst=0)
+        if self.rank == 0:
+            self._run_mc_stderrs = [e for part in gathered for e in part]
+
     def get_model_info(self) -> dict:
         info = super().get_model_info()
         info["sinkmask"]["family"] = self.family.name
@@ -441,7 +510,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         info["sinkmask"]["likelihood"] = {
             **self.likelihood.as_dict(),
-            "requests": len(self._mc_stderrs),
-            "mean_mc_stderr": sum(self._mc_stderrs) / len(self._mc_stderrs) if self._mc_stderrs else None,
+            "requests": len(self._run_mc_stderrs),
+            "mean_mc_stderr": (sum(self._run_mc_stderrs) / len(self._run_mc_stderrs)
+                               if self._run_mc_stderrs else None),
         }
         return info

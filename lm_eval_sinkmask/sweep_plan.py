@@ -20,6 +20,7 @@ nothing, and runs once.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,14 @@ def parse_ks(text: str) -> list[int]:
     return ks
 
 
+def check_limit(limit: int | float | None) -> None:
+    """lm-eval reads ``--limit`` as a count (>= 1) or a fraction (< 1) of each task; zero, a
+    negative or an infinite one would fail (or score nothing) only inside the first cell."""
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise ValueError(f"--limit is a count of problems (>= 1) or a fraction of them (0 < f < 1), "
+                         f"got {limit:g}")
+
+
 @dataclass
 class SweepPlan:
     models: list[ModelSpec]
@@ -175,6 +184,7 @@ class SweepPlan:
         from .versus import check_pairs
 
         check_pairs(self.versus, [m.name for m in self.models])
+        check_limit(self.limit)
         if self.mask_seeds is None:
             return
         drawn = [m for m in self.models if self.draws_random_keys(m)]

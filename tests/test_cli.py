@@ -67,7 +67,11 @@ def test_stock_cli_runs_and_records_the_masking_counters(tmp_path, tiny_dirs, ti
         assert sampler["per_task"]["tiny_gen"]["gen_length"] == sampler["gen_length"]
 
 
-def test_accelerate_launch_with_two_cpu_processes_shards_and_gathers(tmp_path, tiny_dirs, tiny_task):
+def test_accelerate_launch_runs_and_matches_a_plain_run(tmp_path, tiny_dirs, tiny_task):
+    """``accelerate launch`` finds our model and writes the same results. On CPU it shards
+    nothing: ``--cpu --num_processes 2`` starts one process, and lm-eval's HFLM takes a rank
+    only with more than one GPU; the gathering across ranks is tested with two simulated
+    ranks (test_likelihood.py: test_the_likelihood_report_sums_every_rank)."""
     args = ["--model", "dlm_sinkmask", "--model_args",
             f"pretrained={tiny_dirs['llada']},top_k=1,eps=0.0,block_length=4",
             "--include_path", str(tiny_task), "--tasks", "tiny_gen", "--device", "cpu",
@@ -79,7 +83,6 @@ def test_accelerate_launch_with_two_cpu_processes_shards_and_gathers(tmp_path, t
     one, two = results(tmp_path / "one"), results(tmp_path / "two")
     assert one["results"]["tiny_gen"] == two["results"]["tiny_gen"]
     assert one["n-samples"] == two["n-samples"]
-    # every rank's counters are summed into the report: the same work as one process did
     c1, c2 = one["config"]["sinkmask"]["counters"], two["config"]["sinkmask"]["counters"]
     assert c1 == c2 and c1["keys_masked"] > 0
     samples = lambda r: sorted((tmp_path / r).rglob("samples_tiny_gen_*.jsonl"))  # noqa: E731

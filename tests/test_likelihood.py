@@ -201,6 +201,27 @@ def test_masking_counters_move_in_likelihood_passes(tiny_dirs, kind):
     assert info["likelihood"]["requests"] == len(PAIRS) and info["likelihood"]["mc_num"] == 5
 
 
+def test_the_likelihood_report_sums_every_rank(tiny_dirs, monkeypatch):
+    """Two data-parallel ranks in one process (lm-eval's HFLM shards by rank only on GPUs):
+    rank 1 scores one request and rank 0 two; rank 0's report covers all three, as one
+    process scoring all three reports them."""
+    args = dict(top_k=1, eps=0.0, mc_num=5, mc_batch_size=2)
+    alone = make("dlm_sinkmask", tiny_dirs["llada"], **args)
+    alone.loglikelihood(ll_requests(alone, PAIRS))
+    rank0, rank1 = (make("dlm_sinkmask", tiny_dirs["llada"], **args) for _ in range(2))
+    sent = []  # what rank 1 gives each collective, in order, for rank 0 to receive
+    monkeypatch.setattr(rank1, "_rank", 1)
+    monkeypatch.setattr(rank1, "gather_object", lambda obj, dst=0: sent.append(obj))
+    monkeypatch.setattr(rank0, "gather_object", lambda obj, dst=0: [obj, sent.pop(0)])
+    rank1.loglikelihood(ll_requests(rank1, PAIRS[2:]))
+    rank0.loglikelihood(ll_requests(rank0, PAIRS[:2]))
+    assert not sent
+    got, want = rank0.get_model_info()["sinkmask"], alone.get_model_info()["sinkmask"]
+    assert got["counters"] == want["counters"]
+    assert got["likelihood"]["requests"] == len(PAIRS)
+    assert got["likelihood"]["mean_mc_stderr"] == pytest.approx(want["likelihood"]["mean_mc_stderr"])
+
+
 def test_llada_cfg_doubles_each_forward_pass(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], cfg_scale=1.0, mc_num=4, mc_batch_size=4)
     rows = []

@@ -132,6 +132,17 @@ def test_until_strings_cut_the_decoded_text(tiny_dirs):
     assert words[2] not in cut and full.startswith(cut)
 
 
+@pytest.mark.parametrize("until", [(), ("<eos>",), ("Question",)])
+def test_text_a_dlm_writes_after_its_eos_is_cut(tiny_dirs, monkeypatch, until):
+    """HFLM drops special tokens before it cuts at ``until``; a diffusion sampler fills every
+    position, so what follows an EOS must be cut at the token, as LLaDA's own eval does."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, **RANDOM_LLADA)
+    tok = lm.tokenizer
+    row = tok.convert_tokens_to_ids(["5", "<eos>", "7", "3", "<eos>", "<eos>", "1", "2"])
+    monkeypatch.setattr(lm, "_decode", lambda context, mask, s: torch.tensor([row] * len(context)))
+    assert lm.generate_until(requests(PROMPTS[:2], max_gen_toks=8, until=until)) == ["5", "5"]
+
+
 def test_a_model_that_bypasses_sdpa_after_loading_refuses_to_report_an_unmasked_run(tiny_dirs):
     lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1)
     lm.model.config._attn_implementation = "eager"  # its attention now skips SDPA
@@ -195,6 +206,27 @@ def test_task_max_gen_toks_must_fit_the_blocks(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=32)
     with pytest.raises(ValueError, match="gen_length"):
         lm.generate_until(requests(PROMPTS[:1], max_gen_toks=40))
+
+
+@pytest.mark.parametrize("gen_kwargs, message", [
+    ({"do_sample": True, "temperature": 0.7}, "temperature=0.7 in model_args"),
+    ({"temperature": 0.7}, "temperature=0.7 in model_args"),
+    ({"do_sample": True, "temperature": 0.7, "top_p": 0.9}, "top_p"),
+    ({"num_beams": 4}, "num_beams"),
+])
+def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, message):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, **RANDOM_LLADA)
+    request = Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 8, **gen_kwargs}), 0)
+    with pytest.raises(ValueError, match=message):
+        lm.generate_until([request])
+
+
+def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
+    sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}
+    greedy = {"max_gen_toks": 8, "do_sample": False, "temperature": 0.0, "top_p": 0.95}
+    for kwargs in (sampled, greedy):
+        assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], kwargs), 0)])) == 1
 
 
 def test_instantiating_our_class_directly_also_works(tiny_dirs):

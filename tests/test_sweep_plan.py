@@ -23,6 +23,13 @@ def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
     with pytest.raises(ValueError):
         parse_ks("1,1")
 
+@pytest.mark.parametrize("limit", [0, -3, float("inf"), float("nan")])
+def test_a_limit_lm_eval_cannot_use_is_refused_before_any_cell(tmp_path, limit):
+    with pytest.raises(ValueError, match="--limit is a count"):
+        SweepPlan(models=[], tasks=["t"], ks=[0], out=tmp_path, limit=limit)
+    assert SweepPlan(models=[], tasks=["t"], ks=[0], out=tmp_path, limit=0.25).limit == 0.25
+
+
 def test_cell_model_args_are_exact_and_masking_keys_come_last(tmp_path):
     plan = SweepPlan(models=[], tasks=["t"], ks=[5], out=tmp_path, eps=3.0,
                      model_args_extra="dtype=float32", arm_rule="all_rows")
