@@ -148,8 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arm-rule", default="last_row", choices=["last_row", "all_rows"],
                    help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
-    s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: lm-eval's)")
-    s.add_argument("--num-fewshot", type=int, default=None)
+    s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: cuda when available, else cpu)")
+    s.add_argument("--num-fewshot", type=int, default=None,
+                   help="lm-eval --num_fewshot (default: each task's own)")
     s.add_argument("--apply-chat-template", action="store_true", help="lm-eval's chat templating (instruct models)")
     s.add_argument("--include-path", action="append", help="extra task folder (repeatable)")
     s.add_argument("--allow-code-execution", action="store_true",
