@@ -9,8 +9,10 @@
 # k keys; the table's last section gives sinks minus random per column pair (--versus),
 # paired over the same problems within each draw. Same tasks, problems and settings as
 # results/tiny (first 64 test problems, greedy, one thread per process, the shipped seed-0
-# checkpoints). 290 cells, 24 minutes on 2 cores (measured from an empty folder: 23m32s; its
-# table.md, table.csv and versus.csv came out identical to the committed ones).
+# checkpoints). 290 cells: the 174 cells of the six DLM columns alone took 36 minutes on 2
+# cores (rerun from their empty folders under the current samplers, which cut a generation at
+# its first EOS; table.md, table.csv and versus.csv came out identical to the committed ones);
+# the ARM's 116 cells add a few minutes.
 #
 #   results/control/reproduce.sh [OUT]      # OUT defaults to results/control (resumes)
 set -euo pipefail
