@@ -394,14 +394,18 @@ def draw(out: Path, cell: dict, stab: dict, seeds: list[int] | None = None) -> P
     ax = axes[2]
     keys = [("keep_rate", "main sink\nkeeps position"), ("main_share", "share of\nmain sink"),
             ("extra_share", "share of\nextra token"), ("bos_share", "share of\nBOS")]
-    for j, name in enumerate(m for m in TRACED if m in stab):
+    traced = [m for m in TRACED if m in stab]
+    for j, name in enumerate(traced):
         vals = [100 * (stab[name].get(k) or 0) for k, _ in keys]
         ax.bar(np.arange(len(keys)) + 0.38 * (j - 0.5), vals, width=0.38,
                color=styles[name][0], label=name)
     ax.set_xticks(range(len(keys)), [label for _, label in keys], fontsize=8)
     ax.set_ylabel("%")
     ax.set_title("sinks, unmasked generations (eps = 3)")
-    ax.legend(fontsize=8)
+    if traced:
+        ax.legend(fontsize=8)
+    else:  # a report drawn before any trace exists says so instead of an empty panel
+        ax.text(0.5, 0.5, "no traces yet", ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3, axis="y")
     over = (f"; accuracy: mean over seeds {', '.join(map(str, seeds))}, error bars: std across "
             "seeds") if seeds else ""
