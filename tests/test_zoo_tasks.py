@@ -43,7 +43,7 @@ def _run(lm):
 
 def test_tasks_have_the_full_test_splits():
     tm = TaskManager(include_path=str(TASKS_DIR))
-    tasks = tm.load_task_or_group(["mini_gsm_sinkmask", "mini_code_sinkmask"])
+    tasks = tm.load(["mini_gsm_sinkmask", "mini_code_sinkmask"])["tasks"]
     assert len(list(tasks["mini_gsm_sinkmask"].test_docs())) >= 300
     assert len(list(tasks["mini_code_sinkmask"].test_docs())) >= 100
 
