@@ -58,7 +58,8 @@ class SinkMaskConfig:
 
     top_k: number of sinks masked per (layer, head) or per layer; 0 disables masking and the
         intercept passes every call straight through.
-    eps: Eq. 3 threshold in units of the uniform attention share (paper: 3.0).
+    eps: Eq. 3 threshold in units of the uniform attention share (paper: 3.0); any finite
+        value (a negative one loosens the rule below the others' mean).
     detect: "previous" masks the sinks found on the previous forward pass (the paper's
         protocol); "current" detects and masks inside the same pass.
     granularity: "head" detects per (layer, head); "layer" averages heads first.

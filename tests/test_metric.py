@@ -47,6 +47,12 @@ def test_eps_zero_flags_every_key_above_the_others_mean():
         True, True, False, False]
 
 
+def test_negative_eps_admits_keys_just_below_the_others_mean_but_never_padding():
+    s = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0])  # others' means over the four valid keys
+    valid = torch.tensor([True, True, True, True, False])
+    assert find_sinks(s, valid, eps=-0.5).tolist() == [True, True, True, False, False]
+
+
 def test_padding_keys_and_queries_are_excluded():
     # keys 3, 4 are padding: rows never attend them; query rows 3, 4 are padding rows that
     # (as in LLaDA's bias-only masking) attend key 2 heavily: they must not count.
