@@ -10,9 +10,12 @@ rows.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (built-in models register first; see _autoload)
+import lm_eval.models.huggingface as hflm_module
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
@@ -33,7 +36,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         super().__init__(pretrained, **kwargs)
         self.model.eval()
         self._init_masking(mask_config, rule=mask_config.arm_rule)
-        self._batch_rows: set[tuple[int, ...]] = set()  # inputs of the loglikelihood requests in flight
+        self._row_lengths: list[int] | None = None  # real tokens per row of the next loglikelihood batch
 
     @classmethod
     def check_args(cls, pretrained, **kwargs: Any) -> None:
@@ -48,38 +51,53 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None):
         # one forward per loglikelihood batch: with detect=previous its first (only) pass
         # detects on its own attention, as docs/method.md section 4 prescribes for a first step
-        if attn_mask is None and labels is None and self.mask_config.enabled and self._batch_rows:
+        lengths, self._row_lengths = self._row_lengths, None
+        if attn_mask is None and labels is None and self.mask_config.enabled and lengths is not None:
             # HFLM right-pads a loglikelihood batch and passes no mask; the causal rows do not
             # see the pads, but the masker must know them: the last_row rule reads each row's
             # last real token, and pad rows and keys must not count
-            padding = self._padding_mask(inps)
+            if len(lengths) != inps.shape[0]:
+                raise RuntimeError(f"a loglikelihood batch of {inps.shape[0]} rows was padded "
+                                   f"from {len(lengths)} inputs")
+            padding = padding_mask(lengths, inps.shape[1], inps.device)
             with self.masking(inps, padding), torch.no_grad(), self.autocast():
                 return self.model(input_ids=inps, attention_mask=padding).logits
         with self.masking(inps, attn_mask):
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
-        # the unpadded input of every request, exactly as HFLM builds it, to tell padding apart
-        # from real trailing zeros in _padding_mask
-        self._batch_rows = {tuple((ctx + cont)[-(self.max_length + 1):][:-1]) for _, ctx, cont in requests}
-        try:
+        if not self.mask_config.enabled or self.backend != "causal":
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm,
                                                  override_bs=override_bs)
-        finally:
-            self._batch_rows = set()
+        with self._recording_row_lengths():
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm,
+                                                 override_bs=override_bs)
 
-    def _padding_mask(self, inps: torch.Tensor) -> torch.Tensor:
-        """[B, S] 1 on each row's real tokens: the longest prefix that is one of the requests'
-        inputs and is followed by HFLM's zero padding only."""
-        mask = torch.zeros_like(inps)
-        for b, row in enumerate(inps.tolist()):
-            n = len(row)
-            while tuple(row[:n]) not in self._batch_rows:
-                if n == 0 or row[n - 1] != 0:
-                    raise RuntimeError("a loglikelihood batch row matches none of its requests")
-                n -= 1
-            mask[b, :n] = 1
-        return mask
+    @contextmanager
+    def _recording_row_lengths(self) -> Iterator[None]:
+        """Keep the length of every input HFLM right-pads into a batch. Its zero padding reads
+        exactly like a real token 0 (a request whose input is another's plus a token 0 pads to
+        the same row), so the lengths it padded from are the only exact record of where each
+        row ends."""
+        pad_and_concat = hflm_module.pad_and_concat
+
+        def recording(max_length, tensors, padding_side="right"):
+            if padding_side == "right":
+                self._row_lengths = [t.shape[-1] for t in tensors]
+            return pad_and_concat(max_length, tensors, padding_side=padding_side)
+
+        hflm_module.pad_and_concat = recording
+        try:
+            yield
+        finally:
+            hflm_module.pad_and_concat = pad_and_concat
+            self._row_lengths = None
+
+
+def padding_mask(lengths: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """[B, width] 1 on each row's first ``lengths[b]`` positions, 0 on its right padding."""
+    n = torch.tensor(lengths, device=device)
+    return (torch.arange(width, device=device) < n[:, None]).long()
 
 
 def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMaskConfig]:

@@ -288,6 +288,20 @@ def test_arm_loglikelihood_masks_padded_batches_like_single_rows(tiny_dirs, rule
     assert not np.allclose(a, [v for v, _ in plain.loglikelihood(ll_requests(plain, PAIRS))])
 
 
+@pytest.mark.parametrize("rule", ["last_row", "all_rows"])
+def test_arm_padding_is_told_apart_from_a_real_token_0_that_extends_another_request(tiny_dirs, rule):
+    # right-padded with HFLM's zeros, request a's input [5, 6, 7, 8] reads exactly as request
+    # b's input [5, 6, 7, 8, 0]: only the lengths HFLM padded from can tell them apart
+    args = dict(top_k=1, eps=0.0, arm_rule=rule)
+    reqs = [(("a", "a"), [5, 6, 7], [8, 9]), (("b", "b"), [5, 6, 7], [8, 0, 10])]
+    one = make("arm_sinkmask", tiny_dirs["llama"], batch_size=1, **args)
+    many = make("arm_sinkmask", tiny_dirs["llama"], batch_size=2, **args)
+    a = [v for v, _ in one._loglikelihood_tokens(reqs)]
+    b = [v for v, _ in many._loglikelihood_tokens(reqs)]
+    assert np.allclose(a, b, atol=1e-5), (a, b)
+    assert many.mask_stats.forward_passes == 1
+
+
 # ------------------------------------------------------------------ the shipped zoo DLMs
 
 @pytest.fixture(scope="module")
