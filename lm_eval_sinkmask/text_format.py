@@ -38,8 +38,9 @@ def or_na(x: float | None, spec: str = ".2f") -> str:
 def percent(x: float | None, se: float | None = None, sign: bool = False,
             missing: str = "-") -> str:
     """A fraction in percent to one decimal (``85.0``, ``+3.0`` in percentage points with
-    ``sign``), `` ± se`` where a standard error is given, ``missing`` for None."""
+    ``sign``; a signed zero is ``+0.0``, as in :func:`fixed`), `` ± se`` where a standard error
+    is given, ``missing`` for None."""
     if x is None:
         return missing
-    text = f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
+    text = fixed(100 * x, 1, sign=sign)
     return text if se is None else f"{text} ± {100 * se:.1f}"

@@ -138,3 +138,14 @@ def test_seed_pairs_carry_their_paired_standard_errors(tmp_path):
     [g] = [g for g in summary["paired_gains"] if g["task"] == "mini_code_sinkmask"
            and g["comparison"] == "llada_sink - llada" and g["k"] == 0]
     assert g["se_mean"] == pytest.approx(np.mean(ses) / 100)
+
+
+def test_a_mean_gain_of_zero_is_not_written_as_a_loss():
+    # seed 0: 5% vs 7% (-2 points), seed 1: 6% vs 4% (+2 points): the mean is zero
+    rows = [{"model": m, "seed": s, "task": "mini_code_sinkmask", "k": 0, "value": v}
+            for m, s, v in [("llada", 0, 7 / 100), ("llada_sink", 0, 5 / 100),
+                            ("llada", 1, 4 / 100), ("llada_sink", 1, 6 / 100)]]
+    [gain] = exp.paired_gains(rows)
+    text = "\n".join(exp._gain_lines([gain], [0, 1]))
+    assert "| +0.0 ± 2.8 |" in text and "-0.0" not in text
+    assert "(mean +0.0 ± 2.8 percentage points)" in text
