@@ -149,3 +149,11 @@ def test_a_mean_gain_of_zero_is_not_written_as_a_loss():
     text = "\n".join(exp._gain_lines([gain], [0, 1]))
     assert "| +0.0 ± 2.8 |" in text and "-0.0" not in text
     assert "(mean +0.0 ± 2.8 percentage points)" in text
+
+
+def test_the_main_sink_shares_say_they_count_only_steps_and_heads_with_a_sink():
+    # main_is_extra / main_is_bos are taken over the (step, layer, head) that have a sink
+    # (pos[has]), not over all of them: the label must say so, or 11% reads as a share of all
+    labels = dict(exp.STABILITY_COLUMNS)
+    for key in ("main_is_extra", "main_is_bos"):
+        assert "with a sink" in labels[key], labels[key]

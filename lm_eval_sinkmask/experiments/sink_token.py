@@ -208,8 +208,8 @@ STABILITY_COLUMNS = [
     ("heads_with_sink", "heads with a sink"),
     ("extra_share", "attention share of the extra token"),
     ("bos_share", "attention share of BOS"),
-    ("main_is_extra", "main sink = extra token"),
-    ("main_is_bos", "main sink = BOS"),
+    ("main_is_extra", "main sink = extra token (of steps and heads with a sink)"),
+    ("main_is_bos", "main sink = BOS (of steps and heads with a sink)"),
 ]
 
 
