@@ -193,3 +193,14 @@ def test_fig7_prompt_boundary_label_sits_outside_the_data(tmp_path, monkeypatch)
         box = t.get_window_extent(renderer)
         assert box.x0 >= plot.x1, "the label overlaps the plot area, where data lines run"
         assert box.x1 <= page.x1 and box.y0 >= page.y0 and box.y1 <= page.y1, "the label is cut off"
+
+
+def test_value_norm_median_of_an_even_number_of_keys_is_the_middle_pair_mean():
+    # four keys: the median value norm is (2 + 4) / 2 = 3, not the lower middle value 2
+    rec = TraceRecorder(eps=1.0, topn=2)
+    scores = torch.tensor([[[9.0, 0.5, 0.3, 0.2]]])
+    rec(event(1, 0, scores, value_norms=torch.tensor([[[6.0, 2.0, 4.0, 1.0]]])))
+    a = rec.arrays()
+    assert a["v_median"][0, 0, 0] == pytest.approx(np.median([6.0, 2.0, 4.0, 1.0]))
+    assert a["top_vnorm"][0, 0, 0].tolist() == pytest.approx([2.0, 2.0 / 3.0])
+
