@@ -162,7 +162,8 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
         ax.fill_between(steps[: len(right)], left, right, color="tab:grey", alpha=0.12,
                         label="still-masked span")
     tokens = trace.meta.get("tokens") or []
-    S = len(tokens) + trace.key_offset if tokens else int(trace["n_keys"].max())
+    # every key position: the text's, plus an extra sink token before it (key_offset) or after it
+    S = max(len(tokens) + trace.key_offset, int(trace["n_keys"].max()))
     ax.set_ylim(S - 0.5, -0.5)  # whole sequence, position 0 at the top
     if not np.isfinite(np.where(is_sink, pos, np.nan)[:, [l for l, _ in heads], [h for _, h in heads]]).any():
         ax.text(0.5, 0.5, f"no Eq. 3 sink at eps={trace.meta['eps']:g} in these heads",

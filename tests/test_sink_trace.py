@@ -204,3 +204,25 @@ def test_value_norm_median_of_an_even_number_of_keys_is_the_middle_pair_mean():
     assert a["v_median"][0, 0, 0] == pytest.approx(np.median([6.0, 2.0, 4.0, 1.0]))
     assert a["top_vnorm"][0, 0, 0].tolist() == pytest.approx([2.0, 2.0 / 3.0])
 
+
+def test_fig7_shows_a_sink_on_the_extra_token_after_the_text(tmp_path, monkeypatch):
+    """A sink token at the end ("end" position) is the key just after the last text token:
+    key_offset 0, one key more than meta["tokens"]; Fig. 7 must keep it inside the axes."""
+    import lm_eval_sinkmask.figures as figures
+
+    keys, steps = 11, 4
+    rec = TraceRecorder(eps=3.0, topn=2)
+    for t in range(1, steps + 1):
+        s = torch.full((1, 1, keys), 0.5)
+        s[0, 0, keys - 1] = 20.0  # the extra token, after the 10 text tokens
+        rec(event(t, 0, s * keys / s.sum(-1, keepdim=True)))
+    meta = {"name": "end-sink", "kind": "dlm", "eps": 3.0, "top_k": 0, "steps": steps,
+            "prompt_length": 4, "tokens": ["x"] * (keys - 1), "mask_id": None, "key_offset": 0}
+    trace = Trace(meta, rec.arrays())
+    assert trace.main_sink()[0][:, 0, 0].tolist() == [keys - 1] * steps
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    figures.fig_sink_position(trace, tmp_path / "fig7.png", [(0, 0)])
+    (ax,) = drawn["fig"].axes
+    lo, hi = sorted(ax.get_ylim())
+    assert lo <= keys - 1 <= hi, f"the sink at key {keys - 1} is outside the y range {lo}..{hi}"
