@@ -226,3 +226,27 @@ def test_fig7_shows_a_sink_on_the_extra_token_after_the_text(tmp_path, monkeypat
     (ax,) = drawn["fig"].axes
     lo, hi = sorted(ax.get_ylim())
     assert lo <= keys - 1 <= hi, f"the sink at key {keys - 1} is outside the y range {lo}..{hi}"
+
+
+def test_eps_selection_and_fig5_leave_out_layers_the_trace_did_not_score(tmp_path, monkeypatch):
+    """With layers= (masking some layers), the intercept scores only those layers: the others
+    have no keys in the trace and must not count as 'no key selected'."""
+    import lm_eval_sinkmask.figures as figures
+
+    rec = TraceRecorder(eps=3.0, topn=2)
+    for t in (1, 2):
+        s = torch.full((1, 2, 10), 0.5)
+        s[0, :, 3] = 20.0
+        rec(event(t, 1, s * 10 / s.sum(-1, keepdim=True)))  # layer 1 only; layer 0 untraced
+    meta = {"name": "layers", "kind": "dlm", "eps": 3.0, "top_k": 1, "steps": 2,
+            "prompt_length": 4, "tokens": ["x"] * 10, "mask_id": None}
+    trace = Trace(meta, rec.arrays())
+    share = selected_share(trace["full_scores"], np.array([3.0]))[0]  # [F, L, H]
+    assert np.isnan(share[:, 0]).all() and share[:, 1] == pytest.approx(0.1)
+    titles = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: titles.append(
+        [t.get_text() for ax in fig.axes for t in ax.texts] + [ax.get_title() for ax in fig.axes]))
+    figures.fig_eps_selection(trace, tmp_path / "fig10.png")
+    assert any("eps=3: 10.0% selected" in t for t in titles[-1])
+    figures.fig_main_sink_heatmap(trace, tmp_path / "fig5.png")
+    assert any("in 100% of (step, layer, head)" in t for t in titles[-1])
