@@ -95,8 +95,10 @@ def fig_main_sink_heatmap(trace: Trace, path: Path) -> Path:
     """Fig. 5: the main (top-1) sink's score per (layer, head), averaged over steps."""
     plt = _plt()
     top1 = trace["top_score"][..., 0]  # [T, L, H]
-    mean = np.nanmean(top1, axis=0)
-    share = trace.top_is_sink().mean(axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # layers the intercept did not score
+        mean = np.nanmean(top1, axis=0)
+    share = trace.top_is_sink()[np.isfinite(trace["total"])]  # scored (step, layer, head)
     L, H = mean.shape
     fig, ax = plt.subplots(figsize=(max(7.5, 0.45 * H + 3), max(4.0, 0.4 * L + 2.2)))
     im = ax.imshow(mean, aspect="auto", cmap="viridis", origin="upper", interpolation="nearest")
@@ -162,7 +164,8 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
         ax.fill_between(steps[: len(right)], left, right, color="tab:grey", alpha=0.12,
                         label="still-masked span")
     tokens = trace.meta.get("tokens") or []
-    S = len(tokens) + trace.key_offset if tokens else int(trace["n_keys"].max())
+    # every key position: the text's, plus an extra sink token before it (key_offset) or after it
+    S = max(len(tokens) + trace.key_offset, int(trace["n_keys"].max()))
     ax.set_ylim(S - 0.5, -0.5)  # whole sequence, position 0 at the top
     if not np.isfinite(np.where(is_sink, pos, np.nan)[:, [l for l, _ in heads], [h for _, h in heads]]).any():
         ax.text(0.5, 0.5, f"no Eq. 3 sink at eps={trace.meta['eps']:g} in these heads",
@@ -179,14 +182,16 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
 
 
 def selected_share(scores: np.ndarray, eps_grid: np.ndarray) -> np.ndarray:
-    """Share of keys that pass Eq. 3 at each eps: [..., Sk] scores (NaN = no key) -> [E, ...]."""
+    """Share of keys that pass Eq. 3 at each eps: [..., Sk] scores (NaN = no key) -> [E, ...];
+    NaN where a vector has no key at all (a layer the intercept did not score, e.g. layers=)."""
     s = scores.astype(np.float64)
     valid = np.isfinite(s)
     n = valid.sum(-1, keepdims=True)
     s0 = np.where(valid, s, 0.0)
     others = (s0.sum(-1, keepdims=True) - s0) / np.maximum(n - 1, 1)
     margin = np.where(valid & (n > 1), s0 - others, -np.inf)  # a key passes iff margin > eps
-    return np.stack([(margin > e).sum(-1) / np.maximum(n[..., 0], 1) for e in eps_grid])
+    scored = np.where(n[..., 0] > 0, 1.0, np.nan)
+    return np.stack([scored * (margin > e).sum(-1) / np.maximum(n[..., 0], 1) for e in eps_grid])
 
 
 def fig_eps_selection(trace: Trace, path: Path, eps_max: float = 10.0) -> Path:
@@ -198,11 +203,13 @@ def fig_eps_selection(trace: Trace, path: Path, eps_max: float = 10.0) -> Path:
     L = share.shape[2]
     cmap = plt.get_cmap("viridis")
     for l in range(L):
+        if np.isnan(share[:, :, l]).all():
+            continue  # not scored (layers=)
         ax.plot(eps_grid, 100 * np.nanmean(share[:, :, l], axis=(1, 2)), color=cmap(l / max(L - 1, 1)),
                 linewidth=0.8, alpha=0.7, label=f"layer {l}" if L <= 8 else None)
-    ax.plot(eps_grid, 100 * share.mean(axis=(1, 2, 3)), color="black", linewidth=2.4, label="all layers")
+    ax.plot(eps_grid, 100 * np.nanmean(share, axis=(1, 2, 3)), color="black", linewidth=2.4, label="all layers")
     e = trace.meta["eps"]
-    at = 100 * selected_share(trace["full_scores"], np.array([e])).mean()
+    at = 100 * np.nanmean(selected_share(trace["full_scores"], np.array([e])))
     ax.set_ylim(bottom=0)
     ax.axvline(e, color="tab:red", linestyle="--", linewidth=1)
     ax.text(e, ax.get_ylim()[1] * 0.9, f" eps={e:g}: {at:.1f}% selected", color="tab:red", fontsize=9)

@@ -82,7 +82,7 @@ class TraceRecorder:
         }
         if event.value_norms is not None:
             norms = event.value_norms[self.b].detach().float().cpu()  # [H, Sk]
-            median = norms.median(dim=-1).values  # [H]
+            median = norms.quantile(0.5, dim=-1)  # [H]; torch.median would take the lower middle key
             rel = torch.full((s.shape[0], self.topn), float("nan"))
             rel[:, :k] = norms.gather(1, top.indices) / median[:, None]
             self.rows[(event.forward_pass, event.layer)].update(

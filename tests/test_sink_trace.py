@@ -193,3 +193,60 @@ def test_fig7_prompt_boundary_label_sits_outside_the_data(tmp_path, monkeypatch)
         box = t.get_window_extent(renderer)
         assert box.x0 >= plot.x1, "the label overlaps the plot area, where data lines run"
         assert box.x1 <= page.x1 and box.y0 >= page.y0 and box.y1 <= page.y1, "the label is cut off"
+
+
+def test_value_norm_median_of_an_even_number_of_keys_is_the_middle_pair_mean():
+    # four keys: the median value norm is (2 + 4) / 2 = 3, not the lower middle value 2
+    rec = TraceRecorder(eps=1.0, topn=2)
+    scores = torch.tensor([[[9.0, 0.5, 0.3, 0.2]]])
+    rec(event(1, 0, scores, value_norms=torch.tensor([[[6.0, 2.0, 4.0, 1.0]]])))
+    a = rec.arrays()
+    assert a["v_median"][0, 0, 0] == pytest.approx(np.median([6.0, 2.0, 4.0, 1.0]))
+    assert a["top_vnorm"][0, 0, 0].tolist() == pytest.approx([2.0, 2.0 / 3.0])
+
+
+def test_fig7_shows_a_sink_on_the_extra_token_after_the_text(tmp_path, monkeypatch):
+    """A sink token at the end ("end" position) is the key just after the last text token:
+    key_offset 0, one key more than meta["tokens"]; Fig. 7 must keep it inside the axes."""
+    import lm_eval_sinkmask.figures as figures
+
+    keys, steps = 11, 4
+    rec = TraceRecorder(eps=3.0, topn=2)
+    for t in range(1, steps + 1):
+        s = torch.full((1, 1, keys), 0.5)
+        s[0, 0, keys - 1] = 20.0  # the extra token, after the 10 text tokens
+        rec(event(t, 0, s * keys / s.sum(-1, keepdim=True)))
+    meta = {"name": "end-sink", "kind": "dlm", "eps": 3.0, "top_k": 0, "steps": steps,
+            "prompt_length": 4, "tokens": ["x"] * (keys - 1), "mask_id": None, "key_offset": 0}
+    trace = Trace(meta, rec.arrays())
+    assert trace.main_sink()[0][:, 0, 0].tolist() == [keys - 1] * steps
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    figures.fig_sink_position(trace, tmp_path / "fig7.png", [(0, 0)])
+    (ax,) = drawn["fig"].axes
+    lo, hi = sorted(ax.get_ylim())
+    assert lo <= keys - 1 <= hi, f"the sink at key {keys - 1} is outside the y range {lo}..{hi}"
+
+
+def test_eps_selection_and_fig5_leave_out_layers_the_trace_did_not_score(tmp_path, monkeypatch):
+    """With layers= (masking some layers), the intercept scores only those layers: the others
+    have no keys in the trace and must not count as 'no key selected'."""
+    import lm_eval_sinkmask.figures as figures
+
+    rec = TraceRecorder(eps=3.0, topn=2)
+    for t in (1, 2):
+        s = torch.full((1, 2, 10), 0.5)
+        s[0, :, 3] = 20.0
+        rec(event(t, 1, s * 10 / s.sum(-1, keepdim=True)))  # layer 1 only; layer 0 untraced
+    meta = {"name": "layers", "kind": "dlm", "eps": 3.0, "top_k": 1, "steps": 2,
+            "prompt_length": 4, "tokens": ["x"] * 10, "mask_id": None}
+    trace = Trace(meta, rec.arrays())
+    share = selected_share(trace["full_scores"], np.array([3.0]))[0]  # [F, L, H]
+    assert np.isnan(share[:, 0]).all() and share[:, 1] == pytest.approx(0.1)
+    titles = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: titles.append(
+        [t.get_text() for ax in fig.axes for t in ax.texts] + [ax.get_title() for ax in fig.axes]))
+    figures.fig_eps_selection(trace, tmp_path / "fig10.png")
+    assert any("eps=3: 10.0% selected" in t for t in titles[-1])
+    figures.fig_main_sink_heatmap(trace, tmp_path / "fig5.png")
+    assert any("in 100% of (step, layer, head)" in t for t in titles[-1])
