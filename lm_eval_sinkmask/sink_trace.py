@@ -48,7 +48,8 @@ OBSERVE_EPS = 1e30
 # its stability is recomputed from top_pos / top_score / n_keys, which both versions keep)
 # 3: top_vnorm / v_median arrays and meta["value_norms"]; older traces load without them
 # 4: meta["key_offset"], the key positions before the first token (an extra sink token)
-TRACE_VERSION = 4
+# 5: v_median is the usual median (version 3-4 kept torch.median's lower middle value)
+TRACE_VERSION = 5
 # score bins, in units of the uniform share: [0, 1/16), [1/16, 1/8), ..., [512, 1024), [1024, inf)
 HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
 
@@ -242,9 +243,10 @@ class Trace:
 
     @staticmethod
     def stands(folder: Path, *, gen_length: int, checkpoint: str | None,
-               min_version: int = 1) -> bool:
+               min_version: int = TRACE_VERSION) -> bool:
         """Whether a resumable run may keep the trace saved in ``folder``: one exists, of at
-        least ``min_version``, generated with ``gen_length`` new tokens on a checkpoint whose
+        least ``min_version`` (default: this version, so what a newer version records or
+        computes differently is traced again), generated with ``gen_length`` new tokens on a checkpoint whose
         content digest (:func:`provenance.checkpoint_digest`) is ``checkpoint``; a checkpoint
         retrained under the same name is traced again."""
         meta = Trace.saved_meta(folder)

@@ -10,8 +10,8 @@ from lm_eval_sinkmask.figures import FIGURES, draw_all, selected_share
 from lm_eval_sinkmask.intercept import AttentionEvent
 from lm_eval_sinkmask.metric import find_sinks
 from lm_eval_sinkmask.provenance import checkpoint_digest
-from lm_eval_sinkmask.sink_trace import (HIST_EDGES, Trace, TraceRecorder, parse_heads,
-                                          trace_generation, value_norm_line)
+from lm_eval_sinkmask.sink_trace import (HIST_EDGES, TRACE_VERSION, Trace, TraceRecorder,
+                                          parse_heads, trace_generation, value_norm_line)
 
 PROMPT = "Tom has 3 apples . Anna gives 2 more . how many apples ?"
 
@@ -81,6 +81,7 @@ def test_a_saved_trace_stands_only_for_its_length_version_and_checkpoint(tmp_pat
     assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:b")  # retrained weights
     assert not Trace.stands(folder, gen_length=64, checkpoint=None)  # cannot tell: trace again
     assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=4)
+    assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:a")  # older than this code's
     assert not Trace.stands(tmp_path / "none", gen_length=64, checkpoint="sha256:a")
 
 
@@ -143,7 +144,7 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
         assert 1 <= m["steps"] <= 8
     n = trace["n_keys"]
     assert (trace["hist"].sum(-1) == n[:, None, None]).all()
-    assert m["trace_version"] == 4 and m["key_offset"] == 0 and m["value_norms"]["sinks"]["n"] >= 0
+    assert m["trace_version"] == TRACE_VERSION and m["key_offset"] == 0 and m["value_norms"]["sinks"]["n"] >= 0
     assert m["checkpoint"] == checkpoint_digest(str(tiny_dirs[kind]))
     assert trace["top_vnorm"].shape == trace["top_score"].shape
     assert np.isfinite(trace["top_vnorm"][..., 0]).all() and (trace["v_median"] > 0).all()

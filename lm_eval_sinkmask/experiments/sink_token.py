@@ -139,7 +139,7 @@ def run_traces(out: Path, n_prompts: int, seeds: list[int] | None = None) -> Non
             root = out / "traces" / name / ("" if seed is None else f"seed{seed}")
             for i, (task, prompt) in enumerate(trace_prompts(n_prompts)):
                 folder = root / f"{TASKS[task]}_{i % n_prompts}"
-                if Trace.stands(folder, gen_length=GEN_LENGTH[task], checkpoint=digest, min_version=4):
+                if Trace.stands(folder, gen_length=GEN_LENGTH[task], checkpoint=digest):
                     continue  # done, with this generation length and these weights
                 # watch keys 0 and 1: BOS and the next token (baseline), or the extra sink
                 # token (position 0, "start") and BOS (llada_sink)

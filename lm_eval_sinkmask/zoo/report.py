@@ -179,9 +179,9 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
             for i, prompt in enumerate(prompts):
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
                 ref = f"zoo:{name}@{seed}"  # recorded as is: a name, not this machine's path
-                if Trace.stands(folder, gen_length=GEN_LENGTH["mini_gsm_sinkmask"], min_version=4,
+                if Trace.stands(folder, gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
                                 checkpoint=checkpoint_digest(ref)):
-                    continue  # value norms recorded (version 3), this length, these weights
+                    continue  # this trace version, this length, these weights
                 trace_generation(ref, prompt,
                                  gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
                                  model_args=args, device=device,
