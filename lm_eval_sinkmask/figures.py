@@ -232,6 +232,7 @@ def fig_stability(trace: Trace, path: Path) -> Path:
     block = trace.stability()
     per = {k: np.array(v, dtype=float) for k, v in block["per_head"].items()}  # None -> NaN
     keep, share, distinct = per["keep_rate"], per["main_share"], per["distinct_positions"]
+    scored = trace.scored_heads()
     L, H = keep.shape
     fig, axes = plt.subplots(1, 2, figsize=(max(11.0, 0.9 * H + 5), max(4.0, 0.4 * L + 2.4)))
     panels = [
@@ -247,7 +248,12 @@ def fig_stability(trace: Trace, path: Path) -> Path:
         if L * H <= 256:
             for l in range(L):
                 for h in range(H):
-                    text = "-" if not np.isfinite(img[l, h]) else f"{img[l, h]:.2f}"
+                    if not scored[l, h]:
+                        text = "not\nscored"
+                    elif not np.isfinite(img[l, h]):
+                        text = "-"
+                    else:
+                        text = f"{img[l, h]:.2f}"
                     if img is keep and distinct[l, h] > 0:
                         text += f"\n{int(distinct[l, h])} pos"
                     ax.text(h, l, text, ha="center", va="center", fontsize=6.5)

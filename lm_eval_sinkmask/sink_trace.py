@@ -196,12 +196,16 @@ class Trace:
         return stability.main_sink(self.arrays["top_pos"][..., 0], self.arrays["top_score"][..., 0],
                                    self.arrays["n_keys"], self.top_is_sink(eps))
 
+    def scored_heads(self) -> np.ndarray:
+        """[L, H] bool: the heads the intercept scored at some step (all, unless ``layers=``)."""
+        return np.isfinite(self.arrays["total"]).any(axis=0)
+
     def stability(self, eps: float | None = None) -> dict[str, Any]:
         """Sink-stability summary (issue 7), JSON-ready: per (layer, head) and aggregated."""
         per_head = stability.head_stability(*self.main_sink(eps))
         return {
             "eps": self.meta["eps"] if eps is None else eps,
-            "aggregate": stability.aggregate(per_head),
+            "aggregate": stability.aggregate(per_head, scored=self.scored_heads()),
             "per_head": stability.to_json(per_head),
         }
 

@@ -102,20 +102,23 @@ def _nanmean(x: np.ndarray) -> float | None:
     return float(x.mean()) if x.size else None
 
 
-def aggregate(per_head: dict[str, np.ndarray]) -> dict[str, Any]:
+def aggregate(per_head: dict[str, np.ndarray], scored: np.ndarray | None = None) -> dict[str, Any]:
     """One model-level summary of ``head_stability``: means over (layer, head), NaN ignored.
 
     Per-head means weigh every head alike; ``pooled_keep_rate`` instead weighs every step pair
     alike (heads that have a sink more often count more). Means with nothing to average are None.
+    ``scored`` ([L, H] bool, default all): the heads whose attention was scored at all; the
+    others (layers left out with ``layers=``) are not counted among the ``heads``.
     """
     has_sink = per_head["sink_steps"] > 0
+    scored = np.ones(has_sink.shape, bool) if scored is None else np.asarray(scored, bool)
     pairs, kept = int(per_head["pairs"].sum()), int(per_head["kept"].sum())
     return {
         "keep_rate": _nanmean(per_head["keep_rate"]),
         "pooled_keep_rate": kept / pairs if pairs else None,
         "distinct_positions": _nanmean(per_head["distinct_positions"][has_sink]),
         "main_share": _nanmean(per_head["main_share"]),
-        "heads": int(has_sink.size),
+        "heads": int(scored.sum()),
         "heads_with_sink": int(has_sink.sum()),
         "heads_with_pairs": int((per_head["pairs"] > 0).sum()),
         "pairs": pairs,

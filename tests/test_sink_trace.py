@@ -251,3 +251,9 @@ def test_eps_selection_and_fig5_leave_out_layers_the_trace_did_not_score(tmp_pat
     assert any("eps=3: 10.0% selected" in t for t in titles[-1])
     figures.fig_main_sink_heatmap(trace, tmp_path / "fig5.png")
     assert any("in 100% of (step, layer, head)" in t for t in titles[-1])
+    # stability counts only the scored heads, and its figure marks the others as not scored
+    g = trace.stability()["aggregate"]
+    assert (g["heads"], g["heads_with_sink"], g["keep_rate"]) == (2, 2, 1.0)
+    figures.fig_stability(trace, tmp_path / "stability.png")
+    assert any("over 2/2 heads" in t for t in titles[-1])
+    assert sum(t.startswith("not\nscored") for t in titles[-1]) == 4  # 2 heads x 2 panels
