@@ -171,7 +171,8 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
         ax.text(0.5, 0.5, f"no Eq. 3 sink at eps={trace.meta['eps']:g} in these heads",
                 transform=ax.transAxes, ha="center", color="tab:red")
     ax.set_xlabel(_step_word(trace))
-    ax.set_ylabel("position of the largest sink (token index)")
+    ax.set_ylabel("position of the largest sink ("
+                  + (f"key index = token index + {trace.key_offset})" if trace.key_offset else "token index)"))
     ax.set_xlim(0.5, T + 0.5)
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)

@@ -227,6 +227,11 @@ def test_fig7_shows_a_sink_on_the_extra_token_after_the_text(tmp_path, monkeypat
     (ax,) = drawn["fig"].axes
     lo, hi = sorted(ax.get_ylim())
     assert lo <= keys - 1 <= hi, f"the sink at key {keys - 1} is outside the y range {lo}..{hi}"
+    assert ax.get_ylabel().endswith("(token index)")  # no key before the text: keys are tokens
+    trace.meta["key_offset"] = 1  # a sink token first: key i is text token i - 1
+    drawn.clear()
+    figures.fig_sink_position(trace, tmp_path / "fig7.png", [(0, 0)])
+    assert drawn["fig"].axes[0].get_ylabel().endswith("(key index = token index + 1)")
 
 
 def test_eps_selection_and_fig5_leave_out_layers_the_trace_did_not_score(tmp_path, monkeypatch):
