@@ -9,7 +9,9 @@ digests of its inputs, and a resume reuses a done cell only when they still matc
   remote code; not the model card or a training log), or, for a hub name, the commit of its
   cached snapshot;
 - the task: its version, a sha256 of lm-eval's resolved config (functions by their source),
-  and a sha256 of every document of its dataset (test and few-shot splits alike).
+  a sha256 of the source files that define those functions (a helper they call in the same
+  file changes the prompt or the score as much as the function itself), and a sha256 of every
+  document of its dataset (test and few-shot splits alike).
 
 Hashing runs at about 1.5 GB/s: a few milliseconds for the zoo, about 10 s for an 8B model
 in bf16, once per checkpoint per sweep.
@@ -82,8 +84,31 @@ def _stable(obj: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
+def code_digest(config: Any) -> str:
+    """sha256 over the contents of the source files that define the functions in ``config``
+    (a task's prompt, loader, filters, metrics; by content, not by place)."""
+    files = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif callable(value):
+            try:
+                files.add(inspect.getsourcefile(getattr(value, "func", value)))
+            except TypeError:  # a builtin: no source file
+                pass
+
+    walk(config)
+    shas = sorted(file_sha256(Path(f)) for f in files if f and Path(f).is_file())
+    return "sha256:" + hashlib.sha256("\n".join(shas).encode()).hexdigest()
+
+
 def task_digest(task) -> dict[str, Any]:
-    """``{"version", "config", "docs"}`` of a built lm-eval task.
+    """``{"version", "config", "code", "docs"}`` of a built lm-eval task.
 
     The config leaves out where things lie, whose content the documents' digest covers, so a
     task folder that moves keeps its digest: ``metadata`` other than the version (lm-eval puts
@@ -106,6 +131,7 @@ def task_digest(task) -> dict[str, Any]:
     return {
         "version": version,
         "config": "sha256:" + hashlib.sha256(_canonical(config).encode()).hexdigest(),
+        "code": code_digest(task.config.to_dict(keep_callable=True)),
         "docs": "sha256:" + docs.hexdigest(),
     }
 
@@ -134,7 +160,8 @@ class InputDigests:
 
 def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
     """What differs between a done cell's recorded inputs and today's, in words; [] when the
-    cell may be reused. A checkpoint that cannot be read here (None) is not compared."""
+    cell may be reused. A checkpoint that cannot be read here (None) is not compared, nor the
+    task's code where the done cell predates its digest."""
     if done is None:
         return ["the cell records no input digests (made by an older lm-eval-sinkmask)"]
     out = []
@@ -144,4 +171,6 @@ def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any]) -> list[str
     for key in ("version", "config", "docs"):
         if old_task.get(key) != new_task.get(key):
             out.append(f"task {key} {old_task.get(key)} -> {new_task.get(key)}")
+    if "code" in old_task and old_task["code"] != new_task.get("code"):
+        out.append(f"task code {old_task['code']} -> {new_task.get('code')}")
     return out

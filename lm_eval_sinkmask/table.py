@@ -42,6 +42,7 @@ class Entry:
     draw: int | None = None  # mask_seed of a random-control draw (sweeps with --mask-seeds)
     checkpoint: str | None = None  # digest of the checkpoint's files (provenance)
     task_inputs: tuple | None = None  # (version, config digest, documents digest) of the task
+    task_code: str | None = None  # digest of the task's function sources (None: older cells)
     # doc_id -> score, from lm-eval's samples (None without them): for the paired stderr of Δ
     per_doc: Mapping[int, float] | None = field(default=None, compare=False, repr=False)
 
@@ -98,7 +99,9 @@ def entry_of(record: dict, kind: str | None = None, measured: tuple | None = Non
     return Entry(model=req["model"], kind=kind or record["kind"], task=req["task"],
                  k=req["top_k"], metric=metric, value=value, stderr=stderr, n=record.get("n"),
                  seed=req.get("checkpoint_seed"), draw=req.get("mask_seed"),
-                 checkpoint=checkpoint, task_inputs=task_inputs, per_doc=per_doc)
+                 checkpoint=checkpoint, task_inputs=task_inputs,
+                 task_code=((record.get("inputs") or {}).get("task") or {}).get("code"),
+                 per_doc=per_doc)
 
 
 def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:
@@ -111,7 +114,7 @@ def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:
 
 
 def check_one_input_each(entries: list[Entry]) -> None:
-    """One checkpoint per (model, seed) and one task version per task: a folder whose cells
+    """One checkpoint per (model, seed) and one task version (and code) per task: a folder whose cells
     disagree (filled by hand from two runs) would give a table of two experiments."""
     seen: dict[tuple, set] = {}
     for e in entries:
@@ -119,6 +122,8 @@ def check_one_input_each(entries: list[Entry]) -> None:
             seen.setdefault(("checkpoint of", e.model, e.seed), set()).add(e.checkpoint)
         if e.task_inputs is not None:
             seen.setdefault(("task", e.task, None), set()).add(e.task_inputs)
+        if e.task_code is not None:  # cells made before the code digest are not compared
+            seen.setdefault(("task code of", e.task, None), set()).add(e.task_code)
     for (what, name, seed), found in seen.items():
         if len(found) > 1:
             at = "" if seed is None else f" seed {seed}"

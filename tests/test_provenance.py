@@ -44,6 +44,27 @@ def test_a_task_digest_follows_its_config_and_documents(tmp_path):
     assert digest(tiny.write_task(tmp_path / "moved" / "elsewhere")) == base  # same files, new place
 
 
+def test_a_task_digest_follows_the_helpers_its_functions_call(tmp_path):
+    """A prompt or a scorer written as a function often calls a helper in the same file: editing
+    the helper changes what the task asks or scores, so it must change the digest (the
+    function's own source does not change)."""
+    def digest(folder, prefix):
+        tiny.write_task(folder)
+        yaml = folder / "tiny_gen.yaml"
+        yaml.write_text(yaml.read_text().replace(
+            'doc_to_text: "Question : {{question}} Answer :"', "doc_to_text: !function tu.doc_to_text"))
+        (folder / "tu.py").write_text(f"def _prompt(q):\n    return {prefix!r} + q + ' Answer :'\n\n\n"
+                                      "def doc_to_text(doc):\n    return _prompt(doc['question'])\n")
+        task = TaskManager(include_path=str(folder), include_defaults=False).load(["tiny_gen"])["tasks"]["tiny_gen"]
+        return task_digest(task), task.doc_to_text(task.dataset["test"][0])
+
+    (base, prompt), (edited, other_prompt) = digest(tmp_path / "a", "Question : "), digest(tmp_path / "b", "Q: ")
+    assert prompt != other_prompt
+    assert base != edited
+    assert changed_inputs({"checkpoint": None, "task": base}, {"checkpoint": None, "task": edited})
+    assert digest(tmp_path / "moved" / "elsewhere", "Question : ")[0] == base  # same files, new place
+
+
 def test_a_shipped_task_digest_is_the_same_in_every_process():
     """mini_code's config holds functions (its target and its filter's ``filter_fn``): they must
     hash by source, not by a repr that carries a memory address."""

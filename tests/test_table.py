@@ -218,6 +218,23 @@ def test_a_folder_whose_cells_ran_on_different_inputs_is_not_one_table(tmp_path)
 
 
 
+def test_a_folder_whose_cells_ran_on_different_task_code_is_not_one_table(tmp_path):
+    """A sweep extended by new K after a task's helper was edited: the old and new cells agree on
+    the task's config and documents but not on its code."""
+    folder = write_sweep(tmp_path / "code")
+    _add_inputs(folder, lambda model, seed: "sha256:" + "a" * 64)
+    cells = [folder / "cells" / "llada" / "mini_gsm" / f"k{k}" / "cell.json" for k in (0, 1)]
+    for cell, code in zip(cells, ("e", "f")):
+        record = json.loads(cell.read_text())
+        record["inputs"]["task"]["code"] = "sha256:" + code * 64
+        cell.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="disagree on the task code of mini_gsm"):
+        table.render(folder, figure=False)
+    record["inputs"]["task"].pop("code")  # a cell made before the code digest: not compared
+    cells[1].write_text(json.dumps(record))
+    table.render(folder, figure=False)
+
+
 def test_per_task_limits_and_a_column_of_two_experiments(tmp_path):
     folder = write_sweep(tmp_path / "limits")
     grid = json.loads((folder / "sweep.json").read_text())
