@@ -64,13 +64,14 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     grid = json.loads((folder / "sweep.json").read_text())
     seeds = grid.get("seeds")
     entries: list[Entry] = []
-    requests = []
+    requests, versions = [], []
     zoo = False
     cells = folder / "cells"
     for record_path in sorted(cells.rglob("cell.json")):  # any depth: seed and draw folders
         record = json.loads(record_path.read_text())
         req = record["request"]
         requests.append(req)
+        versions.append(record.get("versions"))
         if seeds is not None and req.get("checkpoint_seed") not in seeds:
             continue
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
@@ -82,6 +83,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
                                 per_doc=paired.read_per_document(record_path.parent, req["task"],
                                                                  metric, value)))
     check_one_input_each(entries)
+    check_one_version_each(versions)
     mixed = mixed_settings(requests)
     if mixed:
         raise ValueError("\n".join(mixed) + "\nso this folder is not one table")
@@ -129,6 +131,20 @@ def check_one_input_each(entries: list[Entry]) -> None:
             at = "" if seed is None else f" seed {seed}"
             raise ValueError(f"the cells disagree on the {what} {name}{at}: {sorted(map(str, found))}; "
                              "they come from different runs, so this folder is not one table")
+
+
+# the packages whose version can change a cell's number (python's cannot, by itself)
+NUMBER_PACKAGES = ("lm_eval", "transformers", "torch", "lm-eval-sinkmask")
+
+
+def check_one_version_each(versions: list[dict | None]) -> None:
+    """One version of each package in ``NUMBER_PACKAGES`` across the cells (those that record
+    them): a sweep extended after an upgrade would give drops between two libraries' numbers."""
+    for package in NUMBER_PACKAGES:
+        found = {v[package] for v in versions if v and v.get(package) is not None}
+        if len(found) > 1:
+            raise ValueError(f"the cells ran on different {package} versions {sorted(found)}; they "
+                             "come from different installs, so this folder is not one table")
 
 
 def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:

@@ -235,6 +235,28 @@ def test_a_folder_whose_cells_ran_on_different_task_code_is_not_one_table(tmp_pa
     table.render(folder, figure=False)
 
 
+def test_a_folder_whose_cells_ran_on_different_library_versions_is_not_one_table(tmp_path):
+    """A sweep extended after an upgrade of transformers: its new cells would sit beside (and
+    give drops against) cells computed by the old one."""
+    folder = write_sweep(tmp_path / "versions")
+    versions = {"lm_eval": "0.4.13", "torch": "2.13.0+cpu", "transformers": "4.57.6",
+                "python": "3.11.7", "lm-eval-sinkmask": "0.1.0"}
+    for path in folder.glob("cells/**/cell.json"):
+        record = json.loads(path.read_text())
+        record["versions"] = versions
+        path.write_text(json.dumps(record))
+    table.render(folder, figure=False)
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1" / "cell.json"
+    record = json.loads(cell.read_text())
+    record["versions"] = {**versions, "python": "3.11.9"}  # not what computes the numbers
+    cell.write_text(json.dumps(record))
+    table.render(folder, figure=False)
+    record["versions"] = {**versions, "transformers": "4.58.0"}
+    cell.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="transformers"):
+        table.render(folder, figure=False)
+
+
 def test_per_task_limits_and_a_column_of_two_experiments(tmp_path):
     folder = write_sweep(tmp_path / "limits")
     grid = json.loads((folder / "sweep.json").read_text())
