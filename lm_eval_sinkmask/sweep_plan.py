@@ -99,6 +99,9 @@ def parse_models(text: str, kind_of=None, seeds: list[int] | None = None) -> lis
         name, sep, target = item.partition("=")
         if not sep or not name or not target:
             raise ValueError(f"--models entries are name=path or name=kind:path, got {item!r}")
+        if "/" in name or "\\" in name or name in (".", ".."):
+            raise ValueError(f"model name {name!r} names its folder under cells/: no / or \\, "
+                             "not . or ..")
         kind, sep, path = target.partition(":")
         if not sep or kind not in KINDS:  # a plain path (a Windows drive letter is not a kind)
             kind, path = None, target
@@ -106,8 +109,9 @@ def parse_models(text: str, kind_of=None, seeds: list[int] | None = None) -> lis
         if len(kinds) > 1:
             raise ValueError(f"the seeds of {name!r} are of different kinds {sorted(kinds)}")
         kind = kinds.pop()
-        if any(s.name == name for s in specs):
-            raise ValueError(f"model name {name!r} given twice")
+        if any(s.name.casefold() == name.casefold() for s in specs):  # one folder on macOS
+            raise ValueError(f"model name {name!r} given twice (names differing only in case "
+                             "share a folder on a case-insensitive file system)")
         specs.append(ModelSpec(name, path, kind))
     if not specs:
         raise ValueError("--models is empty")

@@ -23,6 +23,16 @@ def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
     with pytest.raises(ValueError):
         parse_ks("1,1")
 
+@pytest.mark.parametrize("names", ["../x", "a/draw0", ".", "a\\b", "llada,LLaDA"])
+def test_a_model_name_is_one_folder_of_its_own(names):
+    """A column's name is its folder under cells/: one with a separator lands elsewhere (../x:
+    outside the sweep; a/draw0: in the folder of column a's draw 0), and two names that differ
+    only in case share one folder on a case-insensitive file system, each run wiping the other."""
+    text = ",".join(f"{n}=zoo:llada" for n in names.split(",")) if "," in names else f"{names}=zoo:llada"
+    with pytest.raises(ValueError, match="model name"):
+        parse_models(text, kind_of=lambda p: "dlm")
+
+
 @pytest.mark.parametrize("limit", [0, -3, float("inf"), float("nan")])
 def test_a_limit_lm_eval_cannot_use_is_refused_before_any_cell(tmp_path, limit):
     with pytest.raises(ValueError, match="--limit is a count"):
