@@ -211,7 +211,8 @@ def test_a_program_can_use_what_looks_its_module_up_in_sys_modules():
     # harness passes such a program, so the sandbox must not fail it.
     program = (
         "from __future__ import annotations\nfrom dataclasses import dataclass, field\n"
-        "@dataclass\nclass Pair:\n    a: int\n    b: 'int'\n    seen: list[int] = field(default_factory=list)\n"
+        "@dataclass\nclass Pair:\n    a: int\n    b: 'int'\n"
+        "    seen: list[int] = field(default_factory=list)\n"
         "def add(a, b):\n    return Pair(a, b).a + Pair(a, b).b\n"
     )
     outcome = run_program(program, TEST, FAST)
