@@ -50,20 +50,35 @@ def check_layers(mask: SinkMaskConfig, layers_in_model: int | None, where: str =
             f"has {layers_in_model} layers (0-{layers_in_model - 1}, from its {where})")
 
 
-def check_attention(mask: SinkMaskConfig, kwargs: dict[str, Any]) -> None:
+def check_attention(mask: SinkMaskConfig, kwargs: dict[str, Any],
+                    loads_with: str | None = "sdpa") -> None:
     """Masking needs every attention call to go through SDPA; a kernel asked for by name that
     would bypass it is refused here, not after the first batch. (A model object's own
     ``_attn_implementation`` is not read: remote code such as LLaDA's calls SDPA whatever it
-    says; the first batch finds out.)"""
+    says; the first batch finds out.)
+
+    ``loads_with``: the ``attn_implementation`` the model class requests itself, or None for
+    remote code that chooses its own attention (LLaDA, MMaDA: their blocks call SDPA whatever
+    the setting says, and their class declares no SDPA support, so transformers refuses
+    ``attn_implementation=sdpa`` for it at load). For those the only fix is to drop the
+    argument, never to ask for ``sdpa``."""
     if not mask.enabled:
         return
     chosen = kwargs.get("attn_implementation")
-    if chosen is not None and chosen != "sdpa":
+    if chosen is None:
+        return
+    if loads_with is None:
+        raise ValueError(
+            f"attn_implementation={chosen}: this checkpoint's own code chooses its attention "
+            "(it calls torch.nn.functional.scaled_dot_product_attention whatever the setting "
+            "says; flash-attn is switched off after loading), and transformers refuses "
+            "attn_implementation=sdpa for its class. Drop attn_implementation from model_args")
+    if chosen != loads_with:
         raise ValueError(
             f"attn_implementation={chosen} bypasses torch.nn.functional."
             "scaled_dot_product_attention, the only attention the sink masker sees, so "
-            f"top_k={mask.top_k} would mask nothing. Use attn_implementation=sdpa (the default "
-            "here), or top_k=0 for an unmasked run with another kernel")
+            f"top_k={mask.top_k} would mask nothing. Use attn_implementation={loads_with} (the "
+            "default here), or top_k=0 for an unmasked run with another kernel")
 
 
 def check_mask_id(mask_id: int | None, config: dict[str, Any]) -> None:

@@ -197,7 +197,7 @@ class _CheckedArgs:
         settings = DiffusionSettings.build(family_, user_settings)
         checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
         checkpoint_checks.check_mask_id(mask_id, config)
-        checkpoint_checks.check_attention(mask_config, kwargs)
+        checkpoint_checks.check_attention(mask_config, kwargs, family_.attn_implementation)
         # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub repo):
         # model_class=models:MMadaModelLM
         auto = _import_object(model_class) if model_class is not None else None

@@ -45,3 +45,5 @@ def test_an_unmasked_run_may_use_any_attention_kernel():
     checkpoint_checks.check_attention(SinkMaskConfig(top_k=0), {"attn_implementation": "eager"})
     checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), {"attn_implementation": "sdpa"})
     checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), {})
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=0), {"attn_implementation": "sdpa"}, None)
+    checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), {}, None)

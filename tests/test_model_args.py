@@ -85,7 +85,11 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"mask_id": 100000}, r"mask_id=100000 is outside the checkpoint's vocabulary of \d+ tokens"),
         ("dlm_sinkmask", "dream", {"mask_id": -1}, r"mask_id must be a token id"),
         ("arm_sinkmask", "llama", {"top_k": 1, "attn_implementation": "eager"}, r"attn_implementation=eager bypasses torch\.nn\.functional\.scaled_dot_product_attention.*top_k=1 would mask nothing"),
-        ("dlm_sinkmask", "llada", {"top_k": 5, "attn_implementation": "flash_attention_2"}, r"attn_implementation=flash_attention_2 bypasses"),
+        ("dlm_sinkmask", "dream", {"top_k": 5, "attn_implementation": "flash_attention_2"}, r"attn_implementation=flash_attention_2 bypasses.*Use attn_implementation=sdpa"),
+        # LLaDA/MMaDA's remote code picks its own attention and its class declares no SDPA
+        # support: transformers would refuse attn_implementation=sdpa, so never advise it
+        ("dlm_sinkmask", "llada", {"top_k": 5, "attn_implementation": "flash_attention_2"}, r"attn_implementation=flash_attention_2: this checkpoint's own code chooses its attention.*Drop attn_implementation"),
+        ("dlm_sinkmask", "llada", {"top_k": 5, "attn_implementation": "sdpa"}, r"attn_implementation=sdpa: this checkpoint's own code chooses its attention.*Drop attn_implementation"),
     ],
 )
 def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_weight_loads, model, kind, args, message):
