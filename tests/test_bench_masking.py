@@ -41,3 +41,57 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     for name in ("fused", "flex"):
         assert f"CUDA {name} detection vs CUDA materialized: tokens the same, masked keys the " \
                "same in every one of the" in out
+
+
+def test_gpu_flag_runs_only_the_gpu_section_by_default(monkeypatch):
+    """A lent GPU runs one command for at most 10 minutes: the CPU sections (about 15 minutes
+    in all, sections 1 and 2 before section 3) must not run there unless asked for."""
+    ran = []
+    for name in ("bench_tiny", "bench_forward", "bench_gpu", "bench_memory", "bench_sampler"):
+        monkeypatch.setattr(bench_masking, name, lambda *a, _n=name, **k: ran.append(_n))
+    monkeypatch.setattr("subprocess.run", lambda *a, **k: ran.append("child (section 4)"))
+    bench_masking.main(["--gpu", "--no-header"])
+    assert ran == ["bench_gpu"]
+
+
+def test_gpu_section_llada_config_has_llada_8b_shape(monkeypatch):
+    """The 8B-shaped LLaDA config is LLaDA-8B's layer (gpu_hours.SHAPES): an MLP wider than
+    12288 makes the unmasked time larger and the masked/unmasked ratio look better."""
+    import gpu_hours
+
+    seen = {}
+
+    class Stop(BaseException):
+        pass
+
+    def fake(hidden, heads, layers, dtype, device, intermediate=None):
+        seen.update(hidden=hidden, heads=heads, intermediate=intermediate or 4 * hidden)
+        raise Stop
+
+    monkeypatch.setattr(bench_masking, "wide_model", fake)
+    args = bench_masking.argparse.Namespace(gpu_parts="llada", quick=True, repeats=1, chunk=256)
+    try:
+        bench_masking.bench_gpu_parts(args, bench_masking.torch.device("cpu"))
+    except Stop:
+        pass
+    shape = gpu_hours.SHAPES["llada"]
+    assert seen == dict(hidden=shape.hidden, heads=shape.heads, intermediate=shape.ffn)
+
+
+def test_a_failing_backend_loses_no_other_part(monkeypatch, capsys):
+    """FlexAttention failing on the GPU box (missing, or a compile error) is reported; the
+    fused rows, the Llama tables and the zoo comparison of the fused path still come out."""
+    from lm_eval_sinkmask import flex_mass
+
+    def broken(*a, **k):
+        raise RuntimeError("flex broken here")
+
+    monkeypatch.setattr(flex_mass, "flex_column_mass", broken)
+    bench_masking.main(["--quick", "--only", "3", "--repeats", "1", "--no-header",
+                        "--gpu-smoke-cpu"])
+    out = capsys.readouterr().out
+    assert "part mass FAILED" in out and "flex broken here" in out
+    assert out.count("(c) top_k=5 previous, fused") == 6
+    assert "variant (c) flex (two FlexAttention calls) FAILED" in out
+    assert "CUDA fused detection vs CUDA materialized: tokens the same" in out
+    assert "CUDA flex detection FAILED on the zoo checkpoint" in out
