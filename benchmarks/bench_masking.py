@@ -692,7 +692,7 @@ def header(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
-    ap.add_argument("--gpu", action="store_true", help="also the 8B-shaped bf16 config on CUDA")
+    ap.add_argument("--gpu", action="store_true", help="the 8B-shaped bf16 config on CUDA (section 3 alone unless --only names others)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per variant")
     ap.add_argument("--chunk", type=int, default=SinkMaskConfig().query_chunk,
                     help="query_chunk for the masked variants")
