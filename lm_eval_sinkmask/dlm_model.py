@@ -422,9 +422,34 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 "instead of --gen_kwargs")
 
     # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py.
-    # loglikelihood_rolling is lm-eval's own: disjoint windows, each scored by the bound given
-    # the tokens before it (the chain rule over windows keeps it a lower bound on the
-    # document's log-likelihood), so perplexities derived from it are upper bounds.
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        """lm-eval's disjoint rolling windows, each scored by the bound, summed per document.
+
+        The windows are lm-eval's (``context_len=1``: the first window follows the prefix
+        token, every later one the single token before it, the last one as many tokens before
+        it as fill the window), but one position shorter:
+        lm-eval sizes them for a causal model, which never feeds back a window's last token,
+        so a window of ``max_length`` predicted tokens plus its context token would not fit a
+        DLM, which reads them all. Each window's value is a lower bound on the log-likelihood
+        of its tokens given that short context, so their sum is a lower bound on lm-eval's
+        windowed log-likelihood (not on the document's given all that precedes each window),
+        and perplexities derived from it are upper bounds on the windowed perplexity.
+        """
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+        from tqdm import tqdm
+
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="Rolling windows"):
+            (text,) = req.args
+            windows = [(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length - 1, context_len=1)]
+            total = sum(v for v, _ in self._loglikelihood_tokens(windows, disable_tqdm=True))
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            out.append(total)
+        self._report()
+        return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         """(estimate, is_greedy) per (cache key, context ids, continuation ids) request.

@@ -265,6 +265,31 @@ def test_loglikelihood_rolling_is_the_bound_of_the_whole_text(tiny_dirs):
     assert rolling == pytest.approx(direct) and rolling < 0
 
 
+def test_loglikelihood_rolling_scores_a_text_longer_than_max_length(tiny_dirs):
+    # lm-eval's windows are shaped for a causal model: a window of max_length predicted tokens
+    # after one context token, whose last token a causal model never feeds back. A DLM reads
+    # context and continuation together, so each window must fit max_length as a whole.
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2, max_length=16)
+    text = " ".join(["Tom has 3 apples and Anna has 12 books ."] * 4)
+    tokens = lm.tok_encode(text)
+    assert len(tokens) > 2 * lm.max_length
+    seen = []
+    fit = lm._fit_window
+    lm._fit_window = lambda c, t: seen.append((list(c), list(t))) or fit(c, t)
+    [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert math.isfinite(rolling) and rolling < 0
+    assert [t for _, t in seen] and sum((t for _, t in seen), []) == tokens  # every token once
+    assert all(len(c) + len(t) <= lm.max_length for c, t in seen)
+    assert seen[0][0] == [lm.prefix_token_id]
+    start = len(seen[0][1])
+    for c, t in seen[1:]:  # later windows: conditioned on the tokens just before them
+        assert len(c) >= 1 and c == tokens[start - len(c):start]
+        start += len(t)
+    windows = [(None, c, t) for c, t in seen]
+    again = sum(v for v, _ in lm._loglikelihood_tokens(windows, disable_tqdm=True))
+    assert rolling == pytest.approx(again)
+
+
 def test_bad_likelihood_args_fail_before_weights_load(tmp_path, tiny_dirs):
     folder = tmp_path / "config_only"
     folder.mkdir()
