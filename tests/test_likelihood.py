@@ -238,15 +238,21 @@ def test_greedy_check_reports_whether_greedy_decoding_gives_the_continuation(tin
     ids = torch.tensor([lm.tok_encode(context)])
     greedy = lm._greedy_matches  # decode 3 tokens the way the check does, then ask about them
     n = 3
-    from lm_eval_sinkmask.samplers import generate_block, generate_dream
+    from lm_eval_sinkmask.samplers import generate_block
 
     with torch.inference_mode():
         if kind == "llada":
             out = generate_block(lm._forward, ids, torch.ones_like(ids), mask_id=lm.mask_id,
                                  gen_length=n, steps=n, block_length=n)
-        else:
-            out = generate_dream(lm._forward, ids, torch.ones_like(ids), mask_id=lm.mask_id,
-                                 gen_length=n, steps=n, alg="entropy", alg_temp=0.0)
+        else:  # one token per pass, the most certain (entropy) first, token j read at j - 1
+            P, out = ids.shape[1], torch.cat([ids, torch.full((1, n), lm.mask_id)], 1)
+            for _ in range(n):
+                p = lm._forward(out, torch.ones_like(out))[0, P - 1:P - 1 + n].float().softmax(-1)
+                certainty = (p * torch.log(p + 1e-10)).sum(-1)
+                certainty = certainty.masked_fill(out[0, P:] != lm.mask_id, -torch.inf)
+                j = certainty.argmax()
+                out[0, P + j] = p[j].argmax()
+            out = out[:, P:]
     decoded = out[0].tolist()
     other = [(decoded[0] + 1) % len(lm.tokenizer)] + decoded[1:]
     assert greedy(ids[0].tolist(), decoded) and not greedy(ids[0].tolist(), other)
@@ -255,6 +261,23 @@ def test_greedy_check_reports_whether_greedy_decoding_gives_the_continuation(tin
     assert [g for _, g in res] == [True, False]
     off = make("dlm_sinkmask", tiny_dirs[kind], mc_num=2)
     assert off._loglikelihood_tokens([(("a", "b"), ids[0].tolist(), decoded)], disable_tqdm=True)[0][1] is False
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_greedy_check_decodes_one_token_per_forward_pass(tiny_dirs, kind, n):
+    # lm-eval's is_greedy: would greedy decoding give the continuation, one token at a time.
+    # Dream's step schedule with steps = n reveals none on its first step and two on its last,
+    # so a 2-token continuation (LAMBADA's usual) would be decoded in one parallel step.
+    # the invariant samplers never predict the mask token, which this untrained model would
+    lm = make("dlm_sinkmask", tiny_dirs[kind], mc_num=2, greedy_check="true",
+              **{f"{kind}_sampler": "invariant"})
+    ids = lm.tok_encode(PAIRS[0][0])
+    masks_seen = []
+    lm.model.register_forward_pre_hook(
+        lambda m, args, kw: masks_seen.append(int((kw["input_ids"] == lm.mask_id).sum())), with_kwargs=True)
+    lm._greedy_matches(ids, [7] * n)
+    assert masks_seen == list(range(n, 0, -1))
 
 
 def test_loglikelihood_rolling_is_the_bound_of_the_whole_text(tiny_dirs):
