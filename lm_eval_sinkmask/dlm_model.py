@@ -422,9 +422,34 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 "instead of --gen_kwargs")
 
     # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py.
-    # loglikelihood_rolling is lm-eval's own: disjoint windows, each scored by the bound given
-    # the tokens before it (the chain rule over windows keeps it a lower bound on the
-    # document's log-likelihood), so perplexities derived from it are upper bounds.
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        """lm-eval's disjoint rolling windows, each scored by the bound, summed per document.
+
+        The windows are lm-eval's (``context_len=1``: the first window follows the prefix
+        token, every later one the single token before it, the last one as many tokens before
+        it as fill the window), but one position shorter:
+        lm-eval sizes them for a causal model, which never feeds back a window's last token,
+        so a window of ``max_length`` predicted tokens plus its context token would not fit a
+        DLM, which reads them all. Each window's value is a lower bound on the log-likelihood
+        of its tokens given that short context, so their sum is a lower bound on lm-eval's
+        windowed log-likelihood (not on the document's given all that precedes each window),
+        and perplexities derived from it are upper bounds on the windowed perplexity.
+        """
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+        from tqdm import tqdm
+
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="Rolling windows"):
+            (text,) = req.args
+            windows = [(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length - 1, context_len=1)]
+            total = sum(v for v, _ in self._loglikelihood_tokens(windows, disable_tqdm=True))
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            out.append(total)
+        self._report()
+        return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         """(estimate, is_greedy) per (cache key, context ids, continuation ids) request.
@@ -474,8 +499,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         return context[-(self.max_length - len(continuation)):], continuation
 
     def _greedy_matches(self, context: list[int], continuation: list[int]) -> bool:
-        """Whether greedy decoding of len(continuation) tokens (one per step, most confident
-        first, sinks masked as in generation) reproduces the continuation."""
+        """Whether greedy decoding of len(continuation) tokens (one per forward pass, most
+        confident first, sinks masked as in generation) reproduces the continuation."""
         ids = torch.tensor([context], device=self.device)
         n, s = len(continuation), self.settings
         common = dict(mask_id=self.mask_id, gen_length=n, steps=n, temperature=0.0)
@@ -485,9 +510,35 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                                      cfg_scale=s.cfg_scale, remasking="low_confidence",
                                      variant=s.llada_sampler, **common)
             else:
-                got = generate_dream(self._forward, ids, torch.ones_like(ids), alg=s.alg,
-                                     alg_temp=0.0, variant=s.dream_sampler, **common)
+                got = self._greedy_dream(ids, n)
         return got[0].tolist() == continuation
+
+    def _greedy_dream(self, ids: torch.Tensor, n: int) -> torch.Tensor:
+        """Dream's greedy decoding of n tokens, one per forward pass: [1, n].
+
+        Not generate_dream with steps = n: Dream's time schedule (1 down to eps, counts
+        truncated) then reveals no token on the first step and two on the last, so the last
+        two tokens (both, for a 2-token continuation) would be decoded in parallel. Here each
+        pass reveals the masked position that ``alg`` rates most confident (``origin``, which
+        picks positions at random, by probability as ``maskgit_plus``), read from the logits
+        one position to its left; ``dream_sampler`` decides, as in generation, whether the
+        mask token may be predicted and the dtype of the probabilities.
+        """
+        from .samplers.dream import confidence, sample_tokens
+
+        alg = "maskgit_plus" if self.settings.alg == "origin" else self.settings.alg
+        P = ids.shape[1]
+        x = torch.cat([ids, torch.full((1, n), self.mask_id, dtype=ids.dtype, device=ids.device)], 1)
+        for _ in range(n):
+            masked = (x[0, P:] == self.mask_id).nonzero()[:, 0]
+            logits = self._forward(x, torch.ones_like(x))[0, P - 1 + masked]
+            if self.settings.dream_sampler == "invariant":
+                logits = logits.float()
+                logits[:, self.mask_id] = -torch.inf
+            probs, sampled = sample_tokens(logits)
+            best = confidence(probs, sampled, alg).argmax()
+            x[0, P + masked[best]] = sampled[best]
+        return x[:, P:]
 
     def _report(self) -> None:
         """Also gather every process's Monte Carlo standard errors: under ``accelerate launch``

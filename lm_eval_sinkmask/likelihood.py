@@ -44,10 +44,10 @@ class LikelihoodSettings:
     mc_batch_size: samples per forward pass (memory: mc_batch_size x sequence x vocabulary
         logits; doubled with cfg_scale > 0). Does not change the estimate.
     mc_seed: seeds every request's samples (together with its tokens).
-    greedy_check: also decode the continuation greedily (the family's sampler, one token per
-        step, temperature 0) and report whether it reproduces the continuation: lm-eval's
-        ``is_greedy``, which only ``output_type: loglikelihood`` tasks read (e.g. LAMBADA's
-        acc). Off by default (it costs L more forward passes per request); off, is_greedy is
+    greedy_check: also decode the continuation greedily (one token per forward pass, the most
+        confident first as the family's sampler rates it, temperature 0) and report whether it
+        reproduces the continuation: lm-eval's ``is_greedy``, which only ``output_type:
+        loglikelihood`` tasks read (e.g. LAMBADA's acc). Off by default (it costs L more forward passes per request); off, is_greedy is
         False.
     """
 

@@ -238,15 +238,21 @@ def test_greedy_check_reports_whether_greedy_decoding_gives_the_continuation(tin
     ids = torch.tensor([lm.tok_encode(context)])
     greedy = lm._greedy_matches  # decode 3 tokens the way the check does, then ask about them
     n = 3
-    from lm_eval_sinkmask.samplers import generate_block, generate_dream
+    from lm_eval_sinkmask.samplers import generate_block
 
     with torch.inference_mode():
         if kind == "llada":
             out = generate_block(lm._forward, ids, torch.ones_like(ids), mask_id=lm.mask_id,
                                  gen_length=n, steps=n, block_length=n)
-        else:
-            out = generate_dream(lm._forward, ids, torch.ones_like(ids), mask_id=lm.mask_id,
-                                 gen_length=n, steps=n, alg="entropy", alg_temp=0.0)
+        else:  # one token per pass, the most certain (entropy) first, token j read at j - 1
+            P, out = ids.shape[1], torch.cat([ids, torch.full((1, n), lm.mask_id)], 1)
+            for _ in range(n):
+                p = lm._forward(out, torch.ones_like(out))[0, P - 1:P - 1 + n].float().softmax(-1)
+                certainty = (p * torch.log(p + 1e-10)).sum(-1)
+                certainty = certainty.masked_fill(out[0, P:] != lm.mask_id, -torch.inf)
+                j = certainty.argmax()
+                out[0, P + j] = p[j].argmax()
+            out = out[:, P:]
     decoded = out[0].tolist()
     other = [(decoded[0] + 1) % len(lm.tokenizer)] + decoded[1:]
     assert greedy(ids[0].tolist(), decoded) and not greedy(ids[0].tolist(), other)
@@ -257,12 +263,54 @@ def test_greedy_check_reports_whether_greedy_decoding_gives_the_continuation(tin
     assert off._loglikelihood_tokens([(("a", "b"), ids[0].tolist(), decoded)], disable_tqdm=True)[0][1] is False
 
 
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_greedy_check_decodes_one_token_per_forward_pass(tiny_dirs, kind, n):
+    # lm-eval's is_greedy: would greedy decoding give the continuation, one token at a time.
+    # Dream's step schedule with steps = n reveals none on its first step and two on its last,
+    # so a 2-token continuation (LAMBADA's usual) would be decoded in one parallel step.
+    # the invariant samplers never predict the mask token, which this untrained model would
+    lm = make("dlm_sinkmask", tiny_dirs[kind], mc_num=2, greedy_check="true",
+              **{f"{kind}_sampler": "invariant"})
+    ids = lm.tok_encode(PAIRS[0][0])
+    masks_seen = []
+    lm.model.register_forward_pre_hook(
+        lambda m, args, kw: masks_seen.append(int((kw["input_ids"] == lm.mask_id).sum())), with_kwargs=True)
+    lm._greedy_matches(ids, [7] * n)
+    assert masks_seen == list(range(n, 0, -1))
+
+
 def test_loglikelihood_rolling_is_the_bound_of_the_whole_text(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=4)
     text = "Tom has 3 apples and Anna has 12 books ."
     [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     [(direct, _)] = lm._loglikelihood_tokens([(None, [lm.prefix_token_id], lm.tok_encode(text))])
     assert rolling == pytest.approx(direct) and rolling < 0
+
+
+def test_loglikelihood_rolling_scores_a_text_longer_than_max_length(tiny_dirs):
+    # lm-eval's windows are shaped for a causal model: a window of max_length predicted tokens
+    # after one context token, whose last token a causal model never feeds back. A DLM reads
+    # context and continuation together, so each window must fit max_length as a whole.
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2, max_length=16)
+    text = " ".join(["Tom has 3 apples and Anna has 12 books ."] * 4)
+    tokens = lm.tok_encode(text)
+    assert len(tokens) > 2 * lm.max_length
+    seen = []
+    fit = lm._fit_window
+    lm._fit_window = lambda c, t: seen.append((list(c), list(t))) or fit(c, t)
+    [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert math.isfinite(rolling) and rolling < 0
+    assert [t for _, t in seen] and sum((t for _, t in seen), []) == tokens  # every token once
+    assert all(len(c) + len(t) <= lm.max_length for c, t in seen)
+    assert seen[0][0] == [lm.prefix_token_id]
+    start = len(seen[0][1])
+    for c, t in seen[1:]:  # later windows: conditioned on the tokens just before them
+        assert len(c) >= 1 and c == tokens[start - len(c):start]
+        start += len(t)
+    windows = [(None, c, t) for c, t in seen]
+    again = sum(v for v, _ in lm._loglikelihood_tokens(windows, disable_tqdm=True))
+    assert rolling == pytest.approx(again)
 
 
 def test_bad_likelihood_args_fail_before_weights_load(tmp_path, tiny_dirs):
