@@ -49,26 +49,42 @@ def max_gen_toks(task: str) -> int:
     """The generation budget (``generation_kwargs.max_gen_toks``) that a task YAML of the folder
     sets itself: the one number the zoo's training region, traces and experiments must agree
     with, so they read it here rather than repeat it."""
-    import yaml
-
-    class _Loader(yaml.SafeLoader):  # lm-eval's ``!function`` tags load as plain strings
-        pass
-
-    _Loader.add_multi_constructor("!", lambda loader, tag, node: loader.construct_scalar(node))
     paths = sorted(TASKS_DIR.rglob(f"{task}.yaml"))
     if not paths:
         raise KeyError(f"no task YAML named {task}.yaml under {TASKS_DIR}")
-    config = yaml.load(paths[0].read_text(), Loader=_Loader)
+    config = _read_yaml(paths[0])
     try:
         return int(config["generation_kwargs"]["max_gen_toks"])
     except (KeyError, TypeError):
         raise KeyError(f"{paths[0]} sets no generation_kwargs.max_gen_toks of its own") from None
 
 
+def _read_yaml(path: Path) -> dict:
+    """A task YAML of the folder as a dict; lm-eval's ``!function`` tags load as plain strings."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("!", lambda loader, tag, node: loader.construct_scalar(node))
+    return yaml.load(path.read_text(), Loader=_Loader)
+
+
+def _gsm8k_names() -> set[str]:
+    """Every --tasks name that runs a GSM8K task of the folder: the tasks and their tags."""
+    names = set()
+    for path in TASKS_DIR.glob("gsm8k_sinkmask*.yaml"):
+        config = _read_yaml(path)
+        names.add(config.get("task", path.stem))
+        names.update(config.get("tag") or [])
+    return names
+
+
 def check_data(tasks, metadata: dict | None = None) -> None:
-    """Fail before any model loads when a requested GSM8K task has no data to read (see
-    ``gsm8k.check_available``); a no-op for every other task."""
-    if any(isinstance(t, str) and t.startswith("gsm8k_sinkmask") for t in tasks or ()):
+    """Fail before any model loads when a requested GSM8K task, or a tag that holds one, has no
+    data to read (see ``gsm8k.check_available``); a no-op for every other task."""
+    requested = {t for t in tasks or () if isinstance(t, str)}
+    if any(t.startswith("gsm8k_sinkmask") for t in requested) or requested & _gsm8k_names():
         task_module("gsm8k").check_available((metadata or {}).get("gsm8k_dir"))
 
 

@@ -162,8 +162,9 @@ def test_gsm8k_without_data_or_hub_fails_at_once_naming_the_fix(monkeypatch, tmp
         assert constants.HF_HUB_OFFLINE is False and datasets.config.HF_HUB_OFFLINE is False
 
 
+@pytest.mark.parametrize("requested", ["gsm8k_sinkmask", "sinkmask"])  # the task, or its tag
 @pytest.mark.parametrize("where", ["nowhere", "a missing folder"])
-def test_gsm8k_without_data_fails_before_the_model_loads(monkeypatch, tmp_path, where):
+def test_gsm8k_without_data_fails_before_the_model_loads(monkeypatch, tmp_path, where, requested):
     import datasets
     import transformers
     from huggingface_hub import constants
@@ -180,7 +181,7 @@ def test_gsm8k_without_data_fails_before_the_model_loads(monkeypatch, tmp_path, 
         metadata, message = {"gsm8k_dir": str(tmp_path / "gsm8k")}, r"train.*gsm8k/train\.jsonl"
     with pytest.raises(FileNotFoundError, match=message):
         evaluator.simple_evaluate(model="dlm_sinkmask", model_args="pretrained=zoo:llada",
-                                  tasks=["gsm8k_sinkmask"], device="cpu", metadata=metadata)
+                                  tasks=[requested], device="cpu", metadata=metadata)
     assert loads == []  # the check ran before lm-eval built the model
 
 
