@@ -250,9 +250,9 @@ class Trace:
                min_version: int = TRACE_VERSION) -> bool:
         """Whether a resumable run may keep the trace saved in ``folder``: one exists, of at
         least ``min_version`` (default: this version, so what a newer version records or
-        computes differently is traced again), generated with ``gen_length`` new tokens on a checkpoint whose
-        content digest (:func:`provenance.checkpoint_digest`) is ``checkpoint``; a checkpoint
-        retrained under the same name is traced again."""
+        computes differently is traced again), generated with ``gen_length`` new tokens on a
+        checkpoint whose content digest (:func:`provenance.checkpoint_digest`) is
+        ``checkpoint``; a checkpoint retrained under the same name is traced again."""
         meta = Trace.saved_meta(folder)
         return (meta is not None and meta.get("trace_version", 1) >= min_version
                 and meta.get("gen_length") == gen_length

@@ -116,8 +116,8 @@ def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:
 
 
 def check_one_input_each(entries: list[Entry]) -> None:
-    """One checkpoint per (model, seed) and one task version (and code) per task: a folder whose cells
-    disagree (filled by hand from two runs) would give a table of two experiments."""
+    """One checkpoint per (model, seed) and one task version (and code) per task: a folder
+    whose cells disagree (filled by hand from two runs) would give a table of two experiments."""
     seen: dict[tuple, set] = {}
     for e in entries:
         if e.checkpoint is not None:

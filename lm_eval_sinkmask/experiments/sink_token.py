@@ -362,8 +362,8 @@ def _fmt_cell(c: dict[str, Any], multi: bool) -> str:
     if not multi:
         return percent(c["value"], c["stderr"])
     std = percent(c["stderr"], missing="n/a")
-    se = "" if c["se"] is None else f"; se {100 * c['se']:.1f}"
-    return f"{100 * c['value']:.1f} ± {std} ({c['seeds']} seeds{se})"
+    se = "" if c["se"] is None else f"; se {percent(c['se'])}"
+    return f"{percent(c['value'])} ± {std} ({c['seeds']} seeds{se})"
 
 
 def draw(out: Path, cell: dict, stab: dict, seeds: list[int] | None = None) -> Path:
