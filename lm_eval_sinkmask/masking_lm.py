@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .checkpoint_checks import check_layers
+from .checkpoint_checks import check_layers, depth
 from .config import SinkMaskConfig
 from .intercept import NO_ATTENTION_HELP, SinkMasker
 from .masking_stats import MaskingStats
@@ -27,6 +27,21 @@ def resolve_pretrained(pretrained):
 
         return str(checkpoint_path(*parse_ref(pretrained[len("zoo:"):])))
     return pretrained
+
+
+def check_calls_per_pass(calls: int, layers: int | None) -> None:
+    """One SDPA call per declared layer, or the run is not what it says: a layer that computes
+    attention another way stays unmasked while the rest are masked, and with more calls than
+    layers a call's index (what ``layers=`` and the counters name) is not the layer's."""
+    if layers is not None and calls != layers:
+        raise RuntimeError(
+            f"the model made {calls} attention calls per forward pass through "
+            f"torch.nn.functional.scaled_dot_product_attention, but its config declares {layers} "
+            "layers: "
+            + ("some layers compute attention without SDPA (eager, flash-attn or their own "
+               "kernel) and would stay unmasked" if calls < layers else
+               "a layer calls SDPA more than once, so call indices do not name layers")
+            + ". Sink masking needs exactly one SDPA call per layer.")
 
 
 class MaskingLMMixin:
@@ -66,7 +81,9 @@ class MaskingLMMixin:
         if self.mask_config.enabled and stats.forward_passes:
             # the config's depth was checked before loading; this catches a model whose
             # attention calls per pass are fewer than the layers it declares
-            check_layers(self.mask_config, 1 + max(stats.layers), "attention calls per pass")
+            calls = 1 + max(stats.layers)
+            check_layers(self.mask_config, calls, "attention calls per pass")
+            check_calls_per_pass(calls, depth(self.model.config.to_dict()))
 
     def autocast(self):
         """lm-eval's ``mixed_precision_dtype`` around our own model calls, as HFLM's

@@ -150,6 +150,42 @@ def test_a_model_that_bypasses_sdpa_after_loading_refuses_to_report_an_unmasked_
         lm.generate_until(requests(PROMPTS[:1]))
 
 
+@pytest.mark.parametrize("name, kind, args", [
+    ("arm_sinkmask", "llama", {}),
+    ("dlm_sinkmask", "llada", {"block_length": 4, **RANDOM_LLADA}),
+    ("dlm_sinkmask", "dream", {}),
+])
+def test_a_layer_that_bypasses_sdpa_fails_the_first_batch(tiny_dirs, name, kind, args):
+    """One layer computing attention without SDPA stays unmasked while the others are masked;
+    with ``layers`` unset nothing else would notice, and the run would be reported as masked."""
+    lm = make(name, tiny_dirs[kind], top_k=1, eps=0.0, **args)
+    layer = _attention_modules(lm.model)[-1]
+    layer.forward = _without_sdpa(layer.forward)
+    depth = len(_attention_modules(lm.model))
+    with pytest.raises(RuntimeError, match=rf"{depth - 1} attention calls per forward pass.*"
+                                           rf"declares {depth} layers"):
+        lm.generate_until(requests(PROMPTS[:1]))
+
+
+def _attention_modules(model):
+    return [m for n, m in model.named_modules() if n.endswith("self_attn")]
+
+
+def _without_sdpa(forward):
+    """The module's forward with its attention computed elsewhere than SDPA (a zero output:
+    only the missing call matters here)."""
+    import torch.nn.functional as F
+
+    def run(*args, **kwargs):
+        sdpa = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = lambda q, *a, **kw: torch.zeros_like(q)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            F.scaled_dot_product_attention = sdpa
+    return run
+
+
 def test_random_init_model_at_eps_3_reports_no_sinks_loudly(tiny_dirs, caplog):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, block_length=4)
     with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
