@@ -412,18 +412,28 @@ def llama_model(layers, device, hidden=4096, heads=32):
 
 
 def generate_cached(model, ids, decode: int):
-    """Greedy prefill of ``ids``, then ``decode`` one-token steps with the KV cache, as
-    lm-eval's generate runs a causal LM."""
-    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    for _ in range(decode):
-        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    """Greedy prefill of ``ids``, then ``decode`` one-token steps with the KV cache, through
+    transformers' ``generate`` called as lm-eval's HFLM calls it (greedy, ``use_cache``, an
+    attention mask, a pad id).
+
+    Why ``generate`` and not a hand loop: what an evaluation pays per step is generate's step,
+    which also processes the logits and, after every step, asks its stopping criteria whether
+    every row has finished (a host sync; lm-eval's stop sequences add a decode of the new
+    tokens). A hand loop that never syncs times a step no evaluation runs: its unmasked
+    baseline queues kernels ahead of the GPU, so any host wait on the masked side shows in
+    full in a launch-bound ratio. Both variants run this same function.
+    EOS is off (``eos_token_id=None``) so that every row runs all ``decode`` steps: random
+    weights would otherwise stop at an arbitrary step. One forward pass per new token, the
+    first of them the prefill: ``decode + 1`` new tokens.
+    """
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=decode + 1,
+                   do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=0)
 
 
 def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
-    """Per decoding step with the KV cache (prefill 800 tokens, then one-row steps), the ARM
-    rules last_row and all_rows: (c) time of prefill + steps minus the prefill, per step."""
+    """Per decoding step with the KV cache (prefill 800 tokens, then one-row steps, through
+    transformers' generate: :func:`generate_cached`), the ARM rules last_row and all_rows:
+    (c) time of prefill + steps minus the prefill, per step."""
     layers = 2 if args.quick else 4
     model = llama_model(layers, device, hidden, heads)
     steps = 16
@@ -460,8 +470,10 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
                   step, B, extra,
                   f"d_model {hidden}, {heads} heads, {heads // 4} KV heads, MLP {hidden * 7 // 2}, "
                   f"vocab 2048, {layers} layers, "
-                  f"bf16; prompt {P}, {steps} decoding steps per timing; s = (prefill + steps - "
-                  f"prefill) / steps; tokens/s = B / s per step; keys masked over prefill + steps")
+                  f"bf16; prompt {P}, {steps} decoding steps per timing, through transformers' "
+                  f"generate as lm-eval runs it (a host sync per step, in every variant); "
+                  f"s = (prefill + steps - prefill) / steps; tokens/s = B / s per step; keys "
+                  f"masked over prefill + steps")
     del model
 
 

@@ -12,7 +12,8 @@ weights, only on the shapes), with the layer counts of ``--layers`` (default 2 a
   network (it decodes text with LLaDA's blocks), so it gets the same per-step cost.
 - Dream-7B's shape (Qwen2.5-7B: d_model 3584, 28 heads, 4 KV heads, MLP 18944, vocab 152064).
 - Llama-3.1-8B (transformers' LlamaForCausalLM, SDPA): prefill of the prompt, then one-token
-  decoding steps with the KV cache, as lm-eval's ``generate`` does.
+  decoding steps with the KV cache, through transformers' ``generate`` as lm-eval runs it
+  (``bench_masking.generate_cached``).
 
 each unmasked (no intercept: what top_k=0 costs, since it passes every call straight through)
 and through the project's ``SinkMasker`` with top_k=5 (eps=0 on random weights, so that every

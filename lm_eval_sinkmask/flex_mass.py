@@ -133,8 +133,9 @@ def _make_plan(mask, is_causal, causal_offset, first_row, B, H, n_q, n_k, device
     is_bool = m is not None and m.dtype == torch.bool
     below = None if m is None or is_bool else torch.finfo(m.dtype).min / 2
     # row i of the slice is row first_row + i of the call; a 0-d tensor, so that a compiled
-    # kernel does not specialise on the offset (it changes with the prompt length)
-    shift = torch.tensor(first_row + causal_offset, device=device)
+    # kernel does not specialise on the offset (it changes with the prompt length), filled on
+    # the device: torch.tensor(x, device=cuda) copies from the host and waits for the device
+    shift = torch.full((), first_row + causal_offset, device=device)
 
     def sees(b, h, i, j):  # row i (of the slice) sees key j
         ok = (j <= i + shift) if is_causal else None

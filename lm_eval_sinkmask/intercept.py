@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from . import chunked_attention, compiled_tail, flex_mass, fused_mass
 from .attention_view import Detection, MaskView, Scores, keys_seen
 from .config import SinkMaskConfig
-from .masking_stats import MaskingStats
+from .masking_stats import SETTLE_AT, MaskingStats
 from .metric import top_k_sinks
 from .random_control import key_draws, random_non_sinks, row_seeds
 
@@ -290,10 +290,14 @@ class _Run:
         self.mask_view = None
 
     def end_pass(self) -> None:
-        """The pass's counts become integers here: one host sync per forward pass."""
+        """The pass's counts stay on the device: a host sync here, once per forward pass,
+        would stall every decoding step (the unmasked model waits on nothing). They are
+        settled when read, at the end of :meth:`SinkMasker.attach`, and here only once
+        :data:`masking_stats.SETTLE_AT` of them wait, between passes (never inside one)."""
         self.active = False
         self.mask_view = None
-        self.stats.settle()
+        if self.stats.pending >= SETTLE_AT:
+            self.stats.settle()
 
     def sdpa(self, *args, **kwargs):
         if not self.active or threading.get_ident() != self.thread:

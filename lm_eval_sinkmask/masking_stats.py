@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+# deferred counts (two device scalars per masked attention call) the intercept lets wait
+# before it settles them between two forward passes: one host sync per this many calls (a
+# 32-layer model: every 128 passes), and at most a few MB of scalars held meanwhile
+SETTLE_AT = 4096
+
 
 @dataclass
 class LayerCounters:
@@ -24,15 +29,19 @@ class MaskingStats:
     """What the intercept did: every run reports these (docs/method.md section 6).
 
     The per-call counts of sinks and masked keys are tensors on the model's device; reading
-    each one as an int would stall the GPU once per attention call. They wait in a pending
-    list instead and :meth:`settle` adds them to the integer counters with one host sync, at
-    the end of every forward pass and before any total, :meth:`as_dict` or :meth:`merge`, so
-    every reader outside a forward pass sees exact integers.
+    them as ints makes the host wait for the GPU, once per attention call or once per forward
+    pass, where the unmasked model waits on nothing (a launch-bound decoding step pays such a
+    wait in full). They wait in a pending list instead and :meth:`settle` adds them to the integer counters with one host
+    sync when someone reads them (:attr:`layers`, the totals, :meth:`as_dict`,
+    :meth:`merge`), so every reader sees exact integers. The intercept settles at the end of
+    its block, and between passes once :data:`SETTLE_AT` counts wait (a long generation
+    would otherwise hold one pair of device scalars per attention call).
     """
 
     forward_passes: int = 0
     attention_calls: int = 0
-    layers: dict[int, LayerCounters] = field(default_factory=dict)
+    # by layer index; read through :attr:`layers`, which settles first
+    _layers: dict[int, LayerCounters] = field(default_factory=dict, init=False)
     # attention calls per detection path that ran ("materialized", "fused", "flex"): what
     # detect_backend=auto resolved to on this hardware, and any call its check handed back
     detection: dict[str, int] = field(default_factory=dict)
@@ -42,17 +51,27 @@ class MaskingStats:
     )
 
     @property
-    def sinks_detected(self) -> int:
+    def layers(self) -> dict[int, LayerCounters]:
+        """The counters by layer index, every deferred count added."""
         self.settle()
+        return self._layers
+
+    @property
+    def sinks_detected(self) -> int:
         return sum(c.sinks_detected for c in self.layers.values())
 
     @property
     def keys_masked(self) -> int:
-        self.settle()
         return sum(c.keys_masked for c in self.layers.values())
 
+    @property
+    def pending(self) -> int:
+        """Masked calls whose counts are still device tensors."""
+        return len(self._pending)
+
     def layer(self, index: int) -> LayerCounters:
-        return self.layers.setdefault(index, LayerCounters())
+        """Layer ``index``'s counters for the intercept to add to, unsettled (no host sync)."""
+        return self._layers.setdefault(index, LayerCounters())
 
     def count_detection(self, backend: str) -> None:
         self.detection[backend] = self.detection.get(backend, 0) + 1
@@ -112,5 +131,5 @@ class MaskingStats:
     def from_dict(cls, d: dict) -> MaskingStats:
         stats = cls(d["forward_passes"], d["attention_calls"], detection=dict(d.get("detection", {})))
         for i, c in d.get("per_layer", {}).items():
-            stats.layers[int(i)] = LayerCounters(**c)
+            stats._layers[int(i)] = LayerCounters(**c)
         return stats

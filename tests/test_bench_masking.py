@@ -95,3 +95,27 @@ def test_a_failing_backend_loses_no_other_part(monkeypatch, capsys):
     assert "variant (c) flex (two FlexAttention calls) FAILED" in out
     assert "CUDA fused detection vs CUDA materialized: tokens the same" in out
     assert "CUDA flex detection FAILED on the zoo checkpoint" in out
+
+
+def test_decoding_steps_are_timed_through_generate_as_lm_eval_runs_them():
+    """Section 3b (and gpu_hours) time a decoding step as lm-eval's HFLM makes it: through
+    ``model.generate`` (its per-step stopping check included), masked and unmasked alike, one
+    forward pass per new token however early the model would emit EOS."""
+    torch = bench_masking.torch
+    from lm_eval_sinkmask.config import SinkMaskConfig
+    from lm_eval_sinkmask.intercept import SinkMasker
+
+    model = bench_masking.llama_model(1, "cpu", hidden=64, heads=4)
+    eos = model.generation_config.eos_token_id
+    model.lm_head.register_forward_hook(  # EOS wins every step
+        lambda module, args, out: out.index_fill(-1, torch.tensor([eos]), 1e4))
+    generated = []
+    real = model.generate
+    model.generate = lambda **kw: generated.append(real(**kw))
+    ids = torch.randint(5, 2000, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        bench_masking.generate_cached(model, ids, 0)
+        with SinkMasker(SinkMaskConfig(top_k=2, eps=0.0), rule="last_row").attach(model) as stats:
+            bench_masking.generate_cached(model, ids, 3)
+    assert [g.shape for g in generated] == [(2, 13), (2, 16)]
+    assert stats.forward_passes == 4 and stats.keys_masked > 0

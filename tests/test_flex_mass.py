@@ -79,6 +79,34 @@ def test_block_masks_are_made_once_per_forward_pass(monkeypatch):
     assert len(run["flex"][1]) == 2 and len(made) == 1
 
 
+def test_block_masks_copy_nothing_from_the_host(monkeypatch):
+    """A plan is made every forward pass: a tensor made from host data for the device
+    (torch.tensor(x, device=...)) would be a copy that waits for the GPU each pass, so the
+    causal offset is filled on the device instead."""
+    copies = []
+    real_tensor, real_plan = torch.tensor, flex_mass._make_plan
+
+    def tensor(*a, **kw):
+        if kw.get("device") is not None:
+            copies.append(a)
+        return real_tensor(*a, **kw)
+
+    def plan(*a):
+        monkeypatch.setattr(torch, "tensor", tensor)
+        try:
+            return real_plan(*a)
+        finally:
+            monkeypatch.setattr(torch, "tensor", real_tensor)
+
+    monkeypatch.setattr(flex_mass, "_make_plan", plan)
+    q, k, w = _qkw(1, 36)
+    kw = _unit_cases()["causal_offset"]
+    got = flex_mass.flex_column_mass(q, k, w, first_row=36, **kw)
+    assert copies == []
+    ref = fused_mass.blocked_column_mass(q, k, w, scale=D ** -0.5, first_row=36, **kw)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
 # -- the backend as a setting ----------------------------------------------------------------
 
 
