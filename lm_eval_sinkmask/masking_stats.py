@@ -31,11 +31,11 @@ class MaskingStats:
     The per-call counts of sinks and masked keys are tensors on the model's device; reading
     them as ints makes the host wait for the GPU, once per attention call or once per forward
     pass, where the unmasked model waits on nothing (a launch-bound decoding step pays such a
-    wait in full). They wait in a pending list instead and :meth:`settle` adds them to the integer counters with one host
-    sync when someone reads them (:attr:`layers`, the totals, :meth:`as_dict`,
-    :meth:`merge`), so every reader sees exact integers. The intercept settles at the end of
-    its block, and between passes once :data:`SETTLE_AT` counts wait (a long generation
-    would otherwise hold one pair of device scalars per attention call).
+    wait in full). They wait in a pending list instead and :meth:`settle` adds them to the
+    integer counters with one host sync when someone reads them (:attr:`layers`, the totals,
+    :meth:`as_dict`, :meth:`merge`), so every reader sees exact integers. The intercept
+    settles at the end of its block, and between passes once :data:`SETTLE_AT` counts wait (a
+    long generation would otherwise hold one pair of device scalars per attention call).
     """
 
     forward_passes: int = 0
