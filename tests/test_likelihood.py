@@ -222,6 +222,37 @@ def test_the_likelihood_report_sums_every_rank(tiny_dirs, monkeypatch):
     assert got["likelihood"]["mean_mc_stderr"] == pytest.approx(want["likelihood"]["mean_mc_stderr"])
 
 
+class RecordingCache:
+    """lm-eval's cache hook, keeping what the model hands it."""
+
+    def __init__(self):
+        self.partials = []
+
+    def add_partial(self, kind, key, value):
+        self.partials.append((kind, key, value))
+
+
+@pytest.mark.parametrize("greedy_check", ["false", "true"])
+def test_an_empty_continuation_scores_zero_and_greedy_without_a_model_call(tiny_dirs, greedy_check):
+    # log p(nothing | x) = 0, and decoding no token reproduces it: lm-eval's ONNX model answers
+    # (0.0, True); HFLM asserts, and the Monte Carlo bound has no l in 1..0 to draw
+    args = dict(top_k=1, eps=0.0, mc_num=4, mc_batch_size=2, greedy_check=greedy_check)
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], **args)
+    alone = make("dlm_sinkmask", tiny_dirs["llada"], **args)
+    pairs = [PAIRS[0], (PAIRS[1][0], ""), PAIRS[2]]
+    lm.cache_hook = RecordingCache()
+    got = lm.loglikelihood(ll_requests(lm, pairs))
+    want = alone.loglikelihood(ll_requests(alone, [PAIRS[0], PAIRS[2]]))
+    assert got[1] == (0.0, True)
+    assert [got[0], got[2]] == want  # the batch's other requests, in their order, untouched
+    assert lm.mask_stats.forward_passes == alone.mask_stats.forward_passes
+    assert ("loglikelihood", pairs[1], (0.0, True)) in lm.cache_hook.partials
+    info = lm.get_model_info()["sinkmask"]["likelihood"]
+    assert info["requests"] == 3  # an exact answer: a request, with no Monte Carlo error
+    assert info["mean_mc_stderr"] == pytest.approx(
+        alone.get_model_info()["sinkmask"]["likelihood"]["mean_mc_stderr"] * 2 / 3)
+
+
 def test_llada_cfg_doubles_each_forward_pass(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], cfg_scale=1.0, mc_num=4, mc_batch_size=4)
     rows = []
