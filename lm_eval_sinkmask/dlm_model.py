@@ -445,7 +445,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             windows = [(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
                 token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
                 max_seq_len=self.max_length - 1, context_len=1)]
-            total = sum(v for v, _ in self._loglikelihood_tokens(windows, disable_tqdm=True))
+            scored = self._score(windows, disable_tqdm=True)
+            total = sum(value for value, _, _ in scored)
+            # the report counts requests: this document, with the standard error of its sum
+            self._mc_stderrs.append(likelihood.stderr_of_sum(
+                [(tuple(c), tuple(t)) for _, c, t in windows], [stderr for _, _, stderr in scored]))
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
             out.append(total)
         self._report()
@@ -577,6 +581,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["mask_id"] = self.mask_id
         info["sinkmask"]["padding"] = self.padding
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
+        # requests: lm-eval's, a rolling document one however many windows it takes; each
+        # request's standard error is that of the number lm-eval reads (0 for an exact answer)
         info["sinkmask"]["likelihood"] = {
             **self.likelihood.as_dict(),
             "requests": len(self._run_mc_stderrs),

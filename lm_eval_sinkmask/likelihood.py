@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -204,3 +204,16 @@ def estimate(
     samples = torch.cat(values)
     stderr = samples.std().item() / math.sqrt(mc_num) if mc_num > 1 else float("nan")
     return Estimate(samples.mean().item(), stderr, samples)
+
+
+def stderr_of_sum(keys: Sequence[Hashable], stderrs: Sequence[float]) -> float:
+    """Standard error of a sum of estimates (a document's rolling windows), one per key.
+
+    Estimates of different tokens draw independent samples, so their variances add; two of
+    the same tokens (same key) draw the same samples (:func:`request_generator`), so their
+    errors add.
+    """
+    by_key: dict[Hashable, float] = {}
+    for key, stderr in zip(keys, stderrs, strict=True):
+        by_key[key] = by_key.get(key, 0.0) + stderr
+    return math.sqrt(sum(e * e for e in by_key.values()))

@@ -344,6 +344,30 @@ def test_loglikelihood_rolling_scores_a_text_longer_than_max_length(tiny_dirs):
     assert rolling == pytest.approx(again)
 
 
+def test_the_rolling_report_counts_documents_and_their_standard_errors(tiny_dirs):
+    # each document is one request, however many windows it is scored in; its standard error
+    # is that of its windows' sum (independent draws: their variances add)
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=3, max_length=16)
+    texts = [" ".join(["Tom has 3 apples and Anna has 12 books ."] * 4), "Tom has 3 apples", ""]
+    seen = []
+    fit = lm._fit_window
+    lm._fit_window = lambda c, t: seen.append((list(c), list(t))) or fit(c, t)
+    lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
+    *long_windows, short_window = [(None, c, t) for c, t in seen]
+    assert len(long_windows) > 1
+    per_document = [math.sqrt(sum(se ** 2 for *_, se in lm._score(long_windows))),
+                    lm._score([short_window])[0][2], 0.0]
+    info = lm.get_model_info()["sinkmask"]["likelihood"]
+    assert info["requests"] == len(texts)
+    assert info["mean_mc_stderr"] == pytest.approx(sum(per_document) / len(texts))
+
+
+def test_repeated_estimates_add_their_errors_not_their_variances():
+    # two estimates of the same tokens draw the same samples (request_generator)
+    assert likelihood.stderr_of_sum([(1,), (2,), (1,)], [1.0, 2.0, 1.0]) == pytest.approx(math.sqrt(8))
+    assert likelihood.stderr_of_sum([], []) == 0.0
+
+
 def test_bad_likelihood_args_fail_before_weights_load(tmp_path, tiny_dirs):
     folder = tmp_path / "config_only"
     folder.mkdir()
