@@ -435,6 +435,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         of its tokens given that short context, so their sum is a lower bound on lm-eval's
         windowed log-likelihood (not on the document's given all that precedes each window),
         and perplexities derived from it are upper bounds on the windowed perplexity.
+
+        Unlike HFLM it does not pad every rank to the largest number of windows: lm-eval runs
+        the model unwrapped on each rank (no DDP or FSDP), so no forward pass is collective and
+        a rank with fewer windows only waits at the report's gathers; padding would only add
+        ceil(mc_num / mc_batch_size) forward passes per padded window.
         """
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
         from tqdm import tqdm

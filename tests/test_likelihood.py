@@ -253,6 +253,36 @@ def test_an_empty_continuation_scores_zero_and_greedy_without_a_model_call(tiny_
         alone.get_model_info()["sinkmask"]["likelihood"]["mean_mc_stderr"] * 2 / 3)
 
 
+def collectives_of_rank_1(lm, monkeypatch):
+    """Make ``lm`` rank 1 of 2 and list the collective calls it makes, in order."""
+    calls = []
+    monkeypatch.setattr(lm, "_rank", 1)
+    monkeypatch.setattr(lm, "_world_size", 2)
+    monkeypatch.setattr(lm, "gather_object", lambda obj, dst=0: calls.append("gather_object"))
+    monkeypatch.setattr(lm, "all_gather", lambda t: calls.append("all_gather") or torch.cat([t, t]))
+    monkeypatch.setattr(lm, "barrier", lambda: calls.append("barrier"))
+    return calls
+
+
+@pytest.mark.parametrize("method", ["loglikelihood", "loglikelihood_rolling"])
+def test_a_rank_with_a_smaller_share_makes_the_same_collective_calls(tiny_dirs, monkeypatch, method):
+    # HFLM pads each rank's rolling windows to the largest share; lm-eval 0.4.13 runs the model
+    # unwrapped on every rank (no DDP or FSDP), so a forward pass is not collective and a rank
+    # with less to score only waits at the report's gathers, which must not depend on its share
+    args = dict(top_k=1, eps=0.0, mc_num=3, mc_batch_size=2, max_length=16, greedy_check="true")
+    small, large = (make("dlm_sinkmask", tiny_dirs["llada"], **args) for _ in range(2))
+    if method == "loglikelihood":
+        shares = [PAIRS[:1], PAIRS]
+    else:
+        shares = [[("Tom has 3 apples",)], [(" ".join(["Anna has 12 books ."] * 6),), ("Tom",)]]
+    calls = [collectives_of_rank_1(lm, monkeypatch) for lm in (small, large)]
+    out = [getattr(lm, method)([Instance(method, {}, a, i) for i, a in enumerate(share)])
+           for lm, share in zip((small, large), shares)]
+    assert [len(o) for o in out] == [len(share) for share in shares]  # each rank: its own answers
+    assert small.mask_stats.forward_passes < large.mask_stats.forward_passes
+    assert calls[0] == calls[1] == ["gather_object", "gather_object"]  # the report's
+
+
 def test_llada_cfg_doubles_each_forward_pass(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], cfg_scale=1.0, mc_num=4, mc_batch_size=4)
     rows = []
