@@ -134,6 +134,47 @@ def test_the_estimate_does_not_depend_on_the_batch_size():
         assert torch.allclose(r.samples, runs[0].samples, atol=1e-5)
 
 
+def level_forward(h):
+    """A toy model for a target of token 0 (mask token 1): every target token has probability
+    exp(h(l)), l the masks in its row, so each sample is exactly L * h(l) whatever the mask."""
+    def forward(x):
+        p = torch.tensor([math.exp(h(int(l))) for l in (x == 1).sum(1)], dtype=torch.float64)
+        return torch.stack([p.log(), (1 - p).log()], -1)[:, None].expand(-1, x.shape[1], -1)
+    return forward
+
+
+def over_every_start(h, L, n):
+    """(variance of the estimate, mean reported stderr^2, variance of L * h(l) over l), exact:
+    the only randomness left is the stratification's uniform start, enumerated here."""
+    seeds = {}
+    for s in range(1000):
+        k = int(likelihood.mask_counts(L, n, torch.Generator().manual_seed(s))[0]) - 1
+        seeds.setdefault(k, s)
+    assert sorted(seeds) == list(range(L))
+    runs = [likelihood.estimate(level_forward(h), [0], [0] * L, mask_id=1, mc_num=n, batch_size=n,
+                                generator=torch.Generator().manual_seed(seeds[k])) for k in range(L)]
+    g = [L * h(l) for l in range(1, L + 1)]
+    return np.var([r.value for r in runs]), np.mean([r.stderr ** 2 for r in runs]), np.var(g)
+
+
+@pytest.mark.parametrize("L, n, h, conservative", [
+    (5, 3, lambda l: -0.1 - 0.05 * l ** 2, True),  # worse with more of the target masked
+    (3, 6, lambda l: -0.1 * l, True),  # L divides n: every l equally often, no error from l
+    (9, 4, lambda l: -0.3 + 0.2 * math.log(l) - 0.03 * l, True),
+    (4, 2, lambda l: -1.0 if l % 2 else -2.0, False),  # g in step with the sample spacing
+])
+def test_the_reported_stderr_is_conservative_exactly_when_stratifying_beats_independent_draws(
+        L, n, h, conservative):
+    # likelihood.py's account of the reported stderr: with g(l) the mean sample at l (here
+    # exactly L * h(l)), E[stderr^2] - Var = n / (n - 1) * (Var_l g / n - B), B the variance of
+    # the stratified mean of g over the random start (= Var here, where masks add none)
+    var, reported, between = over_every_start(h, L, n)
+    assert reported - var == pytest.approx(n / (n - 1) * (between / n - var), abs=1e-6)
+    assert bool(reported >= var) == conservative
+    if not conservative:  # every sample alike: a stderr of 0 on an estimate that moves
+        assert reported == pytest.approx(0, abs=1e-9) and var > 0.1
+
+
 def test_cfg_scores_against_a_copy_with_the_prompt_masked():
     seen = []
     c = torch.randn(9, generator=torch.Generator().manual_seed(0))
