@@ -435,6 +435,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         of its tokens given that short context, so their sum is a lower bound on lm-eval's
         windowed log-likelihood (not on the document's given all that precedes each window),
         and perplexities derived from it are upper bounds on the windowed perplexity.
+
+        Unlike HFLM it does not pad every rank to the largest number of windows: lm-eval runs
+        the model unwrapped on each rank (no DDP or FSDP), so no forward pass is collective and
+        a rank with fewer windows only waits at the report's gathers; padding would only add
+        ceil(mc_num / mc_batch_size) forward passes per padded window.
         """
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
         from tqdm import tqdm
@@ -445,23 +450,53 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             windows = [(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
                 token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
                 max_seq_len=self.max_length - 1, context_len=1)]
-            total = sum(v for v, _ in self._loglikelihood_tokens(windows, disable_tqdm=True))
+            scored = self._score(windows, disable_tqdm=True)
+            total = sum(value for value, _, _ in scored)
+            # the report counts requests: this document, with the standard error of its sum
+            self._mc_stderrs.append(likelihood.stderr_of_sum(
+                [(tuple(c), tuple(t)) for _, c, t in windows], [stderr for _, _, stderr in scored]))
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
             out.append(total)
         self._report()
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
-        """(estimate, is_greedy) per (cache key, context ids, continuation ids) request.
+        """(estimate, is_greedy) per (cache key, context ids, continuation ids) request, each
+        request's Monte Carlo standard error kept for the run's report (see _score)."""
+        scored = self._score(requests, disable_tqdm)
+        self._mc_stderrs.extend(stderr for _, _, stderr in scored)
+        return [(value, greedy) for value, greedy, _ in scored]
+
+    def _score(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool, float]]:
+        """(estimate, is_greedy, stderr) per (cache key, context ids, continuation ids) request.
 
         Every Monte Carlo forward pass is its own masking scope, like the first step of a
         generation: with ``detect=previous`` it masks the sinks detected on its own attention
         (a pass has no earlier step of the same canvas; borrowing another sample's sinks would
         make the estimate depend on sample order and mc_batch_size). ``detect=current`` does
         the same thing here.
+
+        An empty continuation is answered (0.0, True), exactly, with no forward pass:
+        log p(nothing) = 0 and decoding no token reproduces it (lm-eval's ONNX model answers
+        the same; HFLM asserts it away, and the bound has no mask count in 1..0 to draw).
         """
         from tqdm import tqdm
 
+        scored = []
+        for key, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
+                                               desc="Monte Carlo loglikelihood"):
+            if continuation:
+                scored.append(self._score_one(list(context), list(continuation), greedy=key is not None))
+            else:
+                scored.append((0.0, True, 0.0))
+            if key is not None:  # rolling windows have no key; lm-eval caches their sum
+                self.cache_hook.add_partial("loglikelihood", key, scored[-1][:2])
+        return scored
+
+    def _score_one(self, context: list[int], continuation: list[int],
+                   greedy: bool) -> tuple[float, bool, float]:
+        """(estimate, is_greedy, stderr) of a non-empty continuation; is_greedy is checked
+        only when ``greedy`` and greedy_check are both on."""
         ll = self.likelihood
         shifted = self.family.sampler == "dream"  # Dream reads token j from position j - 1
         cfg = self.settings.cfg_scale if self.family.sampler == "block" else 0.0
@@ -470,24 +505,16 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             with self.masking(x):
                 return self._forward(x, torch.ones_like(x))
 
-        out, stderrs = [], []
-        for key, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
-                                               desc="Monte Carlo loglikelihood"):
-            context, continuation = self._fit_window(list(context), list(continuation))
-            with torch.inference_mode():
-                est = likelihood.estimate(
-                    forward, context, continuation, mask_id=self.mask_id, mc_num=ll.mc_num,
-                    batch_size=ll.mc_batch_size, cfg_scale=cfg, shifted=shifted,
-                    generator=likelihood.request_generator(ll.mc_seed, context, continuation),
-                    device=self.device,
-                )
-            greedy = ll.greedy_check and key is not None and self._greedy_matches(context, continuation)
-            out.append((est.value, bool(greedy)))
-            stderrs.append(est.stderr)
-            if key is not None:  # rolling windows have no key; lm-eval caches their sum
-                self.cache_hook.add_partial("loglikelihood", key, out[-1])
-        self._mc_stderrs.extend(stderrs)
-        return out
+        context, continuation = self._fit_window(context, continuation)
+        with torch.inference_mode():
+            est = likelihood.estimate(
+                forward, context, continuation, mask_id=self.mask_id, mc_num=ll.mc_num,
+                batch_size=ll.mc_batch_size, cfg_scale=cfg, shifted=shifted,
+                generator=likelihood.request_generator(ll.mc_seed, context, continuation),
+                device=self.device,
+            )
+        greedy = greedy and ll.greedy_check and self._greedy_matches(context, continuation)
+        return est.value, bool(greedy), est.stderr
 
     def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
         """Drop context tokens from the left until context + continuation fit max_length."""
@@ -559,6 +586,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["mask_id"] = self.mask_id
         info["sinkmask"]["padding"] = self.padding
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
+        # requests: lm-eval's, a rolling document one however many windows it takes; each
+        # request's standard error is that of the number lm-eval reads (0 for an exact answer)
         info["sinkmask"]["likelihood"] = {
             **self.likelihood.as_dict(),
             "requests": len(self._run_mc_stderrs),

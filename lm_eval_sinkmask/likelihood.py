@@ -20,7 +20,18 @@ This module estimates the right-hand side from ``mc_num`` such samples:
   so an estimate does not depend on request order, batch size, device or accelerate rank;
 - with ``cfg_scale > 0`` (LLaDA) each sample is also scored with the prompt masked out, and
   the logits combined as in LLaDA's classifier-free guidance;
-- ``shifted`` models (Dream, adapted from an ARM) read token ``j`` from the logits at ``j - 1``.
+- ``shifted`` models (Dream, adapted from an ARM) read token ``j`` from the logits at ``j - 1``;
+- the reported standard error is the samples' standard deviation / sqrt(mc_num), as if they
+  were independent. With g(l) the mean sample at l, its square exceeds the estimate's variance
+  by n / (n - 1) * (Var_l g / n - B) in expectation (n = mc_num; B the variance, over the
+  random start, of g's mean over the samples' l; the masks' own variance cancels): it is
+  conservative exactly when stratifying beats independent l's. That holds when L divides
+  mc_num (every l equally often, B = 0) and held for every g monotone in l a numerical search
+  tried (not proven); a g that oscillates in step with the spacing of the l's makes it too
+  small (L = 4, mc_num = 2, g(1) = g(3) != g(2) = g(4): the two samples always agree, stderr
+  0, yet the estimate varies). No variance estimate from the samples can be unbiased or
+  conservative for every g (there the samples look exactly like a constant g's), so this
+  one is kept, as what it is.
 
 Everything except :func:`estimate` (which calls the model) is a pure tensor function.
 """
@@ -29,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -160,7 +171,7 @@ class Estimate:
     """The Monte Carlo estimate of one request's bound."""
 
     value: float  # mean of the samples: the log-likelihood estimate
-    stderr: float  # sample standard deviation / sqrt(n) (the stratification makes it conservative)
+    stderr: float  # sample standard deviation / sqrt(n): usually, not always, conservative (module docstring)
     samples: torch.Tensor  # [mc_num] the per-sample values, in the order they were drawn
 
 
@@ -204,3 +215,16 @@ def estimate(
     samples = torch.cat(values)
     stderr = samples.std().item() / math.sqrt(mc_num) if mc_num > 1 else float("nan")
     return Estimate(samples.mean().item(), stderr, samples)
+
+
+def stderr_of_sum(keys: Sequence[Hashable], stderrs: Sequence[float]) -> float:
+    """Standard error of a sum of estimates (a document's rolling windows), one per key.
+
+    Estimates of different tokens draw independent samples, so their variances add; two of
+    the same tokens (same key) draw the same samples (:func:`request_generator`), so their
+    errors add.
+    """
+    by_key: dict[Hashable, float] = {}
+    for key, stderr in zip(keys, stderrs, strict=True):
+        by_key[key] = by_key.get(key, 0.0) + stderr
+    return math.sqrt(sum(e * e for e in by_key.values()))

@@ -134,6 +134,47 @@ def test_the_estimate_does_not_depend_on_the_batch_size():
         assert torch.allclose(r.samples, runs[0].samples, atol=1e-5)
 
 
+def level_forward(h):
+    """A toy model for a target of token 0 (mask token 1): every target token has probability
+    exp(h(l)), l the masks in its row, so each sample is exactly L * h(l) whatever the mask."""
+    def forward(x):
+        p = torch.tensor([math.exp(h(int(l))) for l in (x == 1).sum(1)], dtype=torch.float64)
+        return torch.stack([p.log(), (1 - p).log()], -1)[:, None].expand(-1, x.shape[1], -1)
+    return forward
+
+
+def over_every_start(h, L, n):
+    """(variance of the estimate, mean reported stderr^2, variance of L * h(l) over l), exact:
+    the only randomness left is the stratification's uniform start, enumerated here."""
+    seeds = {}
+    for s in range(1000):
+        k = int(likelihood.mask_counts(L, n, torch.Generator().manual_seed(s))[0]) - 1
+        seeds.setdefault(k, s)
+    assert sorted(seeds) == list(range(L))
+    runs = [likelihood.estimate(level_forward(h), [0], [0] * L, mask_id=1, mc_num=n, batch_size=n,
+                                generator=torch.Generator().manual_seed(seeds[k])) for k in range(L)]
+    g = [L * h(l) for l in range(1, L + 1)]
+    return np.var([r.value for r in runs]), np.mean([r.stderr ** 2 for r in runs]), np.var(g)
+
+
+@pytest.mark.parametrize("L, n, h, conservative", [
+    (5, 3, lambda l: -0.1 - 0.05 * l ** 2, True),  # worse with more of the target masked
+    (3, 6, lambda l: -0.1 * l, True),  # L divides n: every l equally often, no error from l
+    (9, 4, lambda l: -0.3 + 0.2 * math.log(l) - 0.03 * l, True),
+    (4, 2, lambda l: -1.0 if l % 2 else -2.0, False),  # g in step with the sample spacing
+])
+def test_the_reported_stderr_is_conservative_exactly_when_stratifying_beats_independent_draws(
+        L, n, h, conservative):
+    # likelihood.py's account of the reported stderr: with g(l) the mean sample at l (here
+    # exactly L * h(l)), E[stderr^2] - Var = n / (n - 1) * (Var_l g / n - B), B the variance of
+    # the stratified mean of g over the random start (= Var here, where masks add none)
+    var, reported, between = over_every_start(h, L, n)
+    assert reported - var == pytest.approx(n / (n - 1) * (between / n - var), abs=1e-6)
+    assert bool(reported >= var) == conservative
+    if not conservative:  # every sample alike: a stderr of 0 on an estimate that moves
+        assert reported == pytest.approx(0, abs=1e-9) and var > 0.1
+
+
 def test_cfg_scores_against_a_copy_with_the_prompt_masked():
     seen = []
     c = torch.randn(9, generator=torch.Generator().manual_seed(0))
@@ -220,6 +261,67 @@ def test_the_likelihood_report_sums_every_rank(tiny_dirs, monkeypatch):
     assert got["counters"] == want["counters"]
     assert got["likelihood"]["requests"] == len(PAIRS)
     assert got["likelihood"]["mean_mc_stderr"] == pytest.approx(want["likelihood"]["mean_mc_stderr"])
+
+
+class RecordingCache:
+    """lm-eval's cache hook, keeping what the model hands it."""
+
+    def __init__(self):
+        self.partials = []
+
+    def add_partial(self, kind, key, value):
+        self.partials.append((kind, key, value))
+
+
+@pytest.mark.parametrize("greedy_check", ["false", "true"])
+def test_an_empty_continuation_scores_zero_and_greedy_without_a_model_call(tiny_dirs, greedy_check):
+    # log p(nothing | x) = 0, and decoding no token reproduces it: lm-eval's ONNX model answers
+    # (0.0, True); HFLM asserts, and the Monte Carlo bound has no l in 1..0 to draw
+    args = dict(top_k=1, eps=0.0, mc_num=4, mc_batch_size=2, greedy_check=greedy_check)
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], **args)
+    alone = make("dlm_sinkmask", tiny_dirs["llada"], **args)
+    pairs = [PAIRS[0], (PAIRS[1][0], ""), PAIRS[2]]
+    lm.cache_hook = RecordingCache()
+    got = lm.loglikelihood(ll_requests(lm, pairs))
+    want = alone.loglikelihood(ll_requests(alone, [PAIRS[0], PAIRS[2]]))
+    assert got[1] == (0.0, True)
+    assert [got[0], got[2]] == want  # the batch's other requests, in their order, untouched
+    assert lm.mask_stats.forward_passes == alone.mask_stats.forward_passes
+    assert ("loglikelihood", pairs[1], (0.0, True)) in lm.cache_hook.partials
+    info = lm.get_model_info()["sinkmask"]["likelihood"]
+    assert info["requests"] == 3  # an exact answer: a request, with no Monte Carlo error
+    assert info["mean_mc_stderr"] == pytest.approx(
+        alone.get_model_info()["sinkmask"]["likelihood"]["mean_mc_stderr"] * 2 / 3)
+
+
+def collectives_of_rank_1(lm, monkeypatch):
+    """Make ``lm`` rank 1 of 2 and list the collective calls it makes, in order."""
+    calls = []
+    monkeypatch.setattr(lm, "_rank", 1)
+    monkeypatch.setattr(lm, "_world_size", 2)
+    monkeypatch.setattr(lm, "gather_object", lambda obj, dst=0: calls.append("gather_object"))
+    monkeypatch.setattr(lm, "all_gather", lambda t: calls.append("all_gather") or torch.cat([t, t]))
+    monkeypatch.setattr(lm, "barrier", lambda: calls.append("barrier"))
+    return calls
+
+
+@pytest.mark.parametrize("method", ["loglikelihood", "loglikelihood_rolling"])
+def test_a_rank_with_a_smaller_share_makes_the_same_collective_calls(tiny_dirs, monkeypatch, method):
+    # HFLM pads each rank's rolling windows to the largest share; lm-eval 0.4.13 runs the model
+    # unwrapped on every rank (no DDP or FSDP), so a forward pass is not collective and a rank
+    # with less to score only waits at the report's gathers, which must not depend on its share
+    args = dict(top_k=1, eps=0.0, mc_num=3, mc_batch_size=2, max_length=16, greedy_check="true")
+    small, large = (make("dlm_sinkmask", tiny_dirs["llada"], **args) for _ in range(2))
+    if method == "loglikelihood":
+        shares = [PAIRS[:1], PAIRS]
+    else:
+        shares = [[("Tom has 3 apples",)], [(" ".join(["Anna has 12 books ."] * 6),), ("Tom",)]]
+    calls = [collectives_of_rank_1(lm, monkeypatch) for lm in (small, large)]
+    out = [getattr(lm, method)([Instance(method, {}, a, i) for i, a in enumerate(share)])
+           for lm, share in zip((small, large), shares)]
+    assert [len(o) for o in out] == [len(share) for share in shares]  # each rank: its own answers
+    assert small.mask_stats.forward_passes < large.mask_stats.forward_passes
+    assert calls[0] == calls[1] == ["gather_object", "gather_object"]  # the report's
 
 
 def test_llada_cfg_doubles_each_forward_pass(tiny_dirs):
@@ -311,6 +413,30 @@ def test_loglikelihood_rolling_scores_a_text_longer_than_max_length(tiny_dirs):
     windows = [(None, c, t) for c, t in seen]
     again = sum(v for v, _ in lm._loglikelihood_tokens(windows, disable_tqdm=True))
     assert rolling == pytest.approx(again)
+
+
+def test_the_rolling_report_counts_documents_and_their_standard_errors(tiny_dirs):
+    # each document is one request, however many windows it is scored in; its standard error
+    # is that of its windows' sum (independent draws: their variances add)
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=3, max_length=16)
+    texts = [" ".join(["Tom has 3 apples and Anna has 12 books ."] * 4), "Tom has 3 apples", ""]
+    seen = []
+    fit = lm._fit_window
+    lm._fit_window = lambda c, t: seen.append((list(c), list(t))) or fit(c, t)
+    lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
+    *long_windows, short_window = [(None, c, t) for c, t in seen]
+    assert len(long_windows) > 1
+    per_document = [math.sqrt(sum(se ** 2 for *_, se in lm._score(long_windows))),
+                    lm._score([short_window])[0][2], 0.0]
+    info = lm.get_model_info()["sinkmask"]["likelihood"]
+    assert info["requests"] == len(texts)
+    assert info["mean_mc_stderr"] == pytest.approx(sum(per_document) / len(texts))
+
+
+def test_repeated_estimates_add_their_errors_not_their_variances():
+    # two estimates of the same tokens draw the same samples (request_generator)
+    assert likelihood.stderr_of_sum([(1,), (2,), (1,)], [1.0, 2.0, 1.0]) == pytest.approx(math.sqrt(8))
+    assert likelihood.stderr_of_sum([], []) == 0.0
 
 
 def test_bad_likelihood_args_fail_before_weights_load(tmp_path, tiny_dirs):
