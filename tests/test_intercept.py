@@ -481,3 +481,104 @@ def test_autocast_does_not_lower_the_precision_of_detection_or_the_masked_output
         assert torch.equal(a.blocked, f.blocked)
     for a, f in zip(outs_a, outs_f, strict=True):
         torch.testing.assert_close(a, f, atol=0, rtol=0)
+
+
+# -- Eq. 3 and the removal written out by hand, against the intercept under adversarial masks --
+
+
+def one_call_by_hand(q, k, v, attn_mask, is_causal, token_valid, eps, top_k):
+    """docs/method.md sections 2-3 for one detect=current call, in float64 loops: Q = rows
+    that see a key (and are not padding), K = non-padding keys some row of Q sees,
+    s_j = |K| * sum_{i in Q} A_ij / |{i in Q : i sees j}|, Eq. 3 sinks, the top_k by score,
+    and the output with them removed (a row left with no visible key keeps its scores).
+    A float mask hides a key with -inf or finfo.min, as the models' masks do."""
+    B, H, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    logits = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    visible = torch.ones(B, H, n_q, n_k, dtype=torch.bool)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        visible = visible & attn_mask
+    elif attn_mask is not None:
+        visible = visible & (attn_mask > torch.finfo(attn_mask.dtype).min / 2)
+        logits = logits + attn_mask.double()
+    if is_causal:  # torch aligns it top-left: row i sees keys 0..i, also when n_q < n_k
+        visible = visible & torch.ones(n_q, n_k, dtype=torch.bool).tril()
+    if token_valid is None:
+        token_valid = torch.ones(B, n_k, dtype=torch.bool)
+    probs = torch.softmax(logits.masked_fill(~visible, -math.inf), -1).nan_to_num(0.0)
+    scores = torch.zeros(B, H, n_k, dtype=torch.float64)
+    chosen = torch.zeros(B, H, n_k, dtype=torch.bool)
+    sinks = torch.zeros_like(chosen)
+    for b in range(B):
+        Q = [i for i in range(n_q) if token_valid[b, n_k - n_q + i] and visible[b, :, i].any()]
+        K = [j for j in range(n_k) if token_valid[b, j] and any(visible[b, :, i, j].any() for i in Q)]
+        for h in range(H):
+            for j in K:
+                rows = [i for i in Q if visible[b, h, i, j]]
+                if rows:
+                    scores[b, h, j] = len(K) * sum(probs[b, h, i, j] for i in rows) / len(rows)
+            for j in K:
+                others = [scores[b, h, o] for o in K if o != j]
+                sinks[b, h, j] = bool(others) and bool(scores[b, h, j] > sum(others) / len(others) + eps)
+            ranked = sorted((j for j in K if sinks[b, h, j]), key=lambda j: -scores[b, h, j])
+            chosen[b, h, ranked[:top_k]] = True
+    keep = visible & ~chosen[:, :, None, :]
+    keep = torch.where(keep.any(-1, keepdim=True), keep, visible)
+    out = torch.softmax(logits.masked_fill(~keep, -math.inf), -1).nan_to_num(0.0) @ v.double()
+    return scores, sinks, chosen, out, visible.any(-1)
+
+
+def _adversarial_calls():
+    """(q, k, v, SDPA kwargs, the forward's 2-D attention_mask or None) per case."""
+    g = torch.Generator().manual_seed(11)
+    B, H, S, D = 3, 2, 9, 8
+
+    def qkv(n_q=S):
+        q, k, v = torch.randn(B, H, n_q, D, generator=g), torch.randn(B, H, S, D, generator=g), \
+            torch.randn(B, H, S, D, generator=g)
+        k[:, :, 5] *= 3  # a strong key, so that sinks exist
+        return q, k, v
+
+    pad = torch.ones(B, S, dtype=torch.bool)
+    pad[1, :4] = False
+    pad[2, :] = False  # a batch row that is all padding
+    key_pad = torch.zeros(B, 1, 1, S).masked_fill(~pad[:, None, None, :], torch.finfo(torch.float32).min)
+    some_rows = torch.ones(B, 1, S, S, dtype=torch.bool)
+    some_rows[:, :, :4, 5] = False  # the strong key hidden from rows 0-3 only
+    some_rows[1, :, 7, :] = False  # a row that sees no key at all
+    return {
+        # LLaDA's finfo.min key bias: the padded row's softmax is uniform, yet it weighs nothing
+        "float_min_padding_with_an_all_padding_row": (*qkv(), {"attn_mask": key_pad}, None),
+        "key_hidden_from_some_rows_only": (*qkv(), {"attn_mask": some_rows}, None),
+        # padding the model attends to, known only from the forward's attention_mask
+        "padding_known_only_from_the_forward": (*qkv(), {}, pad.long()),
+        # as under a KV cache; row 0 sees only key 0, a sink of element 2: it keeps its scores
+        "causal_with_fewer_queries_than_keys": (*qkv(4), {"is_causal": True}, None),
+    }
+
+
+@pytest.mark.parametrize("case", list(_adversarial_calls()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("query_chunk", [2, 256])
+def test_scores_sinks_and_output_match_eq3_written_out_by_hand(case, dtype, query_chunk):
+    q, k, v, kwargs, forward_mask = _adversarial_calls()[case]
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if "attn_mask" in kwargs and kwargs["attn_mask"].is_floating_point():  # the dtype's own finfo.min
+        kwargs = {"attn_mask": kwargs["attn_mask"].clamp(min=torch.finfo(dtype).min).to(dtype)}
+
+    class Attn(torch.nn.Module):
+        def forward(self, attention_mask=None):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    m, events = masker(top_k=2, eps=0.5, detect="current", query_chunk=query_chunk)
+    attn = Attn()
+    with torch.no_grad(), m.attach(attn):
+        out = attn(attention_mask=forward_mask)
+    token_valid = None if forward_mask is None else forward_mask.bool()
+    scores, sinks, chosen, expected, has_key = one_call_by_hand(
+        q, k, v, kwargs.get("attn_mask"), kwargs.get("is_causal", False), token_valid, 0.5, 2)
+    (event,) = events
+    assert chosen.any() and (event.sinks == sinks).all()
+    assert torch.equal(event.chosen, chosen) and torch.equal(event.blocked, chosen)
+    torch.testing.assert_close(event.scores.double(), scores, atol=1e-5, rtol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.double()[has_key], expected[has_key], atol=tol, rtol=tol)
