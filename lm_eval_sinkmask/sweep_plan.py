@@ -162,6 +162,17 @@ def check_limit(limit: int | float | None) -> None:
                          f"got {limit:g}")
 
 
+def check_pairs(pairs: list[list[str]], models: list[str]) -> None:
+    """Every name in ``pairs`` (``--versus``) is one of the sweep's ``models``.
+
+    Here, not in :mod:`versus`: checking a plan then imports none of the modules that render
+    reports (:mod:`versus` brings :mod:`seed_stats`, :mod:`paired` and :mod:`text_format`)."""
+    unknown = sorted({name for pair in pairs for name in pair} - set(models))
+    if unknown:
+        raise ValueError(f"--versus names {unknown}, which the sweep does not have; its models "
+                         f"are {models}")
+
+
 @dataclass
 class SweepPlan:
     models: list[ModelSpec]
@@ -185,8 +196,6 @@ class SweepPlan:
     title: str | None = None  # the table's title (kept in sweep.json for later renders)
 
     def __post_init__(self) -> None:
-        from .versus import check_pairs
-
         check_pairs(self.versus, [m.name for m in self.models])
         check_limit(self.limit)
         if self.mask_seeds is None:

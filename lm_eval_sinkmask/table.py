@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import paired, seed_stats, versus
 from .sweep import primary_metric
-from .sweep_plan import mixed_settings, task_limits
+from .sweep_plan import check_pairs, mixed_settings, task_limits
 from .text_format import fixed, signed_with_se
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
@@ -441,7 +441,7 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
     if not entries:
         raise SystemExit(f"no finished cells under {folder}/cells")
     if versus_pairs is not None:
-        versus.check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
+        check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
         grid = {**grid, "versus": versus_pairs}
     title = title_of(grid, zoo, title)
     out = {"markdown": folder / "table.md", "csv": folder / "table.csv"}
