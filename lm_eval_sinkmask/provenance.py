@@ -1,24 +1,34 @@
 """What a sweep cell ran on, by content rather than by name.
 
 ``zoo:llada`` and ``mini_gsm_sinkmask`` are names. Retraining a checkpoint or editing a task
-YAML keeps the name, so a resumed sweep that compared names only would put cells made with the
-old weights or the old prompt next to new ones in one table. Each cell therefore records
-digests of its inputs, and a resume reuses a done cell only when they still match:
+YAML keeps the name, and so does fixing a sampler while the package version stays 0.1.0, so a
+resumed sweep that compared names only would put cells made with the old weights, prompt or
+code next to new ones in one table. Each cell therefore records digests of its inputs, and a
+resume reuses a done cell only when they still match:
 
 - the checkpoint: sha256 over the files that define the model (weights, config, tokenizer,
   remote code; not the model card or a training log), or, for a hub name, the commit of its
   cached snapshot;
 - the task: its version, a sha256 of lm-eval's resolved config (functions by their source),
   a sha256 of the source files that define those functions (a helper they call in the same
-  file changes the prompt or the score as much as the function itself), and a sha256 of every
-  document of its dataset (test and few-shot splits alike).
+  file changes the prompt or the score as much as the function itself; the task folder's
+  Python files are all such files), and a sha256 of every document of its dataset (test and
+  few-shot splits alike);
+- the package code: a sha256 over lm-eval-sinkmask's own modules (masking, detection,
+  samplers, likelihood, the zoo's modeling, the sweep itself ...), each by its syntax tree, so
+  a comment, a docstring or a reflowed line changes nothing and a code change does. Left out,
+  by name: the modules no cell imports (:data:`NOT_CELL_CODE`: reports, figures, the CLI,
+  zoo training), so polishing a table does not invalidate a sweep.
 
-Hashing runs at about 1.5 GB/s: a few milliseconds for the zoo, about 10 s for an 8B model
-in bf16, once per checkpoint per sweep.
+A done cell that predates a digest is not compared on it. Hashing runs at about 1.5 GB/s: a
+few milliseconds for the zoo, about 10 s for an 8B model in bf16, once per checkpoint per
+sweep; the package's code, about 0.2 s, once per process.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import inspect
 import json
@@ -30,6 +40,20 @@ _CHUNK = 16 << 20
 # files that describe a checkpoint without changing what it computes: model cards, pictures,
 # the zoo's training log (train_info.json, amended when a trained checkpoint is installed)
 _NOT_MODEL = (".md", ".png", ".jpg", ".gitattributes", "train_info.json")
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+# Modules of the package that no sweep cell imports, so they cannot change its numbers
+# (tests/test_provenance_code.py runs cells and checks): what renders reports, figures and CLI
+# output (``sinkmask table`` and ``figures``, Table 1's statistics), what records sink traces
+# and runs experiments (their outputs are not cells), and what trains and installs the zoo
+# (its product is a checkpoint, which has its own digest). A name covers its submodules.
+NOT_CELL_CODE = (
+    "cli", "table", "figures", "text_format", "versus", "paired", "seed_stats", "stability",
+    "sink_trace", "experiments",
+    "zoo.report", "zoo.install", "zoo.train", "zoo.training_loop", "zoo.objectives",
+    "zoo.batches", "zoo.pool", "zoo.gpu_zoo", "zoo.quick_eval", "zoo.save_checkpoint",
+    "zoo.sink_embedding", "zoo.tokenizer",
+)
 
 
 def file_sha256(path: Path) -> str:
@@ -136,8 +160,68 @@ def task_digest(task) -> dict[str, Any]:
     }
 
 
+def module_name(path: Path, root: Path) -> str:
+    """``zoo/report.py`` below ``root`` -> ``zoo.report``; a package's ``__init__.py``, its name."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def not_cell_code(name: str) -> bool:
+    """Whether module ``name`` (``zoo.report``, relative to the package) is in, or below one
+    in, :data:`NOT_CELL_CODE`."""
+    return any(name == x or name.startswith(x + ".") for x in NOT_CELL_CODE)
+
+
+def code_files(root: Path) -> list[Path]:
+    """The Python files below ``root`` (the package, or a copy of it) that a cell can run."""
+    return sorted(p for p in root.rglob("*.py") if not not_cell_code(module_name(p, root)))
+
+
+def syntax_text(source: str) -> str:
+    """The syntax tree of ``source`` as text: comments, docstrings (any statement that is only a
+    string) and layout do not show. So that Pythons 3.10 to 3.13 give the same text, unset
+    fields are left out (3.12 adds ``type_params``) and so are empty pieces of an f-string
+    (3.12.0 and 3.12.1 add some)."""
+    def text(node: Any) -> str:
+        if isinstance(node, list):
+            return "[" + ",".join(text(n) for n in node if not _only_a_string(n)) + "]"
+        if not isinstance(node, ast.AST):
+            return repr(node)
+        fields = ",".join(f"{name}={text(value)}" for name, value in ast.iter_fields(node)
+                          if value is not None and value != [])
+        return f"{type(node).__name__}({fields})"
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            node.values = [v for v in node.values
+                           if not (isinstance(v, ast.Constant) and v.value == "")]
+    return text(tree)
+
+
+def _only_a_string(node: Any) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
+
+
+def package_code_digest(root: Path = PACKAGE_ROOT) -> str:
+    """sha256 over (relative name, sha256 of its :func:`syntax_text`) of every :func:`code_files`
+    module below ``root``: the code a cell runs, wherever the package lies."""
+    digest = hashlib.sha256()
+    for path in code_files(root):
+        tree = hashlib.sha256(syntax_text(path.read_text(encoding="utf-8")).encode()).hexdigest()
+        digest.update(f"{path.relative_to(root).as_posix()}\0{tree}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+@functools.cache
+def installed_code_digest() -> str:
+    """:func:`package_code_digest` of this package, once per process."""
+    return package_code_digest()
+
+
 class InputDigests:
-    """The digests of a sweep's checkpoints and tasks, each computed once."""
+    """The digests of a sweep's checkpoints, tasks and package code, each computed once."""
 
     def __init__(self, task_manager):
         self.task_manager = task_manager
@@ -155,13 +239,15 @@ class InputDigests:
         return self._tasks[name]
 
     def for_cell(self, path: str, task: str) -> dict[str, Any]:
-        return {"checkpoint": self.checkpoint(path), "task": self.task(task)}
+        return {"checkpoint": self.checkpoint(path), "task": self.task(task),
+                "package_code": installed_code_digest()}
 
 
 def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
     """What differs between a done cell's recorded inputs and today's, in words; [] when the
     cell may be reused. A checkpoint that cannot be read here (None) is not compared, nor the
-    task's code where the done cell predates its digest."""
+    task's code or the package code where the done cell predates its digest (or ``now`` has
+    none)."""
     if done is None:
         return ["the cell records no input digests (made by an older lm-eval-sinkmask)"]
     out = []
@@ -173,4 +259,8 @@ def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any]) -> list[str
             out.append(f"task {key} {old_task.get(key)} -> {new_task.get(key)}")
     if "code" in old_task and old_task["code"] != new_task.get("code"):
         out.append(f"task code {old_task['code']} -> {new_task.get('code')}")
+    old_code, new_code = done.get("package_code"), now.get("package_code")
+    if old_code is not None and new_code is not None and old_code != new_code:
+        out.append(f"package code {old_code} -> {new_code} (lm-eval-sinkmask's code changed since "
+                   "this cell ran)")
     return out

@@ -4,13 +4,18 @@ Each cell (model, task, K) is one ``lm_eval.simple_evaluate`` call with our mode
 leaves in its folder lm-eval's own results JSON and per-sample JSONL (written by lm-eval's
 ``EvaluationTracker``, as ``lm_eval --output_path`` does; the samples then gzipped, since a
 sweep keeps hundreds of them: ``zcat`` reads them) and ``cell.json``: what was asked
-(exact model_args, task, K, limit), what it ran on (digests of the checkpoint's files and of
-the task's config and documents, :mod:`provenance`), the versions, the masking counters and the
-primary numbers. ``cell.json`` is written last and atomically, so a cell counts as done only
-when everything else is on disk; a rerun skips done cells, redoes a cell that a kill
-interrupted, and refuses a done cell whose checkpoint or task has changed since (a retrained
-``zoo:llada`` keeps its name). Cells run one after another, in parallel processes (``jobs``)
-or sharded over ``accelerate launch`` ranks.
+(``request``: exact model_args, task, K, limit, seed), what it ran on (``inputs``: digests of
+the checkpoint's files, of the task's config, code and documents, and of lm-eval-sinkmask's own
+code, :mod:`provenance`), how it ran (``run``: lm-eval's batch size and the device), the
+versions, the masking counters and the primary numbers. ``cell.json`` is written last and
+atomically, so a cell counts as done only when everything else is on disk; a rerun skips done
+cells, redoes a cell that a kill interrupted, and refuses a done cell whose request differs or
+whose checkpoint, task or package code has changed since (a retrained ``zoo:llada`` keeps its
+name, a fixed sampler keeps the version 0.1.0). The batch size and the device are not part of
+a cell's identity: a resume may use a bigger batch or another GPU (padding and kernels move
+the numbers at float-noise level only), and ``sinkmask table`` warns when a folder mixes them.
+Cells run one after another, in parallel processes (``jobs``) or sharded over ``accelerate
+launch`` ranks.
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ def _no_metadata_advice() -> Iterator[None]:
 
 def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """One simple_evaluate call; writes lm-eval's files then ``cell.json`` (with ``inputs``, the
-    digests of the checkpoint and task it ran on). None on ranks > 0."""
+    digests of the checkpoint, task and package code it ran on). None on ranks > 0."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
@@ -108,6 +113,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         cell.folder.mkdir(parents=True)
     unsafe = cell.task in unsafe_tasks(tm, [cell.task])
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
+    device = plan.device or _default_device()
     started = time.time()
     with _no_metadata_advice():
         results = lm_eval.simple_evaluate(
@@ -116,7 +122,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
             tasks=[cell.task],
             num_fewshot=plan.num_fewshot,
             batch_size=plan.batch_size,
-            device=plan.device or _default_device(),
+            device=device,
             limit=plan.limit,
             log_samples=True,
             evaluation_tracker=tracker,
@@ -146,6 +152,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     record = {
         "request": cell.request(),
         "inputs": inputs,
+        "run": run_settings(plan.batch_size, device),
         "model_path": cell.path,
         "kind": cell.model.kind,
         "metric": metric,
@@ -162,6 +169,17 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, cell.folder / "cell.json")
     return record
+
+
+def run_settings(batch_size: int | str, device: str) -> dict[str, Any]:
+    """How a cell ran, beyond what identifies it: lm-eval's batch size and device, and on a GPU
+    its name (``cuda`` alone would not tell an A100 from an H100)."""
+    settings: dict[str, Any] = {"batch_size": batch_size, "device": device}
+    if device.startswith("cuda"):
+        import torch
+
+        settings["gpu"] = torch.cuda.get_device_name(torch.device(device))  # "cuda": the current one
+    return settings
 
 
 def compress_samples(folder: Path) -> None:

@@ -162,6 +162,18 @@ def check_limit(limit: int | float | None) -> None:
                          f"got {limit:g}")
 
 
+def check_pairs(pairs: list[list[str]], models: list[str]) -> None:
+    """Every name in ``pairs`` (``--versus``) is one of the sweep's ``models``.
+
+    Here, not in :mod:`versus`: checking a plan then imports none of the modules that render
+    reports (:mod:`versus` brings :mod:`seed_stats`, :mod:`paired` and :mod:`text_format`), so
+    they can stay out of a cell's package-code digest (:data:`provenance.NOT_CELL_CODE`)."""
+    unknown = sorted({name for pair in pairs for name in pair} - set(models))
+    if unknown:
+        raise ValueError(f"--versus names {unknown}, which the sweep does not have; its models "
+                         f"are {models}")
+
+
 @dataclass
 class SweepPlan:
     models: list[ModelSpec]
@@ -185,8 +197,6 @@ class SweepPlan:
     title: str | None = None  # the table's title (kept in sweep.json for later renders)
 
     def __post_init__(self) -> None:
-        from .versus import check_pairs
-
         check_pairs(self.versus, [m.name for m in self.models])
         check_limit(self.limit)
         if self.mask_seeds is None:
@@ -309,8 +319,9 @@ class Cell:
 
     def is_done(self, inputs: dict[str, Any]) -> bool:
         """True when this cell was run with the same request on the same ``inputs`` (the
-        checkpoint's and the task's digests, :mod:`provenance`); a done cell that differs in
-        either is an error rather than a cell to reuse or to overwrite."""
+        digests of the checkpoint, the task and the package code, :mod:`provenance`); a done
+        cell that differs in any is an error rather than a cell to reuse or to overwrite. How it
+        ran (batch size, device) is not compared."""
         record = self.record()
         if record is None:
             return False
@@ -322,7 +333,8 @@ class Cell:
         changed = changed_inputs(record.get("inputs"), inputs)
         if changed:
             raise SystemExit(
-                f"{self.folder} was run on other inputs than {self.path} and {self.task} are now:\n  "
+                f"{self.folder} was run on other inputs than {self.path}, {self.task} and "
+                "lm-eval-sinkmask's code are now:\n  "
                 + "\n  ".join(changed) + f"\n{RERUN_HELP}"
             )
         return True

@@ -16,13 +16,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paired, seed_stats, versus
 from .sweep import primary_metric
-from .sweep_plan import mixed_settings, task_limits
+from .sweep_plan import check_pairs, mixed_settings, task_limits
 from .text_format import fixed, signed_with_se
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
@@ -43,6 +44,7 @@ class Entry:
     checkpoint: str | None = None  # digest of the checkpoint's files (provenance)
     task_inputs: tuple | None = None  # (version, config digest, documents digest) of the task
     task_code: str | None = None  # digest of the task's function sources (None: older cells)
+    package_code: str | None = None  # digest of lm-eval-sinkmask's code (None: older cells)
     # doc_id -> score, from lm-eval's samples (None without them): for the paired stderr of Δ
     per_doc: Mapping[int, float] | None = field(default=None, compare=False, repr=False)
 
@@ -64,7 +66,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     grid = json.loads((folder / "sweep.json").read_text())
     seeds = grid.get("seeds")
     entries: list[Entry] = []
-    requests, versions = [], []
+    requests, versions, runs = [], [], []
     zoo = False
     cells = folder / "cells"
     for record_path in sorted(cells.rglob("cell.json")):  # any depth: seed and draw folders
@@ -72,6 +74,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
         req = record["request"]
         requests.append(req)
         versions.append(record.get("versions"))
+        runs.append(record.get("run"))
         if seeds is not None and req.get("checkpoint_seed") not in seeds:
             continue
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
@@ -87,6 +90,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     mixed = mixed_settings(requests)
     if mixed:
         raise ValueError("\n".join(mixed) + "\nso this folder is not one table")
+    warn_mixed_runs(folder, runs)
     return grid, entries, zoo
 
 
@@ -98,12 +102,13 @@ def entry_of(record: dict, kind: str | None = None, measured: tuple | None = Non
     req = record["request"]
     metric, value, stderr = measured or (record["metric"], record["value"], record["stderr"])
     checkpoint, task_inputs = recorded_inputs(record)
+    inputs = record.get("inputs") or {}
     return Entry(model=req["model"], kind=kind or record["kind"], task=req["task"],
                  k=req["top_k"], metric=metric, value=value, stderr=stderr, n=record.get("n"),
                  seed=req.get("checkpoint_seed"), draw=req.get("mask_seed"),
                  checkpoint=checkpoint, task_inputs=task_inputs,
-                 task_code=((record.get("inputs") or {}).get("task") or {}).get("code"),
-                 per_doc=per_doc)
+                 task_code=(inputs.get("task") or {}).get("code"),
+                 package_code=inputs.get("package_code"), per_doc=per_doc)
 
 
 def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:
@@ -116,8 +121,9 @@ def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:
 
 
 def check_one_input_each(entries: list[Entry]) -> None:
-    """One checkpoint per (model, seed) and one task version (and code) per task: a folder
-    whose cells disagree (filled by hand from two runs) would give a table of two experiments."""
+    """One checkpoint per (model, seed), one task version (and code) per task and one version of
+    lm-eval-sinkmask's code: a folder whose cells disagree (filled by hand from two runs, or
+    swept again after a code change into a copy) would give a table of two experiments."""
     seen: dict[tuple, set] = {}
     for e in entries:
         if e.checkpoint is not None:
@@ -126,6 +132,8 @@ def check_one_input_each(entries: list[Entry]) -> None:
             seen.setdefault(("task", e.task, None), set()).add(e.task_inputs)
         if e.task_code is not None:  # cells made before the code digest are not compared
             seen.setdefault(("task code of", e.task, None), set()).add(e.task_code)
+        if e.package_code is not None:  # likewise
+            seen.setdefault(("code of", "lm-eval-sinkmask", None), set()).add(e.package_code)
     for (what, name, seed), found in seen.items():
         if len(found) > 1:
             at = "" if seed is None else f" seed {seed}"
@@ -145,6 +153,21 @@ def check_one_version_each(versions: list[dict | None]) -> None:
         if len(found) > 1:
             raise ValueError(f"the cells ran on different {package} versions {sorted(found)}; they "
                              "come from different installs, so this folder is not one table")
+
+
+def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
+    """One line on stderr when the cells (those that record how they ran) ran with different
+    batch sizes or on different devices: not an error, since batching and kernels move a
+    number at float-noise level only, but worth knowing when two cells differ by a hair."""
+    mixed = []
+    for key, what in (("batch_size", "batch sizes"), ("device", "devices"), ("gpu", "GPUs")):
+        found = {r[key] for r in runs if r and r.get(key) is not None}
+        if len(found) > 1:
+            mixed.append(f"{what} {sorted(found, key=lambda v: (isinstance(v, str), v))}")  # 8 < 32 < "auto"
+    if mixed:
+        print(f"warning: the cells of {folder} ran with different {' and '.join(mixed)}; these "
+              "are not part of a cell's identity (a resume reuses cells across them), and they can "
+              "move a number at float-noise level", file=sys.stderr)
 
 
 def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:
@@ -441,7 +464,7 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
     if not entries:
         raise SystemExit(f"no finished cells under {folder}/cells")
     if versus_pairs is not None:
-        versus.check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
+        check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
         grid = {**grid, "versus": versus_pairs}
     title = title_of(grid, zoo, title)
     out = {"markdown": folder / "table.md", "csv": folder / "table.csv"}

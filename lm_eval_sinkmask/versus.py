@@ -36,14 +36,6 @@ def parse_versus(text: str | None) -> list[list[str]]:
     return pairs
 
 
-def check_pairs(pairs: list[list[str]], models: list[str]) -> None:
-    """Every name in ``pairs`` is one of the sweep's ``models``."""
-    unknown = sorted({name for pair in pairs for name in pair} - set(models))
-    if unknown:
-        raise ValueError(f"--versus names {unknown}, which the sweep does not have; its models "
-                         f"are {models}")
-
-
 @dataclass(frozen=True)
 class Comparison:
     """A minus B at one (task, K), per run (:data:`seed_stats.Run`: training seed, draw)."""

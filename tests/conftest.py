@@ -30,3 +30,15 @@ def tiny_task(tmp_path_factory):
 @pytest.fixture(params=["llama", "llada", "dream"])
 def tiny_model(request):
     return request.param, tiny.build(request.param)
+
+
+@pytest.fixture
+def package_copy(tmp_path):
+    """A copy of lm_eval_sinkmask's Python files, to edit where the installed package must stay
+    as it is (its zoo weights stay behind)."""
+    import shutil
+
+    from lm_eval_sinkmask.provenance import PACKAGE_ROOT
+
+    return shutil.copytree(PACKAGE_ROOT, tmp_path / "lm_eval_sinkmask",
+                           ignore=shutil.ignore_patterns("__pycache__", "checkpoints"))

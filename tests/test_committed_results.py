@@ -36,6 +36,9 @@ def test_every_committed_cell_ran_on_this_checkouts_checkpoint_and_task(path, di
     record = json.loads(path.read_text())
     now = digests.for_cell(_checkpoint(record["model_path"]), record["request"]["task"])
     assert now["checkpoint"] is not None
+    # the checkpoint and the task, not the package code: every code change would fail this until
+    # every folder is rerun; CI's rerun of results/tiny checks that the code still gives its table
+    now.pop("package_code")
     assert changed_inputs(record.get("inputs"), now) == []
 
 

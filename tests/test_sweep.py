@@ -181,6 +181,51 @@ def test_a_resume_refuses_cells_whose_checkpoint_or_task_changed_under_the_same_
         run_sweep(plan(), progress=False)
 
 
+@pytest.mark.slow
+def test_a_resume_refuses_cells_made_by_other_package_code_and_not_another_batch_size(
+        tmp_path, tiny_dirs, tiny_task, package_copy, monkeypatch):
+    """A fix in the samplers keeps every name and the version 0.1.0; the recorded digest of the
+    package's code catches it, while a comment does not, nor a cell that predates the digest.
+    The package stays as it is: "today's code" is an edited copy of it."""
+    from lm_eval_sinkmask import provenance
+
+    def plan(**kw):
+        return SweepPlan(models=[ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4")],
+                         tasks=["tiny_gen"], ks=[0], out=tmp_path / "out", limit=1, device="cpu",
+                         include_path=[str(tiny_task)], **kw)
+
+    assert run_sweep(plan(), progress=False) == 1
+    [path] = (tmp_path / "out").rglob("cell.json")
+    record = json.loads(path.read_text())
+    assert record["inputs"]["package_code"] == provenance.installed_code_digest()
+    assert record["run"] == {"batch_size": 1, "device": "cpu"}
+
+    monkeypatch.setattr(provenance, "installed_code_digest",
+                        lambda: provenance.package_code_digest(package_copy))
+    sampler = package_copy / "samplers" / "block.py"
+    sampler.write_text("# a comment changes nothing a cell computes\n" + sampler.read_text())
+    assert run_sweep(plan(), progress=False) == 0
+    sampler.write_text(sampler.read_text() + "\nEDITED = True\n")  # code: a new syntax tree
+    with pytest.raises(SystemExit, match=r"(?s)other inputs.*package code sha256:\w+ -> sha256:\w+ "
+                                         r"\(lm-eval-sinkmask's code changed since this cell ran\)"
+                                         r".*another --out folder"):
+        run_sweep(plan(), progress=False)
+    record["inputs"].pop("package_code")  # a cell made before the package code was recorded
+    path.write_text(json.dumps(record))
+    assert run_sweep(plan(batch_size=2), progress=False) == 0  # reused, at another batch size too
+
+
+def test_a_cell_records_how_it_ran_and_on_a_gpu_which_one(monkeypatch):
+    import torch
+
+    from lm_eval_sinkmask.sweep import run_settings
+
+    assert run_settings(32, "cpu") == {"batch_size": 32, "device": "cpu"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: f"NVIDIA H100 ({device})")
+    assert run_settings("auto", "cuda:1") == {"batch_size": "auto", "device": "cuda:1",
+                                              "gpu": "NVIDIA H100 (cuda:1)"}
+
+
 def test_versus_pairs_are_checked_before_anything_runs_and_kept_in_sweep_json(tmp_path, tiny_dirs, tiny_task):
     base = ["sweep", "--models", f"llada={tiny_dirs['llada']},twin={tiny_dirs['llada']}",
             "--tasks", "tiny_gen", "--include-path", str(tiny_task), "--top-k", "0",

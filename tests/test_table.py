@@ -257,6 +257,57 @@ def test_a_folder_whose_cells_ran_on_different_library_versions_is_not_one_table
         table.render(folder, figure=False)
 
 
+def _set_in_cells(folder: Path, update, cells=None) -> None:
+    """``update(record)`` on the ``cell.json`` of ``cells`` (paths below ``folder/cells``; all by default)."""
+    for path in cells or folder.glob("cells/**/cell.json"):
+        path = folder / "cells" / path if isinstance(path, str) else path
+        record = json.loads(path.read_text())
+        update(record)
+        path.write_text(json.dumps(record))
+
+
+def test_a_folder_whose_cells_ran_on_different_package_code_is_not_one_table(tmp_path):
+    """A sweep folder copied and resumed after a fix in the masking code (the package version
+    stays 0.1.0): its cells record two digests of lm-eval-sinkmask's code."""
+    folder = write_sweep(tmp_path / "package")
+    _set_in_cells(folder, lambda r: r.setdefault("inputs", {}).update(package_code="sha256:" + "a" * 64))
+    table.render(folder, figure=False)
+    fixed = "llada/mini_gsm/k1/cell.json"
+    _set_in_cells(folder, lambda r: r["inputs"].update(package_code="sha256:" + "b" * 64), [fixed])
+    with pytest.raises(ValueError, match=r"disagree on the code of lm-eval-sinkmask: \['sha256:a+', 'sha256:b+'\]"):
+        table.render(folder, figure=False)
+    assert main(["table", str(folder)]) == 2  # one line, no traceback
+    _set_in_cells(folder, lambda r: r["inputs"].pop("package_code"), [fixed])  # an older cell
+    table.render(folder, figure=False)
+
+
+def test_a_folder_that_mixes_batch_sizes_or_devices_renders_with_one_warning(tmp_path, capsys):
+    """How a cell ran is not part of its identity (a resume on a bigger GPU reuses the done
+    cells): the table renders the same, and says so once on stderr."""
+    folder = write_sweep(tmp_path / "runs")
+    expected = table.render(write_sweep(tmp_path / "plain"), figure=False)["markdown"].read_text()
+    capsys.readouterr()
+    _set_in_cells(folder, lambda r: r.update(run={"batch_size": 32, "device": "cpu"}))
+    table.render(folder, figure=False)
+    assert capsys.readouterr().err == ""
+    _set_in_cells(folder, lambda r: r.pop("run"), ["llama/mini_gsm/k0/cell.json"])  # an older cell
+    table.render(folder, figure=False)
+    assert capsys.readouterr().err == ""
+
+    _set_in_cells(folder, lambda r: r["run"].update(batch_size=8), ["llada/mini_gsm/k1/cell.json"])
+    assert (table.render(folder, figure=False)["markdown"].read_text() == expected)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: the cells of {folder} ran with different batch sizes [8, 32]; ")
+    _set_in_cells(folder, lambda r: r.update(run={"batch_size": 8, "device": "cuda", "gpu": "NVIDIA H100"}),
+                  ["llada/mini_code/k1/cell.json"])
+    _set_in_cells(folder, lambda r: r.update(run={"batch_size": 8, "device": "cuda", "gpu": "NVIDIA A100"}),
+                  ["llada/mini_code/k5/cell.json"])
+    assert main(["table", str(folder)]) == 0
+    [line] = capsys.readouterr().err.splitlines()
+    assert ("different batch sizes [8, 32] and devices ['cpu', 'cuda'] and GPUs "
+            "['NVIDIA A100', 'NVIDIA H100']; ") in line
+
+
 def test_per_task_limits_and_a_column_of_two_experiments(tmp_path):
     folder = write_sweep(tmp_path / "limits")
     grid = json.loads((folder / "sweep.json").read_text())

@@ -220,9 +220,10 @@ def read_accuracy(folders: list[Path], current=None) -> dict[tuple[str, int], di
 
     A cell counts when its checkpoint is a zoo checkpoint (``zoo:NAME@S`` or a path to one,
     wherever it was computed) run with the family's default sampler, and when it ran on the
-    checkpoint and task installed now: its recorded input digests must match ``current(
-    (name, seed), task)`` (default :func:`installed_inputs`), so cells of an earlier training
-    of the same name, or of an earlier task version, are left out and listed. When two
+    checkpoint and task installed now, by this package's code: its recorded input digests must
+    match ``current((name, seed), task)`` (default :func:`installed_inputs`), so cells of an
+    earlier training of the same name, of an earlier task version, or made by other
+    lm-eval-sinkmask code (cells that record its digest), are left out and listed. When two
     folders hold the same (checkpoint, task), the one with more problems wins, then the
     earlier folder.
     """
@@ -251,14 +252,15 @@ def read_accuracy(folders: list[Path], current=None) -> dict[tuple[str, int], di
                 acc[ckpt][req["task"]] = new
     if stale:
         print(f"zoo report: left out {len(stale)} cell(s) not made on the installed checkpoint and "
-              "task (an earlier training or task version, or a seed not installed here):\n  "
+              "task by this code (an earlier training or task version, other lm-eval-sinkmask "
+              "code, or a seed not installed here):\n  "
               + "\n  ".join(stale), flush=True)
     return acc
 
 
 def installed_inputs():
-    """``((name, seed), task) -> input digests`` of the installed zoo checkpoint and the task
-    as it is now (None: that seed is not installed)."""
+    """``((name, seed), task) -> input digests`` of the installed zoo checkpoint, the task and
+    the package code as they are now (None: that seed is not installed)."""
     from lm_eval.tasks import TaskManager
 
     from ..provenance import InputDigests
