@@ -76,6 +76,15 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"eps": True}, r"eps must be a number, got True"),
         ("arm_sinkmask", "llama", {"query_chunk": True}, r"query_chunk must be a number, got True"),
         ("arm_sinkmask", "llama", {"top_k": True}, r"top_k must be a number, got True"),
+        # a bool is an int to Python: block_length=true would decode one token per block
+        ("dlm_sinkmask", "llada", {"block_length": "true"}, r"block_length must be a positive integer, got True"),
+        ("dlm_sinkmask", "llada", {"gen_length": "true", "block_length": 1}, r"gen_length must be a positive integer, got True"),
+        ("dlm_sinkmask", "dream", {"sampling_top_k": "true"}, r"sampling_top_k must be a positive integer, got True"),
+        ("dlm_sinkmask", "dream", {"top_p": "true"}, r"top_p must be a number in \(0, 1\], got True"),
+        ("dlm_sinkmask", "dream", {"top_p": "abc"}, r"top_p must be a number in \(0, 1\], got 'abc'"),
+        # a flag set to anything but true/false: "no" is a non-empty string, so it would switch it on
+        ("dlm_sinkmask", "llada", {"logits_eos_inf": "no"}, r"logits_eos_inf must be true or false, got 'no'"),
+        ("dlm_sinkmask", "llada", {"confidence_eos_eot_inf": 1}, r"confidence_eos_eot_inf must be true or false, got 1"),
         # an argument that would be accepted and change nothing
         ("arm_sinkmask", "llama", {"sink_token": "exclude"}, r"sink_token is a dlm_sinkmask argument \(checkpoints with an extra sink token.*arm_sinkmask has no use for it"),
         ("dlm_sinkmask", "dream", {"cfg_scale": 1.5, "block_length": 8}, r"block_length, cfg_scale: only the block sampler \(llada/mmada\) reads them, and family dream decodes with the dream sampler"),
