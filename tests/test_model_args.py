@@ -70,6 +70,8 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"layers": "3-1"}, r"the range 3-1 is reversed \(write 1-3\)"),
         ("dlm_sinkmask", "llada", {"layers": ";"}, r"layers selects no layer"),
         ("arm_sinkmask", "llama", {"layers": "a-b"}, r"layers must look like 0-3;7"),
+        ("arm_sinkmask", "llama", {"layers": "1.0"}, r"layers must be layer indices such as 0-3;7, got 1\.0"),
+        ("dlm_sinkmask", "llada", {"layers": "0--1"}, r"layers must be non-negative layer indices, got '0--1'"),
         ("dlm_sinkmask", "dream", {"top_k": 1, "layers": "1;5-6"}, r"names layer\(s\) \[5, 6\], but the model has 2 layers \(0-1, from its config\)"),
         ("arm_sinkmask", "llama", {"top_k": 1, "layers": "2"}, r"names layer\(s\) \[2\], but the model has 2 layers"),
         # lm-eval reads True/False as bools: never a threshold of 1 or a chunk of 1 row
