@@ -61,6 +61,8 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"blok_length": 32}, r"Did you mean 'block_length'\?.*Ours: top_k, eps"),
         ("arm_sinkmask", "llama", {"block_length": 32}, r"block_length is a dlm_sinkmask argument.*use --model dlm_sinkmask"),
         ("dlm_sinkmask", "llada", {"arm_rule": "all_rows"}, r"arm_rule is an arm_sinkmask argument"),
+        ("arm_sinkmask", "llama", {"mc_num": 4}, r"mc_num is a dlm_sinkmask argument \(its Monte Carlo log-likelihood bound\); arm_sinkmask scores log-likelihoods exactly"),
+        ("arm_sinkmask", "llama", {"mask_id": 4}, r"mask_id is a dlm_sinkmask argument \(loading a diffusion LM\)"),
         ("dlm_sinkmask", "llada", {"backend": "causal"}, r"unknown model argument 'backend'"),
         ("arm_sinkmask", "llada", {}, r"masked diffusion LM \(model_type 'sinkmask_llada', family llada\): use --model dlm_sinkmask"),
         ("arm_sinkmask", "dream", {}, r"family dream\): use --model dlm_sinkmask"),
