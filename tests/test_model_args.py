@@ -94,6 +94,11 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "dream", {"cfg_scale": 1.5, "block_length": 8}, r"block_length, cfg_scale: only the block sampler \(llada/mmada\) reads them, and family dream decodes with the dream sampler"),
         ("dlm_sinkmask", "llada", {"alg": "entropy"}, r"alg: only the dream sampler \(dream\) reads it, and family llada"),
         ("dlm_sinkmask", "llada", {"dream_sampler": "invariant"}, r"dream_sampler: only the dream sampler"),
+        # family= names a sampler for an unknown model_type; on a known one it may not swap it
+        ("dlm_sinkmask", "llada", {"family": "dream"}, r"family=dream contradicts the checkpoint: its model_type 'sinkmask_llada' is family llada, which decodes with the block sampler.*Drop family="),
+        ("dlm_sinkmask", "dream", {"family": "LLaDA"}, r"family=LLaDA contradicts the checkpoint: its model_type 'sinkmask_dream' is family dream"),
+        ("dlm_sinkmask", "dream", {"alg": "greedy"}, r"alg must be one of"),
+        ("dlm_sinkmask", "dream", {"dream_sampler": "exact"}, r"dream_sampler must be one of"),
         # contradictions with the checkpoint, read off its config.json
         ("dlm_sinkmask", "llada", {"mask_id": 100000}, r"mask_id=100000 is outside the checkpoint's vocabulary of \d+ tokens"),
         ("dlm_sinkmask", "dream", {"mask_id": -1}, r"mask_id must be a token id"),
