@@ -20,7 +20,7 @@ from pathlib import Path
 
 def _sweep(a: argparse.Namespace) -> int:
     from .sweep import process_rank, run_sweep
-    from .sweep_plan import SweepPlan, parse_ks, parse_models, parse_seeds
+    from .sweep_plan import SweepPlan, parse_ks, parse_models, parse_seeds, parse_tasks
     from .versus import parse_versus
 
     seeds = parse_seeds(a.seeds)
@@ -35,7 +35,7 @@ def _sweep(a: argparse.Namespace) -> int:
     limit = None if a.limit is None else (int(a.limit) if float(a.limit).is_integer() and a.limit >= 1 else a.limit)
     plan = SweepPlan(
         models=models,
-        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()],
+        tasks=parse_tasks(a.tasks),
         ks=parse_ks(a.top_k),
         out=Path(a.out),
         eps=a.eps,
