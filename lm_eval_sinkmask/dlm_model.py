@@ -166,7 +166,11 @@ class DiffusionSettings:
 
     @staticmethod
     def pop_from(kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
+        user = {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
+        for flag in ("logits_eos_inf", "confidence_eos_eot_inf"):  # a dict of model_args keeps strings
+            if isinstance(user.get(flag), str) and user[flag].lower() in ("true", "false"):
+                user[flag] = user[flag].lower() == "true"
+        return user
 
 
 def _import_object(path: str):

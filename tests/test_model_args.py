@@ -116,6 +116,16 @@ def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_w
     assert "upgrade" not in str(e.value)  # never the advice to leave our transformers pin
 
 
+def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):
+    """simple_evaluate(model_args={...}) hands values over unparsed: "true" is a string there."""
+    from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM
+
+    DLMSinkMaskLM.check_args(str(config_only["llada"]), logits_eos_inf="True",
+                             confidence_eos_eot_inf="false")
+    with pytest.raises(ValueError, match="logits_eos_inf must be true or false, got 'yes'"):
+        DLMSinkMaskLM.check_args(str(config_only["llada"]), logits_eos_inf="yes")
+
+
 def test_dlm_on_a_llama_does_not_suggest_forcing_a_family(config_only, no_weight_loads):
     with pytest.raises(ValueError) as e:
         make("dlm_sinkmask", config_only["llama"])
