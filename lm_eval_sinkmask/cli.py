@@ -20,7 +20,7 @@ from pathlib import Path
 
 def _sweep(a: argparse.Namespace) -> int:
     from .sweep import process_rank, run_sweep
-    from .sweep_plan import SweepPlan, parse_ks, parse_models, parse_seeds
+    from .sweep_plan import SweepPlan, parse_ks, parse_models, parse_seeds, parse_tasks
     from .versus import parse_versus
 
     seeds = parse_seeds(a.seeds)
@@ -35,7 +35,7 @@ def _sweep(a: argparse.Namespace) -> int:
     limit = None if a.limit is None else (int(a.limit) if float(a.limit).is_integer() and a.limit >= 1 else a.limit)
     plan = SweepPlan(
         models=models,
-        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()],
+        tasks=parse_tasks(a.tasks),
         ks=parse_ks(a.top_k),
         out=Path(a.out),
         eps=a.eps,
@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--topn", type=int, default=5, help="top keys kept per (step, layer, head) [%(default)s]")
     k.add_argument("--full-steps", type=int, default=8, help="steps whose full score vectors are kept [%(default)s]")
     k.add_argument("--heads", default=None, help="layer:head pairs for Fig. 7, e.g. 0:1,3:2 (default: most sink-heavy)")
-    k.add_argument("--model-args", default="", help="more model_args, e.g. block_length=32,trust_remote_code=True")
+    k.add_argument("--model-args", default="", help="more model_args, e.g. block_length=32,trust_remote_code=True (not the "
+                        "ones the options above set: top_k, eps, gen_length, steps, device)")
     k.add_argument("--device", default=None)
     k.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     k.add_argument("--watch", default=None, metavar="POSITIONS",

@@ -26,7 +26,7 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
     """
     if value is None or value == "" or value == "all":
         return None
-    if isinstance(value, bool):
+    if isinstance(value, (bool, float)):  # lm-eval reads "true" and "1.0" as these
         raise ValueError(f"layers must be layer indices such as 0-3;7, got {value!r}")
     if isinstance(value, int):
         value = (value,)
@@ -40,6 +40,8 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
                 first, last = int(lo), int(hi if dash else lo)
             except ValueError:
                 raise ValueError(f"layers must look like 0-3;7 (ranges and ';'), got {value!r}") from None
+            if min(first, last) < 0:  # before the order: "0--1" is not a range to reverse
+                raise ValueError(f"layers must be non-negative layer indices, got {value!r}")
             if last < first:
                 raise ValueError(f"layers: the range {part} is reversed (write {last}-{first})")
             out.extend(range(first, last + 1))

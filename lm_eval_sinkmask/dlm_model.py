@@ -96,10 +96,16 @@ class DiffusionSettings:
         return settings
 
     def validate(self, family: Family) -> None:
+        # lm-eval reads "true"/"false" as bools, and a bool is an int to Python: without the
+        # bool checks, block_length=true would decode one token per block and logits_eos_inf=no
+        # (a non-empty string) would switch the option on
         for name in ("gen_length", "steps", "block_length", "sampling_top_k"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("temperature", "cfg_scale", "alg_temp"):
             value = getattr(self, name)
             if value is None and name == "alg_temp":  # Dream's own default: no randomness
@@ -107,8 +113,10 @@ class DiffusionSettings:
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value) or value < 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        top_p = self.top_p
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                                  or not 0 < top_p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         if self.padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {self.padding_side!r}")
         if family.sampler == "block":
@@ -159,7 +167,11 @@ class DiffusionSettings:
 
     @staticmethod
     def pop_from(kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
+        user = {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
+        for flag in ("logits_eos_inf", "confidence_eos_eot_inf"):  # a dict of model_args keeps strings
+            if isinstance(user.get(flag), str) and user[flag].lower() in ("true", "false"):
+                user[flag] = user[flag].lower() == "true"
+        return user
 
 
 def _import_object(path: str):

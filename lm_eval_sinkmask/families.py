@@ -125,14 +125,23 @@ FAMILIES: dict[str, Family] = {
 
 def family_for(model_type: str | None, override: str | None = None) -> Family:
     """The family named by ``override`` (model_args ``family=``) or owning ``model_type``."""
+    name = diffusion_family_of(model_type)
     if override is not None:
         try:
-            return FAMILIES[override.lower()]
+            chosen = FAMILIES[override.lower()]
         except KeyError:
             raise ValueError(
                 f"unknown family {override!r}; choose one of {sorted(FAMILIES)}"
             ) from None
-    name = diffusion_family_of(model_type)
+        # family= is for checkpoints whose model_type we do not know; forcing another sampler
+        # onto one we do (Dream's shifted logits on a LLaDA) would decode nonsense, silently
+        if name is not None and FAMILIES[name].sampler != chosen.sampler:
+            raise ValueError(
+                f"family={override} contradicts the checkpoint: its model_type {model_type!r} "
+                f"is family {name}, which decodes with the {FAMILIES[name].sampler} sampler, "
+                f"not the {chosen.sampler} sampler of {chosen.name}. Drop family= from model_args"
+            )
+        return chosen
     if name is not None:
         return FAMILIES[name]
     if is_autoregressive(model_type):

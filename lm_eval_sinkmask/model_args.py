@@ -198,8 +198,12 @@ def _wrong_model(model: str, other: str, name: str) -> str:
     if model == ARM and arg.group == "masking":
         return (f"{name} is a {DLM} argument ({arg.meaning.replace('`', '')}); {ARM} has no use "
                 f"for it.")
+    if model == ARM and arg.group == "likelihood":
+        return (f"{name} is a {DLM} argument (its Monte Carlo log-likelihood bound); {ARM} scores "
+                f"log-likelihoods exactly, in one causal pass. For a diffusion LM use --model {DLM}.")
     if model == ARM:
-        return (f"{name} is a {DLM} argument (diffusion sampling); {ARM} decodes left to right "
+        what = "diffusion sampling" if arg.group == "sampling" else "loading a diffusion LM"
+        return (f"{name} is a {DLM} argument ({what}); {ARM} decodes left to right "
                 f"with transformers' generate. For a diffusion LM use --model {DLM}.")
     return (f"{name} is an {ARM} argument: a diffusion LM scores keys over every query row, so "
             f"{DLM} has no query rule. For an autoregressive LM use --model {ARM}.")

@@ -32,6 +32,7 @@ of an untraced top_k=0 run. ``top_k >= 1`` traces a masked run.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -339,6 +340,33 @@ def _kind(path: str, kind: str | None) -> str:
     return infer_kind(path)
 
 
+# model_args that trace_generation sets itself, and the option that sets each
+_SET_BY_TRACE = {"top_k": "--top-k", "eps": "--eps", "gen_length": "--gen-length",
+                 "steps": "--steps", "device": "--device", "batch_size": "one prompt",
+                 "granularity": "per (layer, head), always"}
+
+
+def check_trace_args(kind: str, args: dict[str, Any], *, gen_length: int, steps: int | None,
+                     eps: float, top_k: int, topn: int, full_steps: int) -> None:
+    """What a trace would otherwise get wrong silently (eps=nan finds no sink anywhere, a
+    model_args top_k=5 under the default --top-k 0 traces an unmasked run), refused before
+    the model loads."""
+    owned = [k for k in args if k in _SET_BY_TRACE]
+    if owned:
+        raise ValueError("; ".join(f"{k} in --model-args: the trace sets it ({_SET_BY_TRACE[k]})"
+                                   for k in owned) + ". Drop it from --model-args")
+    if not math.isfinite(eps):
+        raise ValueError(f"--eps must be a finite number, got {eps}")
+    for name, value, least in (("--top-k", top_k, 0), ("--gen-length", gen_length, 1),
+                               ("--steps", steps, 1), ("--topn", topn, 1),
+                               ("--full-steps", full_steps, 0)):
+        if value is not None and value < least:
+            raise ValueError(f"{name} must be >= {least}, got {value}")
+    if kind == "arm" and steps is not None:
+        raise ValueError("--steps sets a diffusion LM's denoising steps; an ARM decodes one "
+                         "token per step. Drop --steps")
+
+
 def trace_generation(
     model: str,
     prompt: str,
@@ -370,8 +398,12 @@ def trace_generation(
 
     kind = _kind(model, kind)
     args: dict[str, Any] = simple_parse_args_string(model_args) if model_args else {}
-    if kind == "dlm" and steps is not None:
-        args["steps"] = steps
+    check_trace_args(kind, args, gen_length=gen_length, steps=steps, eps=eps, top_k=top_k,
+                     topn=topn, full_steps=full_steps)
+    if kind == "dlm":  # the sampler checks gen_length against its blocks before loading
+        args["gen_length"] = gen_length
+        if steps is not None:
+            args["steps"] = steps
     args["device"] = device or default_device()
     args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
     lm = get_model(MODEL_CLASS[kind])(pretrained=model, **args)

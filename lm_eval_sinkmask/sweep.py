@@ -73,6 +73,12 @@ def unsafe_tasks(tm, tasks: list[str]) -> list[str]:
     return out
 
 
+def zero_shot_tasks(tm, tasks: list[str]) -> list[str]:
+    """Tasks whose YAML sets ``num_fewshot: 0``: lm-eval ignores ``--num_fewshot`` for them."""
+    return [name for name in tasks
+            if (getattr(tm.task_index.get(name), "cfg", None) or {}).get("num_fewshot") == 0]
+
+
 def primary_metric(task_results: dict[str, Any]) -> str | None:
     """The Table 1 metric of one task's lm-eval results: GSM8K-like tasks report exact_match
     under the strict-match filter ("#### N", as the paper's GSM8K numbers), code tasks pass@1."""
@@ -282,6 +288,13 @@ def run_sweep(
     refused = refused_model_args([cells[i] for i in todo])
     if refused:
         raise SystemExit("\n".join(refused))
+    if plan.num_fewshot:  # cells recorded as N-shot would have run 0-shot
+        fixed = zero_shot_tasks(tm, plan.tasks)
+        if fixed:
+            raise SystemExit(
+                f"task(s) {fixed} set num_fewshot: 0 in their YAML, and lm-eval ignores "
+                f"--num_fewshot for such a task: --num-fewshot {plan.num_fewshot} would run them "
+                "0-shot. Sweep them without --num-fewshot (or in a sweep of their own).")
     blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))
     if blocked and not plan.allow_code_execution:
         raise SystemExit(

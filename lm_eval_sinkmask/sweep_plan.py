@@ -148,10 +148,22 @@ def infer_kind(path: str) -> str:
 
 
 def parse_ks(text: str) -> list[int]:
-    ks = [int(k) for k in text.split(",") if k.strip()]
+    try:
+        ks = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        ks = []
     if not ks or any(k < 0 for k in ks) or len(set(ks)) != len(ks):
         raise ValueError(f"--top-k needs distinct integers >= 0, got {text!r}")
     return ks
+
+
+def parse_tasks(text: str) -> list[str]:
+    """``--tasks``: none at all would sweep nothing and say nothing; a task named twice would
+    run its cells twice into the same folders."""
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    if not tasks or len(set(tasks)) != len(tasks):
+        raise ValueError(f"--tasks needs distinct task names, got {text!r}")
+    return tasks
 
 
 def check_limit(limit: int | float | None) -> None:

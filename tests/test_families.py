@@ -17,6 +17,7 @@ def test_model_types_map_to_families(model_type, family):
 
 def test_override_wins_and_unknown_names_are_explained():
     assert family_for("llama", override="LLaDA").name == "llada"
+    assert family_for("llada", override="mmada").name == "mmada"  # the same sampler
     with pytest.raises(ValueError, match="unknown family 'gpt'"):
         family_for("llada", override="gpt")
     with pytest.raises(ValueError, match="cannot tell the diffusion family of model_type 'my_dlm'"):

@@ -61,6 +61,8 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"blok_length": 32}, r"Did you mean 'block_length'\?.*Ours: top_k, eps"),
         ("arm_sinkmask", "llama", {"block_length": 32}, r"block_length is a dlm_sinkmask argument.*use --model dlm_sinkmask"),
         ("dlm_sinkmask", "llada", {"arm_rule": "all_rows"}, r"arm_rule is an arm_sinkmask argument"),
+        ("arm_sinkmask", "llama", {"mc_num": 4}, r"mc_num is a dlm_sinkmask argument \(its Monte Carlo log-likelihood bound\); arm_sinkmask scores log-likelihoods exactly"),
+        ("arm_sinkmask", "llama", {"mask_id": 4}, r"mask_id is a dlm_sinkmask argument \(loading a diffusion LM\)"),
         ("dlm_sinkmask", "llada", {"backend": "causal"}, r"unknown model argument 'backend'"),
         ("arm_sinkmask", "llada", {}, r"masked diffusion LM \(model_type 'sinkmask_llada', family llada\): use --model dlm_sinkmask"),
         ("arm_sinkmask", "dream", {}, r"family dream\): use --model dlm_sinkmask"),
@@ -70,17 +72,33 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"layers": "3-1"}, r"the range 3-1 is reversed \(write 1-3\)"),
         ("dlm_sinkmask", "llada", {"layers": ";"}, r"layers selects no layer"),
         ("arm_sinkmask", "llama", {"layers": "a-b"}, r"layers must look like 0-3;7"),
+        ("arm_sinkmask", "llama", {"layers": "1.0"}, r"layers must be layer indices such as 0-3;7, got 1\.0"),
+        ("dlm_sinkmask", "llada", {"layers": "0--1"}, r"layers must be non-negative layer indices, got '0--1'"),
         ("dlm_sinkmask", "dream", {"top_k": 1, "layers": "1;5-6"}, r"names layer\(s\) \[5, 6\], but the model has 2 layers \(0-1, from its config\)"),
         ("arm_sinkmask", "llama", {"top_k": 1, "layers": "2"}, r"names layer\(s\) \[2\], but the model has 2 layers"),
         # lm-eval reads True/False as bools: never a threshold of 1 or a chunk of 1 row
         ("dlm_sinkmask", "llada", {"eps": True}, r"eps must be a number, got True"),
         ("arm_sinkmask", "llama", {"query_chunk": True}, r"query_chunk must be a number, got True"),
         ("arm_sinkmask", "llama", {"top_k": True}, r"top_k must be a number, got True"),
+        # a bool is an int to Python: block_length=true would decode one token per block
+        ("dlm_sinkmask", "llada", {"block_length": "true"}, r"block_length must be a positive integer, got True"),
+        ("dlm_sinkmask", "llada", {"gen_length": "true", "block_length": 1}, r"gen_length must be a positive integer, got True"),
+        ("dlm_sinkmask", "dream", {"sampling_top_k": "true"}, r"sampling_top_k must be a positive integer, got True"),
+        ("dlm_sinkmask", "dream", {"top_p": "true"}, r"top_p must be a number in \(0, 1\], got True"),
+        ("dlm_sinkmask", "dream", {"top_p": "abc"}, r"top_p must be a number in \(0, 1\], got 'abc'"),
+        # a flag set to anything but true/false: "no" is a non-empty string, so it would switch it on
+        ("dlm_sinkmask", "llada", {"logits_eos_inf": "no"}, r"logits_eos_inf must be true or false, got 'no'"),
+        ("dlm_sinkmask", "llada", {"confidence_eos_eot_inf": 1}, r"confidence_eos_eot_inf must be true or false, got 1"),
         # an argument that would be accepted and change nothing
         ("arm_sinkmask", "llama", {"sink_token": "exclude"}, r"sink_token is a dlm_sinkmask argument \(checkpoints with an extra sink token.*arm_sinkmask has no use for it"),
         ("dlm_sinkmask", "dream", {"cfg_scale": 1.5, "block_length": 8}, r"block_length, cfg_scale: only the block sampler \(llada/mmada\) reads them, and family dream decodes with the dream sampler"),
         ("dlm_sinkmask", "llada", {"alg": "entropy"}, r"alg: only the dream sampler \(dream\) reads it, and family llada"),
         ("dlm_sinkmask", "llada", {"dream_sampler": "invariant"}, r"dream_sampler: only the dream sampler"),
+        # family= names a sampler for an unknown model_type; on a known one it may not swap it
+        ("dlm_sinkmask", "llada", {"family": "dream"}, r"family=dream contradicts the checkpoint: its model_type 'sinkmask_llada' is family llada, which decodes with the block sampler.*Drop family="),
+        ("dlm_sinkmask", "dream", {"family": "LLaDA"}, r"family=LLaDA contradicts the checkpoint: its model_type 'sinkmask_dream' is family dream"),
+        ("dlm_sinkmask", "dream", {"alg": "greedy"}, r"alg must be one of"),
+        ("dlm_sinkmask", "dream", {"dream_sampler": "exact"}, r"dream_sampler must be one of"),
         # contradictions with the checkpoint, read off its config.json
         ("dlm_sinkmask", "llada", {"mask_id": 100000}, r"mask_id=100000 is outside the checkpoint's vocabulary of \d+ tokens"),
         ("dlm_sinkmask", "dream", {"mask_id": -1}, r"mask_id must be a token id"),
@@ -96,6 +114,16 @@ def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_w
     with pytest.raises(ValueError, match=message) as e:
         make(model, config_only[kind], **args)
     assert "upgrade" not in str(e.value)  # never the advice to leave our transformers pin
+
+
+def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):
+    """simple_evaluate(model_args={...}) hands values over unparsed: "true" is a string there."""
+    from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM
+
+    DLMSinkMaskLM.check_args(str(config_only["llada"]), logits_eos_inf="True",
+                             confidence_eos_eot_inf="false")
+    with pytest.raises(ValueError, match="logits_eos_inf must be true or false, got 'yes'"):
+        DLMSinkMaskLM.check_args(str(config_only["llada"]), logits_eos_inf="yes")
 
 
 def test_dlm_on_a_llama_does_not_suggest_forcing_a_family(config_only, no_weight_loads):

@@ -217,8 +217,6 @@ def config_only(tmp_path, tiny_dirs):
         ({"gen_length": 100, "block_length": 32}, "gen_length"),
         ({"gen_length": 64, "block_length": 32, "steps": 63}, "steps"),
         ({"remasking": "highest"}, "remasking must be one of"),
-        ({"family": "dream", "alg": "greedy"}, "alg must be one of"),
-        ({"family": "dream", "dream_sampler": "exact"}, "dream_sampler must be one of"),
         ({"padding_side": "middle"}, "padding_side must be one of"),
         ({"mask_target": "tokens"}, "mask_target must be one of"),
         ({"mask_seed": "x"}, "mask_seed must be a number"),

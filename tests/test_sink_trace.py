@@ -1,6 +1,8 @@
 """Sink traces: the recorder against Eq. 3, the saved trace, a traced generation equal to an
 unmasked one, and the four figures written from the trace alone."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -160,6 +162,27 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
     kw = {"attention_mask": mask} | ({"do_sample": False} if kind == "llama" else {})
     plain = lm._model_generate(ids, ids.shape[1] + 8, [], **kw)[0, ids.shape[1]:]
     assert m["completion"] == lm.tokenizer.decode(plain, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("kind, args, message", [
+    ("llada", ["--eps", "nan"], r"--eps must be a finite number, got nan"),
+    ("llada", ["--model-args", "top_k=5"], r"top_k in --model-args: the trace sets it \(--top-k\)"),
+    ("llada", ["--model-args", "block_length=4,gen_length=8"], r"gen_length in --model-args: the trace sets it"),
+    ("llada", ["--gen-length", "0"], r"--gen-length must be >= 1, got 0"),
+    ("llada", ["--gen-length", "40"], r"gen_length=40 must be a multiple of block_length=32"),
+    ("llada", ["--topn", "0"], r"--topn must be >= 1, got 0"),
+    ("llada", ["--top-k", "-1"], r"--top-k must be >= 0, got -1"),
+    ("llama", ["--steps", "4"], r"--steps sets a diffusion LM's denoising steps; an ARM decodes one token per step"),
+])
+def test_sinks_refuses_what_it_would_trace_wrongly_before_loading(tmp_path, tiny_dirs, capsys, kind, args, message):
+    """A folder with a config.json and no weights: loading would fail with another error."""
+    folder = tmp_path / kind
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny_dirs[kind] / "config.json").read_text())
+    assert main(["sinks", "--model", str(folder), "--prompt", PROMPT, "--out", str(tmp_path / "out"),
+                 "--device", "cpu", *args]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -87,6 +87,19 @@ def test_code_tasks_need_an_explicit_opt_in(tmp_path, tiny_dirs, tiny_task):
     assert not list((tmp_path / "out").rglob("cell.json"))
 
 
+def test_num_fewshot_for_a_task_lm_eval_keeps_zero_shot_is_refused(tmp_path, tiny_dirs, tiny_task):
+    fixed = tmp_path / "fixed_task"
+    fixed.mkdir()
+    yaml = (tiny_task / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: tiny_0shot")
+    (fixed / "tiny_0shot.yaml").write_text(yaml + "num_fewshot: 0\n")
+    args = ["sweep", "--models", f"m=arm:{tiny_dirs['llama']}", "--tasks", "tiny_0shot",
+            "--include-path", str(fixed), "--top-k", "0", "--out", str(tmp_path / "out"),
+            "--limit", "1", "--device", "cpu", "--num-fewshot", "2"]
+    with pytest.raises(SystemExit, match=r"\['tiny_0shot'\] set num_fewshot: 0 .* would run them 0-shot"):
+        main(args)
+    assert not list((tmp_path / "out").rglob("cell.json"))
+
+
 # ---- seed axis -------------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ cell, the seed and draw axes' layouts, and bad grids refused before anything loa
 
 import pytest
 
+from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.sweep_plan import (Cell, ModelSpec, SweepPlan, merge_grids, mixed_settings,
                                          parse_ks, parse_models, parse_seeds, seed_path,
                                          task_limits)
@@ -19,9 +20,19 @@ def test_models_take_an_explicit_kind_or_read_it_off_the_config(tiny_dirs):
     for bad in ("nopath", "a=x,a=y", ""):
         with pytest.raises(ValueError):
             parse_models(bad, kind_of=lambda p: "arm")
-    assert parse_ks("0,1,5,10") == [0, 1, 5, 10]
-    with pytest.raises(ValueError):
-        parse_ks("1,1")
+    assert parse_ks("0,1,5,10") == [0, 1, 5, 10] == parse_ks("0,1,,5,10")
+    for bad in ("1,1", "-1", "a", "1.5", ""):
+        with pytest.raises(ValueError, match=r"--top-k needs distinct integers >= 0"):
+            parse_ks(bad)
+
+
+@pytest.mark.parametrize("text", ["", " , ", "mini_gsm_sinkmask,mini_gsm_sinkmask"])
+def test_an_empty_or_repeated_task_list_is_refused(tmp_path, capsys, text):
+    """No task would sweep nothing without a word; a repeated one ran its cells twice."""
+    assert main(["sweep", "--models", "a=zoo:arm", "--tasks", text, "--top-k", "0",
+                 "--out", str(tmp_path / "out"), "--no-table"]) == 2
+    assert "--tasks needs distinct task names" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 @pytest.mark.parametrize("names", ["../x", "a/draw0", ".", "a\\b", "llada,LLaDA"])
 def test_a_model_name_is_one_folder_of_its_own(names):

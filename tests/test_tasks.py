@@ -222,6 +222,20 @@ def test_gsm8k_chat_gold_rationales_score_one(tasks):
         "2 * 3 = 6 4 + 6 = 10 10 - 1 = 9 The answer is 9.")
 
 
+@pytest.mark.parametrize("num_fewshot, shots", [(None, 0), (2, 2)])
+def test_gsm8k_chat_is_zero_shot_unless_num_fewshot_asks_for_rationales(task_manager, gsm8k_dir, num_fewshot, shots):
+    """lm-eval ignores --num_fewshot for a task whose YAML fixes it at 0; the chat variant
+    leaves it unset, so that --num_fewshot reaches it."""
+    import lm_eval
+
+    results = lm_eval.simple_evaluate(model="dummy", tasks=["gsm8k_sinkmask_chat"], limit=1,
+                                      num_fewshot=num_fewshot, task_manager=task_manager,
+                                      log_samples=True, metadata={"gsm8k_dir": str(gsm8k_dir)})
+    prompt = results["samples"]["gsm8k_sinkmask_chat"][0]["arguments"][0][0]
+    assert prompt.count("Q: ") == shots + 1 and prompt.count("The answer is") == shots
+    assert results["n-shot"]["gsm8k_sinkmask_chat"] == shots
+
+
 def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail(tasks):
     task = tasks["humaneval_sinkmask"]
     docs = list(task.test_docs())
