@@ -89,7 +89,9 @@ def select_sinks(
     """Scores, all Eq. 3 sinks, and the top-k selected sinks for one attention call.
 
     mass, rows: [B, H, Sk]; key_valid: [B, Sk]. With ``per_layer`` the attention is averaged
-    over heads first (granularity=layer) and the results have a head dimension of 1.
+    over heads first (granularity=layer) and the results have a head dimension of 1; a key's
+    row count is then the most rows any head gives it, which is every head's count when the
+    heads share one mask (as in all four supported families: their masks have no head axis).
     """
     if per_layer:
         mass = mass.mean(dim=1, keepdim=True)
