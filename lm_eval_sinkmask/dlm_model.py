@@ -575,6 +575,25 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         if self.rank == 0:
             self._run_mc_stderrs = [e for part in gathered for e in part]
 
+    def answer_settings(self) -> dict:
+        likelihood_settings = self.likelihood.as_dict()
+        likelihood_settings.pop("mc_batch_size")  # memory only: the estimate does not change
+        return {**super().answer_settings(), "family": self.family.name,
+                "sampler": asdict(self.settings), "likelihood": likelihood_settings,
+                "mask_id": self.mask_id}
+
+    def random_sampling(self) -> str | None:
+        s, draws = self.settings, []
+        if s.temperature:
+            draws.append(f"temperature={s.temperature:g}")
+        if self.family.sampler == "block" and s.remasking == "random":
+            draws.append("remasking=random")
+        if self.family.sampler == "dream" and s.alg == "origin":
+            draws.append("alg=origin")
+        if self.family.sampler == "dream" and s.alg_temp:
+            draws.append(f"alg_temp={s.alg_temp:g}")
+        return ", ".join(draws) or None
+
     def get_model_info(self) -> dict:
         info = super().get_model_info()
         info["sinkmask"]["family"] = self.family.name
