@@ -61,6 +61,7 @@ class MaskingLMMixin:
         self.masker = SinkMasker(config, rule=rule)
         self.mask_stats = MaskingStats()  # this process, whole run
         self.run_mask_stats = MaskingStats()  # all processes, filled after each request type
+        self._sizing_batches = False  # inside HFLM's batch-size search: passes not counted
 
     @contextmanager
     def masking(self, ids: torch.Tensor | None = None,
@@ -76,7 +77,8 @@ class MaskingLMMixin:
             rows = row_tokens(ids, valid)
         with self.masker.attach(self.model, rows) as stats:
             yield stats
-        self.mask_stats.merge(stats)
+        if not self._sizing_batches:
+            self.mask_stats.merge(stats)
         if self.mask_config.enabled and stats.attention_calls == 0:
             raise RuntimeError(NO_ATTENTION_HELP)
         if self.mask_config.enabled and stats.forward_passes:
@@ -85,6 +87,16 @@ class MaskingLMMixin:
             calls = 1 + max(stats.layers)
             check_layers(self.mask_config, calls, "attention calls per pass")
             check_calls_per_pass(calls, depth(self.model.config.to_dict()))
+
+    def _detect_batch_size(self, requests=None, pos: int = 0):
+        """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows at full
+        length. They go through the masker, so the memory they measure includes its own, but
+        they are not the run's, and counted they made most of a small run's sinks."""
+        self._sizing_batches = True
+        try:
+            return super()._detect_batch_size(requests, pos)
+        finally:
+            self._sizing_batches = False
 
     def set_cache_hook(self, cache_hook) -> None:
         """``--use_cache``: lm-eval's db keys answers on the request only, so it must hold

@@ -319,3 +319,16 @@ def test_mixed_precision_dtype_reaches_the_masked_model_calls(tiny_dirs, name, k
     lm.loglikelihood([Instance("loglikelihood", {}, (PROMPTS[0], " 3"), 0),
                       Instance("loglikelihood", {}, (PROMPTS[2], " 12 apples"), 1)])
     assert seen and set(seen) == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("batch_size", ["auto", "auto:2"])
+def test_batch_size_search_passes_are_not_counted_as_the_runs(tiny_dirs, batch_size):
+    # HFLM sizes batches with forward passes of all-ones rows, which go through the masker
+    scored = [Instance("loglikelihood", {}, (p, " 3 apples"), i) for i, p in enumerate(PROMPTS)]
+    runs = {}
+    for size in (batch_size, 2):
+        lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, batch_size=size,
+                  max_batch_size=2)
+        runs[size] = (lm.loglikelihood(scored), lm.generate_until(requests()), lm.mask_stats.as_dict())
+    assert runs[batch_size] == runs[2]
+    assert runs[2][2]["forward_passes"] > 0
