@@ -385,7 +385,16 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         self._plan_requests(requests)
-        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+        return super().generate_until(self._asking_gen_length(requests), disable_tqdm=disable_tqdm)
+
+    def _asking_gen_length(self, requests) -> list:
+        """With ``gen_length`` in model_args, copies of the requests that ask for that many
+        tokens: HFLM truncates each prompt to leave ``max_gen_toks`` positions of
+        ``max_length``, and the sampler writes ``gen_length``."""
+        if self.settings.gen_length is None:
+            return requests
+        return [replace(req, arguments=(req.args[0], {**req.args[1], "max_gen_toks": self.settings.gen_length}))
+                for req in requests]
 
     def _plan_requests(self, requests) -> None:
         """Check every request's sampler settings before the first forward pass: a task whose

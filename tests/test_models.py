@@ -332,3 +332,15 @@ def test_batch_size_search_passes_are_not_counted_as_the_runs(tiny_dirs, batch_s
         runs[size] = (lm.loglikelihood(scored), lm.generate_until(requests()), lm.mask_stats.as_dict())
     assert runs[batch_size] == runs[2]
     assert runs[2][2]["forward_passes"] > 0
+
+
+def test_a_gen_length_longer_than_the_tasks_still_fits_max_length(tiny_dirs, monkeypatch):
+    # HFLM leaves max_length - max_gen_toks positions for the prompt; the DLM writes gen_length
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=24, gen_length=16, block_length=16,
+              **RANDOM_LLADA)
+    widths = []
+    decode = lm._decode
+    monkeypatch.setattr(lm, "_decode", lambda context, *a: widths.append(context.shape[1]) or decode(context, *a))
+    long_prompt = " ".join(["Question : Tom has 3 apples ."] * 6)
+    [text] = lm.generate_until(requests([long_prompt], max_gen_toks=8))
+    assert widths and max(widths) + 16 <= 24
