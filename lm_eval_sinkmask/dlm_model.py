@@ -393,8 +393,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         ``max_length``, and the sampler writes ``gen_length``."""
         if self.settings.gen_length is None:
             return requests
-        return [replace(req, arguments=(req.args[0], {**req.args[1], "max_gen_toks": self.settings.gen_length}))
-                for req in requests]
+        asking = {"max_gen_toks": self.settings.gen_length}
+        return [replace(req, arguments=(req.args[0], {**req.args[1], **asking})) for req in requests]
 
     def _plan_requests(self, requests) -> None:
         """Check every request's sampler settings before the first forward pass: a task whose
