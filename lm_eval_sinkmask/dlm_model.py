@@ -397,7 +397,16 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         self._plan_requests(requests)
-        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+        return super().generate_until(self._asking_gen_length(requests), disable_tqdm=disable_tqdm)
+
+    def _asking_gen_length(self, requests) -> list:
+        """With ``gen_length`` in model_args, copies of the requests that ask for that many
+        tokens: HFLM truncates each prompt to leave ``max_gen_toks`` positions of
+        ``max_length``, and the sampler writes ``gen_length``."""
+        if self.settings.gen_length is None:
+            return requests
+        asking = {"max_gen_toks": self.settings.gen_length}
+        return [replace(req, arguments=(req.args[0], {**req.args[1], **asking})) for req in requests]
 
     def _plan_requests(self, requests) -> None:
         """Check every request's sampler settings before the first forward pass: a task whose
@@ -586,6 +595,25 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         gathered = self.gather_object(self._mc_stderrs, dst=0)
         if self.rank == 0:
             self._run_mc_stderrs = [e for part in gathered for e in part]
+
+    def answer_settings(self) -> dict:
+        likelihood_settings = self.likelihood.as_dict()
+        likelihood_settings.pop("mc_batch_size")  # memory only: the estimate does not change
+        return {**super().answer_settings(), "family": self.family.name,
+                "sampler": asdict(self.settings), "likelihood": likelihood_settings,
+                "mask_id": self.mask_id}
+
+    def random_sampling(self) -> str | None:
+        s, draws = self.settings, []
+        if s.temperature:
+            draws.append(f"temperature={s.temperature:g}")
+        if self.family.sampler == "block" and s.remasking == "random":
+            draws.append("remasking=random")
+        if self.family.sampler == "dream" and s.alg == "origin":
+            draws.append("alg=origin")
+        if self.family.sampler == "dream" and s.alg_temp:
+            draws.append(f"alg_temp={s.alg_temp:g}")
+        return ", ".join(draws) or None
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()

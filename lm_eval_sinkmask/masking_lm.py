@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
+from . import answer_cache
 from .checkpoint_checks import check_layers, depth
 from .config import SinkMaskConfig
 from .intercept import NO_ATTENTION_HELP, SinkMasker
@@ -60,6 +61,7 @@ class MaskingLMMixin:
         self.masker = SinkMasker(config, rule=rule)
         self.mask_stats = MaskingStats()  # this process, whole run
         self.run_mask_stats = MaskingStats()  # all processes, filled after each request type
+        self._sizing_batches = False  # inside HFLM's batch-size search: passes not counted
 
     @contextmanager
     def masking(self, ids: torch.Tensor | None = None,
@@ -75,7 +77,8 @@ class MaskingLMMixin:
             rows = row_tokens(ids, valid)
         with self.masker.attach(self.model, rows) as stats:
             yield stats
-        self.mask_stats.merge(stats)
+        if not self._sizing_batches:
+            self.mask_stats.merge(stats)
         if self.mask_config.enabled and stats.attention_calls == 0:
             raise RuntimeError(NO_ATTENTION_HELP)
         if self.mask_config.enabled and stats.forward_passes:
@@ -84,6 +87,42 @@ class MaskingLMMixin:
             calls = 1 + max(stats.layers)
             check_layers(self.mask_config, calls, "attention calls per pass")
             check_calls_per_pass(calls, depth(self.model.config.to_dict()))
+
+    def _detect_batch_size(self, requests=None, pos: int = 0):
+        """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows at full
+        length. They go through the masker, so the memory they measure includes its own, but
+        they are not the run's, and counted they made most of a small run's sinks."""
+        self._sizing_batches = True
+        try:
+            return super()._detect_batch_size(requests, pos)
+        finally:
+            self._sizing_batches = False
+
+    def set_cache_hook(self, cache_hook) -> None:
+        """``--use_cache``: lm-eval's db keys answers on the request only, so it must hold
+        answers of these settings and no other (see answer_cache)."""
+        db = getattr(cache_hook, "dbdict", None)
+        if db is not None:
+            answer_cache.refuse_sampling(self.random_sampling())
+            answer_cache.claim(db, self.answer_settings(), getattr(db, "filename", "db"))
+        super().set_cache_hook(cache_hook)
+
+    def answer_settings(self) -> dict:
+        """Everything besides the request that decides an answer (settings that change only
+        memory use, such as ``query_chunk``, left out)."""
+        masking = self.mask_config.as_dict()
+        masking.pop("query_chunk")
+        pretrained = self.pretrained if isinstance(self.pretrained, str) else getattr(
+            self.model.config, "_name_or_path", type(self.model).__name__)
+        return {"model": type(self).__name__, "pretrained": pretrained,
+                "revision": self.revision, "dtype": str(self.model.dtype),
+                "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
+                "masking": masking, "query_rule": self.masker.rule}
+
+    def random_sampling(self) -> str | None:
+        """The model_args that make generation draw at random, if any (HFLM samples only when
+        a request asks for ``do_sample``, which lm-eval's cache already leaves uncached)."""
+        return None
 
     def autocast(self):
         """lm-eval's ``mixed_precision_dtype`` around our own model calls, as HFLM's

@@ -136,8 +136,19 @@ FROM_PRETRAINED: dict[str, str] = {
     "offload_state_dict": "offload to disk while loading",
 }
 
-# HFLM parameters a model fixes itself
-NOT_FOR = {DLM: {"backend"}, ARM: set()}
+# HFLM parameters a model fixes itself or never reads (accepted, they would change nothing
+# while the run's model_args said they had): name -> why
+NOT_FOR: dict[str, dict[str, str]] = {
+    DLM: {
+        "backend": "it always loads the checkpoint as a causal-style model and decodes with its "
+                   "own sampler",
+        "softmax_dtype": "it replaces lm-eval's causal log-likelihood, the only place that "
+                         "reads it: its Monte Carlo bound takes the log-softmax in float32, and "
+                         "its samplers' probabilities are in the model's dtype "
+                         "(llada_sampler/dream_sampler=reference) or float32 (=invariant)",
+    },
+    ARM: {},
+}
 
 
 def ours(model: str) -> list[ModelArg]:
@@ -171,7 +182,7 @@ def _doc_of(doc: str, name: str) -> str:
 
 def known(model: str) -> set[str]:
     names = {a.name for a in ours(model)} | set(hflm_args()) | set(FROM_PRETRAINED)
-    return names - NOT_FOR[model]
+    return names - set(NOT_FOR[model])
 
 
 def check(model: str, names: Iterable[str]) -> None:
@@ -181,6 +192,9 @@ def check(model: str, names: Iterable[str]) -> None:
     for name in names:
         if name in valid:
             continue
+        if name in NOT_FOR[model]:
+            raise ValueError(f"{model} does not take lm-eval's {name!r}: {NOT_FOR[model][name]}. "
+                             f"Drop {name} from model_args.")
         if name in {a.name for a in ours(other)}:
             raise ValueError(_wrong_model(model, other, name))
         guess = difflib.get_close_matches(name, sorted(valid), n=1)
@@ -188,7 +202,7 @@ def check(model: str, names: Iterable[str]) -> None:
         raise ValueError(
             f"unknown model argument {name!r} for {model}.{hint} Ours: "
             f"{', '.join(a.name for a in ours(model))}. lm-eval's (HFLM): "
-            f"{', '.join(sorted(set(hflm_args()) - NOT_FOR[model]))}. Passed to from_pretrained: "
+            f"{', '.join(sorted(set(hflm_args()) - set(NOT_FOR[model])))}. Passed to from_pretrained: "
             f"{', '.join(FROM_PRETRAINED)}. `sinkmask args` explains each."
         )
 
@@ -231,8 +245,9 @@ def markdown() -> str:
             out.append(f"| `{a.name}` | {where} | {a.default} | {a.meaning} |")
         out.append("")
     out.append("Any other argument of lm-eval's `hf` model (`dtype`, `device`, `batch_size`, "
-               "`trust_remote_code`, `revision`, ...) works as there; `sinkmask args` lists them "
-               "with the `from_pretrained` options we pass through.")
+               "`trust_remote_code`, `revision`, ...) works as there, but for `backend` and "
+               "`softmax_dtype`, which `dlm_sinkmask` refuses (it would ignore them); `sinkmask "
+               "args` lists them with the `from_pretrained` options we pass through.")
     return "\n".join(out)
 
 

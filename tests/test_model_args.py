@@ -63,7 +63,9 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"arm_rule": "all_rows"}, r"arm_rule is an arm_sinkmask argument"),
         ("arm_sinkmask", "llama", {"mc_num": 4}, r"mc_num is a dlm_sinkmask argument \(its Monte Carlo log-likelihood bound\); arm_sinkmask scores log-likelihoods exactly"),
         ("arm_sinkmask", "llama", {"mask_id": 4}, r"mask_id is a dlm_sinkmask argument \(loading a diffusion LM\)"),
-        ("dlm_sinkmask", "llada", {"backend": "causal"}, r"unknown model argument 'backend'"),
+        ("dlm_sinkmask", "llada", {"backend": "causal"}, r"dlm_sinkmask does not take lm-eval's 'backend'"),
+        # lm-eval reads it only in the causal log-likelihood the DLM replaces
+        ("dlm_sinkmask", "llada", {"softmax_dtype": "float64"}, r"does not take lm-eval's 'softmax_dtype'.*float32"),
         ("arm_sinkmask", "llada", {}, r"masked diffusion LM \(model_type 'sinkmask_llada', family llada\): use --model dlm_sinkmask"),
         ("arm_sinkmask", "dream", {}, r"family dream\): use --model dlm_sinkmask"),
         ("dlm_sinkmask", "llama", {}, r"model_type 'llama' is an autoregressive LM: use --model arm_sinkmask"),

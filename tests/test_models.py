@@ -317,3 +317,28 @@ def test_mixed_precision_dtype_reaches_the_masked_model_calls(tiny_dirs, name, k
     lm.loglikelihood([Instance("loglikelihood", {}, (PROMPTS[0], " 3"), 0),
                       Instance("loglikelihood", {}, (PROMPTS[2], " 12 apples"), 1)])
     assert seen and set(seen) == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("batch_size", ["auto", "auto:2"])
+def test_batch_size_search_passes_are_not_counted_as_the_runs(tiny_dirs, batch_size):
+    # HFLM sizes batches with forward passes of all-ones rows, which go through the masker
+    scored = [Instance("loglikelihood", {}, (p, " 3 apples"), i) for i, p in enumerate(PROMPTS)]
+    runs = {}
+    for size in (batch_size, 2):
+        lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, batch_size=size,
+                  max_batch_size=2)
+        runs[size] = (lm.loglikelihood(scored), lm.generate_until(requests()), lm.mask_stats.as_dict())
+    assert runs[batch_size] == runs[2]
+    assert runs[2][2]["forward_passes"] > 0
+
+
+def test_a_gen_length_longer_than_the_tasks_still_fits_max_length(tiny_dirs, monkeypatch):
+    # HFLM leaves max_length - max_gen_toks positions for the prompt; the DLM writes gen_length
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=24, gen_length=16, block_length=16,
+              **RANDOM_LLADA)
+    widths = []
+    decode = lm._decode
+    monkeypatch.setattr(lm, "_decode", lambda context, *a: widths.append(context.shape[1]) or decode(context, *a))
+    long_prompt = " ".join(["Question : Tom has 3 apples ."] * 6)
+    [text] = lm.generate_until(requests([long_prompt], max_gen_toks=8))
+    assert widths and max(widths) + 16 <= 24

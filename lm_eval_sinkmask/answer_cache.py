@@ -1,0 +1,59 @@
+"""lm-eval's ``--use_cache`` db, made safe for an ablation.
+
+lm-eval's ``CachingLM`` keys each answer on the request alone (``hash_args(attr, req.args)``
+in ``lm_eval/api/model.py``), never on the model's settings: a db filled by a ``top_k=0`` run
+hands its answers to a ``top_k=5`` run over the same requests, which then reports them, under
+its own ``config.sinkmask``, as masked. So the db records the settings its answers were
+computed under, and a run under other settings is refused before any request is answered.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# CachingLM's own keys are sha256 hex digests, so this one never names an answer
+KEY = "lm_eval_sinkmask:answers_computed_with"
+
+
+def claim(db, settings: dict[str, Any], where: str) -> None:
+    """Record ``settings`` in a new db, or refuse one whose answers came from other settings
+    (or from a run that recorded none: another model, or an older version of this one)."""
+    settings = json.loads(json.dumps(settings, default=str))  # as the db will hand it back
+    if KEY not in db:
+        if len(db):
+            raise ValueError(
+                f"--use_cache {where} holds {len(db)} cached answers that do not say which model "
+                "settings computed them (another model, or an older lm-eval-sinkmask), and "
+                "lm-eval's cache keys on the request only: this run would report them as its "
+                "own. Use a new --use_cache path for this run.")
+        db[KEY] = settings
+        return
+    changed = _differences(db[KEY], settings)
+    if changed:
+        raise ValueError(
+            f"--use_cache {where} holds answers computed with other settings ("
+            + "; ".join(changed) + "), and lm-eval's cache keys on the request only, so this run "
+            "would report those answers as its own. Use one --use_cache path per setting (e.g. "
+            "one per top_k), or a new one.")
+
+
+def refuse_sampling(sampling: str | None) -> None:
+    """A sampler that draws at random, set in model_args where lm-eval's cache cannot see it
+    (it skips only requests that ask for ``do_sample``), would have one draw stored per request
+    and handed back for every repeat and every later run."""
+    if sampling:
+        raise ValueError(
+            f"--use_cache with a sampler that draws at random ({sampling}): lm-eval's cache keys "
+            "on the request only and would return one stored sample for every repeat and every "
+            "later run. Drop --use_cache, or decode deterministically.")
+
+
+def _differences(cached: Any, now: Any, path: str = "") -> list[str]:
+    """``name: cached -> now`` for every leaf that differs."""
+    if isinstance(cached, dict) and isinstance(now, dict):
+        return [d for key in sorted(set(cached) | set(now), key=str)
+                for d in _differences(cached.get(key), now.get(key), f"{path}{key}.")]
+    if cached == now:
+        return []
+    return [f"{path.rstrip('.')}: {cached!r} in the cache, {now!r} now"]

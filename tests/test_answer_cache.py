@@ -1,0 +1,60 @@
+"""lm-eval's --use_cache db (CachingLM) with our models: it keys answers on the request only,
+so a db may only hand back answers computed under the same settings."""
+
+import pytest
+from lm_eval.api.model import CachingLM
+
+from tests.test_models import RANDOM_LLADA, make, requests
+
+MODELS = {"dlm_sinkmask": ("llada", dict(block_length=4, **RANDOM_LLADA)),
+          "arm_sinkmask": ("llama", {})}
+
+
+def cached(name, tiny_dirs, db, **args):
+    kind, extra = MODELS[name]
+    return CachingLM(make(name, tiny_dirs[kind], **extra, **args), str(db))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_db_of_unmasked_answers_is_refused_to_a_masked_run(tiny_dirs, tmp_path, name):
+    db = tmp_path / "cache.db"
+    cached(name, tiny_dirs, db, top_k=0).generate_until(requests())
+    with pytest.raises(ValueError, match=r"masking\.top_k: 0 in the cache, 1 now"):
+        cached(name, tiny_dirs, db, top_k=1, eps=0.0)
+
+
+def test_the_same_settings_read_their_cached_answers_back(tiny_dirs, tmp_path):
+    db = tmp_path / "cache.db"
+    first = cached("dlm_sinkmask", tiny_dirs, db, top_k=1, eps=0.0, query_chunk=2)
+    answers = first.generate_until(requests())
+    assert first.lm.mask_stats.forward_passes > 0
+    # query_chunk changes memory use only, so the answers are still these settings'
+    again = cached("dlm_sinkmask", tiny_dirs, db, top_k=1, eps=0.0, query_chunk=3)
+    assert again.generate_until(requests()) == answers
+    assert again.lm.mask_stats.forward_passes == 0
+
+
+def test_a_db_that_does_not_say_what_computed_its_answers_is_refused(tiny_dirs, tmp_path):
+    from sqlitedict import SqliteDict
+
+    db = tmp_path / "cache.db"
+    with SqliteDict(str(db), autocommit=True) as foreign:  # e.g. lm-eval's hf model's answers
+        foreign["0" * 64] = "an answer"
+    with pytest.raises(ValueError, match="do not say which model settings"):
+        cached("dlm_sinkmask", tiny_dirs, db, top_k=0)
+
+
+@pytest.mark.parametrize("args, named", [
+    (dict(temperature=0.7), "temperature=0.7"),
+    (dict(remasking="random"), "remasking=random"),
+])
+def test_a_dlm_that_samples_refuses_the_cache(tiny_dirs, tmp_path, args, named):
+    # the request does not ask for do_sample, so lm-eval would cache one draw for every repeat
+    with pytest.raises(ValueError, match=f"draws at random \\({named}\\)"):
+        cached("dlm_sinkmask", tiny_dirs, tmp_path / "cache.db", **args)
+
+
+def test_a_dream_that_reveals_in_random_order_refuses_the_cache(tiny_dirs, tmp_path):
+    lm = make("dlm_sinkmask", tiny_dirs["dream"], alg="origin")
+    with pytest.raises(ValueError, match=r"draws at random \(alg=origin\)"):
+        CachingLM(lm, str(tmp_path / "cache.db"))
