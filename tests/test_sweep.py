@@ -74,27 +74,28 @@ def test_a_killed_sweep_resumes_to_the_same_table(tmp_path, tiny_dirs, tiny_task
         run_sweep(plan_for(tiny_dirs, tiny_task, resumed, seed=1), progress=False)
 
 
+def sweep_of_a_tiny_task_variant(tmp_path, tiny_dirs, tiny_task, name, extra_yaml, *extra_args):
+    """``sinkmask sweep`` arguments for tiny_gen renamed ``name`` with ``extra_yaml`` appended."""
+    folder = tmp_path / f"{name}_task"
+    folder.mkdir()
+    yaml = (tiny_task / "tiny_gen.yaml").read_text().replace("task: tiny_gen", f"task: {name}")
+    (folder / f"{name}.yaml").write_text(yaml + extra_yaml)
+    return ["sweep", "--models", f"m=arm:{tiny_dirs['llama']}", "--tasks", name,
+            "--include-path", str(folder), "--top-k", "0", "--out", str(tmp_path / "out"),
+            "--limit", "1", "--device", "cpu", *extra_args]
+
+
 def test_code_tasks_need_an_explicit_opt_in(tmp_path, tiny_dirs, tiny_task):
-    unsafe = tmp_path / "unsafe_task"
-    unsafe.mkdir()
-    yaml = (tiny_task / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: tiny_unsafe")
-    (unsafe / "tiny_unsafe.yaml").write_text(yaml + "unsafe_code: true\n")
-    args = ["sweep", "--models", f"m=arm:{tiny_dirs['llama']}", "--tasks", "tiny_unsafe",
-            "--include-path", str(unsafe), "--top-k", "0", "--out", str(tmp_path / "out"),
-            "--limit", "1", "--device", "cpu"]
+    args = sweep_of_a_tiny_task_variant(tmp_path, tiny_dirs, tiny_task, "tiny_unsafe",
+                                        "unsafe_code: true\n")
     with pytest.raises(SystemExit, match="--allow-code-execution"):
         main(args)
     assert not list((tmp_path / "out").rglob("cell.json"))
 
 
 def test_num_fewshot_for_a_task_lm_eval_keeps_zero_shot_is_refused(tmp_path, tiny_dirs, tiny_task):
-    fixed = tmp_path / "fixed_task"
-    fixed.mkdir()
-    yaml = (tiny_task / "tiny_gen.yaml").read_text().replace("task: tiny_gen", "task: tiny_0shot")
-    (fixed / "tiny_0shot.yaml").write_text(yaml + "num_fewshot: 0\n")
-    args = ["sweep", "--models", f"m=arm:{tiny_dirs['llama']}", "--tasks", "tiny_0shot",
-            "--include-path", str(fixed), "--top-k", "0", "--out", str(tmp_path / "out"),
-            "--limit", "1", "--device", "cpu", "--num-fewshot", "2"]
+    args = sweep_of_a_tiny_task_variant(tmp_path, tiny_dirs, tiny_task, "tiny_0shot",
+                                        "num_fewshot: 0\n", "--num-fewshot", "2")
     with pytest.raises(SystemExit, match=r"\['tiny_0shot'\] set num_fewshot: 0 .* would run them 0-shot"):
         main(args)
     assert not list((tmp_path / "out").rglob("cell.json"))
