@@ -109,12 +109,17 @@ class MaskingLMMixin:
 
     def answer_settings(self) -> dict:
         """Everything besides the request that decides an answer (settings that change only
-        memory use, such as ``query_chunk``, left out)."""
+        memory use, such as ``query_chunk``, left out). The checkpoint by content as well as
+        by name: retrained weights keep their path or ``zoo:`` name."""
+        from .provenance import checkpoint_digest
+
         masking = self.mask_config.as_dict()
         masking.pop("query_chunk")
-        pretrained = self.pretrained if isinstance(self.pretrained, str) else getattr(
+        named = isinstance(self.pretrained, str)
+        pretrained = self.pretrained if named else getattr(
             self.model.config, "_name_or_path", type(self.model).__name__)
         return {"model": type(self).__name__, "pretrained": pretrained,
+                "checkpoint": checkpoint_digest(self.pretrained) if named else None,
                 "revision": self.revision, "dtype": str(self.model.dtype),
                 "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
                 "masking": masking, "query_rule": self.masker.rule}

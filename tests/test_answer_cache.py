@@ -58,3 +58,20 @@ def test_a_dream_that_reveals_in_random_order_refuses_the_cache(tiny_dirs, tmp_p
     lm = make("dlm_sinkmask", tiny_dirs["dream"], alg="origin")
     with pytest.raises(ValueError, match=r"draws at random \(alg=origin\)"):
         CachingLM(lm, str(tmp_path / "cache.db"))
+
+
+def test_a_checkpoint_retrained_under_the_same_path_is_refused(tiny_dirs, tmp_path):
+    """A path (or zoo: name) keeps its name when its weights change; the db must not."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_dirs["llama"], folder)
+    db = tmp_path / "cache.db"
+    CachingLM(make("arm_sinkmask", str(folder)), str(db)).generate_until(requests())
+    weights = folder / "model.safetensors"
+    save_file({k: v + 1e-3 for k, v in load_file(weights).items()}, weights,
+              metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"checkpoint: 'sha256:\w+' in the cache, 'sha256:\w+' now"):
+        CachingLM(make("arm_sinkmask", str(folder)), str(db))
