@@ -317,6 +317,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         prompt_mask = generation_kwargs.pop("attention_mask", None)
         if prompt_mask is None:
             prompt_mask = torch.ones_like(context)
+        if self.sink is not None:
+            self._refuse_sink_token(context[prompt_mask.bool()].tolist(), "a prompt")
         s = self.settings.for_request(max_length - context.shape[1], self.family)
         self.settings_used.add((s.gen_length, s.steps, s.block_length))
         if self.padding != UNPADDED:
@@ -328,6 +330,18 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             rows = (lengths == n).nonzero().squeeze(1)
             generated[rows] = self._decode(context[rows], prompt_mask[rows], s).to(context.device)
         return torch.cat([context, self._cut_at_special_stops(generated, stop)], dim=1)
+
+    def _refuse_sink_token(self, tokens: list[int], what: str) -> None:
+        """Text holding the extra sink token is refused, not scored: the token is inserted
+        into every sequence here, so a copy in a prompt would be a second one that attends
+        as text, and one in a continuation has probability 0 by construction (its logit is
+        -inf, which the Monte Carlo bound turns into NaN)."""
+        if self.sink is not None and self.sink.token_id in tokens:
+            name = self.tokenizer.convert_ids_to_tokens(self.sink.token_id)
+            raise ValueError(
+                f"{what} holds the checkpoint's extra sink token {name} (id "
+                f"{self.sink.token_id}), which dlm_sinkmask inserts into every sequence itself; "
+                "remove it from the task's text")
 
     def _cut_at_special_stops(self, generated: torch.Tensor, stop) -> torch.Tensor:
         """Each row from its first stop token on repeats that token, so it decodes to nothing.
@@ -526,6 +540,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             with self.masking(x):
                 return self._forward(x, torch.ones_like(x))
 
+        self._refuse_sink_token(context + continuation, "a loglikelihood request")
         context, continuation = self._fit_window(context, continuation)
         with torch.inference_mode():
             est = likelihood.estimate(

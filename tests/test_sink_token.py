@@ -182,6 +182,20 @@ def test_sink_token_exclude_through_model_args(sink_dir):
     assert lm.mask_stats.keys_masked > 0
 
 
+@pytest.mark.parametrize("context, continuation", [
+    ("Question : 7 + 5 = ?", " <|sink|> 12"),  # its logit is -inf: the bound read NaN
+    ("Question : 7 <|sink|> + 5 = ?", " 12"),  # a second sink token, attending as text
+])
+def test_text_holding_the_sink_token_is_refused_not_scored(sink_dir, context, continuation):
+    from lm_eval.api.instance import Instance
+
+    lm = make("dlm_sinkmask", sink_dir, mc_num=2, block_length=4)
+    scored = Instance("loglikelihood", {}, (context, continuation), 0)
+    with pytest.raises(ValueError, match=r"extra sink token <\|sink\|> \(id \d+\)"):
+        lm.loglikelihood([scored])
+    with pytest.raises(ValueError, match=r"extra sink token <\|sink\|>"):
+        lm.generate_until(requests([context + continuation], max_gen_toks=4))
+
 
 def test_a_trace_counts_keys_with_the_sink_token_and_text_without_it(sink_dir):
     from lm_eval_sinkmask.sink_trace import trace_generation
