@@ -164,37 +164,59 @@ class _Interrupting:
         return self.inner.next(*a)
 
 
-def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+def _tiny_llada_run(p, resume, cut=None, save_every_s=0):
+    """Six steps of a tiny LLaDA-style model on the pool ``p`` (cut off after ``cut`` draws)."""
     from lm_eval_sinkmask.zoo.modeling import TinyLladaConfig
+    torch.manual_seed(0)
+    model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16,
+                                           num_hidden_layers=1, num_attention_heads=2,
+                                           mask_token_id=3))
+    stream = batches.PoolBatches(p, 1, "cpu", 1, 2)
+    if cut is not None:
+        stream = _Interrupting(stream, cut)
+    g = torch.Generator().manual_seed(0)
+    loss_fn = lambda m, i, r, v: objectives.diffusion_loss(  # noqa: E731
+        m, i, r, v, 3, False, g)
+    loss_fn.generators = [g]
+    info = training_loop.train("llada", model, stream, loss_fn, None, 6, 1e-3, 4, 0.3, True,
+                               log_every=1, warmup=2, resume=resume,
+                               save_every_s=save_every_s)
+    return model, info
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
     p = _small_pool()
-
-    def run(resume, cut=None):
-        torch.manual_seed(0)
-        model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16,
-                                               num_hidden_layers=1, num_attention_heads=2,
-                                               mask_token_id=3))
-        stream = batches.PoolBatches(p, 1, "cpu", 1, 2)
-        if cut is not None:
-            stream = _Interrupting(stream, cut)
-        g = torch.Generator().manual_seed(0)
-        loss_fn = lambda m, i, r, v: objectives.diffusion_loss(  # noqa: E731
-            m, i, r, v, 3, False, g)
-        loss_fn.generators = [g]
-        info = training_loop.train("llada", model, stream, loss_fn, None, 6, 1e-3, 4, 0.3, True,
-                                   log_every=1, warmup=2, resume=resume, save_every_s=0)
-        return model, info
-
-    straight, info = run(None)
+    straight, info = _tiny_llada_run(p, None)
     state = tmp_path / "llada.state.pt"
     try:
-        run(state, cut=4)
+        _tiny_llada_run(p, state, cut=4)
     except _CutOff:
         pass
     assert torch.load(state, weights_only=False)["step"] == 4
-    resumed, info_resumed = run(state)
+    resumed, info_resumed = _tiny_llada_run(p, state)
     assert info_resumed["steps"] == 6 and info_resumed["tokens_seen"] == info["tokens_seen"]
     for a, b in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+def test_the_state_is_read_onto_the_cpu(tmp_path, monkeypatch):
+    """A CUDA generator takes its state only as a CPU ByteTensor (ATen's check_rng_state), so
+    a state read onto the training device would fail every resume on a GPU; weights and
+    optimizer state reach the device through load_state_dict."""
+    p = _small_pool()
+    state = tmp_path / "llada.state.pt"
+    try:
+        _tiny_llada_run(p, state, cut=3)
+    except _CutOff:
+        pass
+    seen, load = [], torch.load
+
+    def spy(f, *a, map_location=None, **kw):
+        seen.append(map_location)
+        return load(f, *a, map_location=map_location, **kw)
+    monkeypatch.setattr(torch, "load", spy)
+    _tiny_llada_run(p, state)
+    assert seen == ["cpu"]  # a literal CPU, not the parameters' device
 
 
 def test_probe_step_counts_give_every_chain_the_budget():

@@ -29,7 +29,9 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
     start, step, losses, elapsed0 = time.time(), 0, [], 0.0
     tokens = torch.zeros((), dtype=torch.long, device=device)  # valid tokens trained on
     if resume is not None and Path(resume).exists():
-        state = torch.load(resume, map_location=device, weights_only=False)
+        # Read onto the CPU: a CUDA generator takes its state only as a CPU ByteTensor, and
+        # load_state_dict moves weights and optimizer state to the parameters' device.
+        state = torch.load(resume, map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, losses, elapsed0 = state["step"], state["losses"], state["elapsed"]
