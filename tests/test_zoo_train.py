@@ -199,6 +199,20 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_finished_run_keeps_its_final_state_and_a_restart_takes_no_step(tmp_path):
+    """Between periodic saves the last one may be minutes old; the state at the last step is
+    written too, so a chain restarted after it (arm done, dream cut off) does not train the
+    arm again."""
+    p = _small_pool()
+    state = tmp_path / "llada.state.pt"
+    done, info = _tiny_llada_run(p, state, save_every_s=10**9)  # no periodic save at all
+    assert torch.load(state, weights_only=False)["step"] == 6
+    again, info_again = _tiny_llada_run(p, state, cut=0)  # any draw would raise _CutOff
+    assert info_again["steps"] == 6 and info_again["tokens_seen"] == info["tokens_seen"]
+    for a, b in zip(done.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_the_state_is_read_onto_the_cpu(tmp_path, monkeypatch):
     """A CUDA generator takes its state only as a CPU ByteTensor (ATen's check_rng_state), so
     a state read onto the training device would fail every resume on a GPU; weights and
