@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -231,6 +232,18 @@ def test_the_state_is_read_onto_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", spy)
     _tiny_llada_run(p, state)
     assert seen == ["cpu"]  # a literal CPU, not the parameters' device
+
+
+def test_a_resumable_run_refuses_the_cpu_stream(tmp_path):
+    """``Batches`` draws from Python iterators that a state file cannot restore: resuming it
+    would replay the data from the start, so a resumable run needs the pool."""
+    from lm_eval_sinkmask.zoo.modeling import TinyLladaConfig
+    model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, mask_token_id=3))
+    stream = batches.Batches(None, 0)
+    with pytest.raises(ValueError, match="--pool"):
+        training_loop.train("llada", model, stream, objectives.arm_loss, None, 2, 1e-3, 4,
+                            0.3, True, resume=tmp_path / "llada.state.pt")
 
 
 def test_probe_step_counts_give_every_chain_the_budget():

@@ -28,6 +28,11 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
                             **({"fused": True} if cuda else {}))
     start, step, losses, elapsed0 = time.time(), 0, [], 0.0
     tokens = torch.zeros((), dtype=torch.long, device=device)  # valid tokens trained on
+    if resume is not None and not hasattr(batches, "gen"):
+        # the CPU stream (``Batches``) draws from Python iterators it cannot restore, so a
+        # resumed run would see its data again from the start
+        raise ValueError("a resumable run needs a stream with a restorable generator "
+                         "(the pre-tokenized pool: --pool)")
     if resume is not None and Path(resume).exists():
         # Read onto the CPU: a CUDA generator takes its state only as a CPU ByteTensor, and
         # load_state_dict moves weights and optimizer state to the parameters' device.
