@@ -41,3 +41,32 @@ esac
     assert (tmp_path / "out" / "status.txt").read_text().startswith("zoo: running")
     # the second the install took counts against the 2 s: at most 1 s of waiting is left
     assert sum(int(s) for s in slept.read_text().split()) <= 1
+
+
+def test_a_zoo_that_ended_unreaped_is_started_again(tmp_path):
+    """The box's PID 1 need not reap the orphans a call leaves: a crashed gpu_zoo may linger
+    as a zombie, which still answers ``kill -0``; the next call must start it again."""
+    bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
+    for folder in (bin_dir, run, out, tmp_path / "wheels"):
+        folder.mkdir()
+    (tmp_path / "wheels" / ".installed").touch()
+    _stub(bin_dir / "python3", f"""case "$*" in
+  *lm_eval_sinkmask.zoo.gpu_zoo*) exec {shutil.which("sleep")} 60 ;;
+esac
+""")
+    crashed = subprocess.Popen(["true"])  # never waited for until the end: a zombie
+    (run / "gpu_zoo.pid").write_text(f"{crashed.pid}\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
+               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
+    env.pop("ZOO_ARGS", None)
+    try:
+        subprocess.run(["tools/gpu_box/zoo_call.sh", "1"], cwd=REPO, env=env, check=True,
+                       capture_output=True, timeout=60)
+        started = int((run / "gpu_zoo.pid").read_text())
+    finally:
+        crashed.wait()
+        pid = int((run / "gpu_zoo.pid").read_text())
+        if pid != crashed.pid:
+            os.kill(pid, signal.SIGKILL)
+    assert started != crashed.pid
+    assert (out / "status.txt").read_text().startswith("zoo: running")

@@ -26,7 +26,13 @@ out=${OUT:?no \$OUT to write to}
 mkdir -p "$run"
 . tools/gpu_box/env.sh || exit 1
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A process that ended but was never reaped (a zombie: the box's PID 1 need not reap the
+# orphans a call leaves) still answers kill -0; without the State check a crashed zoo would
+# read as running forever, never restarted, the GPU idle.
+alive() {
+    [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null \
+        && ! grep -q '^State:[[:space:]]*Z' "/proc/$(cat "$1")/status" 2>/dev/null
+}
 start() {  # start NAME COMMAND...: in its own session, so it outlives this call
     local name=$1; shift
     setsid nohup "$@" >> "$run/$name.log" 2>&1 < /dev/null &
