@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -164,37 +165,85 @@ class _Interrupting:
         return self.inner.next(*a)
 
 
-def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+def _tiny_llada_run(p, resume, cut=None, save_every_s=0):
+    """Six steps of a tiny LLaDA-style model on the pool ``p`` (cut off after ``cut`` draws)."""
     from lm_eval_sinkmask.zoo.modeling import TinyLladaConfig
+    torch.manual_seed(0)
+    model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16,
+                                           num_hidden_layers=1, num_attention_heads=2,
+                                           mask_token_id=3))
+    stream = batches.PoolBatches(p, 1, "cpu", 1, 2)
+    if cut is not None:
+        stream = _Interrupting(stream, cut)
+    g = torch.Generator().manual_seed(0)
+    loss_fn = lambda m, i, r, v: objectives.diffusion_loss(  # noqa: E731
+        m, i, r, v, 3, False, g)
+    loss_fn.generators = [g]
+    info = training_loop.train("llada", model, stream, loss_fn, None, 6, 1e-3, 4, 0.3, True,
+                               log_every=1, warmup=2, resume=resume,
+                               save_every_s=save_every_s)
+    return model, info
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
     p = _small_pool()
-
-    def run(resume, cut=None):
-        torch.manual_seed(0)
-        model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16,
-                                               num_hidden_layers=1, num_attention_heads=2,
-                                               mask_token_id=3))
-        stream = batches.PoolBatches(p, 1, "cpu", 1, 2)
-        if cut is not None:
-            stream = _Interrupting(stream, cut)
-        g = torch.Generator().manual_seed(0)
-        loss_fn = lambda m, i, r, v: objectives.diffusion_loss(  # noqa: E731
-            m, i, r, v, 3, False, g)
-        loss_fn.generators = [g]
-        info = training_loop.train("llada", model, stream, loss_fn, None, 6, 1e-3, 4, 0.3, True,
-                                   log_every=1, warmup=2, resume=resume, save_every_s=0)
-        return model, info
-
-    straight, info = run(None)
+    straight, info = _tiny_llada_run(p, None)
     state = tmp_path / "llada.state.pt"
     try:
-        run(state, cut=4)
+        _tiny_llada_run(p, state, cut=4)
     except _CutOff:
         pass
     assert torch.load(state, weights_only=False)["step"] == 4
-    resumed, info_resumed = run(state)
+    resumed, info_resumed = _tiny_llada_run(p, state)
     assert info_resumed["steps"] == 6 and info_resumed["tokens_seen"] == info["tokens_seen"]
     for a, b in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_finished_run_keeps_its_final_state_and_a_restart_takes_no_step(tmp_path):
+    """Between periodic saves the last one may be minutes old; the state at the last step is
+    written too, so a chain restarted after it (arm done, dream cut off) does not train the
+    arm again."""
+    p = _small_pool()
+    state = tmp_path / "llada.state.pt"
+    done, info = _tiny_llada_run(p, state, save_every_s=10**9)  # no periodic save at all
+    assert torch.load(state, weights_only=False)["step"] == 6
+    again, info_again = _tiny_llada_run(p, state, cut=0)  # any draw would raise _CutOff
+    assert info_again["steps"] == 6 and info_again["tokens_seen"] == info["tokens_seen"]
+    for a, b in zip(done.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_the_state_is_read_onto_the_cpu(tmp_path, monkeypatch):
+    """A CUDA generator takes its state only as a CPU ByteTensor (ATen's check_rng_state), so
+    a state read onto the training device would fail every resume on a GPU; weights and
+    optimizer state reach the device through load_state_dict."""
+    p = _small_pool()
+    state = tmp_path / "llada.state.pt"
+    try:
+        _tiny_llada_run(p, state, cut=3)
+    except _CutOff:
+        pass
+    seen, load = [], torch.load
+
+    def spy(f, *a, map_location=None, **kw):
+        seen.append(map_location)
+        return load(f, *a, map_location=map_location, **kw)
+    monkeypatch.setattr(torch, "load", spy)
+    _tiny_llada_run(p, state)
+    assert seen == ["cpu"]  # a literal CPU, not the parameters' device
+
+
+def test_a_resumable_run_refuses_the_cpu_stream(tmp_path):
+    """``Batches`` draws from Python iterators that a state file cannot restore: resuming it
+    would replay the data from the start, so a resumable run needs the pool."""
+    from lm_eval_sinkmask.zoo.modeling import TinyLladaConfig
+    model = TinyLladaModel(TinyLladaConfig(vocab_size=842, hidden_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, mask_token_id=3))
+    stream = batches.Batches(None, 0)
+    with pytest.raises(ValueError, match="--pool"):
+        training_loop.train("llada", model, stream, objectives.arm_loss, None, 2, 1e-3, 4,
+                            0.3, True, resume=tmp_path / "llada.state.pt")
 
 
 def test_probe_step_counts_give_every_chain_the_budget():

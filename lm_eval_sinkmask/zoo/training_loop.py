@@ -28,8 +28,15 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
                             **({"fused": True} if cuda else {}))
     start, step, losses, elapsed0 = time.time(), 0, [], 0.0
     tokens = torch.zeros((), dtype=torch.long, device=device)  # valid tokens trained on
+    if resume is not None and not hasattr(batches, "gen"):
+        # the CPU stream (``Batches``) draws from Python iterators it cannot restore, so a
+        # resumed run would see its data again from the start
+        raise ValueError("a resumable run needs a stream with a restorable generator "
+                         "(the pre-tokenized pool: --pool)")
     if resume is not None and Path(resume).exists():
-        state = torch.load(resume, map_location=device, weights_only=False)
+        # Read onto the CPU: a CUDA generator takes its state only as a CPU ByteTensor, and
+        # load_state_dict moves weights and optimizer state to the parameters' device.
+        state = torch.load(resume, map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, losses, elapsed0 = state["step"], state["losses"], state["elapsed"]
@@ -37,7 +44,7 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
         for g, st in zip(_generators(batches, loss_fn), state["generators"]):
             g.set_state(st)
         print(f"[{name}] resumed at step {step}", flush=True)
-    last_save = time.time()
+    last_save, saved_step = time.time(), step
     pending = []  # device losses not yet read back (one host sync per log line on a GPU)
     model.train()
     while True:
@@ -68,8 +75,13 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
             if resume is not None and time.time() - last_save > save_every_s:
                 _save_state(resume, model, opt, step, losses, int(tokens),
                             elapsed0 + time.time() - start, _generators(batches, loss_fn))
-                last_save = time.time()
+                last_save, saved_step = time.time(), step
     losses += torch.stack(pending).float().tolist() if pending else []
+    if resume is not None and saved_step != step:
+        # the finished state too: a run restarted after this (its checkpoint not yet written,
+        # or a later model of its chain cut off) takes no step again
+        _save_state(resume, model, opt, step, losses, int(tokens),
+                    elapsed0 + time.time() - start, _generators(batches, loss_fn))
     model.eval()
     tail = losses[-min(200, len(losses)):]
     return {"steps": step, "final_loss": round(sum(tail) / len(tail), 4),

@@ -5,11 +5,12 @@
 #
 # The box takes commands of at most 10 minutes and gives itself back when idle, so the zoo
 # (python -m lm_eval_sinkmask.zoo.gpu_zoo, ~15 minutes) runs in the background and each call
-# waits on it for WAIT_S seconds:
+# waits on it, returning within WAIT_S seconds of its start:
 # - first call: installs the wheels (once), starts the zoo training with MINUTES of training
 #   budget (default 11), and once its step plan is fixed the CUDA correctness tests of the
 #   fused and flex detection paths beside it (correctness only; timings must run alone);
-# - every call: waits until the zoo is DONE, fails, or WAIT_S passes, then leaves in $OUT a
+# - every call: waits until the zoo is DONE, fails, or WAIT_S seconds have passed since the
+#   call began (the first call's install included), then leaves in $OUT a
 #   status.txt, the logs (logs.tgz) and, when done, the evaluation cells (eval.tgz);
 # - PART a or b (after DONE): the trained checkpoints, one archive per seed, in two calls
 #   because at most 64 MiB come back per call: a = arm + llada, b = dream + llada_sink.
@@ -25,7 +26,13 @@ out=${OUT:?no \$OUT to write to}
 mkdir -p "$run"
 . tools/gpu_box/env.sh || exit 1
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A process that ended but was never reaped (a zombie: the box's PID 1 need not reap the
+# orphans a call leaves) still answers kill -0; without the State check a crashed zoo would
+# read as running forever, never restarted, the GPU idle.
+alive() {
+    [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null \
+        && ! grep -q '^State:[[:space:]]*Z' "/proc/$(cat "$1")/status" 2>/dev/null
+}
 start() {  # start NAME COMMAND...: in its own session, so it outlives this call
     local name=$1; shift
     setsid nohup "$@" >> "$run/$name.log" 2>&1 < /dev/null &
@@ -41,10 +48,12 @@ if [ ! -f $run/DONE ] && ! alive $run/gpu_zoo.pid; then
     start gpu_zoo python3 -m lm_eval_sinkmask.zoo.gpu_zoo --out $run --seeds $seeds \
         --minutes "$minutes" ${ZOO_ARGS:-}
 fi
-end=$((SECONDS + wait_s))
-while [ ! -f $run/DONE ] && alive $run/gpu_zoo.pid && [ $SECONDS -lt $end ]; do
+# WAIT_S counts from this call's start (SECONDS), the install included, and no sleep passes
+# it: the box kills a command at 600 s, and a killed call writes no status.txt
+while [ ! -f $run/DONE ] && alive $run/gpu_zoo.pid && left=$((wait_s - SECONDS)) \
+        && [ $left -gt 0 ]; do
     start_tests
-    sleep 10
+    sleep $(( left < 10 ? left : 10 ))
 done
 start_tests
 
