@@ -110,7 +110,10 @@ class MaskingLMMixin:
     def answer_settings(self) -> dict:
         """Everything besides the request that decides an answer (settings that change only
         memory use, such as ``query_chunk``, left out). The checkpoint by content as well as
-        by name: retrained weights keep their path or ``zoo:`` name."""
+        by name: retrained weights keep their path or ``zoo:`` name. HFLM's own settings too:
+        ``max_length`` and ``truncation`` cut the prompts, ``add_bos_token`` tokenizes them,
+        ``peft``/``delta`` change the weights, ``think_end_token`` cuts the generated text
+        and ``softmax_dtype`` rounds the log-likelihoods."""
         from .provenance import checkpoint_digest
 
         masking = self.mask_config.as_dict()
@@ -118,10 +121,17 @@ class MaskingLMMixin:
         named = isinstance(self.pretrained, str)
         pretrained = self.pretrained if named else getattr(
             self.model.config, "_name_or_path", type(self.model).__name__)
+        hflm = {name: getattr(self, name, None) for name in (
+            "backend", "max_length", "truncation", "add_bos_token", "think_end_token")}
+        for name in ("peft", "delta"):
+            adapter = getattr(self, name, None)
+            hflm[name] = adapter if adapter is None else {
+                "name": adapter, "checkpoint": checkpoint_digest(adapter)}
         return {"model": type(self).__name__, "pretrained": pretrained,
                 "checkpoint": checkpoint_digest(self.pretrained) if named else None,
                 "revision": self.revision, "dtype": str(self.model.dtype),
                 "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
+                "softmax_dtype": str(getattr(self, "softmax_dtype", None)), "hflm": hflm,
                 "masking": masking, "query_rule": self.masker.rule}
 
     def random_sampling(self) -> str | None:

@@ -75,3 +75,16 @@ def test_a_checkpoint_retrained_under_the_same_path_is_refused(tiny_dirs, tmp_pa
               metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"checkpoint: 'sha256:\w+' in the cache, 'sha256:\w+' now"):
         CachingLM(make("arm_sinkmask", str(folder)), str(db))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_db_filled_at_another_max_length_is_refused(tiny_dirs, tmp_path, name):
+    """HFLM's max_length decides how much of each prompt the model reads, so answers computed
+    at one are not another's (nor are add_bos_token's, which tokenizes them otherwise)."""
+    db = tmp_path / "cache.db"
+    cached(name, tiny_dirs, db, max_length=64).generate_until(requests())
+    with pytest.raises(ValueError, match=r"hflm\.max_length: 64 in the cache, 48 now"):
+        cached(name, tiny_dirs, db, max_length=48)
+    with pytest.raises(ValueError, match=r"hflm\.add_bos_token: \w+ in the cache, \w+ now"):
+        cached(name, tiny_dirs, db, max_length=64,
+               add_bos_token=not cached(name, tiny_dirs, tmp_path / "other.db").lm.add_bos_token)
