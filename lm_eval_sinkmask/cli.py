@@ -199,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--topn", type=int, default=5, help="top keys kept per (step, layer, head) [%(default)s]")
     k.add_argument("--full-steps", type=int, default=8, help="steps whose full score vectors are kept [%(default)s]")
     k.add_argument("--heads", default=None, help="layer:head pairs for Fig. 7, e.g. 0:1,3:2 (default: most sink-heavy)")
-    k.add_argument("--model-args", default="", help="more model_args, e.g. block_length=32,trust_remote_code=True (not the "
-                        "ones the options above set: top_k, eps, gen_length, steps, device)")
+    k.add_argument("--model-args", default="",
+                   help="more model_args, e.g. block_length=32,trust_remote_code=True (not the ones "
+                        "the options above set: top_k, eps, gen_length, steps, device)")
     k.add_argument("--device", default=None)
     k.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     k.add_argument("--watch", default=None, metavar="POSITIONS",

@@ -171,7 +171,8 @@ class Estimate:
     """The Monte Carlo estimate of one request's bound."""
 
     value: float  # mean of the samples: the log-likelihood estimate
-    stderr: float  # sample standard deviation / sqrt(n): usually, not always, conservative (module docstring)
+    # sample standard deviation / sqrt(n): usually, not always, conservative (module docstring)
+    stderr: float
     samples: torch.Tensor  # [mc_num] the per-sample values, in the order they were drawn
 
 

@@ -163,7 +163,8 @@ def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
     for key, what in (("batch_size", "batch sizes"), ("device", "devices"), ("gpu", "GPUs")):
         found = {r[key] for r in runs if r and r.get(key) is not None}
         if len(found) > 1:
-            mixed.append(f"{what} {sorted(found, key=lambda v: (isinstance(v, str), v))}")  # 8 < 32 < "auto"
+            ordered = sorted(found, key=lambda v: (isinstance(v, str), v))  # 8 < 32 < "auto"
+            mixed.append(f"{what} {ordered}")
     if mixed:
         print(f"warning: the cells of {folder} ran with different {' and '.join(mixed)}; these "
               "are not part of a cell's identity (a resume reuses cells across them), and they can "
