@@ -38,6 +38,17 @@ def claim(db, settings: dict[str, Any], where: str) -> None:
             "one per top_k), or a new one.")
 
 
+def refuse_several_processes(world_size: int) -> None:
+    """lm-eval's cache skips the model call on a rank whose answers are all cached, and that
+    rank then never joins the gather of the masking counters the other ranks wait in: the
+    run would hang."""
+    if world_size > 1:
+        raise ValueError(
+            f"--use_cache with {world_size} processes: a process whose answers are all cached "
+            "skips the model, and the others would wait for its masking counters forever. "
+            "Run cached evaluations in one process, or drop --use_cache.")
+
+
 def refuse_sampling(sampling: str | None) -> None:
     """A sampler that draws at random, set in model_args where lm-eval's cache cannot see it
     (it skips only requests that ask for ``do_sample``), would have one draw stored per request

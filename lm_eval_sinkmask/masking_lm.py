@@ -103,6 +103,7 @@ class MaskingLMMixin:
         answers of these settings and no other (see answer_cache)."""
         db = getattr(cache_hook, "dbdict", None)
         if db is not None:
+            answer_cache.refuse_several_processes(self.world_size)
             answer_cache.refuse_sampling(self.random_sampling())
             answer_cache.claim(db, self.answer_settings(), getattr(db, "filename", "db"))
         super().set_cache_hook(cache_hook)

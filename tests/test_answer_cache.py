@@ -88,3 +88,14 @@ def test_a_db_filled_at_another_max_length_is_refused(tiny_dirs, tmp_path, name)
     with pytest.raises(ValueError, match=r"hflm\.add_bos_token: \w+ in the cache, \w+ now"):
         cached(name, tiny_dirs, db, max_length=64,
                add_bos_token=not cached(name, tiny_dirs, tmp_path / "other.db").lm.add_bos_token)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_several_processes_refuse_the_cache(tiny_dirs, tmp_path, name, monkeypatch):
+    """A rank whose answers are all cached never calls the model (CachingLM skips the call), so
+    it never joins the gather of the masking counters that the other ranks wait in."""
+    kind, extra = MODELS[name]
+    lm = make(name, tiny_dirs[kind], **extra)
+    monkeypatch.setattr(lm, "_world_size", 2)
+    with pytest.raises(ValueError, match="--use_cache with 2 processes"):
+        CachingLM(lm, str(tmp_path / "cache.db"))
