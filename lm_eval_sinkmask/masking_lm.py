@@ -3,6 +3,7 @@ the run's counters, and their report (log line + lm-eval results JSON)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,7 +87,7 @@ class MaskingLMMixin:
             # attention calls per pass are fewer than the layers it declares
             calls = 1 + max(stats.layers)
             check_layers(self.mask_config, calls, "attention calls per pass")
-            check_calls_per_pass(calls, depth(self.model.config.to_dict()))
+            check_calls_per_pass(calls, self._declared_layers)
 
     def _detect_batch_size(self, requests=None, pos: int = 0):
         """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows at full
@@ -139,6 +140,11 @@ class MaskingLMMixin:
         """The model_args that make generation draw at random, if any (HFLM samples only when
         a request asks for ``do_sample``, which lm-eval's cache already leaves uncached)."""
         return None
+
+    @functools.cached_property
+    def _declared_layers(self) -> int | None:
+        """The depth the model's config declares (None when it names none we know)."""
+        return depth(self.model.config.to_dict())
 
     def autocast(self):
         """lm-eval's ``mixed_precision_dtype`` around our own model calls, as HFLM's
