@@ -130,7 +130,7 @@ class MaskingLMMixin:
             hflm[name] = adapter if adapter is None else {
                 "name": adapter, "checkpoint": checkpoint_digest(adapter)}
         return {"model": type(self).__name__, "pretrained": pretrained,
-                "checkpoint": checkpoint_digest(self.pretrained) if named else None,
+                "checkpoint": checkpoint_digest(self.pretrained, self.revision) if named else None,
                 "revision": self.revision, "dtype": str(self.model.dtype),
                 "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
                 "softmax_dtype": str(getattr(self, "softmax_dtype", None)), "hflm": hflm,

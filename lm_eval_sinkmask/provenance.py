@@ -8,7 +8,7 @@ resume reuses a done cell only when they still match:
 
 - the checkpoint: sha256 over the files that define the model (weights, config, tokenizer,
   remote code; not the model card or a training log), or, for a hub name, the commit of its
-  cached snapshot;
+  cached snapshot at the ``revision`` the cell's model_args ask for;
 - the task: its version, a sha256 of lm-eval's resolved config (functions by their source),
   a sha256 of the source files that define those functions (a helper they call in the same
   file changes the prompt or the score as much as the function itself; the task folder's
@@ -75,9 +75,10 @@ def folder_digest(folder: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def checkpoint_digest(path: str) -> str | None:
+def checkpoint_digest(path: str, revision: str | None = None) -> str | None:
     """The identity of a checkpoint's content; None when it cannot be read here (a hub name
-    that is not in the local cache yet)."""
+    that is not in the local cache yet, at ``revision``: a branch, tag or commit, main when
+    None)."""
     from .masking_lm import resolve_pretrained
 
     resolved = Path(resolve_pretrained(path)).expanduser()
@@ -86,7 +87,7 @@ def checkpoint_digest(path: str) -> str | None:
     try:  # a hub name: its cached snapshot folder is named by the commit
         from huggingface_hub import snapshot_download
 
-        snapshot = snapshot_download(str(path), local_files_only=True)
+        snapshot = snapshot_download(str(path), revision=revision, local_files_only=True)
     except Exception:  # noqa: BLE001 - not cached, not a repo id: nothing to compare yet
         return None
     return "git:" + Path(snapshot).name
@@ -225,21 +226,21 @@ class InputDigests:
 
     def __init__(self, task_manager):
         self.task_manager = task_manager
-        self._checkpoints: dict[str, str | None] = {}
+        self._checkpoints: dict[tuple[str, str | None], str | None] = {}
         self._tasks: dict[str, dict[str, Any]] = {}
 
-    def checkpoint(self, path: str) -> str | None:
-        if self._checkpoints.get(path) is None:  # None is retried: a download may have run
-            self._checkpoints[path] = checkpoint_digest(path)
-        return self._checkpoints[path]
+    def checkpoint(self, path: str, revision: str | None = None) -> str | None:
+        if self._checkpoints.get((path, revision)) is None:  # retried: a download may have run
+            self._checkpoints[(path, revision)] = checkpoint_digest(path, revision)
+        return self._checkpoints[(path, revision)]
 
     def task(self, name: str) -> dict[str, Any]:
         if name not in self._tasks:
             self._tasks[name] = task_digest(self.task_manager.load([name])["tasks"][name])
         return self._tasks[name]
 
-    def for_cell(self, path: str, task: str) -> dict[str, Any]:
-        return {"checkpoint": self.checkpoint(path), "task": self.task(task),
+    def for_cell(self, path: str, task: str, revision: str | None = None) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint(path, revision), "task": self.task(task),
                 "package_code": installed_code_digest()}
 
 

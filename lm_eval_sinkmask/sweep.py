@@ -144,7 +144,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     if results is None:  # accelerate rank > 0: rank 0 writes
         return None
     if inputs["checkpoint"] is None:  # a hub checkpoint that this run has just downloaded
-        inputs = {**inputs, "checkpoint": checkpoint_digest(cell.path)}
+        inputs = {**inputs, "checkpoint": checkpoint_digest(cell.path, cell.revision)}
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     for name, task_samples in samples.items():
@@ -278,7 +278,7 @@ def run_sweep(
     digests = InputDigests(tm)
     cells = plan.cells()
     with _no_metadata_advice():  # the task digests load every task once
-        inputs = [digests.for_cell(c.path, c.task) for c in cells]
+        inputs = [digests.for_cell(c.path, c.task, c.revision) for c in cells]
     pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
     todo = pending[:max_cells]
     done = [json.loads(p.read_text())["request"] for p in (plan.out / "cells").rglob("cell.json")]

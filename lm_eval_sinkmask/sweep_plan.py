@@ -306,6 +306,14 @@ class Cell:
         parts += [f"top_k={self.k}", f"eps={self.plan.eps:g}"]
         return ",".join(p for p in parts if p)
 
+    @property
+    def revision(self) -> str | None:
+        """The checkpoint revision this cell's model_args ask for (None: the default branch)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        revision = simple_parse_args_string(self.model_args).get("revision")
+        return None if revision is None else str(revision)
+
     def request(self) -> dict[str, Any]:
         """What identifies this cell's run; a done cell with a different request is an error."""
         request = {

@@ -30,6 +30,21 @@ def test_zoo_names_resolve_before_hashing_and_an_uncached_hub_name_has_no_digest
     assert checkpoint_digest("nobody/not-a-cached-model") is None
 
 
+def test_a_hub_checkpoint_is_the_cached_commit_of_the_revision_asked_for(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    repo = tmp_path / "hub" / "models--org--model"
+    for ref, commit in (("main", "a" * 40), ("v1", "b" * 40)):
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert checkpoint_digest("org/model") == "git:" + "a" * 40
+    assert checkpoint_digest("org/model", revision="v1") == "git:" + "b" * 40
+    assert checkpoint_digest("org/model", revision="v2") is None  # not cached: nothing to compare
+
+
 def test_a_task_digest_follows_its_config_and_documents(tmp_path):
     def digest(folder):
         return task_digest(TaskManager(include_path=str(folder), include_defaults=False)
@@ -114,7 +129,7 @@ def test_input_digests_are_computed_once_per_checkpoint_and_task(monkeypatch):
     import lm_eval_sinkmask.provenance as provenance
 
     calls = []
-    monkeypatch.setattr(provenance, "checkpoint_digest", lambda p: calls.append(p) or "sha256:x")
+    monkeypatch.setattr(provenance, "checkpoint_digest", lambda p, revision=None: calls.append(p) or "sha256:x")
     monkeypatch.setattr(provenance, "task_digest", lambda t: calls.append(t) or {"version": 1})
 
     class Manager:
@@ -125,3 +140,15 @@ def test_input_digests_are_computed_once_per_checkpoint_and_task(monkeypatch):
     for _ in range(3):
         digests.for_cell("/m", "t")
     assert len(calls) == 2
+
+
+def test_a_cell_reads_the_revision_from_its_model_args(tmp_path):
+    from lm_eval_sinkmask.sweep_plan import ModelSpec, SweepPlan
+
+    def cell(extra):
+        plan = SweepPlan(models=[ModelSpec("m", "org/model", "dlm")], tasks=["mini_gsm_sinkmask"],
+                         ks=[0], out=tmp_path, model_args_extra=extra)
+        return plan.cells()[0]
+
+    assert cell("").revision is None
+    assert cell("revision=v1").revision == "v1"
