@@ -72,7 +72,7 @@ def test_the_excluded_names_are_modules_and_the_cell_code_is_hashed():
 def test_the_package_code_digest_is_computed_once_per_process(monkeypatch):
     calls = []
     monkeypatch.setattr(provenance, "package_code_digest", lambda: calls.append(1) or "sha256:p")
-    monkeypatch.setattr(provenance, "checkpoint_digest", lambda p: "sha256:c")
+    monkeypatch.setattr(provenance, "checkpoint_digest", lambda p, revision=None: "sha256:c")
     monkeypatch.setattr(provenance, "task_digest", lambda t: {"version": 1})
 
     class Manager:
