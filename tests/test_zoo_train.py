@@ -1,6 +1,7 @@
 """A few training steps of every zoo model: proves the script runs (CI does not retrain)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -250,3 +251,19 @@ def test_probe_step_counts_give_every_chain_the_budget():
     from lm_eval_sinkmask.zoo.gpu_zoo import step_counts
     steps = step_counts({"arm": 0.05, "llada": 0.1, "llada_sink": 0.12}, 10, 0.4)
     assert steps == {"arm": 4800, "dream": 3600, "llada": 5000}
+
+
+def test_a_pool_write_cut_off_leaves_no_pool_to_load(tmp_path, monkeypatch):
+    """gpu_zoo reuses pool.pt on every restart: a file half written when a command timed out
+    must not be there to load."""
+    from lm_eval_sinkmask.zoo import pool
+
+    def cut_off(obj, f):
+        Path(f).write_bytes(b"half a pool")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pool, "build_pool", lambda n_gsm, n_code, workers: {"rows": []})
+    monkeypatch.setattr(pool.torch, "save", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        pool.load_or_build(tmp_path / "pool.pt", 2, 2)
+    assert not (tmp_path / "pool.pt").exists()

@@ -115,7 +115,9 @@ def main(argv=None) -> None:
         plan = {"seconds_per_step": times,
                 "steps": step_counts(times, args.minutes, args.arm_share),
                 "args": {k: str(v) for k, v in vars(args).items()}}
-        plan_file.write_text(json.dumps(plan, indent=1))
+        tmp = plan_file.with_name("plan.json.tmp")  # read back by every restart: whole or absent
+        tmp.write_text(json.dumps(plan, indent=1))
+        tmp.replace(plan_file)
     stamp(f"plan: {plan}")
 
     steps = plan["steps"]

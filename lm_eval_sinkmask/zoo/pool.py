@@ -93,5 +93,7 @@ def load_or_build(path: str | Path, n_gsm: int, n_code: int, workers: int = 8) -
     pool = build_pool(n_gsm, n_code, workers)
     pool["meta"] = {"n_gsm": n_gsm, "n_code": n_code}
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(pool, path)
+    tmp = path.with_name(path.name + ".tmp")  # a write cut off leaves no pool to reuse
+    torch.save(pool, tmp)
+    tmp.replace(path)
     return pool

@@ -51,5 +51,8 @@ def save(model, tok, out, name, info, dtype="float32"):
         (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tok.save_pretrained(path)
     (path / "README.md").write_text(CARD.format(name=name, **info))
-    (path / "train_info.json").write_text(json.dumps(info, indent=1, default=str))
+    # written last and whole: gpu_zoo takes its presence to mean the model is done
+    tmp = path / "train_info.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1, default=str))
+    tmp.replace(path / "train_info.json")
     print(f"[{name}] saved to {path}: {json.dumps(info, default=str)}", flush=True)
