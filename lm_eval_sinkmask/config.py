@@ -18,6 +18,15 @@ DETECT_BACKENDS = ("auto", "fused", "materialized", "flex")
 MASK_TARGETS = ("sinks", "random")
 
 
+def flag_value(value: Any) -> Any:
+    """"true"/"false" (any case) as the bool lm-eval's arg-string parser makes of them: a
+    dict of model_args given to ``simple_evaluate`` keeps them as strings. Anything else is
+    returned as it is, for the caller's own check to refuse."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
 def parse_layers(value: Any) -> tuple[int, ...] | None:
     """``layers=`` from model_args: None/"" for all layers, else "0-3;7" or an iterable of ints.
 

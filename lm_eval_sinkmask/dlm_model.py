@@ -20,7 +20,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from . import checkpoint_checks, likelihood, model_args, sink_token, zoo
-from .config import SinkMaskConfig
+from .config import SinkMaskConfig, flag_value
 from .families import FAMILIES, Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
 from .padding_probe import UNPADDED, choose_padding
@@ -168,9 +168,9 @@ class DiffusionSettings:
     @staticmethod
     def pop_from(kwargs: dict[str, Any]) -> dict[str, Any]:
         user = {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
-        for flag in ("logits_eos_inf", "confidence_eos_eot_inf"):  # a dict of model_args keeps strings
-            if isinstance(user.get(flag), str) and user[flag].lower() in ("true", "false"):
-                user[flag] = user[flag].lower() == "true"
+        for flag in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            if flag in user:
+                user[flag] = flag_value(user[flag])
         return user
 
 

@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from .config import flag_value
+
 
 @dataclass(frozen=True)
 class LikelihoodSettings:
@@ -93,10 +95,7 @@ class LikelihoodSettings:
                         raise ValueError(f"{name} must be an integer, got {value!r}") from None
                 args[name] = value
         if "greedy_check" in kwargs:
-            value = kwargs.pop("greedy_check")
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                value = value.lower() == "true"
-            args["greedy_check"] = value
+            args["greedy_check"] = flag_value(kwargs.pop("greedy_check"))
         return cls(**args)
 
     def as_dict(self) -> dict[str, Any]:
