@@ -101,23 +101,20 @@ def entry_of(record: dict, kind: str | None = None, measured: tuple | None = Non
     per-problem scores."""
     req = record["request"]
     metric, value, stderr = measured or (record["metric"], record["value"], record["stderr"])
-    checkpoint, task_inputs = recorded_inputs(record)
-    inputs = record.get("inputs") or {}
     return Entry(model=req["model"], kind=kind or record["kind"], task=req["task"],
                  k=req["top_k"], metric=metric, value=value, stderr=stderr, n=record.get("n"),
                  seed=req.get("checkpoint_seed"), draw=req.get("mask_seed"),
-                 checkpoint=checkpoint, task_inputs=task_inputs,
-                 task_code=(inputs.get("task") or {}).get("code"),
-                 package_code=inputs.get("package_code"), per_doc=per_doc)
+                 **recorded_inputs(record), per_doc=per_doc)
 
 
-def recorded_inputs(record: dict) -> tuple[str | None, tuple | None]:
-    """A cell's (checkpoint digest, task inputs) as ``Entry`` holds them; None for cells that
-    predate the digests."""
+def recorded_inputs(record: dict) -> dict[str, str | tuple | None]:
+    """A cell's input digests as ``Entry`` holds them (checkpoint, task_inputs, task_code,
+    package_code); None for those the cell predates."""
     inputs = record.get("inputs") or {}
     task = inputs.get("task") or {}
-    return (inputs.get("checkpoint"),
-            (task.get("version"), task.get("config"), task.get("docs")) if task else None)
+    return {"checkpoint": inputs.get("checkpoint"),
+            "task_inputs": (task.get("version"), task.get("config"), task.get("docs")) if task else None,
+            "task_code": task.get("code"), "package_code": inputs.get("package_code")}
 
 
 def check_one_input_each(entries: list[Entry]) -> None:
