@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .atomic_write import written_whole
 from .provenance import InputDigests, checkpoint_digest
 from .sweep_plan import RERUN_HELP, Cell, SweepPlan, merge_grids, mixed_settings
 
@@ -171,9 +172,8 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         "seconds": round(time.time() - started, 1),
         "results_files": sorted(p.name for p in cell.folder.iterdir()),
     }
-    tmp = cell.folder / "cell.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, cell.folder / "cell.json")
+    with written_whole(cell.folder / "cell.json") as tmp:
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 
 

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..atomic_write import written_whole
+
 CHAINS = ("arm,dream", "llada", "llada_sink")
 
 
@@ -115,9 +117,8 @@ def main(argv=None) -> None:
         plan = {"seconds_per_step": times,
                 "steps": step_counts(times, args.minutes, args.arm_share),
                 "args": {k: str(v) for k, v in vars(args).items()}}
-        tmp = plan_file.with_name("plan.json.tmp")  # read back by every restart: whole or absent
-        tmp.write_text(json.dumps(plan, indent=1))
-        tmp.replace(plan_file)
+        with written_whole(plan_file) as tmp:  # read back by every restart
+            tmp.write_text(json.dumps(plan, indent=1))
     stamp(f"plan: {plan}")
 
     steps = plan["steps"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic_write import written_whole
 from . import data
 
 CHUNK = 20_000  # problems per worker task
@@ -93,7 +94,6 @@ def load_or_build(path: str | Path, n_gsm: int, n_code: int, workers: int = 8) -
     pool = build_pool(n_gsm, n_code, workers)
     pool["meta"] = {"n_gsm": n_gsm, "n_code": n_code}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")  # a write cut off leaves no pool to reuse
-    torch.save(pool, tmp)
-    tmp.replace(path)
+    with written_whole(path) as tmp:  # a write cut off leaves no pool to reuse
+        torch.save(pool, tmp)
     return pool

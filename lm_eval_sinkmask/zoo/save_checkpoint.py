@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ..atomic_write import written_whole
+
 CARD = """---
 library_name: transformers
 tags: [lm-eval-sinkmask, tiny-zoo, synthetic]
@@ -52,7 +54,6 @@ def save(model, tok, out, name, info, dtype="float32"):
     tok.save_pretrained(path)
     (path / "README.md").write_text(CARD.format(name=name, **info))
     # written last and whole: gpu_zoo takes its presence to mean the model is done
-    tmp = path / "train_info.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1, default=str))
-    tmp.replace(path / "train_info.json")
+    with written_whole(path / "train_info.json") as tmp:
+        tmp.write_text(json.dumps(info, indent=1, default=str))
     print(f"[{name}] saved to {path}: {json.dumps(info, default=str)}", flush=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic_write import written_whole
 from .batches import curriculum
 
 
@@ -96,8 +97,7 @@ def _generators(batches, loss_fn):
 
 
 def _save_state(path, model, opt, step, losses, tokens, elapsed, generators):
-    tmp = Path(str(path) + ".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                "losses": losses, "tokens": tokens, "elapsed": elapsed,
-                "generators": [g.get_state() for g in generators]}, tmp)
-    tmp.replace(path)
+    with written_whole(path) as tmp:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "losses": losses, "tokens": tokens, "elapsed": elapsed,
+                    "generators": [g.get_state() for g in generators]}, tmp)
