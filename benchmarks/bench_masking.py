@@ -1,6 +1,6 @@
 """Cost of sink masking: tokens/s, ratios and extra peak memory of the SDPA intercept.
 
-    python benchmarks/bench_masking.py            # full run, 9 repeats (CPU: about 15 minutes)
+    python benchmarks/bench_masking.py            # full run, 9 repeats (CPU: 5 to 15 minutes)
     python benchmarks/bench_masking.py --quick    # smaller sizes, fewer repeats
     python benchmarks/bench_masking.py --gpu      # section 3 only: the 8B-shaped bf16 config on CUDA
 
