@@ -73,6 +73,18 @@ class MaskingStats:
         """Layer ``index``'s counters for the intercept to add to, unsettled (no host sync)."""
         return self._layers.setdefault(index, LayerCounters())
 
+    def __eq__(self, other: object) -> bool:
+        """Equal counts, settled or not (the generated == would compare pending tensors)."""
+        if not isinstance(other, MaskingStats):
+            return NotImplemented
+        return self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        self.settle()
+        return (f"MaskingStats(forward_passes={self.forward_passes}, "
+                f"attention_calls={self.attention_calls}, detection={self.detection!r}, "
+                f"layers={self._layers!r})")
+
     def count_detection(self, backend: str) -> None:
         self.detection[backend] = self.detection.get(backend, 0) + 1
 

@@ -158,3 +158,23 @@ def test_deferred_counters_are_exact_integers_after_every_pass(granularity):
     d = stats.as_dict()
     assert d["keys_masked"] == stats.keys_masked == sum(c["keys_masked"] for c in d["per_layer"].values())
     assert masking_stats.MaskingStats.from_dict(d).as_dict() == d
+
+
+def test_equality_and_repr_see_the_deferred_counts():
+    """Two records of the same counts compare equal and print the same whether or not their
+    deferred device counts have been settled: == and repr read what the counters hold."""
+    def recorded(settled: bool) -> masking_stats.MaskingStats:
+        stats = masking_stats.MaskingStats(forward_passes=1, attention_calls=1)
+        counters = stats.layer(0)
+        counters.calls += 1
+        stats.defer(counters, torch.tensor([True, False]), torch.tensor([True, True]), per_key=2)
+        if settled:
+            stats.settle()
+        return stats
+
+    assert recorded(settled=False) == recorded(settled=True)
+    assert repr(recorded(settled=False)) == repr(recorded(settled=True))
+    assert "keys_masked=4" in repr(recorded(settled=False))
+    other = recorded(settled=True)
+    other.layer(0).keys_masked += 1
+    assert recorded(settled=False) != other
