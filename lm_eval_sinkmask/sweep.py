@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import sdpa_backends
 from .atomic_write import written_whole
 from .provenance import InputDigests, checkpoint_digest
 from .sweep_plan import RERUN_HELP, Cell, SweepPlan, merge_grids, mixed_settings
@@ -122,7 +123,8 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
     device = plan.device or _default_device()
     started = time.time()
-    with _no_metadata_advice():
+    # kept(): LLaDA's and MMaDA's code switch an SDPA kernel off process-wide (sdpa_backends)
+    with _no_metadata_advice(), sdpa_backends.kept():
         results = lm_eval.simple_evaluate(
             model=cell.model.model_class,
             model_args=cell.model_args,

@@ -349,3 +349,45 @@ def test_a_column_whose_model_args_would_be_refused_fails_before_any_cell_runs(t
               "--model-args-for", "llada:block_length=4", "--model-args-for", "dream:block_length=4",
               "--model-args-for", "llama_l:layers=5", "--out", str(out), "--no-table"])
     assert not list(out.rglob("cell.json")) and not (out / "sweep.json").exists()
+
+
+def test_a_model_that_switches_sdpa_kernels_off_does_not_change_the_later_cells(
+        tmp_path, tiny_dirs, tiny_task, monkeypatch):
+    """LLaDA's and MMaDA's remote code turn torch's memory-efficient SDPA kernel off for the
+    whole process when their model is built. Cells run one after another in one process, so
+    every later cell (a Llama or Dream column, or any masked output, which passes a mask and
+    so cannot use the flash kernel) ran on other kernels than it does alone or on a resume
+    that skips the DLM's done cells: its numbers depended on the sweep's order."""
+    import torch
+
+    from lm_eval_sinkmask.zoo.modeling import TinyLladaModel
+
+    build = TinyLladaModel.__init__
+
+    def like_llada(self, config):  # what LLaDAModel.__init__ does, as a stand-in
+        build(self, config)
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+
+    before = torch.backends.cuda.mem_efficient_sdp_enabled()
+    monkeypatch.setattr(TinyLladaModel, "__init__", like_llada)
+    seen = []
+    import lm_eval
+
+    evaluate = lm_eval.simple_evaluate
+
+    def recording(*args, **kwargs):  # the flag while the cell's model ran, and after
+        out = evaluate(*args, **kwargs)
+        seen.append(torch.backends.cuda.mem_efficient_sdp_enabled())
+        return out
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", recording)
+    try:
+        plan = SweepPlan(models=[ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4")],
+                         tasks=["tiny_gen"], ks=[0], out=tmp_path, eps=0.0, limit=1, device="cpu",
+                         include_path=[str(tiny_task)])
+        assert run_sweep(plan, progress=False) == 1
+        assert seen == [False]  # the stand-in did switch it off for its own cell
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() == before
+    finally:
+        torch.backends.cuda.enable_mem_efficient_sdp(before)
