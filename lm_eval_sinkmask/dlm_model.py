@@ -395,6 +395,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                     if s.confidence_eos_eot_inf
                     else (),
                     variant=s.llada_sampler,
+                    confidence_dtype=family.confidence_dtype,
                     **common,
                 )
             else:
@@ -571,7 +572,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             if self.family.sampler == "block":
                 got = generate_block(self._forward, ids, torch.ones_like(ids), block_length=n,
                                      cfg_scale=s.cfg_scale, remasking="low_confidence",
-                                     variant=s.llada_sampler, **common)
+                                     variant=s.llada_sampler,
+                                     confidence_dtype=self.family.confidence_dtype, **common)
             else:
                 got = self._greedy_dream(ids, n)
         return got[0].tolist() == continuation

@@ -59,6 +59,11 @@ class Family:
     # inputs are built generically, and LLaDA's forward has no position_ids argument
     takes_position_ids: bool = False
     eot_tokens: tuple[str, ...] = field(default=())
+    # dtype of the softmax that rates the block sampler's predictions under its ``reference``
+    # variant, as the family's own decoding loop takes it: None = the logits' own dtype
+    # (LLaDA's generate.py), torch.float64 (MMaDA's mmu_generate). In bfloat16 many
+    # confidences tie, so this decides the order of decoding.
+    confidence_dtype: torch.dtype | None = None
     # other ways of passing a padding mask, tried in order when a checkpoint's code does not
     # honour ``model_inputs``' (see padding_probe.py): (name, inputs)
     other_padding_inputs: tuple[tuple[str, ModelInputs], ...] = ()
@@ -97,8 +102,9 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         _LLADA,
-        # MMaDA decodes text with LLaDA's blocks, mask token and attention code
-        replace(_LLADA, name="mmada", model_types=("mmada",)),
+        # MMaDA decodes text with LLaDA's blocks, mask token and attention code, but rates
+        # its predictions by a float64 softmax
+        replace(_LLADA, name="mmada", model_types=("mmada",), confidence_dtype=torch.float64),
         Family(
             name="dream",
             model_types=("dream", "sinkmask_dream"),

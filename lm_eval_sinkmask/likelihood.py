@@ -15,7 +15,9 @@ This module estimates the right-hand side from ``mc_num`` such samples:
 
 - the ``l`` of the samples are stratified: one uniform offset per request, then evenly spread
   over 1..L (each sample's ``l`` is still exactly uniform, so the mean stays unbiased, but the
-  samples cover small and large ``l`` evenly instead of by chance);
+  samples cover small and large ``l`` evenly instead of by chance). LLaDA's script draws one
+  offset per forward pass of its batch (32 samples) instead, so its estimate depends on the
+  batch size; the expectation is the same;
 - every random draw comes from a generator seeded by the run's seed and the request's tokens,
   so an estimate does not depend on request order, batch size, device or accelerate rank;
 - with ``cfg_scale > 0`` (LLaDA) each sample is also scored with the prompt masked out, and

@@ -86,7 +86,8 @@ ARGS: tuple[ModelArg, ...] = (
              "`right` keeps every row's positions from 0, `left` suits models that count "
              "positions from the first real token", (DLM,), "sampling"),
     ModelArg("llada_sampler", "reference", "LLaDA/MMaDA: `reference` decodes as LLaDA's own "
-             "`generate.py` (confidences in the model's dtype, `torch.topk`'s tie order, the mask "
+             "`generate.py` (confidences in the model's dtype, MMaDA's in float64 as its "
+             "`mmu_generate`; `torch.topk`'s tie order, the mask "
              "token predictable, EOS/EOT taken out of the softmax under `confidence_eos_eot_inf`); "
              "`invariant` gives the same tokens at every batch size and padding (float32, ties "
              "to the leftmost position, the mask token never predicted)", (DLM,), "sampling"),
@@ -145,7 +146,8 @@ NOT_FOR: dict[str, dict[str, str]] = {
         "softmax_dtype": "it replaces lm-eval's causal log-likelihood, the only place that "
                          "reads it: its Monte Carlo bound takes the log-softmax in float32, and "
                          "its samplers' probabilities are in the model's dtype "
-                         "(llada_sampler/dream_sampler=reference) or float32 (=invariant)",
+                         "(llada_sampler/dream_sampler=reference; MMaDA's in float64) or "
+                         "float32 (=invariant)",
     },
     ARM: {},
 }

@@ -24,8 +24,10 @@ GEN, STEPS, BLOCK = 12, 12, 4
 
 
 def llada_loop(model, ids, *, mask_id, gen_length, steps, block_length, cfg_scale=0.0,
-               banned_logits=(), banned_confidence=()):
-    """LLaDA's generate at temperature 0 for prompts of equal length: the generated tokens."""
+               banned_logits=(), banned_confidence=(), score_dtype=None):
+    """LLaDA's generate at temperature 0 for prompts of equal length: the generated tokens.
+    ``score_dtype=torch.float64`` is MMaDA's text decoding (``mmu_generate``), which is the
+    same loop with the softmax of the confidences taken in float64."""
     B, P = ids.shape
     x = F.pad(ids, (0, gen_length), value=mask_id)
     prompt = torch.zeros_like(x, dtype=torch.bool)
@@ -44,7 +46,7 @@ def llada_loop(model, ids, *, mask_id, gen_length, steps, block_length, cfg_scal
             logits[..., list(banned_logits)] = -torch.inf
             x0 = logits.argmax(-1)
             logits[..., list(banned_confidence)] = -torch.inf
-            score = logits.softmax(-1).gather(-1, x0[..., None])[..., 0]  # the model's dtype
+            score = logits.softmax(-1, dtype=score_dtype).gather(-1, x0[..., None])[..., 0]
             score[:, end:] = -torch.inf
             score = torch.where(masked, score, torch.tensor(-torch.inf, dtype=score.dtype))
             x0 = torch.where(masked, x0, x)
@@ -54,10 +56,11 @@ def llada_loop(model, ids, *, mask_id, gen_length, steps, block_length, cfg_scal
     return x[:, P:]
 
 
-def ours(model, ids, *, variant, banned_logits=(), banned_confidence=(), **kw):
-    inputs = FAMILIES["llada"].model_inputs
+def ours(model, ids, *, variant, banned_logits=(), banned_confidence=(), family="llada", **kw):
+    inputs = FAMILIES[family].model_inputs
     return generate_block(lambda x, m: model(**inputs(x, m)).logits, ids, torch.ones_like(ids),
-                          variant=variant, suppress_logit_ids=banned_logits,
+                          variant=variant, confidence_dtype=FAMILIES[family].confidence_dtype,
+                          suppress_logit_ids=banned_logits,
                           suppress_confidence_ids=banned_confidence, padding_side="right", **kw)
 
 
@@ -167,3 +170,35 @@ def test_confidence_eos_eot_inf_renormalises_the_other_confidences():
     assert first[("reference", ())] == 1
     assert first[("reference", (1,))] == 0
     assert first[("invariant", (1,))] == 1
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_mmada_reference_scores_confidences_in_float64_as_mmadas_own_loop(batch):
+    """MMaDA's own text decoding is LLaDA's loop with one difference: its confidences are the
+    softmax in float64, not in the model's dtype. On bfloat16 logits whose confidences tie
+    (Confident), that changes the order of decoding and so the tokens."""
+    model, ids = Confident(), prompts(batch)
+    kw = dict(mask_id=Confident.mask_id, gen_length=GEN, steps=STEPS, block_length=BLOCK)
+    with torch.no_grad():
+        expected = llada_loop(model, ids, score_dtype=torch.float64, **kw)
+        assert not torch.equal(expected, llada_loop(model, ids, **kw))  # the test has teeth
+        assert torch.equal(ours(model, ids, variant="reference", family="mmada", **kw), expected)
+        assert torch.equal(ours(model, ids, variant="reference", family="llada", **kw),
+                           llada_loop(model, ids, **kw))
+
+
+@pytest.mark.parametrize("family, dtype", [("llada", None), ("mmada", torch.float64)])
+def test_dlm_sinkmask_decodes_with_its_familys_confidence_dtype(tiny_dirs, monkeypatch, family, dtype):
+    """The model class hands each family's confidence dtype to the block sampler, in
+    generation and in the greedy check of loglikelihood requests alike."""
+    from lm_eval_sinkmask import dlm_model
+    from tests.test_models import make, requests
+
+    seen = []
+    real = dlm_model.generate_block
+    monkeypatch.setattr(dlm_model, "generate_block",
+                        lambda *a, **kw: seen.append(kw.get("confidence_dtype", "unset")) or real(*a, **kw))
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], family=family, block_length=4, greedy_check=True)
+    lm.generate_until(requests(max_gen_toks=8))
+    lm._greedy_matches([5, 6, 7], [8, 9])
+    assert seen and set(seen) == {dtype}

@@ -9,7 +9,8 @@ remasking) are fixed for good, the rest stay masked. A block is finished before 
 Two variants, as for Dream. ``reference`` (the default) decodes as LLaDA's own ``generate.py``
 does (its current form, with ``logits_eos_inf`` and ``confidence_eos_eot_inf``): confidences
 are the probabilities in the model's dtype (bfloat16 for the released checkpoints, where every
-probability above about 0.998 is 1.0 and ties are common), the positions fixed are
+probability above about 0.998 is 1.0 and ties are common; MMaDA's own loop, otherwise the same,
+takes them in float64: ``confidence_dtype``), the positions fixed are
 ``torch.topk``'s choice over the whole working row, ties included, the mask token may be
 predicted (such a position stays masked), and ``confidence_eos_eot_inf`` sets EOS and EOT to
 -inf before the softmax, so the other confidences renormalise (with low-confidence remasking
@@ -85,6 +86,7 @@ def generate_block(
     suppress_confidence_ids=(),
     padding_side: str = "left",
     variant: str = "reference",
+    confidence_dtype: torch.dtype | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.LongTensor:
     """Decode gen_length tokens after each prompt; returns them, [B, gen_length].
@@ -93,7 +95,10 @@ def generate_block(
     prompts and pads are placed. suppress_logit_ids are never generated (LLaDA's logits_eos_inf);
     predictions of suppress_confidence_ids are unmasked last in their block (LLaDA's
     confidence_eos_eot_inf). ``variant``: see the module docstring; under ``invariant`` the mask
-    token is never a valid prediction, so every position ends unmasked.
+    token is never a valid prediction, so every position ends unmasked. ``confidence_dtype``:
+    the dtype of the reference variant's softmax (None: the logits' own, as LLaDA's loop;
+    MMaDA's takes float64; ``Family.confidence_dtype``); the invariant variant always uses
+    float32.
     """
     validate_block_args(gen_length, steps, block_length)
     if remasking not in REMASKING:
@@ -112,7 +117,11 @@ def generate_block(
     banned = torch.tensor(sorted({*suppress_logit_ids, *([mask_id] if invariant else [])}),
                           dtype=torch.long, device=device)
     low_conf = torch.tensor(list(suppress_confidence_ids), dtype=torch.long, device=device)
-    confidence = _invariant_confidence if invariant else _reference_confidence
+    if invariant:
+        confidence = _invariant_confidence
+    else:
+        def confidence(logits, x0, remasking, low_conf, generator):
+            return _reference_confidence(logits, x0, remasking, low_conf, generator, confidence_dtype)
 
     for b in range(num_blocks):
         start, end = b * block_length, (b + 1) * block_length
@@ -162,12 +171,12 @@ def _invariant_confidence(logits, x0, remasking, low_conf, generator) -> torch.T
     return conf
 
 
-def _reference_confidence(logits, x0, remasking, low_conf, generator) -> torch.Tensor:
+def _reference_confidence(logits, x0, remasking, low_conf, generator, dtype=None) -> torch.Tensor:
     """Confidences of x0 [B, n] as LLaDA's generate.py computes them: the probabilities in
-    the logits' dtype, ``low_conf`` tokens removed from the softmax first; random remasking
-    draws them uniformly and ignores ``low_conf``."""
+    ``dtype`` (None: the logits' own), ``low_conf`` tokens removed from the softmax first;
+    random remasking draws them uniformly and ignores ``low_conf``."""
     if remasking == "random":
         return torch.rand(x0.shape, device=x0.device, generator=generator)
     if len(low_conf):
         logits = logits.index_fill(-1, low_conf, -torch.inf)
-    return torch.softmax(logits, -1).gather(-1, x0[..., None])[..., 0]
+    return torch.softmax(logits, -1, dtype=dtype).gather(-1, x0[..., None])[..., 0]
