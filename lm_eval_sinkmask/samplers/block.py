@@ -26,6 +26,8 @@ distributions with another random stream.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from .layout import build_layout, topk_over_rows
@@ -117,11 +119,8 @@ def generate_block(
     banned = torch.tensor(sorted({*suppress_logit_ids, *([mask_id] if invariant else [])}),
                           dtype=torch.long, device=device)
     low_conf = torch.tensor(list(suppress_confidence_ids), dtype=torch.long, device=device)
-    if invariant:
-        confidence = _invariant_confidence
-    else:
-        def confidence(logits, x0, remasking, low_conf, generator):
-            return _reference_confidence(logits, x0, remasking, low_conf, generator, confidence_dtype)
+    confidence = (_invariant_confidence if invariant
+                  else partial(_reference_confidence, dtype=confidence_dtype))
 
     for b in range(num_blocks):
         start, end = b * block_length, (b + 1) * block_length
