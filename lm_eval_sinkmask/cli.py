@@ -138,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="name=path or name=kind:path (kind arm or dlm; default from config.model_type), comma-separated")
     s.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
     s.add_argument("--top-k", default="0,1,5,10", help="K values (0 = unmasked) [%(default)s]")
-    s.add_argument("--out", required=True, help="output folder (reuse it to resume)")
+    s.add_argument("--out", required=True,
+                   help="output folder (reuse it to resume; several sweeps, e.g. one per GPU with "
+                        "CUDA_VISIBLE_DEVICES, can share it: each skips the cells the others run)")
     s.add_argument("--limit", type=float, default=None, help="lm-eval --limit (count, or fraction < 1)")
     s.add_argument("--eps", type=float, default=3.0, help="Eq. 3 threshold [%(default)s]")
     s.add_argument("--model-args-extra", default="", help="model_args appended for every model, e.g. dtype=bfloat16")

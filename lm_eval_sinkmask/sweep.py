@@ -16,6 +16,15 @@ a cell's identity: a resume may use a bigger batch or another GPU (padding and k
 the numbers at float-noise level only), and ``sinkmask table`` warns when a folder mixes them.
 Cells run one after another, in parallel processes (``jobs``) or sharded over ``accelerate
 launch`` ranks.
+
+Several sweeps can share one folder (one per GPU, each with its own ``CUDA_VISIBLE_DEVICES``,
+or a restart while the old run goes on): a process claims a cell before running it
+(:mod:`cell_claims`), skips a cell another live process holds and counts one that another
+process finished meanwhile as done. A claim dies with its process, so a resume still redoes a
+cell a kill cut short, and a process deletes only the folder of a cell it has claimed. Under
+``accelerate launch`` every rank runs the same cell: rank 0 claims it and the ranks follow
+its decision (and its list of cells), through the process group lm-eval would start anyway.
+``sweep.json`` is merged and the table rendered under the folder's own lock.
 """
 
 from __future__ import annotations
@@ -27,15 +36,17 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from . import sdpa_backends
 from .atomic_write import written_whole
+from .cell_claims import claim, folder_locked
 from .provenance import InputDigests, checkpoint_digest
-from .sweep_plan import RERUN_HELP, Cell, SweepPlan, merge_grids, mixed_settings
+from .sweep_plan import RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings
 
 def versions() -> dict[str, str]:
     import platform
@@ -110,7 +121,8 @@ def _no_metadata_advice() -> Iterator[None]:
 
 def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """One simple_evaluate call; writes lm-eval's files then ``cell.json`` (with ``inputs``, the
-    digests of the checkpoint, task and package code it ran on). None on ranks > 0."""
+    digests of the checkpoint, task and package code it ran on). None on ranks > 0. The caller
+    holds the cell's claim (:func:`claimed_run`): this starts its folder afresh."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
@@ -217,6 +229,72 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def world_size() -> int:
+    """How many processes ``accelerate launch`` / torchrun started (1 when run alone)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start_process_group() -> None:
+    """Under ``accelerate launch``, the process group that lm-eval starts when it loads the
+    first cell's model (its ``Accelerator``, with lm-eval's timeout), started now instead so
+    the ranks can agree on the cells before that. Alone, nothing."""
+    if world_size() == 1:
+        return
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    if not dist.is_initialized():
+        PartialState(timeout=timedelta(weeks=52))
+
+
+def rank_zeros(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (``value`` itself when run alone): the ranks run the
+    same cells in step, so what rank 0 finds on disk decides for all of them."""
+    if world_size() == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# what became of a cell this process meant to run (:func:`claimed_run`)
+RAN, HELD, DONE_ELSEWHERE = "ran", "held", "done elsewhere"
+
+
+def claimed_run(cell: Cell, inputs: dict[str, Any], run: Callable[[], dict[str, Any] | None]
+                ) -> tuple[str, dict[str, Any] | None]:
+    """``run()`` the cell under this process's claim on it: ``(RAN, its record)``; without
+    running it, ``(HELD, None)`` when another live process holds the cell and
+    ``(DONE_ELSEWHERE, None)`` when another finished it since this sweep looked."""
+    held, decision = None, RAN
+    try:
+        if process_rank() == 0:  # under accelerate launch only rank 0 touches the folder
+            held = claim(cell.folder)
+            decision = HELD if held is None else DONE_ELSEWHERE if cell.is_done(inputs) else RAN
+        decision = rank_zeros(decision)
+        return (RAN, run()) if decision == RAN else (decision, None)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def record_grid(out: Path, grid: dict[str, Any]) -> dict[str, Any]:
+    """``grid`` merged into ``out/sweep.json`` (kept earlier models, tasks and K: a sweep can be
+    extended by rerunning wider), written whole, under the folder's lock: sweeps starting at
+    once each add their part instead of the last one's replacing the others'."""
+    path = out / "sweep.json"
+    with folder_locked(out):
+        if path.exists():
+            grid = merge_grids(json.loads(path.read_text()), grid)
+        with written_whole(path) as tmp:
+            tmp.write_text(json.dumps(grid, indent=2) + "\n")
+    return grid
+
+
 def _default_device() -> str:
     import torch
 
@@ -261,19 +339,18 @@ def run_sweep(
     ``jobs`` > 1 runs that many cells at once, each in its own process (CPU sweeps: with
     ``OMP_NUM_THREADS=1`` every process is one core and the numbers do not depend on the
     thread count). ``max_cells`` stops after that many new cells (tests use it to simulate a
-    kill).
+    kill); a cell that another process holds counts among them. Other sweeps may share
+    ``plan.out``: a cell one of them runs is skipped, one it finished is done.
     """
     from tqdm.auto import tqdm
 
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if jobs > 1 and world_size() > 1:
         raise SystemExit("--jobs > 1 and accelerate launch do not mix: use one or the other")
     grid_path = plan.out / "sweep.json"
-    grid = plan.grid()
-    if grid_path.exists():
-        # keep earlier models/tasks/K in the layout: a sweep can be extended by rerunning wider
-        grid = merge_grids(json.loads(grid_path.read_text()), grid)
+    if grid_path.exists():  # a grid that cannot be merged fails now, before any hashing
+        merge_grids(json.loads(grid_path.read_text()), plan.grid())
 
     # everything is checked before sweep.json records the grid: a typo stays out of the layout
     tm = task_manager(plan)
@@ -283,7 +360,7 @@ def run_sweep(
         inputs = [digests.for_cell(c.path, c.task, c.revision) for c in cells]
     pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
     todo = pending[:max_cells]
-    done = [json.loads(p.read_text())["request"] for p in (plan.out / "cells").rglob("cell.json")]
+    done = [json.loads(p.read_text())["request"] for p in cell_records(plan.out / "cells")]
     mixed = mixed_settings(done + [cells[i].request() for i in todo])
     if mixed:
         raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
@@ -305,26 +382,36 @@ def run_sweep(
         )
     plan.out.mkdir(parents=True, exist_ok=True)
     if process_rank() == 0:
-        grid_path.write_text(json.dumps(grid, indent=2) + "\n")
+        record_grid(plan.out, plan.grid())
+    start_process_group()
+    # another sweep in this folder may finish a cell between two ranks' looks: rank 0's list
+    todo = rank_zeros(todo)
     bar = tqdm(total=len(cells), initial=len(cells) - len(pending), desc="sweep cells",
                unit="cell", disable=not progress or process_rank() != 0, dynamic_ncols=True)
+    outcomes = {RAN: 0, HELD: 0, DONE_ELSEWHERE: 0}
 
-    def report(cell: Cell, record: dict[str, Any] | None) -> None:
+    def report(cell: Cell, outcome: tuple[str, dict[str, Any] | None]) -> None:
+        what, record = outcome
+        outcomes[what] += 1
+        name = f"{cell.label:>10} {cell.task} K={cell.k}"
+        if what == HELD:  # not done: another process is running it now
+            bar.write(f"{name}: skipped, another process is running it")
+            return
         bar.update(1)
-        if record is not None:
-            bar.write(
-                f"{cell.label:>10} {cell.task} K={cell.k}: {record['metric']} = "
-                f"{record['value']:.4f} ({record['seconds']:.0f}s)"
-            )
+        if what == DONE_ELSEWHERE:
+            bar.write(f"{name}: done by another process")
+        elif record is not None:
+            bar.write(f"{name}: {record['metric']} = {record['value']:.4f} "
+                      f"({record['seconds']:.0f}s)")
 
     with bar:
         if jobs == 1:
             for i in todo:
                 cell = cells[i]
                 bar.set_postfix_str(f"{cell.label} {cell.task} K={cell.k}")
-                record = run_cell(cell, tm, inputs[i])
+                outcome = claimed_run(cell, inputs[i], partial(run_cell, cell, tm, inputs[i]))
                 _free_memory()
-                report(cell, record)
+                report(cell, outcome)
         else:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -335,9 +422,14 @@ def run_sweep(
                 futures = {pool.submit(_run_cell_job, plan, i, inputs[i]): cells[i] for i in todo}
                 for future in as_completed(futures):
                     report(futures[future], future.result())
-    return len(todo)
+    if outcomes[HELD] and progress and process_rank() == 0:
+        print(f"{outcomes[HELD]} cell(s) were running in other processes; once those finish, "
+              "rerun this sweep to pick up any they did not complete", flush=True)
+    return outcomes[RAN]
 
 
-def _run_cell_job(plan: SweepPlan, index: int, inputs: dict[str, Any]) -> dict[str, Any] | None:
-    """One cell in a worker process of ``run_sweep(jobs=N)``."""
-    return run_cell(plan.cells()[index], task_manager(plan), inputs)
+def _run_cell_job(plan: SweepPlan, index: int, inputs: dict[str, Any]
+                  ) -> tuple[str, dict[str, Any] | None]:
+    """One cell in a worker process of ``run_sweep(jobs=N)``, under that worker's claim."""
+    cell = plan.cells()[index]
+    return claimed_run(cell, inputs, lambda: run_cell(cell, task_manager(plan), inputs))

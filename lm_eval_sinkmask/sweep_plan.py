@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,14 @@ class Cell:
 
 
 RERUN_HELP = "Use another --out folder (or delete that cell) to rerun it with the new settings."
+
+
+def cell_records(cells: Path) -> list[Path]:
+    """Every ``cell.json`` below ``cells`` (any depth: seed and draw folders), sorted. Unlike
+    ``rglob``, a folder that disappears during the walk (another sweep sharing the folder starts
+    a half-written cell afresh) is passed over instead of failing."""
+    return sorted(Path(root) / "cell.json" for root, _, files in os.walk(cells)
+                  if "cell.json" in files)
 
 
 def merge_grids(old: dict, new: dict) -> dict:

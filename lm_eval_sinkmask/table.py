@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paired, seed_stats, versus
+from .cell_claims import folder_locked
 from .sweep import primary_metric
-from .sweep_plan import check_pairs, mixed_settings, task_limits
+from .sweep_plan import cell_records, check_pairs, mixed_settings, task_limits
 from .text_format import fixed, signed_with_se
 
 ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
@@ -69,7 +70,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     requests, versions, runs = [], [], []
     zoo = False
     cells = folder / "cells"
-    for record_path in sorted(cells.rglob("cell.json")):  # any depth: seed and draw folders
+    for record_path in cell_records(cells):  # any depth: seed and draw folders
         record = json.loads(record_path.read_text())
         req = record["request"]
         requests.append(req)
@@ -456,8 +457,20 @@ def _wrap(text: str, width: int) -> str:
 def render(folder: Path, title: str | None = None, metrics: dict[str, str] | None = None,
            digits: int = 2, figure: bool = True, versus_pairs: list | None = None) -> dict[str, Path]:
     """Write ``table.md``, ``table.csv`` and ``accuracy_vs_k.png`` into ``folder``, and
-    ``versus.csv`` for the sweep's ``--versus`` pairs (``versus_pairs`` replaces them)."""
+    ``versus.csv`` for the sweep's ``--versus`` pairs (``versus_pairs`` replaces them).
+
+    From the cells done so far: sweeps still running in ``folder`` add theirs as they finish.
+    Renders hold the folder's lock, so two at once (sweeps sharing the folder ending together)
+    do not interleave their writes, and the later one, which saw more cells, is the one kept."""
     folder = Path(folder)
+    if not (folder / "sweep.json").is_file():
+        load(folder)  # says what the folder lacks, before a lock file is made in it
+    with folder_locked(folder):
+        return _render(folder, title, metrics, digits, figure, versus_pairs)
+
+
+def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, digits: int,
+            figure: bool, versus_pairs: list | None) -> dict[str, Path]:
     grid, entries, zoo = load(folder, metrics)
     if not entries:
         raise SystemExit(f"no finished cells under {folder}/cells")
