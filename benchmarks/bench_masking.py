@@ -16,7 +16,8 @@ Sections:
      shape) through the real block sampler ``generate_block``;
   2. a wider random-init LLaDA-shaped model (d_model 1024) on CPU, forward passes at S=1024;
   3. (--gpu) an 8B-shaped LLaDA config (d_model 4096, 32 heads, a few layers, bf16, batch 8,
-     S=700) on CUDA, or a line saying no GPU was available;
+     S=700) on CUDA, also with the memory-efficient kernel off as LLaDA's own code sets it,
+     or a line saying no GPU was available;
   4. extra peak memory of one intercepted attention call at S=1024 against chunk size, with
      the analytical O(batch x heads x S x chunk) term it should match;
   5. our block sampler against a reference implementation of LLaDA's published algorithm:
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lm_eval_sinkmask import compiled_tail  # noqa: E402
+from lm_eval_sinkmask import compiled_tail, sdpa_backends  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 from lm_eval_sinkmask.samplers import generate_block  # noqa: E402
@@ -321,21 +322,15 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
     if "mass" in parts:
         run_part("mass", fused_mass_check, device, heads, S)
     if "llada" in parts:
-        # LLaDA-8B's MLP is 3 x d_model (12288; gpu_hours.SHAPES), not the tiny zoo's 4 x:
-        # a wider MLP would make (a) slower and the ratios look better than LLaDA-8B's
-        model = run_part("llada", wide_model, hidden, heads, 2 if args.quick else 4,
-                         torch.bfloat16, device, 3 * hidden)
-        name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (smoke run)"
-        for B in (8, 1) if model is not None else ():
-            m = run_part(f"llada batch {B}", bench_forward,
-                         f"3. 8B-shaped LLaDA config on {name}, batch {B}", model, B, S,
-                         4, args, device, True, GPU_VARIANTS)
-            med = med or m
-        if device.type == "cuda" and model is not None:
-            run_part("llada peak memory", gpu_peak_memory, model, args)
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        med = bench_llada(args, device, hidden, heads, S)
+    if "llada_kernels" in parts:
+        # LLaDA-8B's and MMaDA's own code turn the memory-efficient kernel off process-wide
+        # when built; a masked call, which cannot take the flash kernel, then runs on another
+        with sdpa_backends.kept():
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+            m = bench_llada(args, device, hidden, heads, S, ", memory-efficient kernel off "
+                            "(as LLaDA's code sets it)", memory=False)
+        med = med or m
     if "llama" in parts:
         run_part("llama", bench_llama_decoding, args, device, hidden, heads, P)
     if "zoo" in parts:
@@ -343,6 +338,28 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
     if compiled_tail._COMPILED.failed:
         print("\n**torch.compile of the selection FAILED in this run** (warning above): every "
               "'compiled selection' row ran the eager selection.")
+    return med
+
+
+def bench_llada(args, device, hidden, heads, S, condition="", memory=True):
+    """Part llada: the 8B-shaped LLaDA config's forward at batch 8 and 1 (and its peak
+    memory); returns batch 8's medians."""
+    # LLaDA-8B's MLP is 3 x d_model (12288; gpu_hours.SHAPES), not the tiny zoo's 4 x:
+    # a wider MLP would make (a) slower and the ratios look better than LLaDA-8B's
+    model = run_part("llada", wide_model, hidden, heads, 2 if args.quick else 4,
+                     torch.bfloat16, device, 3 * hidden)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (smoke run)"
+    med = None
+    for B in (8, 1) if model is not None else ():
+        m = run_part(f"llada batch {B}", bench_forward,
+                     f"3. 8B-shaped LLaDA config on {name}, batch {B}{condition}", model, B, S,
+                     4, args, device, True, GPU_VARIANTS)
+        med = med or m
+    if memory and device.type == "cuda" and model is not None:
+        run_part("llada peak memory", gpu_peak_memory, model, args)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return med
 
 
@@ -715,9 +732,11 @@ def main(argv=None):
     ap.add_argument("--only", default=None,
                     help="sections to run, e.g. 1,4 (default 1,2,3,4,5; with --gpu 3: the CPU "
                          "sections take longer than a lent GPU's 10-minute command)")
-    ap.add_argument("--gpu-parts", default="mass,llada,llama,zoo",
+    ap.add_argument("--gpu-parts", default="mass,llada,llada_kernels,llama,zoo",
                     help="parts of section 3: mass (kernels vs reference), llada (8B-shaped "
-                         "forward, batch 8 and 1), llama (decoding steps), zoo (same tokens)")
+                         "forward, batch 8 and 1), llada_kernels (the same with the "
+                         "memory-efficient kernel off, as LLaDA's code sets it), llama "
+                         "(decoding steps), zoo (same tokens)")
     ap.add_argument("--gpu-smoke-cpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.repeats is None:

@@ -35,7 +35,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
         assert title in out
     for variant in ("(c) top_k=5 previous, fused", "(c) fused, eager selection", "(c) materialized",
                     "(c) flex (two FlexAttention calls)"):
-        assert out.count(variant) == 6  # two LLaDA tables, four Llama decoding tables
+        # four LLaDA tables (two under LLaDA's own kernel switch), four Llama decoding tables
+        assert out.count(variant) == 8
     assert "fused kernels vs torch reference" in out
     assert "flex (two FlexAttention calls) vs torch reference" in out
     for name in ("fused", "flex"):
@@ -91,7 +92,7 @@ def test_a_failing_backend_loses_no_other_part(monkeypatch, capsys):
                         "--gpu-smoke-cpu"])
     out = capsys.readouterr().out
     assert "part mass FAILED" in out and "flex broken here" in out
-    assert out.count("(c) top_k=5 previous, fused") == 6
+    assert out.count("(c) top_k=5 previous, fused") == 8
     assert "variant (c) flex (two FlexAttention calls) FAILED" in out
     assert "CUDA fused detection vs CUDA materialized: tokens the same" in out
     assert "CUDA flex detection FAILED on the zoo checkpoint" in out
@@ -119,3 +120,25 @@ def test_decoding_steps_are_timed_through_generate_as_lm_eval_runs_them():
             bench_masking.generate_cached(model, ids, 3)
     assert [g.shape for g in generated] == [(2, 13), (2, 16)]
     assert stats.forward_passes == 4 and stats.keys_masked > 0
+
+
+def test_llada_kernels_part_runs_under_lladas_own_kernel_switch(monkeypatch, capsys):
+    """LLaDA-8B's and MMaDA's own code turn the memory-efficient SDPA kernel off process-wide
+    when built; part llada_kernels times the 8B-shaped forward in that state (a masked call
+    cannot take the flash kernel, so it may land on the math one), and leaves the switch as
+    it found it."""
+    torch = bench_masking.torch
+    seen = []
+
+    def fake_forward(title, model, B, S, passes, args, device, ragged=True, variants=None):
+        seen.append((title, B, torch.backends.cuda.mem_efficient_sdp_enabled()))
+        return {}
+
+    monkeypatch.setattr(bench_masking, "bench_forward", fake_forward)
+    before = torch.backends.cuda.mem_efficient_sdp_enabled()
+    args = bench_masking.argparse.Namespace(gpu_parts="llada_kernels", quick=True, repeats=1,
+                                            chunk=256)
+    bench_masking.bench_gpu_parts(args, torch.device("cpu"), hidden=64, heads=4, S=40, P=24)
+    assert [(B, on) for _, B, on in seen] == [(8, False), (1, False)]
+    assert all("memory-efficient kernel off" in title for title, _, _ in seen)
+    assert torch.backends.cuda.mem_efficient_sdp_enabled() == before
