@@ -324,10 +324,7 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
     if "llada" in parts:
         med = bench_llada(args, device, hidden, heads, S)
     if "llada_kernels" in parts:
-        # LLaDA-8B's and MMaDA's own code turn the memory-efficient kernel off process-wide
-        # when built; a masked call, which cannot take the flash kernel, then runs on another
-        with sdpa_backends.kept():
-            torch.backends.cuda.enable_mem_efficient_sdp(False)
+        with lladas_kernels():
             m = bench_llada(args, device, hidden, heads, S, ", memory-efficient kernel off "
                             "(as LLaDA's code sets it)", memory=False)
         med = med or m
@@ -339,6 +336,17 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
         print("\n**torch.compile of the selection FAILED in this run** (warning above): every "
               "'compiled selection' row ran the eager selection.")
     return med
+
+
+@contextmanager
+def lladas_kernels():
+    """torch's SDPA kernels as LLaDA-8B's and MMaDA's own code leave them: the memory-efficient
+    one switched off process-wide when the model is built. A masked call, whose mask the flash
+    kernel cannot take, may then run on the math kernel; the stand-ins here do not switch it,
+    so timings meant for those checkpoints run inside this (restored afterwards)."""
+    with sdpa_backends.kept():
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        yield
 
 
 def bench_llada(args, device, hidden, heads, S, condition="", memory=True):

@@ -46,6 +46,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -59,7 +60,7 @@ sys.path.insert(0, str(HERE))
 # the timing protocol (variants interleaved round-robin, warm-up, medians) and the prompt
 # builder are bench_masking's; its wide_model() is not reused because its MLP (4 x d_model)
 # and vocab (2048) are not LLaDA-8B's
-from bench_masking import generate_cached, interleaved, prompts  # noqa: E402
+from bench_masking import generate_cached, interleaved, lladas_kernels, prompts  # noqa: E402
 
 from lm_eval_sinkmask.config import DETECT_BACKENDS, SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
@@ -446,17 +447,19 @@ def main(argv=None, timer=None) -> dict:
 def measure(key, shape, task, batch, prompt, gen, args, device, layer_counts, dtype) -> Timing:
     """Full-depth per-step seconds of ``shape`` at (batch, prompt + gen), fitted over layers."""
     per = {}  # layers -> (step dict, prefill dict or None, keys masked)
-    for n in layer_counts:
-        model = build(shape, n, device, dtype)
-        if shape.kind == "llama":
-            prefill, step, keys = time_arm(model, batch, prompt, args, device)
-        else:
-            step, keys = time_dlm(model, shape.kind, batch, prompt + gen, args, device)
-            prefill = None
-        per[n] = (step, prefill, keys)
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    # LLaDA's network (LLaDA-8B, MMaDA-8B) runs with its code's process-wide kernel switch
+    with lladas_kernels() if shape.kind == "llada" else nullcontext():
+        for n in layer_counts:
+            model = build(shape, n, device, dtype)
+            if shape.kind == "llama":
+                prefill, step, keys = time_arm(model, batch, prompt, args, device)
+            else:
+                step, keys = time_dlm(model, shape.kind, batch, prompt + gen, args, device)
+                prefill = None
+            per[n] = (step, prefill, keys)
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     fit = lambda field, v: at_depth({n: p[field][v] for n, p in per.items()}, shape.layers)  # noqa: E731
     t = Timing(key, task, batch, prompt, gen, step_a=fit(0, "a"), step_c=fit(0, "c"),
                keys_masked=per[max(per)][2])

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -185,3 +186,23 @@ def test_recipe_tasks_exist():
     for argv in sweep_argvs():
         a = cli.build_parser().parse_args(argv)
         assert set(a.tasks.split(",")) <= names
+
+
+def test_llada_shapes_are_timed_with_lladas_kernel_switch(monkeypatch):
+    """LLaDA-8B's code (and so MMaDA-8B's, the same network) turns the memory-efficient SDPA
+    kernel off process-wide when built: its steps are timed in that state, Dream's are not,
+    and the switch is as before afterwards."""
+    seen = {}
+
+    def fake_time_dlm(model, kind, batch, seq, args, device):
+        seen[kind] = torch.backends.cuda.mem_efficient_sdp_enabled()
+        return {"a": 1.0, "c": 1.2}, 7
+
+    monkeypatch.setattr(gpu_hours, "build", lambda shape, n, device, dtype: None)
+    monkeypatch.setattr(gpu_hours, "time_dlm", fake_time_dlm)
+    before = torch.backends.cuda.mem_efficient_sdp_enabled()
+    for key in ("llada", "dream"):
+        gpu_hours.measure(key, gpu_hours.QUICK[key], "gsm8k_sinkmask", 1, 8, 8, None,
+                          torch.device("cpu"), [1], torch.float32)
+    assert seen == {"llada": False, "dream": before}
+    assert torch.backends.cuda.mem_efficient_sdp_enabled() == before
