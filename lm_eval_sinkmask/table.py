@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paired, seed_stats, versus
-from .sweep import primary_metric
 from .sweep_plan import check_pairs, mixed_settings, task_limits
 from .text_format import fixed, signed_with_se
 
@@ -477,4 +476,4 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
     return out
 
 
-__all__ = ["render", "markdown", "csv_text", "load", "primary_metric", "is_zoo"]
+__all__ = ["render", "markdown", "csv_text", "load", "is_zoo"]
