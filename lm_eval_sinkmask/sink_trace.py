@@ -56,10 +56,11 @@ HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
 
 
 class TraceRecorder:
-    """Observer for :class:`SinkMasker`: a compact record per (step, layer, head)."""
+    """Observer for :class:`SinkMasker`: a compact record per (step, layer, head) of batch
+    element 0, the one prompt a trace generates from (:func:`trace_generation`)."""
 
-    def __init__(self, eps: float = 3.0, topn: int = 5, batch_index: int = 0, watch: Sequence[int] = ()):
-        self.eps, self.topn, self.b = eps, topn, batch_index
+    def __init__(self, eps: float = 3.0, topn: int = 5, watch: Sequence[int] = ()):
+        self.eps, self.topn = eps, topn
         self.watch = [int(p) for p in watch]  # key positions whose score is kept at every step
         self.rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self.full: dict[tuple[int, int], np.ndarray] = {}
@@ -67,7 +68,7 @@ class TraceRecorder:
         self._edges = torch.tensor(HIST_EDGES[1:-1], dtype=torch.float32)
 
     def __call__(self, event: AttentionEvent) -> None:
-        s = event.scores[self.b].detach().float().cpu().contiguous()  # [H, Sk]
+        s = event.scores[0].detach().float().cpu().contiguous()  # [H, Sk]
         n = s.shape[-1]
         k = min(self.topn, n)
         top = torch.topk(s, k, dim=-1, sorted=True)
@@ -83,7 +84,7 @@ class TraceRecorder:
             "n_sinks": sinks.int().numpy(), "hist": hist.numpy(), "n_keys": np.int32(n),
         }
         if event.value_norms is not None:
-            norms = event.value_norms[self.b].detach().float().cpu()  # [H, Sk]
+            norms = event.value_norms[0].detach().float().cpu()  # [H, Sk]
             median = norms.quantile(0.5, dim=-1)  # [H]; torch.median would take the lower middle key
             rel = torch.full((s.shape[0], self.topn), float("nan"))
             rel[:, :k] = norms.gather(1, top.indices) / median[:, None]
@@ -102,7 +103,7 @@ class TraceRecorder:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor):
             step = len(self.inputs) + 1
-            self.inputs[step] = ids[self.b].detach().cpu().numpy().astype(np.int64)
+            self.inputs[step] = ids[0].detach().cpu().numpy().astype(np.int64)
 
     def arrays(self, full_steps: int = 8) -> dict[str, np.ndarray]:
         """Stack into [T, L, H, ...] arrays; full vectors kept for ``full_steps`` steps."""
