@@ -162,6 +162,12 @@ def traced_variants(models: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
+def main_label(name: str) -> str:
+    """The traced variant whose sinks a checkpoint is judged by: the ARM's under the paper's
+    query rule, a DLM's only one."""
+    return "arm (last_row)" if name == "arm" else name
+
+
 def trace_folder(out: Path, label: str, seed: int) -> Path:
     """Where a variant's traces live: ``arm (last_row)``, seed 1 -> ``traces/arm_last_row/seed1``."""
     return out / "traces" / label.replace(" (", "_").rstrip(")") / f"seed{seed}"
@@ -330,11 +336,10 @@ def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
     checkpoints = []
     for name, seed in keys:
         results = acc.get((name, seed), {})
-        main_label = "arm (last_row)" if name == "arm" else name
         stats = {label: sinks[(label, seed)] for label, n, _ in traced_variants([name])
                  if (label, seed) in sinks}
         bars = {task: accuracy_verdict(name, task, results.get(task)) for task in TASKS}
-        bars["sinks"] = sink_verdict(name, stats.get(main_label))
+        bars["sinks"] = sink_verdict(name, stats.get(main_label(name)))
         checkpoints.append({"model": name, "seed": seed, "accuracy": results, "sinks": stats,
                             "bars": bars})
     summary = {}
@@ -347,8 +352,8 @@ def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
             values = [c["accuracy"][task]["value"] for c in rows if task in c["accuracy"]]
             if values:
                 entry[task] = spread(values)
-        shares = [s["share_of_pairs_with_sink"] for c in rows for label, s in c["sinks"].items()
-                  if label == ("arm (last_row)" if name == "arm" else name)]
+        shares = [c["sinks"][main_label(name)]["share_of_pairs_with_sink"] for c in rows
+                  if main_label(name) in c["sinks"]]
         if shares:
             entry["share_of_pairs_with_sink"] = spread(shares)
         entry["bars_met"] = {bar: [sum(c["bars"][bar] == "met" for c in rows),
@@ -434,7 +439,7 @@ def _checkpoint_section(checkpoints: list[dict[str, Any]]) -> list[str]:
             bar = TARGETS.get(name, (None, None))[i]
             cells += [_accuracy_text(r), _verdict_text(c["bars"][task], f"{bar:.2f}" if bar else "",
                                                        r and r["n"], SPLIT_SIZE[task])]
-        main = c["sinks"].get("arm (last_row)" if name == "arm" else name)
+        main = c["sinks"].get(main_label(name))
         share = "-" if main is None else f"{main['share_of_pairs_with_sink']:.0%}"
         sink_bar = _verdict_text(c["bars"]["sinks"], f"{SINK_BAR:.0%}")
         lines.append(f"| {name} | {c['seed']} | " + " | ".join(cells) + f" | {share} | {sink_bar} |")
