@@ -330,18 +330,32 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
     """Checkpoint rows (model x seed, with their verdicts) and per-model spreads across seeds."""
+    checkpoints = checkpoint_rows(acc, sinks, models)
+    return {"checkpoints": checkpoints, "summary": model_summary(checkpoints, models),
+            "targets": TARGETS, "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
+
+
+def checkpoint_rows(acc, sinks, models: list[str]) -> list[dict[str, Any]]:
+    """One row per (model, seed) with an accuracy cell or a trace, in ``models`` order, then by
+    seed: its results, its traced variants' sinks and its verdict on each bar."""
     keys = sorted({k for k in acc if k[0] in models}
                   | {(traced_name(label), seed) for label, seed in sinks},
                   key=lambda k: (models.index(k[0]) if k[0] in models else len(models), k[1]))
     checkpoints = []
     for name, seed in keys:
         results = acc.get((name, seed), {})
-        stats = {label: sinks[(label, seed)] for label, n, _ in traced_variants([name])
+        stats = {label: sinks[(label, seed)] for label, _, _ in traced_variants([name])
                  if (label, seed) in sinks}
         bars = {task: accuracy_verdict(name, task, results.get(task)) for task in TASKS}
         bars["sinks"] = sink_verdict(name, stats.get(main_label(name)))
         checkpoints.append({"model": name, "seed": seed, "accuracy": results, "sinks": stats,
                             "bars": bars})
+    return checkpoints
+
+
+def model_summary(checkpoints: list[dict[str, Any]], models: list[str]) -> dict[str, Any]:
+    """Per model with checkpoints: the spread across seeds of each task's accuracy and of the
+    share of pairs with a sink, and per bar how many checkpoints met it of those judged."""
     summary = {}
     for name in models:
         rows = [c for c in checkpoints if c["model"] == name]
@@ -361,8 +375,7 @@ def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
                              for bar in (*TASKS, "sinks")}  # [met, judged]
         entry["checkpoints"] = len(rows)
         summary[name] = entry
-    return {"checkpoints": checkpoints, "summary": summary, "targets": TARGETS,
-            "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
+    return summary
 
 
 def traced_name(label: str) -> str:
