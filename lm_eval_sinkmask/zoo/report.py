@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
@@ -323,8 +324,7 @@ def sink_verdict(model: str, stats: dict[str, Any] | None) -> str | None:
 
 def spread(values: list[float]) -> dict[str, Any]:
     """Mean, sample standard deviation (n - 1; None below two values), min and max."""
-    return {"mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else None,
+    return {"mean": statistics.fmean(values), "std": sample_std(values),
             "min": min(values), "max": max(values), "seeds": len(values)}
 
 
