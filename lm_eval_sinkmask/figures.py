@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sink_trace import Trace, parse_heads
+from .sink_trace import Trace, evenly_spaced_steps, parse_heads
 from .text_format import or_na
 
 FIGURES = {
@@ -65,7 +65,7 @@ def fig_score_distribution(trace: Trace, path: Path) -> Path:
     used = np.flatnonzero(frac.sum(axis=0) > 0)
     lo, hi = used.min(), used.max() + 1
     T = trace.steps
-    picks = sorted(set(np.linspace(1, T, min(4, T)).round().astype(int).tolist()))
+    picks = evenly_spaced_steps(T, 4)
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1, 1.25]})
     x = np.arange(lo, hi)
     width = 0.8 / len(picks)

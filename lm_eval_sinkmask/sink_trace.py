@@ -134,7 +134,7 @@ class TraceRecorder:
                 if name in r:
                     out[name][t - 1, l] = r[name]
             out["n_keys"][t - 1] = r["n_keys"]
-        picked = sorted(set(np.linspace(1, T, min(full_steps, T)).round().astype(int).tolist()))
+        picked = evenly_spaced_steps(T, full_steps)
         width = max(int(out["n_keys"][t - 1]) for t in picked)
         full = np.full((len(picked), L, H, width), np.nan, np.float16)
         for i, t in enumerate(picked):
@@ -151,6 +151,12 @@ class TraceRecorder:
                 inputs[t - 1, : len(v)] = v
             out["inputs"] = inputs
         return out
+
+
+def evenly_spaced_steps(last: int, n: int) -> list[int]:
+    """Up to ``n`` distinct steps of 1..``last``, evenly spaced from the first to the last: the
+    steps whose whole score vectors a trace keeps, and those Fig. 3 compares."""
+    return sorted(set(np.linspace(1, last, min(n, last)).round().astype(int).tolist()))
 
 
 @dataclass
