@@ -26,6 +26,11 @@ FIGURES = {
 }
 
 
+# a per-(layer, head) heatmap writes its numbers into the cells up to this many cells; beyond,
+# they overlap into noise
+NUMBERED_CELLS = 256
+
+
 def _plt():
     import matplotlib
 
@@ -54,6 +59,14 @@ def _bin_labels(edges: np.ndarray) -> list[str]:
     labels += [f"{f(lo)}-{f(hi)}" for lo, hi in zip(edges[1:-2], edges[2:-1])]
     labels.append(f">={f(edges[-2])}")
     return labels
+
+
+def _layer_head_axes(ax, L: int, H: int) -> None:
+    """Heads across, layers down, every one ticked: the axes of each per-(layer, head) map."""
+    ax.set_xticks(range(H))
+    ax.set_yticks(range(L))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
 
 
 def fig_score_distribution(trace: Trace, path: Path) -> Path:
@@ -102,15 +115,12 @@ def fig_main_sink_heatmap(trace: Trace, path: Path) -> Path:
     L, H = mean.shape
     fig, ax = plt.subplots(figsize=(max(7.5, 0.45 * H + 3), max(4.0, 0.4 * L + 2.2)))
     im = ax.imshow(mean, aspect="auto", cmap="viridis", origin="upper", interpolation="nearest")
-    if L * H <= 256:
+    if L * H <= NUMBERED_CELLS:
         for l in range(L):
             for h in range(H):
                 ax.text(h, l, f"{mean[l, h]:.3g}", ha="center", va="center", fontsize=7,
                         color="white" if im.norm(mean[l, h]) < 0.6 else "black")
-    ax.set_xticks(range(H))
-    ax.set_yticks(range(L))
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
+    _layer_head_axes(ax, L, H)
     fig.colorbar(im, ax=ax, label="main sink score (x uniform share)")
     ax.set_title(
         f"Main sink's score per layer and head, mean over steps 1-{trace.steps}\n{_name(trace)}; "
@@ -246,7 +256,7 @@ def fig_stability(trace: Trace, path: Path) -> Path:
         cmap = plt.get_cmap(kw.pop("cmap")).with_extremes(bad="lightgrey")
         im = ax.imshow(np.ma.masked_invalid(img), aspect="auto", origin="upper", interpolation="nearest",
                        cmap=cmap, **kw)
-        if L * H <= 256:
+        if L * H <= NUMBERED_CELLS:
             for l in range(L):
                 for h in range(H):
                     if not scored[l, h]:
@@ -258,10 +268,7 @@ def fig_stability(trace: Trace, path: Path) -> Path:
                     if img is keep and distinct[l, h] > 0:
                         text += f"\n{int(distinct[l, h])} pos"
                     ax.text(h, l, text, ha="center", va="center", fontsize=6.5)
-        ax.set_xticks(range(H))
-        ax.set_yticks(range(L))
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        _layer_head_axes(ax, L, H)
         fig.colorbar(im, ax=ax, label=label)
     g = block["aggregate"]
     axes[0].set_title(f"keep rate, mean {or_na(g['keep_rate'])} over {g['heads_with_pairs']}/{g['heads']} heads; "
@@ -308,15 +315,12 @@ def fig_value_norms(trace: Trace, path: Path) -> Path:
     cmap = plt.get_cmap("coolwarm").with_extremes(bad="white")
     im = b.imshow(np.ma.masked_invalid(np.log2(med)), aspect="auto", cmap=cmap, vmin=-3, vmax=3,
                   origin="upper", interpolation="nearest")
-    if L * H <= 256:
+    if L * H <= NUMBERED_CELLS:
         for l in range(L):
             for h in range(H):
                 b.text(h, l, "-" if not np.isfinite(med[l, h]) else f"{med[l, h]:.2f}",
                        ha="center", va="center", fontsize=7)
-    b.set_xticks(range(H))
-    b.set_yticks(range(L))
-    b.set_xlabel("head")
-    b.set_ylabel("layer")
+    _layer_head_axes(b, L, H)
     fig.colorbar(im, ax=b, label="log2 of the ratio")
     b.set_title("main sink's value norm / head median, median over steps\n(blank: never a sink)",
                 fontsize=9)
