@@ -200,6 +200,7 @@ def _stability_text(value: float | None, pct: bool) -> str:
         return "-"
     return percent(value) + "%" if pct else f"{value:.2f}"
 
+
 STABILITY_COLUMNS = [
     ("keep_rate", "main sink keeps its position (per-head mean)"),
     ("pooled_keep_rate", "... pooled over step pairs"),
@@ -299,6 +300,8 @@ def _single_gain_lines(gains: list[dict[str, Any]]) -> list[str]:
 
 
 def write_report(out: Path) -> dict[str, Any]:
+    """``table.md``, ``table.csv``, ``summary.json`` and ``sink_token.png`` from what ``out``
+    holds alone (cells and traces), so ``--report-only`` redraws it without running anything."""
     records = _records(out)
     rows = read_cells(records)
     stab = trace_summary(out)
@@ -312,6 +315,32 @@ def write_report(out: Path) -> dict[str, Any]:
              "Tiny models (synthetic tasks): a test bed, not a claim about "
              f"8B models. Accuracy in %, {spread}, greedy, project's block "
              "sampler (block 32, steps = gen_length).", ""]
+    lines += _accuracy_lines(rows, cell, multi)
+    gains = paired_gains(rows, per_document(records))
+    if gains:
+        lines += _gain_lines(gains, seeds) if multi else _single_gain_lines(gains)
+    if stab:
+        lines += _sink_lines(stab)
+    notes = input_lines(records)
+    if notes:
+        lines += notes + [""]
+    (out / "table.md").write_text("\n".join(lines))
+    with (out / "table.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
+        w.writeheader()
+        w.writerows(rows)
+    summary = {"accuracy": rows, "sinks": stab, "paired_gains": gains}
+    if multi:
+        summary["seeds"] = seeds
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    draw(out, cell, stab, seeds if multi else None)
+    return summary
+
+
+def _accuracy_lines(rows: list[dict[str, Any]], cell: dict, multi: bool) -> list[str]:
+    """One accuracy table per task: a row per model, a column per K (``cell``: one run's
+    numbers, or over seeds :func:`across_seeds`)."""
+    lines = []
     for task, short in TASKS.items():
         n = {r["n"] for r in rows if r["task"] == task}
         metric = {r["metric"] for r in rows if r["task"] == task}
@@ -327,35 +356,21 @@ def write_report(out: Path) -> dict[str, Any]:
                 _fmt_cell(c, multi) if c else "(= K=0 above)" if k == 0 else "-"
                 for c, k in zip(cells, KS)) + " |")
         lines.append("")
-    gains = paired_gains(rows, per_document(records))
-    if gains:
-        lines += _gain_lines(gains, seeds) if multi else _single_gain_lines(gains)
-    if stab:
-        lines += ["## Sinks in unmasked generations (eps = 3, means over traced prompts)", "",
-                  "| | " + " | ".join(stab) + " |", "|---|" + "---|" * len(stab)]
-        for key, label in STABILITY_COLUMNS:
-            pct = key not in ("distinct_positions",)
-            lines.append(f"| {label} | " + " | ".join(
-                _stability_text(stab[m].get(key), pct) for m in stab) + " |")
-        lines += ["", "Traced prompts per model: " + ", ".join(
-            f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
-            " Shares are the mean attention a valid query row gives the key (uniform share "
-            "= 1/|K|), averaged over steps, layers and heads.", ""]
-    notes = input_lines(records)
-    if notes:
-        lines += notes + [""]
-    (out / "table.md").write_text("\n".join(lines))
-    with (out / "table.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
-        w.writeheader()
-        w.writerows(rows)
-    summary = {"accuracy": rows, "sinks": stab}
-    summary["paired_gains"] = gains
-    if multi:
-        summary["seeds"] = seeds
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    draw(out, cell, stab, seeds if multi else None)
-    return summary
+    return lines
+
+
+def _sink_lines(stab: dict[str, dict[str, Any]]) -> list[str]:
+    """The traced models side by side, a row per stability number (:data:`STABILITY_COLUMNS`)."""
+    lines = ["## Sinks in unmasked generations (eps = 3, means over traced prompts)", "",
+             "| | " + " | ".join(stab) + " |", "|---|" + "---|" * len(stab)]
+    for key, label in STABILITY_COLUMNS:
+        pct = key not in ("distinct_positions",)
+        lines.append(f"| {label} | " + " | ".join(
+            _stability_text(stab[m].get(key), pct) for m in stab) + " |")
+    return lines + ["", "Traced prompts per model: " + ", ".join(
+        f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
+        " Shares are the mean attention a valid query row gives the key (uniform share "
+        "= 1/|K|), averaged over steps, layers and heads.", ""]
 
 
 def _fmt_cell(c: dict[str, Any], multi: bool) -> str:
