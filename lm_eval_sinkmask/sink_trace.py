@@ -135,22 +135,30 @@ class TraceRecorder:
                     out[name][t - 1, l] = r[name]
             out["n_keys"][t - 1] = r["n_keys"]
         picked = evenly_spaced_steps(T, full_steps)
-        width = max(int(out["n_keys"][t - 1]) for t in picked)
-        full = np.full((len(picked), L, H, width), np.nan, np.float16)
-        for i, t in enumerate(picked):
-            for l in layers:
-                v = self.full.get((t, l))
-                if v is not None:
-                    full[i, l, :, : v.shape[-1]] = v
         out["full_steps"] = np.array(picked, np.int32)
-        out["full_scores"] = full
+        out["full_scores"] = self._full_scores(picked, out["n_keys"], L, H)
         if self.inputs:
-            S = max(len(v) for v in self.inputs.values())
-            inputs = np.full((len(self.inputs), S), -1, np.int64)
-            for t, v in self.inputs.items():
-                inputs[t - 1, : len(v)] = v
-            out["inputs"] = inputs
+            out["inputs"] = self._inputs()
         return out
+
+    def _full_scores(self, picked: list[int], n_keys: np.ndarray, L: int, H: int) -> np.ndarray:
+        """[len(picked), L, H, widest step's keys] float16: every key's score at the ``picked``
+        steps (what Fig. 10 sweeps eps over), NaN past a step's own keys."""
+        width = max(int(n_keys[t - 1]) for t in picked)
+        full = np.full((len(picked), L, H, width), np.nan, np.float16)
+        row = {t: i for i, t in enumerate(picked)}
+        for (t, l), v in self.full.items():
+            if t in row:
+                full[row[t], l, :, : v.shape[-1]] = v
+        return full
+
+    def _inputs(self) -> np.ndarray:
+        """[T, longest pass] the token ids each pass saw, -1 past a pass's own length."""
+        S = max(len(v) for v in self.inputs.values())
+        inputs = np.full((len(self.inputs), S), -1, np.int64)
+        for t, v in self.inputs.items():
+            inputs[t - 1, : len(v)] = v
+        return inputs
 
 
 def evenly_spaced_steps(last: int, n: int) -> list[int]:
