@@ -382,6 +382,46 @@ def check_trace_args(kind: str, args: dict[str, Any], *, gen_length: int, steps:
                          "token per step. Drop --steps")
 
 
+def trace_model_args(kind: str, model_args: str, *, gen_length: int, steps: int | None,
+                     eps: float, top_k: int, topn: int, full_steps: int,
+                     device: str | None) -> dict[str, Any]:
+    """The model_args a trace loads its model with: the user's, checked first
+    (:func:`check_trace_args`), plus those the trace sets itself. An unmasked trace runs with
+    top_k=1 and ``OBSERVE_EPS``, so every call is scored and none masked (module docstring)."""
+    from lm_eval.utils import simple_parse_args_string
+
+    args: dict[str, Any] = simple_parse_args_string(model_args) if model_args else {}
+    check_trace_args(kind, args, gen_length=gen_length, steps=steps, eps=eps, top_k=top_k,
+                     topn=topn, full_steps=full_steps)
+    if kind == "dlm":  # the sampler checks gen_length against its blocks before loading
+        args["gen_length"] = gen_length
+        if steps is not None:
+            args["steps"] = steps
+    args["device"] = device or default_device()
+    args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
+    return args
+
+
+def _generate_observed(lm, recorder: TraceRecorder, prompt: str, *, kind: str, gen_length: int,
+                       chat: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt ids, whole sequence) of one generation through lm-eval's own generate call,
+    with ``recorder`` seeing every attention call and every pass's input ids; it is detached
+    again even when generation fails."""
+    lm.masker.observers.append(recorder)
+    handle = lm.model.register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
+    text = lm.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    try:
+        context, attn = lm.tok_batch_encode([text])
+        context, attn = context.to(lm.device), attn.to(lm.device)
+        with torch.inference_mode():
+            kwargs = {"attention_mask": attn, "do_sample": False} if kind == "arm" else {"attention_mask": attn}
+            full = lm._model_generate(context, context.shape[1] + gen_length, [], **kwargs)
+    finally:
+        handle.remove()
+        lm.masker.observers.remove(recorder)
+    return context, full
+
+
 def trace_generation(
     model: str,
     prompt: str,
@@ -405,36 +445,18 @@ def trace_generation(
     """
     import lm_eval.models  # noqa: F401  (registers lm-eval's models, then ours via _autoload)
     from lm_eval.api.registry import get_model
-    from lm_eval.utils import simple_parse_args_string
 
     from .provenance import checkpoint_digest
     from .sweep import versions
     from .sweep_plan import MODEL_CLASS
 
     kind = _kind(model, kind)
-    args: dict[str, Any] = simple_parse_args_string(model_args) if model_args else {}
-    check_trace_args(kind, args, gen_length=gen_length, steps=steps, eps=eps, top_k=top_k,
-                     topn=topn, full_steps=full_steps)
-    if kind == "dlm":  # the sampler checks gen_length against its blocks before loading
-        args["gen_length"] = gen_length
-        if steps is not None:
-            args["steps"] = steps
-    args["device"] = device or default_device()
-    args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
+    args = trace_model_args(kind, model_args, gen_length=gen_length, steps=steps, eps=eps,
+                            top_k=top_k, topn=topn, full_steps=full_steps, device=device)
     lm = get_model(MODEL_CLASS[kind])(pretrained=model, **args)
     recorder = TraceRecorder(eps=eps, topn=topn, watch=watch)
-    lm.masker.observers.append(recorder)
-    handle = lm.model.register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
-    text = lm.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
-    try:
-        context, attn = lm.tok_batch_encode([text])
-        context, attn = context.to(lm.device), attn.to(lm.device)
-        with torch.inference_mode():
-            kwargs = {"attention_mask": attn, "do_sample": False} if kind == "arm" else {"attention_mask": attn}
-            full = lm._model_generate(context, context.shape[1] + gen_length, [], **kwargs)
-    finally:
-        handle.remove()
-        lm.masker.observers.remove(recorder)
+    context, full = _generate_observed(lm, recorder, prompt, kind=kind, gen_length=gen_length,
+                                       chat=chat)
     arrays = recorder.arrays(full_steps)
     if kind == "arm":
         arrays.pop("inputs", None)  # one new token per pass: the final sequence says it all
