@@ -57,7 +57,10 @@ def is_zoo(record: dict) -> bool:
 
 
 def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, list[Entry], bool]:
-    """(grid, entries, made_from_zoo) of a sweep folder."""
+    """(grid, entries, made_from_zoo) of a sweep folder: every finished cell of the grid's
+    seeds, with ``metrics`` (task -> metric) in place of a cell's primary metric. A folder
+    whose cells are not one experiment (other inputs, package versions or settings) is
+    refused: its table would put two experiments' numbers side by side."""
     folder = Path(folder)
     if not (folder / "sweep.json").is_file():  # e.g. the README's `sinkmask table` run before its sweep
         raise ValueError(f"{folder} is not a sweep folder (no sweep.json): `sinkmask sweep --out "
@@ -168,6 +171,8 @@ def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
 
 
 def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:
+    """(metric, value, stderr) of a metric other than the one cell.json keeps
+    (``sinkmask table --metric``), from lm-eval's results file in the cell."""
     [path] = sorted(cell.glob("results*.json"))[-1:]
     res = json.loads(path.read_text())["results"][task]
     if metric not in res:
