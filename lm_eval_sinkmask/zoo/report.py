@@ -169,6 +169,11 @@ def main_label(name: str) -> str:
     return "arm (last_row)" if name == "arm" else name
 
 
+def traced_name(label: str) -> str:
+    """The zoo name a traced variant belongs to: ``arm (all_rows)`` -> ``arm``."""
+    return label.split(" (")[0]
+
+
 def trace_folder(out: Path, label: str, seed: int) -> Path:
     """Where a variant's traces live: ``arm (last_row)``, seed 1 -> ``traces/arm_last_row/seed1``."""
     return out / "traces" / label.replace(" (", "_").rstrip(")") / f"seed{seed}"
@@ -194,26 +199,6 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
                                  model_args=args, device=device,
                                  name=f"{label} seed {seed}").save(folder)
                 print(f"traced {label} seed {seed} {folder.name}", flush=True)
-
-
-def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
-    from ..sink_trace import Trace
-
-    trace = Trace.load(folder)
-    is_sink = trace.top_are_sinks()
-    inputs = trace.arrays.get("inputs")  # key positions, like top_pos
-
-    def token_at(step: int, pos: int) -> str:
-        if inputs is not None and pos < inputs.shape[1] and inputs[step, pos] >= 0:
-            return tokenizer.decode([int(inputs[step, pos])])
-        return trace.key_label(pos) or "?"
-
-    summary = sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
-                           trace.meta["prompt_length"], trace.key_offset,
-                           len(trace.meta["tokens"]))
-    summary["values"] = ((trace["top_vnorm"], is_sink, trace.meta["eps"])
-                         if "top_vnorm" in trace.arrays else None)
-    return summary
 
 
 # --------------------------------------------------------------------------- reading
@@ -282,6 +267,28 @@ def installed_inputs():
         return digests.for_cell(str(path), task)
 
     return current
+
+
+def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
+    """One saved trace's :func:`sink_summary`, plus its value norms for :func:`combine` to pool.
+    A sink's token is read from the canvas at that step: a DLM's changes as it decodes."""
+    from ..sink_trace import Trace
+
+    trace = Trace.load(folder)
+    is_sink = trace.top_are_sinks()
+    inputs = trace.arrays.get("inputs")  # key positions, like top_pos
+
+    def token_at(step: int, pos: int) -> str:
+        if inputs is not None and pos < inputs.shape[1] and inputs[step, pos] >= 0:
+            return tokenizer.decode([int(inputs[step, pos])])
+        return trace.key_label(pos) or "?"
+
+    summary = sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
+                           trace.meta["prompt_length"], trace.key_offset,
+                           len(trace.meta["tokens"]))
+    summary["values"] = ((trace["top_vnorm"], is_sink, trace.meta["eps"])
+                         if "top_vnorm" in trace.arrays else None)
+    return summary
 
 
 def read_sinks(out: Path, models: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -376,11 +383,6 @@ def model_summary(checkpoints: list[dict[str, Any]], models: list[str]) -> dict[
         entry["checkpoints"] = len(rows)
         summary[name] = entry
     return summary
-
-
-def traced_name(label: str) -> str:
-    """The zoo name a traced variant belongs to: ``arm (all_rows)`` -> ``arm``."""
-    return label.split(" (")[0]
 
 
 # --------------------------------------------------------------------------- writing
@@ -518,18 +520,6 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
-    """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
-    acc = read_accuracy([out, *cells])
-    sinks = read_sinks(out, models)
-    report = build_report(acc, sinks, models)
-    report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
-                                 for (label, seed), v in sinks.items()}
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(markdown(report))
-    return report
-
-
 def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
     """report.md's answer to "do sinks have low-norm values?", one row per traced model."""
     lines = [
@@ -556,6 +546,18 @@ def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
                      f"{'n/a' if q['share_low'] is None else format(q['share_low'], '.0%')} | "
                      f"{f(m['median'])} | {f(o['median'])} | {low_norm_verdict(b)} |")
     return lines
+
+
+def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
+    """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
+    acc = read_accuracy([out, *cells])
+    sinks = read_sinks(out, models)
+    report = build_report(acc, sinks, models)
+    report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
+                                 for (label, seed), v in sinks.items()}
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "report.md").write_text(markdown(report))
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
