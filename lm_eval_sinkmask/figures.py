@@ -336,16 +336,16 @@ def _save(fig, path: Path) -> Path:
     return Path(path)
 
 
-def draw_all(folder: Path, heads: str | list[tuple[int, int]] | None = None) -> dict[str, Path]:
-    """Draw every figure from ``folder/trace.npz`` into ``folder``."""
+def draw_all(folder: Path, heads: str | None = None) -> dict[str, Path]:
+    """Draw every figure from ``folder/trace.npz`` into ``folder``; ``heads`` are Fig. 7's,
+    written as ``--heads`` takes them (``0:1,3:2``; default: the most sink-heavy)."""
     folder = Path(folder)
     trace = Trace.load(folder)
-    if isinstance(heads, str):
-        heads = parse_heads(heads)
+    fig7_heads = parse_heads(heads)
     return {
         "fig3": fig_score_distribution(trace, folder / FIGURES["fig3"]),
         "fig5": fig_main_sink_heatmap(trace, folder / FIGURES["fig5"]),
-        "fig7": fig_sink_position(trace, folder / FIGURES["fig7"], heads),
+        "fig7": fig_sink_position(trace, folder / FIGURES["fig7"], fig7_heads),
         "fig10": fig_eps_selection(trace, folder / FIGURES["fig10"]),
         "stability": fig_stability(trace, folder / FIGURES["stability"]),
         **({"value_norms": fig_value_norms(trace, folder / FIGURES["value_norms"])}
