@@ -24,22 +24,13 @@ def _sweep(a: argparse.Namespace) -> int:
     from .versus import parse_versus
 
     seeds = parse_seeds(a.seeds)
-    models = parse_models(a.models, seeds=seeds)
-    per_model = {}
-    for item in a.model_args_for or []:
-        name, sep, args = item.partition(":")
-        if not sep or name not in {m.name for m in models}:
-            raise SystemExit(f"--model-args-for takes NAME:ARGS with NAME one of the --models, got {item!r}")
-        per_model[name] = f"{per_model[name]},{args}" if name in per_model else args
-    models = [dataclasses.replace(m, args=per_model.get(m.name, "")) for m in models]
-    limit = None if a.limit is None else (int(a.limit) if float(a.limit).is_integer() and a.limit >= 1 else a.limit)
     plan = SweepPlan(
-        models=models,
+        models=_with_model_args(parse_models(a.models, seeds=seeds), a.model_args_for or []),
         tasks=parse_tasks(a.tasks),
         ks=parse_ks(a.top_k),
         out=Path(a.out),
         eps=a.eps,
-        limit=limit,
+        limit=_lm_eval_limit(a.limit),
         model_args_extra=a.model_args_extra,
         arm_rule=a.arm_rule,
         batch_size=a.batch_size,
@@ -58,6 +49,22 @@ def _sweep(a: argparse.Namespace) -> int:
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
         _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2, versus=None))
     return 0
+
+
+def _with_model_args(models: list, items: list[str]) -> list:
+    """``--model-args-for NAME:ARGS`` onto the named models; repeats for one model add up."""
+    per_model = {}
+    for item in items:
+        name, sep, args = item.partition(":")
+        if not sep or name not in {m.name for m in models}:
+            raise SystemExit(f"--model-args-for takes NAME:ARGS with NAME one of the --models, got {item!r}")
+        per_model[name] = f"{per_model[name]},{args}" if name in per_model else args
+    return [dataclasses.replace(m, args=per_model.get(m.name, "")) for m in models]
+
+
+def _lm_eval_limit(limit: float | None) -> int | float | None:
+    """``--limit 5`` as lm-eval's count 5, not 5.0; a fraction below 1 stays a float."""
+    return None if limit is None else (int(limit) if float(limit).is_integer() and limit >= 1 else limit)
 
 
 def _table(a: argparse.Namespace) -> int:

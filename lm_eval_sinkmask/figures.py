@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sink_trace import Trace, parse_heads
+from .sink_trace import Trace, evenly_spaced_steps, parse_heads
 from .text_format import or_na
 
 FIGURES = {
@@ -24,6 +24,11 @@ FIGURES = {
     "stability": "sink_stability.png",
     "value_norms": "fig_value_norms.png",  # traces of version 3 and later
 }
+
+
+# a per-(layer, head) heatmap writes its numbers into the cells up to this many cells; beyond,
+# they overlap into noise
+NUMBERED_CELLS = 256
 
 
 def _plt():
@@ -56,6 +61,14 @@ def _bin_labels(edges: np.ndarray) -> list[str]:
     return labels
 
 
+def _layer_head_axes(ax, L: int, H: int) -> None:
+    """Heads across, layers down, every one ticked: the axes of each per-(layer, head) map."""
+    ax.set_xticks(range(H))
+    ax.set_yticks(range(L))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+
+
 def fig_score_distribution(trace: Trace, path: Path) -> Path:
     """Fig. 3: most keys get a score near 0, a few (the sinks) many times the uniform share."""
     plt = _plt()
@@ -65,7 +78,7 @@ def fig_score_distribution(trace: Trace, path: Path) -> Path:
     used = np.flatnonzero(frac.sum(axis=0) > 0)
     lo, hi = used.min(), used.max() + 1
     T = trace.steps
-    picks = sorted(set(np.linspace(1, T, min(4, T)).round().astype(int).tolist()))
+    picks = evenly_spaced_steps(T, 4)
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1, 1.25]})
     x = np.arange(lo, hi)
     width = 0.8 / len(picks)
@@ -102,15 +115,12 @@ def fig_main_sink_heatmap(trace: Trace, path: Path) -> Path:
     L, H = mean.shape
     fig, ax = plt.subplots(figsize=(max(7.5, 0.45 * H + 3), max(4.0, 0.4 * L + 2.2)))
     im = ax.imshow(mean, aspect="auto", cmap="viridis", origin="upper", interpolation="nearest")
-    if L * H <= 256:
+    if L * H <= NUMBERED_CELLS:
         for l in range(L):
             for h in range(H):
                 ax.text(h, l, f"{mean[l, h]:.3g}", ha="center", va="center", fontsize=7,
                         color="white" if im.norm(mean[l, h]) < 0.6 else "black")
-    ax.set_xticks(range(H))
-    ax.set_yticks(range(L))
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
+    _layer_head_axes(ax, L, H)
     fig.colorbar(im, ax=ax, label="main sink score (x uniform share)")
     ax.set_title(
         f"Main sink's score per layer and head, mean over steps 1-{trace.steps}\n{_name(trace)}; "
@@ -246,7 +256,7 @@ def fig_stability(trace: Trace, path: Path) -> Path:
         cmap = plt.get_cmap(kw.pop("cmap")).with_extremes(bad="lightgrey")
         im = ax.imshow(np.ma.masked_invalid(img), aspect="auto", origin="upper", interpolation="nearest",
                        cmap=cmap, **kw)
-        if L * H <= 256:
+        if L * H <= NUMBERED_CELLS:
             for l in range(L):
                 for h in range(H):
                     if not scored[l, h]:
@@ -258,10 +268,7 @@ def fig_stability(trace: Trace, path: Path) -> Path:
                     if img is keep and distinct[l, h] > 0:
                         text += f"\n{int(distinct[l, h])} pos"
                     ax.text(h, l, text, ha="center", va="center", fontsize=6.5)
-        ax.set_xticks(range(H))
-        ax.set_yticks(range(L))
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        _layer_head_axes(ax, L, H)
         fig.colorbar(im, ax=ax, label=label)
     g = block["aggregate"]
     axes[0].set_title(f"keep rate, mean {or_na(g['keep_rate'])} over {g['heads_with_pairs']}/{g['heads']} heads; "
@@ -308,15 +315,12 @@ def fig_value_norms(trace: Trace, path: Path) -> Path:
     cmap = plt.get_cmap("coolwarm").with_extremes(bad="white")
     im = b.imshow(np.ma.masked_invalid(np.log2(med)), aspect="auto", cmap=cmap, vmin=-3, vmax=3,
                   origin="upper", interpolation="nearest")
-    if L * H <= 256:
+    if L * H <= NUMBERED_CELLS:
         for l in range(L):
             for h in range(H):
                 b.text(h, l, "-" if not np.isfinite(med[l, h]) else f"{med[l, h]:.2f}",
                        ha="center", va="center", fontsize=7)
-    b.set_xticks(range(H))
-    b.set_yticks(range(L))
-    b.set_xlabel("head")
-    b.set_ylabel("layer")
+    _layer_head_axes(b, L, H)
     fig.colorbar(im, ax=b, label="log2 of the ratio")
     b.set_title("main sink's value norm / head median, median over steps\n(blank: never a sink)",
                 fontsize=9)
@@ -332,16 +336,16 @@ def _save(fig, path: Path) -> Path:
     return Path(path)
 
 
-def draw_all(folder: Path, heads: str | list[tuple[int, int]] | None = None) -> dict[str, Path]:
-    """Draw every figure from ``folder/trace.npz`` into ``folder``."""
+def draw_all(folder: Path, heads: str | None = None) -> dict[str, Path]:
+    """Draw every figure from ``folder/trace.npz`` into ``folder``; ``heads`` are Fig. 7's,
+    written as ``--heads`` takes them (``0:1,3:2``; default: the most sink-heavy)."""
     folder = Path(folder)
     trace = Trace.load(folder)
-    if isinstance(heads, str):
-        heads = parse_heads(heads)
+    fig7_heads = parse_heads(heads)
     return {
         "fig3": fig_score_distribution(trace, folder / FIGURES["fig3"]),
         "fig5": fig_main_sink_heatmap(trace, folder / FIGURES["fig5"]),
-        "fig7": fig_sink_position(trace, folder / FIGURES["fig7"], heads),
+        "fig7": fig_sink_position(trace, folder / FIGURES["fig7"], fig7_heads),
         "fig10": fig_eps_selection(trace, folder / FIGURES["fig10"]),
         "stability": fig_stability(trace, folder / FIGURES["stability"]),
         **({"value_norms": fig_value_norms(trace, folder / FIGURES["value_norms"])}

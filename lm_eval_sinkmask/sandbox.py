@@ -43,7 +43,7 @@ import tempfile
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Sequence
 
 # Uids handed to sandboxed programs when we run as root: one random uid per program, from a
@@ -97,9 +97,6 @@ class Outcome:
     status: str  # "passed" | "failed" | "timeout"
     detail: str  # last line of stderr, e.g. "AssertionError" (diagnostic only)
     seconds: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def run_program(program: str, test: str = "", limits: Limits = Limits()) -> Outcome:

@@ -56,10 +56,11 @@ HIST_EDGES = np.array([0.0] + [2.0**e for e in range(-4, 11)] + [np.inf])
 
 
 class TraceRecorder:
-    """Observer for :class:`SinkMasker`: a compact record per (step, layer, head)."""
+    """Observer for :class:`SinkMasker`: a compact record per (step, layer, head) of batch
+    element 0, the one prompt a trace generates from (:func:`trace_generation`)."""
 
-    def __init__(self, eps: float = 3.0, topn: int = 5, batch_index: int = 0, watch: Sequence[int] = ()):
-        self.eps, self.topn, self.b = eps, topn, batch_index
+    def __init__(self, eps: float = 3.0, topn: int = 5, watch: Sequence[int] = ()):
+        self.eps, self.topn = eps, topn
         self.watch = [int(p) for p in watch]  # key positions whose score is kept at every step
         self.rows: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self.full: dict[tuple[int, int], np.ndarray] = {}
@@ -67,7 +68,7 @@ class TraceRecorder:
         self._edges = torch.tensor(HIST_EDGES[1:-1], dtype=torch.float32)
 
     def __call__(self, event: AttentionEvent) -> None:
-        s = event.scores[self.b].detach().float().cpu().contiguous()  # [H, Sk]
+        s = event.scores[0].detach().float().cpu().contiguous()  # [H, Sk]
         n = s.shape[-1]
         k = min(self.topn, n)
         top = torch.topk(s, k, dim=-1, sorted=True)
@@ -83,7 +84,7 @@ class TraceRecorder:
             "n_sinks": sinks.int().numpy(), "hist": hist.numpy(), "n_keys": np.int32(n),
         }
         if event.value_norms is not None:
-            norms = event.value_norms[self.b].detach().float().cpu()  # [H, Sk]
+            norms = event.value_norms[0].detach().float().cpu()  # [H, Sk]
             median = norms.quantile(0.5, dim=-1)  # [H]; torch.median would take the lower middle key
             rel = torch.full((s.shape[0], self.topn), float("nan"))
             rel[:, :k] = norms.gather(1, top.indices) / median[:, None]
@@ -102,7 +103,7 @@ class TraceRecorder:
         ids = kwargs.get("input_ids", args[0] if args else None)
         if isinstance(ids, torch.Tensor):
             step = len(self.inputs) + 1
-            self.inputs[step] = ids[self.b].detach().cpu().numpy().astype(np.int64)
+            self.inputs[step] = ids[0].detach().cpu().numpy().astype(np.int64)
 
     def arrays(self, full_steps: int = 8) -> dict[str, np.ndarray]:
         """Stack into [T, L, H, ...] arrays; full vectors kept for ``full_steps`` steps."""
@@ -133,23 +134,37 @@ class TraceRecorder:
                 if name in r:
                     out[name][t - 1, l] = r[name]
             out["n_keys"][t - 1] = r["n_keys"]
-        picked = sorted(set(np.linspace(1, T, min(full_steps, T)).round().astype(int).tolist()))
-        width = max(int(out["n_keys"][t - 1]) for t in picked)
-        full = np.full((len(picked), L, H, width), np.nan, np.float16)
-        for i, t in enumerate(picked):
-            for l in layers:
-                v = self.full.get((t, l))
-                if v is not None:
-                    full[i, l, :, : v.shape[-1]] = v
+        picked = evenly_spaced_steps(T, full_steps)
         out["full_steps"] = np.array(picked, np.int32)
-        out["full_scores"] = full
+        out["full_scores"] = self._full_scores(picked, out["n_keys"], L, H)
         if self.inputs:
-            S = max(len(v) for v in self.inputs.values())
-            inputs = np.full((len(self.inputs), S), -1, np.int64)
-            for t, v in self.inputs.items():
-                inputs[t - 1, : len(v)] = v
-            out["inputs"] = inputs
+            out["inputs"] = self._inputs()
         return out
+
+    def _full_scores(self, picked: list[int], n_keys: np.ndarray, L: int, H: int) -> np.ndarray:
+        """[len(picked), L, H, widest step's keys] float16: every key's score at the ``picked``
+        steps (what Fig. 10 sweeps eps over), NaN past a step's own keys."""
+        width = max(int(n_keys[t - 1]) for t in picked)
+        full = np.full((len(picked), L, H, width), np.nan, np.float16)
+        row = {t: i for i, t in enumerate(picked)}
+        for (t, l), v in self.full.items():
+            if t in row:
+                full[row[t], l, :, : v.shape[-1]] = v
+        return full
+
+    def _inputs(self) -> np.ndarray:
+        """[T, longest pass] the token ids each pass saw, -1 past a pass's own length."""
+        S = max(len(v) for v in self.inputs.values())
+        inputs = np.full((len(self.inputs), S), -1, np.int64)
+        for t, v in self.inputs.items():
+            inputs[t - 1, : len(v)] = v
+        return inputs
+
+
+def evenly_spaced_steps(last: int, n: int) -> list[int]:
+    """Up to ``n`` distinct steps of 1..``last``, evenly spaced from the first to the last: the
+    steps whose whole score vectors a trace keeps, and those Fig. 3 compares."""
+    return sorted(set(np.linspace(1, last, min(n, last)).round().astype(int).tolist()))
 
 
 @dataclass
@@ -367,6 +382,46 @@ def check_trace_args(kind: str, args: dict[str, Any], *, gen_length: int, steps:
                          "token per step. Drop --steps")
 
 
+def trace_model_args(kind: str, model_args: str, *, gen_length: int, steps: int | None,
+                     eps: float, top_k: int, topn: int, full_steps: int,
+                     device: str | None) -> dict[str, Any]:
+    """The model_args a trace loads its model with: the user's, checked first
+    (:func:`check_trace_args`), plus those the trace sets itself. An unmasked trace runs with
+    top_k=1 and ``OBSERVE_EPS``, so every call is scored and none masked (module docstring)."""
+    from lm_eval.utils import simple_parse_args_string
+
+    args: dict[str, Any] = simple_parse_args_string(model_args) if model_args else {}
+    check_trace_args(kind, args, gen_length=gen_length, steps=steps, eps=eps, top_k=top_k,
+                     topn=topn, full_steps=full_steps)
+    if kind == "dlm":  # the sampler checks gen_length against its blocks before loading
+        args["gen_length"] = gen_length
+        if steps is not None:
+            args["steps"] = steps
+    args["device"] = device or default_device()
+    args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
+    return args
+
+
+def _generate_observed(lm, recorder: TraceRecorder, prompt: str, *, kind: str, gen_length: int,
+                       chat: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt ids, whole sequence) of one generation through lm-eval's own generate call,
+    with ``recorder`` seeing every attention call and every pass's input ids; it is detached
+    again even when generation fails."""
+    lm.masker.observers.append(recorder)
+    handle = lm.model.register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
+    text = lm.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    try:
+        context, attn = lm.tok_batch_encode([text])
+        context, attn = context.to(lm.device), attn.to(lm.device)
+        with torch.inference_mode():
+            kwargs = {"attention_mask": attn, "do_sample": False} if kind == "arm" else {"attention_mask": attn}
+            full = lm._model_generate(context, context.shape[1] + gen_length, [], **kwargs)
+    finally:
+        handle.remove()
+        lm.masker.observers.remove(recorder)
+    return context, full
+
+
 def trace_generation(
     model: str,
     prompt: str,
@@ -390,36 +445,18 @@ def trace_generation(
     """
     import lm_eval.models  # noqa: F401  (registers lm-eval's models, then ours via _autoload)
     from lm_eval.api.registry import get_model
-    from lm_eval.utils import simple_parse_args_string
 
     from .provenance import checkpoint_digest
     from .sweep import versions
     from .sweep_plan import MODEL_CLASS
 
     kind = _kind(model, kind)
-    args: dict[str, Any] = simple_parse_args_string(model_args) if model_args else {}
-    check_trace_args(kind, args, gen_length=gen_length, steps=steps, eps=eps, top_k=top_k,
-                     topn=topn, full_steps=full_steps)
-    if kind == "dlm":  # the sampler checks gen_length against its blocks before loading
-        args["gen_length"] = gen_length
-        if steps is not None:
-            args["steps"] = steps
-    args["device"] = device or default_device()
-    args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
+    args = trace_model_args(kind, model_args, gen_length=gen_length, steps=steps, eps=eps,
+                            top_k=top_k, topn=topn, full_steps=full_steps, device=device)
     lm = get_model(MODEL_CLASS[kind])(pretrained=model, **args)
     recorder = TraceRecorder(eps=eps, topn=topn, watch=watch)
-    lm.masker.observers.append(recorder)
-    handle = lm.model.register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
-    text = lm.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
-    try:
-        context, attn = lm.tok_batch_encode([text])
-        context, attn = context.to(lm.device), attn.to(lm.device)
-        with torch.inference_mode():
-            kwargs = {"attention_mask": attn, "do_sample": False} if kind == "arm" else {"attention_mask": attn}
-            full = lm._model_generate(context, context.shape[1] + gen_length, [], **kwargs)
-    finally:
-        handle.remove()
-        lm.masker.observers.remove(recorder)
+    context, full = _generate_observed(lm, recorder, prompt, kind=kind, gen_length=gen_length,
+                                       chat=chat)
     arrays = recorder.arrays(full_steps)
     if kind == "arm":
         arrays.pop("inputs", None)  # one new token per pass: the final sequence says it all

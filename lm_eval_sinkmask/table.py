@@ -23,7 +23,6 @@ from pathlib import Path
 
 from . import paired, seed_stats, versus
 from .cell_claims import folder_locked
-from .sweep import primary_metric
 from .sweep_plan import cell_records, check_pairs, mixed_settings, task_limits
 from .text_format import fixed, signed_with_se
 
@@ -59,7 +58,10 @@ def is_zoo(record: dict) -> bool:
 
 
 def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, list[Entry], bool]:
-    """(grid, entries, made_from_zoo) of a sweep folder."""
+    """(grid, entries, made_from_zoo) of a sweep folder: every finished cell of the grid's
+    seeds, with ``metrics`` (task -> metric) in place of a cell's primary metric. A folder
+    whose cells are not one experiment (other inputs, package versions or settings) is
+    refused: its table would put two experiments' numbers side by side."""
     folder = Path(folder)
     if not (folder / "sweep.json").is_file():  # e.g. the README's `sinkmask table` run before its sweep
         raise ValueError(f"{folder} is not a sweep folder (no sweep.json): `sinkmask sweep --out "
@@ -170,6 +172,8 @@ def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
 
 
 def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:
+    """(metric, value, stderr) of a metric other than the one cell.json keeps
+    (``sinkmask table --metric``), from lm-eval's results file in the cell."""
     [path] = sorted(cell.glob("results*.json"))[-1:]
     res = json.loads(path.read_text())["results"][task]
     if metric not in res:
@@ -371,20 +375,17 @@ def write_csv(fields: list[str], rows: list[dict]) -> str:
 
 
 def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
-    """Accuracy vs K, one panel per task, ARMs dashed (squares) and DLMs solid (circles) on the
-    same axes."""
+    """Accuracy vs K, one panel per task (:func:`_task_panel`), every model in one legend under
+    the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    idx = _index(entries)
-    ks = sorted(grid["ks"])
-    tasks = grid["tasks"]
     multi = seed_stats.multi_run(grid)
+    idx = seed_stats.aggregate(grid, entries) if multi else _index(entries)
     notes = seed_stats.draw_notes(grid, entries)
-    if multi:
-        idx = seed_stats.aggregate(grid, entries)
+    tasks = grid["tasks"]
     width = max(7.0, 5.2 * len(tasks))
     # legend columns as many as fit the width (about 0.05 in per character at 8 pt, plus the
     # marker), at most five
@@ -393,39 +394,8 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
     legend_rows = -(-len(grid["models"]) // legend_cols)
     height = 4.6 + 0.22 * legend_rows
     fig, axes = plt.subplots(1, len(tasks), figsize=(width, height), squeeze=False)
-    # the second column of a --versus pair (a random control, a baseline) is drawn dotted in
-    # the first one's colour, so each comparison reads as one colour
-    partner = {b: a for a, b in grid.get("versus") or []}
     for ax, task in zip(axes[0], tasks):
-        metric, colours = None, {}
-        for j, m in enumerate(grid["models"]):
-            pts = [(i, idx[(m["name"], task, k)]) for i, k in enumerate(ks) if (m["name"], task, k) in idx]
-            if not pts:
-                continue
-            metric = metric or pts[0][1].metric
-            arm = m["kind"] == "arm"
-            # over runs: the mean with the across-run std, models dodged so the bars stay apart
-            dodge = 0.04 * (j - (len(grid["models"]) - 1) / 2) if multi else 0.0
-            x = [i + dodge for i, _ in pts]
-            style = {"linestyle": "--" if arm else "-"}
-            if partner.get(m["name"]) in colours:
-                style = {"linestyle": ":", "color": colours[partner[m["name"]]],
-                         "markerfacecolor": "none"}
-            line = ax.errorbar(x, [e.mean if multi else e.value for _, e in pts],
-                               yerr=[(e.std if multi else e.stderr) or 0 for _, e in pts],
-                               capsize=3, marker="s" if arm else "o",
-                               linewidth=2.2 if arm else 1.6, label=model_label(m, notes), **style)
-            colours[m["name"]] = line[0].get_color()
-            if multi:
-                runs = [(xi, v) for xi, (_, e) in zip(x, pts) for v in e.values.values()]
-                ax.plot([xi for xi, _ in runs], [v for _, v in runs], linestyle="none",
-                        marker=".", alpha=0.35, color=line[0].get_color())
-        ax.set_xticks(range(len(ks)), [f"{k}\n(unmasked)" if k == 0 else str(k) for k in ks])
-        ax.set_xlabel("K: top-K sinks masked per layer and head")
-        ax.set_ylabel(f"accuracy ({metric or 'primary metric'})")
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_title(task)
-        ax.grid(alpha=0.3)
+        _task_panel(ax, grid, task, idx, multi, notes)
     # one legend under the panels: inside them it hid the curves it names
     labelled = {}
     for ax in axes[0]:
@@ -433,19 +403,64 @@ def plot(grid: dict, entries: list[Entry], title: str, path: Path) -> Path:
             labelled.setdefault(label, handle)
     fig.legend(labelled.values(), labelled.keys(), loc="lower center", ncol=legend_cols,
                fontsize=8, frameon=False)
-    if multi and not grid.get("mask_seeds"):
-        title += (f" - mean over seeds {', '.join(map(str, grid['seeds']))}; error bars: std "
-                  "across seeds; dots: single seeds")
-    elif multi:
-        seeds = grid.get("seeds") or []
-        seeds = f"seed{'s' * (len(seeds) > 1)} {seed_stats.seeds_text(seeds)} x " if seeds else ""
-        title += (f" - mean over runs ({seeds}mask_seed {seed_stats.seeds_text(grid['mask_seeds'])}"
-                  " for random keys); error bars: std across runs; dots: single runs")
-    fig.suptitle(_wrap(title, int(12 * width)), fontsize=10)
+    fig.suptitle(_wrap(title + _runs_caption(grid), int(12 * width)), fontsize=10)
     fig.tight_layout(rect=(0, 0.22 * legend_rows / height + 0.02, 1, 1))
     fig.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def _task_panel(ax, grid: dict, task: str, idx: dict, multi: bool, notes: dict[str, str]) -> None:
+    """One task's curves: ARMs dashed (squares), DLMs solid (circles); over runs the mean with
+    the across-run std and each run as a dot (``idx`` holds :class:`seed_stats.RunsCell`),
+    else lm-eval's value and stderr (``idx`` holds :class:`Entry`)."""
+    ks = sorted(grid["ks"])
+    # the second column of a --versus pair (a random control, a baseline) is drawn dotted in
+    # the first one's colour, so each comparison reads as one colour
+    partner = {b: a for a, b in grid.get("versus") or []}
+    metric, colours = None, {}
+    for j, m in enumerate(grid["models"]):
+        pts = [(i, idx[(m["name"], task, k)]) for i, k in enumerate(ks) if (m["name"], task, k) in idx]
+        if not pts:
+            continue
+        metric = metric or pts[0][1].metric
+        arm = m["kind"] == "arm"
+        # over runs: the mean with the across-run std, models dodged so the bars stay apart
+        dodge = 0.04 * (j - (len(grid["models"]) - 1) / 2) if multi else 0.0
+        x = [i + dodge for i, _ in pts]
+        style = {"linestyle": "--" if arm else "-"}
+        if partner.get(m["name"]) in colours:
+            style = {"linestyle": ":", "color": colours[partner[m["name"]]],
+                     "markerfacecolor": "none"}
+        line = ax.errorbar(x, [e.mean if multi else e.value for _, e in pts],
+                           yerr=[(e.std if multi else e.stderr) or 0 for _, e in pts],
+                           capsize=3, marker="s" if arm else "o",
+                           linewidth=2.2 if arm else 1.6, label=model_label(m, notes), **style)
+        colours[m["name"]] = line[0].get_color()
+        if multi:
+            runs = [(xi, v) for xi, (_, e) in zip(x, pts) for v in e.values.values()]
+            ax.plot([xi for xi, _ in runs], [v for _, v in runs], linestyle="none",
+                    marker=".", alpha=0.35, color=line[0].get_color())
+    ax.set_xticks(range(len(ks)), [f"{k}\n(unmasked)" if k == 0 else str(k) for k in ks])
+    ax.set_xlabel("K: top-K sinks masked per layer and head")
+    ax.set_ylabel(f"accuracy ({metric or 'primary metric'})")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title(task)
+    ax.grid(alpha=0.3)
+
+
+def _runs_caption(grid: dict) -> str:
+    """What the plotted points are over several runs, for the figure's title; nothing for a
+    sweep with one run per cell."""
+    if not seed_stats.multi_run(grid):
+        return ""
+    if not grid.get("mask_seeds"):
+        return (f" - mean over seeds {', '.join(map(str, grid['seeds']))}; error bars: std "
+                "across seeds; dots: single seeds")
+    seeds = grid.get("seeds") or []
+    seeds = f"seed{'s' * (len(seeds) > 1)} {seed_stats.seeds_text(seeds)} x " if seeds else ""
+    return (f" - mean over runs ({seeds}mask_seed {seed_stats.seeds_text(grid['mask_seeds'])}"
+            " for random keys); error bars: std across runs; dots: single runs")
 
 
 def _wrap(text: str, width: int) -> str:
@@ -490,4 +505,4 @@ def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, dig
     return out
 
 
-__all__ = ["render", "markdown", "csv_text", "load", "primary_metric", "is_zoo"]
+__all__ = ["render", "markdown", "csv_text", "load", "is_zoo"]

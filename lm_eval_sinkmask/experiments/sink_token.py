@@ -200,6 +200,7 @@ def _stability_text(value: float | None, pct: bool) -> str:
         return "-"
     return percent(value) + "%" if pct else f"{value:.2f}"
 
+
 STABILITY_COLUMNS = [
     ("keep_rate", "main sink keeps its position (per-head mean)"),
     ("pooled_keep_rate", "... pooled over step pairs"),
@@ -299,6 +300,8 @@ def _single_gain_lines(gains: list[dict[str, Any]]) -> list[str]:
 
 
 def write_report(out: Path) -> dict[str, Any]:
+    """``table.md``, ``table.csv``, ``summary.json`` and ``sink_token.png`` from what ``out``
+    holds alone (cells and traces), so ``--report-only`` redraws it without running anything."""
     records = _records(out)
     rows = read_cells(records)
     stab = trace_summary(out)
@@ -312,6 +315,32 @@ def write_report(out: Path) -> dict[str, Any]:
              "Tiny models (synthetic tasks): a test bed, not a claim about "
              f"8B models. Accuracy in %, {spread}, greedy, project's block "
              "sampler (block 32, steps = gen_length).", ""]
+    lines += _accuracy_lines(rows, cell, multi)
+    gains = paired_gains(rows, per_document(records))
+    if gains:
+        lines += _gain_lines(gains, seeds) if multi else _single_gain_lines(gains)
+    if stab:
+        lines += _sink_lines(stab)
+    notes = input_lines(records)
+    if notes:
+        lines += notes + [""]
+    (out / "table.md").write_text("\n".join(lines))
+    with (out / "table.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
+        w.writeheader()
+        w.writerows(rows)
+    summary = {"accuracy": rows, "sinks": stab, "paired_gains": gains}
+    if multi:
+        summary["seeds"] = seeds
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    draw(out, cell, stab, seeds if multi else None)
+    return summary
+
+
+def _accuracy_lines(rows: list[dict[str, Any]], cell: dict, multi: bool) -> list[str]:
+    """One accuracy table per task: a row per model, a column per K (``cell``: one run's
+    numbers, or over seeds :func:`across_seeds`)."""
+    lines = []
     for task, short in TASKS.items():
         n = {r["n"] for r in rows if r["task"] == task}
         metric = {r["metric"] for r in rows if r["task"] == task}
@@ -327,35 +356,21 @@ def write_report(out: Path) -> dict[str, Any]:
                 _fmt_cell(c, multi) if c else "(= K=0 above)" if k == 0 else "-"
                 for c, k in zip(cells, KS)) + " |")
         lines.append("")
-    gains = paired_gains(rows, per_document(records))
-    if gains:
-        lines += _gain_lines(gains, seeds) if multi else _single_gain_lines(gains)
-    if stab:
-        lines += ["## Sinks in unmasked generations (eps = 3, means over traced prompts)", "",
-                  "| | " + " | ".join(stab) + " |", "|---|" + "---|" * len(stab)]
-        for key, label in STABILITY_COLUMNS:
-            pct = key not in ("distinct_positions",)
-            lines.append(f"| {label} | " + " | ".join(
-                _stability_text(stab[m].get(key), pct) for m in stab) + " |")
-        lines += ["", "Traced prompts per model: " + ", ".join(
-            f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
-            " Shares are the mean attention a valid query row gives the key (uniform share "
-            "= 1/|K|), averaged over steps, layers and heads.", ""]
-    notes = input_lines(records)
-    if notes:
-        lines += notes + [""]
-    (out / "table.md").write_text("\n".join(lines))
-    with (out / "table.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
-        w.writeheader()
-        w.writerows(rows)
-    summary = {"accuracy": rows, "sinks": stab}
-    summary["paired_gains"] = gains
-    if multi:
-        summary["seeds"] = seeds
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    draw(out, cell, stab, seeds if multi else None)
-    return summary
+    return lines
+
+
+def _sink_lines(stab: dict[str, dict[str, Any]]) -> list[str]:
+    """The traced models side by side, a row per stability number (:data:`STABILITY_COLUMNS`)."""
+    lines = ["## Sinks in unmasked generations (eps = 3, means over traced prompts)", "",
+             "| | " + " | ".join(stab) + " |", "|---|" + "---|" * len(stab)]
+    for key, label in STABILITY_COLUMNS:
+        pct = key not in ("distinct_positions",)
+        lines.append(f"| {label} | " + " | ".join(
+            _stability_text(stab[m].get(key), pct) for m in stab) + " |")
+    return lines + ["", "Traced prompts per model: " + ", ".join(
+        f"{m} {s['traces']}" for m, s in stab.items()) + " (half mini_gsm, half mini_code)."
+        " Shares are the mean attention a valid query row gives the key (uniform share "
+        "= 1/|K|), averaged over steps, layers and heads.", ""]
 
 
 def _fmt_cell(c: dict[str, Any], multi: bool) -> str:
@@ -366,47 +381,22 @@ def _fmt_cell(c: dict[str, Any], multi: bool) -> str:
     return f"{percent(c['value'])} ± {std} ({c['seeds']} seeds{se})"
 
 
+# colour and line style per model: the token's two variants share llada_sink's colour
+STYLES = {"llada": ("C0", "o-"), "llada_sink": ("C3", "s-"), "llada_sink_excl": ("C3", "^--")}
+
+
 def draw(out: Path, cell: dict, stab: dict, seeds: list[int] | None = None) -> Path:
+    """``sink_token.png``: accuracy vs K per task, then the traced sink numbers side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    styles = {"llada": ("C0", "o-"), "llada_sink": ("C3", "s-"), "llada_sink_excl": ("C3", "^--")}
     for ax, (task, short) in zip(axes, TASKS.items()):
-        for name in MODELS:
-            pts = [(k, cell[(name, task, k)]) for k in KS if (name, task, k) in cell]
-            if name == "llada_sink_excl" and ("llada_sink", task, 0) in cell:
-                pts = [(0, cell[("llada_sink", task, 0)])] + pts
-            if not pts:
-                continue
-            x = np.arange(len(KS))[[KS.index(k) for k, _ in pts]]
-            y = np.array([100 * c["value"] for _, c in pts])
-            e = np.array([100 * (c["stderr"] or 0) for _, c in pts])
-            color, style = styles[name]
-            ax.errorbar(x, y, yerr=e, fmt=style, color=color, capsize=3, label=LABELS[name])
-        ax.set_xticks(range(len(KS)), [f"K={k}" for k in KS])
-        ax.set_title(f"{short}: accuracy vs sinks masked")
-        ax.set_ylabel("accuracy (%)")
-        ax.grid(alpha=0.3)
+        _accuracy_panel(ax, cell, task, short)
     axes[0].legend(fontsize=8)
-    ax = axes[2]
-    keys = [("keep_rate", "main sink\nkeeps position"), ("main_share", "share of\nmain sink"),
-            ("extra_share", "share of\nextra token"), ("bos_share", "share of\nBOS")]
-    traced = [m for m in TRACED if m in stab]
-    for j, name in enumerate(traced):
-        vals = [100 * (stab[name].get(k) or 0) for k, _ in keys]
-        ax.bar(np.arange(len(keys)) + 0.38 * (j - 0.5), vals, width=0.38,
-               color=styles[name][0], label=name)
-    ax.set_xticks(range(len(keys)), [label for _, label in keys], fontsize=8)
-    ax.set_ylabel("%")
-    ax.set_title("sinks, unmasked generations (eps = 3)")
-    if traced:
-        ax.legend(fontsize=8)
-    else:  # a report drawn before any trace exists says so instead of an empty panel
-        ax.text(0.5, 0.5, "no traces yet", ha="center", va="center", transform=ax.transAxes)
-    ax.grid(alpha=0.3, axis="y")
+    _sink_panel(axes[2], stab)
     over = (f"; accuracy: mean over seeds {', '.join(map(str, seeds))}, error bars: std across "
             "seeds") if seeds else ""
     fig.suptitle("Extra sink token on the tiny zoo (LLaDA-style models; not a claim about 8B "
@@ -416,6 +406,45 @@ def draw(out: Path, cell: dict, stab: dict, seeds: list[int] | None = None) -> P
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _accuracy_panel(ax, cell: dict, task: str, short: str) -> None:
+    """One task's accuracy vs K per model; the excluded variant starts from llada_sink's K=0,
+    which is its own (nothing is masked there)."""
+    for name in MODELS:
+        pts = [(k, cell[(name, task, k)]) for k in KS if (name, task, k) in cell]
+        if name == "llada_sink_excl" and ("llada_sink", task, 0) in cell:
+            pts = [(0, cell[("llada_sink", task, 0)])] + pts
+        if not pts:
+            continue
+        x = np.arange(len(KS))[[KS.index(k) for k, _ in pts]]
+        y = np.array([100 * c["value"] for _, c in pts])
+        e = np.array([100 * (c["stderr"] or 0) for _, c in pts])
+        color, style = STYLES[name]
+        ax.errorbar(x, y, yerr=e, fmt=style, color=color, capsize=3, label=LABELS[name])
+    ax.set_xticks(range(len(KS)), [f"K={k}" for k in KS])
+    ax.set_title(f"{short}: accuracy vs sinks masked")
+    ax.set_ylabel("accuracy (%)")
+    ax.grid(alpha=0.3)
+
+
+def _sink_panel(ax, stab: dict) -> None:
+    """The traced models' stability and attention shares as grouped bars."""
+    keys = [("keep_rate", "main sink\nkeeps position"), ("main_share", "share of\nmain sink"),
+            ("extra_share", "share of\nextra token"), ("bos_share", "share of\nBOS")]
+    traced = [m for m in TRACED if m in stab]
+    for j, name in enumerate(traced):
+        vals = [100 * (stab[name].get(k) or 0) for k, _ in keys]
+        ax.bar(np.arange(len(keys)) + 0.38 * (j - 0.5), vals, width=0.38,
+               color=STYLES[name][0], label=name)
+    ax.set_xticks(range(len(keys)), [label for _, label in keys], fontsize=8)
+    ax.set_ylabel("%")
+    ax.set_title("sinks, unmasked generations (eps = 3)")
+    if traced:
+        ax.legend(fontsize=8)
+    else:  # a report drawn before any trace exists says so instead of an empty panel
+        ax.text(0.5, 0.5, "no traces yet", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3, axis="y")
 
 
 def main(argv=None) -> int:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
@@ -162,6 +163,17 @@ def traced_variants(models: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
+def main_label(name: str) -> str:
+    """The traced variant whose sinks a checkpoint is judged by: the ARM's under the paper's
+    query rule, a DLM's only one."""
+    return "arm (last_row)" if name == "arm" else name
+
+
+def traced_name(label: str) -> str:
+    """The zoo name a traced variant belongs to: ``arm (all_rows)`` -> ``arm``."""
+    return label.split(" (")[0]
+
+
 def trace_folder(out: Path, label: str, seed: int) -> Path:
     """Where a variant's traces live: ``arm (last_row)``, seed 1 -> ``traces/arm_last_row/seed1``."""
     return out / "traces" / label.replace(" (", "_").rstrip(")") / f"seed{seed}"
@@ -187,26 +199,6 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
                                  model_args=args, device=device,
                                  name=f"{label} seed {seed}").save(folder)
                 print(f"traced {label} seed {seed} {folder.name}", flush=True)
-
-
-def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
-    from ..sink_trace import Trace
-
-    trace = Trace.load(folder)
-    is_sink = trace.top_are_sinks()
-    inputs = trace.arrays.get("inputs")  # key positions, like top_pos
-
-    def token_at(step: int, pos: int) -> str:
-        if inputs is not None and pos < inputs.shape[1] and inputs[step, pos] >= 0:
-            return tokenizer.decode([int(inputs[step, pos])])
-        return trace.key_label(pos) or "?"
-
-    summary = sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
-                           trace.meta["prompt_length"], trace.key_offset,
-                           len(trace.meta["tokens"]))
-    summary["values"] = ((trace["top_vnorm"], is_sink, trace.meta["eps"])
-                         if "top_vnorm" in trace.arrays else None)
-    return summary
 
 
 # --------------------------------------------------------------------------- reading
@@ -277,6 +269,28 @@ def installed_inputs():
     return current
 
 
+def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
+    """One saved trace's :func:`sink_summary`, plus its value norms for :func:`combine` to pool.
+    A sink's token is read from the canvas at that step: a DLM's changes as it decodes."""
+    from ..sink_trace import Trace
+
+    trace = Trace.load(folder)
+    is_sink = trace.top_are_sinks()
+    inputs = trace.arrays.get("inputs")  # key positions, like top_pos
+
+    def token_at(step: int, pos: int) -> str:
+        if inputs is not None and pos < inputs.shape[1] and inputs[step, pos] >= 0:
+            return tokenizer.decode([int(inputs[step, pos])])
+        return trace.key_label(pos) or "?"
+
+    summary = sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
+                           trace.meta["prompt_length"], trace.key_offset,
+                           len(trace.meta["tokens"]))
+    summary["values"] = ((trace["top_vnorm"], is_sink, trace.meta["eps"])
+                         if "top_vnorm" in trace.arrays else None)
+    return summary
+
+
 def read_sinks(out: Path, models: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
     """(traced variant label, seed) -> its combined sink statistics."""
     from transformers import AutoTokenizer
@@ -317,26 +331,38 @@ def sink_verdict(model: str, stats: dict[str, Any] | None) -> str | None:
 
 def spread(values: list[float]) -> dict[str, Any]:
     """Mean, sample standard deviation (n - 1; None below two values), min and max."""
-    return {"mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else None,
+    return {"mean": statistics.fmean(values), "std": sample_std(values),
             "min": min(values), "max": max(values), "seeds": len(values)}
 
 
 def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
     """Checkpoint rows (model x seed, with their verdicts) and per-model spreads across seeds."""
+    checkpoints = checkpoint_rows(acc, sinks, models)
+    return {"checkpoints": checkpoints, "summary": model_summary(checkpoints, models),
+            "targets": TARGETS, "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
+
+
+def checkpoint_rows(acc, sinks, models: list[str]) -> list[dict[str, Any]]:
+    """One row per (model, seed) with an accuracy cell or a trace, in ``models`` order, then by
+    seed: its results, its traced variants' sinks and its verdict on each bar."""
     keys = sorted({k for k in acc if k[0] in models}
                   | {(traced_name(label), seed) for label, seed in sinks},
                   key=lambda k: (models.index(k[0]) if k[0] in models else len(models), k[1]))
     checkpoints = []
     for name, seed in keys:
         results = acc.get((name, seed), {})
-        main_label = "arm (last_row)" if name == "arm" else name
-        stats = {label: sinks[(label, seed)] for label, n, _ in traced_variants([name])
+        stats = {label: sinks[(label, seed)] for label, _, _ in traced_variants([name])
                  if (label, seed) in sinks}
         bars = {task: accuracy_verdict(name, task, results.get(task)) for task in TASKS}
-        bars["sinks"] = sink_verdict(name, stats.get(main_label))
+        bars["sinks"] = sink_verdict(name, stats.get(main_label(name)))
         checkpoints.append({"model": name, "seed": seed, "accuracy": results, "sinks": stats,
                             "bars": bars})
+    return checkpoints
+
+
+def model_summary(checkpoints: list[dict[str, Any]], models: list[str]) -> dict[str, Any]:
+    """Per model with checkpoints: the spread across seeds of each task's accuracy and of the
+    share of pairs with a sink, and per bar how many checkpoints met it of those judged."""
     summary = {}
     for name in models:
         rows = [c for c in checkpoints if c["model"] == name]
@@ -347,8 +373,8 @@ def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
             values = [c["accuracy"][task]["value"] for c in rows if task in c["accuracy"]]
             if values:
                 entry[task] = spread(values)
-        shares = [s["share_of_pairs_with_sink"] for c in rows for label, s in c["sinks"].items()
-                  if label == ("arm (last_row)" if name == "arm" else name)]
+        shares = [c["sinks"][main_label(name)]["share_of_pairs_with_sink"] for c in rows
+                  if main_label(name) in c["sinks"]]
         if shares:
             entry["share_of_pairs_with_sink"] = spread(shares)
         entry["bars_met"] = {bar: [sum(c["bars"][bar] == "met" for c in rows),
@@ -356,13 +382,7 @@ def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
                              for bar in (*TASKS, "sinks")}  # [met, judged]
         entry["checkpoints"] = len(rows)
         summary[name] = entry
-    return {"checkpoints": checkpoints, "summary": summary, "targets": TARGETS,
-            "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
-
-
-def traced_name(label: str) -> str:
-    """The zoo name a traced variant belongs to: ``arm (all_rows)`` -> ``arm``."""
-    return label.split(" (")[0]
+    return summary
 
 
 # --------------------------------------------------------------------------- writing
@@ -434,7 +454,7 @@ def _checkpoint_section(checkpoints: list[dict[str, Any]]) -> list[str]:
             bar = TARGETS.get(name, (None, None))[i]
             cells += [_accuracy_text(r), _verdict_text(c["bars"][task], f"{bar:.2f}" if bar else "",
                                                        r and r["n"], SPLIT_SIZE[task])]
-        main = c["sinks"].get("arm (last_row)" if name == "arm" else name)
+        main = c["sinks"].get(main_label(name))
         share = "-" if main is None else f"{main['share_of_pairs_with_sink']:.0%}"
         sink_bar = _verdict_text(c["bars"]["sinks"], f"{SINK_BAR:.0%}")
         lines.append(f"| {name} | {c['seed']} | " + " | ".join(cells) + f" | {share} | {sink_bar} |")
@@ -500,18 +520,6 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
-    """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
-    acc = read_accuracy([out, *cells])
-    sinks = read_sinks(out, models)
-    report = build_report(acc, sinks, models)
-    report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
-                                 for (label, seed), v in sinks.items()}
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(markdown(report))
-    return report
-
-
 def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
     """report.md's answer to "do sinks have low-norm values?", one row per traced model."""
     lines = [
@@ -538,6 +546,18 @@ def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
                      f"{'n/a' if q['share_low'] is None else format(q['share_low'], '.0%')} | "
                      f"{f(m['median'])} | {f(o['median'])} | {low_norm_verdict(b)} |")
     return lines
+
+
+def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
+    """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
+    acc = read_accuracy([out, *cells])
+    sinks = read_sinks(out, models)
+    report = build_report(acc, sinks, models)
+    report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
+                                 for (label, seed), v in sinks.items()}
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "report.md").write_text(markdown(report))
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
