@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--eps", type=float, default=3.0, help="Eq. 3 threshold used in the figures [%(default)s]")
     k.add_argument("--top-k", type=int, default=0, help="trace a run with top-K sinks masked [unmasked]")
     k.add_argument("--topn", type=int, default=5, help="top keys kept per (step, layer, head) [%(default)s]")
-    k.add_argument("--full-steps", type=int, default=8, help="steps whose full score vectors are kept [%(default)s]")
+    k.add_argument("--full-steps", type=int, default=8, help="steps whose full score vectors are kept (Fig. 10; at least 1) [%(default)s]")
     k.add_argument("--heads", default=None, help="layer:head pairs for Fig. 7, e.g. 0:1,3:2 (default: most sink-heavy)")
     k.add_argument("--model-args", default="",
                    help="more model_args, e.g. block_length=32,trust_remote_code=True (not the ones "

@@ -374,7 +374,7 @@ def check_trace_args(kind: str, args: dict[str, Any], *, gen_length: int, steps:
         raise ValueError(f"--eps must be a finite number, got {eps}")
     for name, value, least in (("--top-k", top_k, 0), ("--gen-length", gen_length, 1),
                                ("--steps", steps, 1), ("--topn", topn, 1),
-                               ("--full-steps", full_steps, 0)):
+                               ("--full-steps", full_steps, 1)):
         if value is not None and value < least:
             raise ValueError(f"{name} must be >= {least}, got {value}")
     if kind == "arm" and steps is not None:

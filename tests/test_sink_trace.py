@@ -171,6 +171,8 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
     ("llada", ["--gen-length", "0"], r"--gen-length must be >= 1, got 0"),
     ("llada", ["--gen-length", "40"], r"gen_length=40 must be a multiple of block_length=32"),
     ("llada", ["--topn", "0"], r"--topn must be >= 1, got 0"),
+    # Fig. 10 sweeps eps over the kept full score vectors: none kept crashed after generating
+    ("llada", ["--full-steps", "0"], r"--full-steps must be >= 1, got 0"),
     ("llada", ["--top-k", "-1"], r"--top-k must be >= 0, got -1"),
     ("llama", ["--steps", "4"], r"--steps sets a diffusion LM's denoising steps; an ARM decodes one token per step"),
 ])
