@@ -263,6 +263,18 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         (``sinkmask sweep`` runs it on every column before the first cell)."""
         _CheckedArgs.take(pretrained, family, mask_id, model_class, dict(kwargs))
 
+    @property
+    def max_length(self) -> int:
+        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
+        records), the model's positions less the extra sink token a checkpoint declares, which
+        every forward pass inserts."""
+        return self._positions - (self.sink is not None)
+
+    @property
+    def _positions(self) -> int:
+        """Positions one forward pass may take: HFLM's max_length."""
+        return super().max_length
+
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
             mask_id,
@@ -541,8 +553,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             with self.masking(x):
                 return self._forward(x, torch.ones_like(x))
 
-        self._refuse_sink_token(context + continuation, "a loglikelihood request")
         context, continuation = self._fit_window(context, continuation)
+        self._refuse_sink_token(context + continuation, "a loglikelihood request")  # as it runs
         with torch.inference_mode():
             est = likelihood.estimate(
                 forward, context, continuation, mask_id=self.mask_id, mc_num=ll.mc_num,

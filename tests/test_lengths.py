@@ -1,0 +1,71 @@
+"""Sequences at the model's length limit: what dlm_sinkmask runs for L - 1, L and L + 1 tokens
+(prompts, scored continuations, rolling windows, the extra sink token), next to what lm-eval's
+HFLM does for a causal model."""
+
+import math
+
+import pytest
+from lm_eval.api.instance import Instance
+
+from tests.test_models import RANDOM_LLADA, make, requests
+from tests.test_sink_token import sink_llada
+
+POSITIONS = 16  # max_length in every test: the positions the model is given
+
+
+def words(n: int, word: str = "apples") -> str:
+    """n tokens of the tests' word-level tokenizer (no BOS is added)."""
+    return " ".join([word] * n)
+
+
+def record_widths(lm) -> list[int]:
+    """The length of every sequence the network runs, the extra sink token included."""
+    widths: list[int] = []
+    lm.model.register_forward_hook(
+        lambda mod, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    return widths
+
+
+@pytest.fixture(scope="module")
+def sink_dir(tmp_path_factory):
+    model, tok, _ = sink_llada()
+    path = tmp_path_factory.mktemp("llada_sink")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(params=["plain", "sink"])
+def checkpoint(request, tiny_dirs, sink_dir):
+    return request.param, (tiny_dirs["llada"] if request.param == "plain" else sink_dir)
+
+
+def test_every_sequence_the_network_runs_fits_max_length(checkpoint):
+    """The extra sink token takes one of the max_length positions: prompts, continuations and
+    rolling windows are cut one token shorter, and the network never runs position
+    max_length (RoPE past the length the model declares)."""
+    kind, path = checkpoint
+    lm = make("dlm_sinkmask", path, max_length=POSITIONS, mc_num=2, block_length=4, **RANDOM_LLADA)
+    assert lm.max_length == POSITIONS - (kind == "sink")  # what lm-eval records and cuts to
+    widths = record_widths(lm)
+    lm.generate_until(requests([words(40)], max_gen_toks=4))
+    lm.loglikelihood([Instance("loglikelihood", {}, (words(40), " 7"), 0)])
+    [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (words(40),), 0)])
+    assert math.isfinite(rolling)
+    assert widths and max(widths) == POSITIONS
+
+
+def test_a_sink_token_only_in_the_cut_off_context_is_not_refused(sink_dir):
+    """The refusal of text holding the sink token reads the sequence that runs: a copy in the
+    context's left part, which the window drops, is never seen by the network (generation
+    already checked the cut prompt; scoring checked the whole request)."""
+    lm = make("dlm_sinkmask", sink_dir, max_length=POSITIONS, mc_num=2, block_length=4, **RANDOM_LLADA)
+    far = "<|sink|> " + words(30)
+    [(value, _)] = lm.loglikelihood([Instance("loglikelihood", {}, (far, " 7"), 0)])
+    assert math.isfinite(value)
+    assert len(lm.generate_until(requests([far], max_gen_toks=4))) == 1
+    near = words(30) + " <|sink|>"
+    with pytest.raises(ValueError, match="extra sink token"):
+        lm.loglikelihood([Instance("loglikelihood", {}, (near, " 7"), 0)])
+    with pytest.raises(ValueError, match="extra sink token"):
+        lm.generate_until(requests([near], max_gen_toks=4))
