@@ -275,6 +275,18 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         """Positions one forward pass may take: HFLM's max_length."""
         return super().max_length
 
+    @property
+    def max_length(self) -> int:
+        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
+        records), the model's positions less the extra sink token a checkpoint declares, which
+        every forward pass inserts."""
+        return self._positions - (self.sink is not None)
+
+    @property
+    def _positions(self) -> int:
+        """Positions one forward pass may take: HFLM's max_length."""
+        return super().max_length
+
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
             mask_id,
@@ -566,13 +578,20 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         return est.value, bool(greedy), est.stderr
 
     def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
-        """Drop context tokens from the left until context + continuation fit max_length."""
+        """Drop context tokens from the left until context + continuation fit max_length,
+        with a warning, as HFLM cuts a causal model's input (the question's end stays)."""
         if len(continuation) >= self.max_length:
             raise ValueError(
-                f"continuation of {len(continuation)} tokens does not fit the model's "
-                f"{self.max_length} positions with at least one context token"
+                f"continuation of {len(continuation)} tokens does not fit max_length "
+                f"{self.max_length} with at least one context token"
             )
-        return context[-(self.max_length - len(continuation)):], continuation
+        keep = self.max_length - len(continuation)
+        if len(context) > keep:
+            logger.warning(
+                "a loglikelihood request of %d context and %d continuation tokens exceeds "
+                "max_length %d: its context is cut from the left to its last %d tokens",
+                len(context), len(continuation), self.max_length, keep)
+        return context[-keep:], continuation
 
     def _greedy_matches(self, context: list[int], continuation: list[int]) -> bool:
         """Whether greedy decoding of len(continuation) tokens (one per forward pass, most

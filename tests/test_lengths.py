@@ -69,3 +69,27 @@ def test_a_sink_token_only_in_the_cut_off_context_is_not_refused(sink_dir):
         lm.loglikelihood([Instance("loglikelihood", {}, (near, " 7"), 0)])
     with pytest.raises(ValueError, match="extra sink token"):
         lm.generate_until(requests([near], max_gen_toks=4))
+
+
+@pytest.mark.parametrize("context, kept, warned", [
+    (POSITIONS - 3, POSITIONS - 3, False),  # L - 1 tokens in all
+    (POSITIONS - 2, POSITIONS - 2, False),  # L
+    (POSITIONS - 1, POSITIONS - 2, True),  # L + 1: one context token goes, from the left
+])
+def test_a_scored_request_is_cut_from_the_left_at_max_length_with_a_warning(
+        tiny_dirs, caplog, context, kept, warned):
+    """As HFLM does for a causal model: the context's start goes, its end (the question's
+    last words) stays, and the cut is logged."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, mc_num=2)
+    tokens, continuation = list(range(100, 100 + context)), [7, 8]
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        got, cont = lm._fit_window(tokens, continuation)
+    assert got == tokens[len(tokens) - kept:] and cont == continuation
+    assert ("cut from the left" in caplog.text) == warned
+
+
+def test_a_continuation_must_leave_one_context_token(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, mc_num=2)
+    assert lm._fit_window([1, 2, 3], list(range(POSITIONS - 1))) == ([3], list(range(POSITIONS - 1)))
+    with pytest.raises(ValueError, match="does not fit"):
+        lm._fit_window([1, 2, 3], list(range(POSITIONS)))
