@@ -93,3 +93,43 @@ def test_a_continuation_must_leave_one_context_token(tiny_dirs):
     assert lm._fit_window([1, 2, 3], list(range(POSITIONS - 1))) == ([3], list(range(POSITIONS - 1)))
     with pytest.raises(ValueError, match="does not fit"):
         lm._fit_window([1, 2, 3], list(range(POSITIONS)))
+
+
+@pytest.mark.parametrize("prompt, kept", [
+    (POSITIONS - 5, POSITIONS - 5), (POSITIONS - 4, POSITIONS - 4), (POSITIONS - 3, POSITIONS - 4)])
+def test_a_prompt_keeps_its_end_and_max_length_minus_gen_length_tokens(tiny_dirs, prompt, kept):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, block_length=4, **RANDOM_LLADA)
+    seen = []
+    decode = lm._decode
+    lm._decode = lambda context, mask, s: seen.append(context[mask.bool()].tolist()) or decode(context, mask, s)
+    text = words(prompt - 1) + " books"  # the prompt's last token is the one to keep
+    lm.generate_until(requests([text], max_gen_toks=4))
+    [ids] = seen
+    assert len(ids) == kept and ids[-1] == lm.tok_encode("books")[0]
+
+
+@pytest.mark.parametrize("args, asked, message", [
+    ({}, POSITIONS, rf"long_task: max_gen_toks {POSITIONS} .*max_length {POSITIONS}"),
+    ({"gen_length": POSITIONS}, 8, rf"gen_length {POSITIONS} .*max_length {POSITIONS}"),
+])
+def test_a_generation_that_leaves_no_prompt_token_fails_before_any_forward_pass(
+        tiny_dirs, args, asked, message):
+    """HFLM asserts it batch by batch, so a task asking too much failed only after the tasks
+    sorted before it had run."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, block_length=4,
+              **RANDOM_LLADA, **args)
+    widths = record_widths(lm)
+    fine = requests([words(3)], max_gen_toks=4)
+    too_long = [Instance("generate_until", {}, (words(3), {"until": ["?"], "max_gen_toks": asked}), 1,
+                         metadata=("long_task", 0, 1))]
+    with pytest.raises(ValueError, match=message):
+        lm.generate_until(fine + too_long)
+    assert widths == []
+
+
+def test_the_longest_generation_keeps_one_prompt_token(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, block_length=POSITIONS - 1,
+              **RANDOM_LLADA)
+    widths = record_widths(lm)
+    lm.generate_until(requests([words(10)], max_gen_toks=POSITIONS - 1))
+    assert widths and set(widths) == {POSITIONS}
