@@ -133,3 +133,15 @@ def test_the_longest_generation_keeps_one_prompt_token(tiny_dirs):
     widths = record_widths(lm)
     lm.generate_until(requests([words(10)], max_gen_toks=POSITIONS - 1))
     assert widths and set(widths) == {POSITIONS}
+
+
+def test_llada_reads_max_length_from_max_sequence_length(tiny_dirs):
+    """LLaDA's config names its length max_sequence_length, which HFLM does not read: it fell
+    back to the tokenizer's model_max_length or lm-eval's 2048."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"])
+    lm.model.config.max_position_embeddings = None  # as LLaDA's config, which has none
+    lm.model.config.max_sequence_length = 64
+    assert lm.tokenizer.model_max_length == 512  # what HFLM would take
+    assert lm.max_length == 64
+    assert make("dlm_sinkmask", tiny_dirs["llada"], max_length=24).max_length == 24
+
