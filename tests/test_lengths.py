@@ -101,7 +101,12 @@ def test_a_prompt_keeps_its_end_and_max_length_minus_gen_length_tokens(tiny_dirs
     lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, block_length=4, **RANDOM_LLADA)
     seen = []
     decode = lm._decode
-    lm._decode = lambda context, mask, s: seen.append(context[mask.bool()].tolist()) or decode(context, mask, s)
+
+    def spy(context, mask, s):
+        seen.append(context[mask.bool()].tolist())
+        return decode(context, mask, s)
+
+    lm._decode = spy
     text = words(prompt - 1) + " books"  # the prompt's last token is the one to keep
     lm.generate_until(requests([text], max_gen_toks=4))
     [ids] = seen
