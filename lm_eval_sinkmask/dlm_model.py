@@ -263,6 +263,63 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         (``sinkmask sweep`` runs it on every column before the first cell)."""
         _CheckedArgs.take(pretrained, family, mask_id, model_class, dict(kwargs))
 
+    @property
+    def max_length(self) -> int:
+        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
+        records), the model's positions less the extra sink token a checkpoint declares, which
+        every forward pass inserts."""
+        return self._positions - (self.sink is not None)
+
+    @property
+    def _positions(self) -> int:
+        """Positions one forward pass may take: HFLM's max_length."""
+        return super().max_length
+
+    @property
+    def max_length(self) -> int:
+        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
+        records), the model's positions less the extra sink token a checkpoint declares, which
+        every forward pass inserts."""
+        return self._positions - (self.sink is not None)
+
+    @property
+    def _positions(self) -> int:
+        """Positions one forward pass may take: HFLM's max_length."""
+        return super().max_length
+
+    @property
+    def max_length(self) -> int:
+        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
+        records), the model's positions less the extra sink token a checkpoint declares, which
+        every forward pass inserts."""
+        return self._positions - (self.sink is not None)
+
+    @property
+    def _positions(self) -> int:
+        """Positions one forward pass may take: HFLM's max_length."""
+        return super().max_length
+
+    @property
+    def max_length(self) -> int:
+        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
+        records), the model's positions less the extra sink token a checkpoint declares, which
+        every forward pass inserts."""
+        return self._positions - (self.sink is not None)
+
+    @property
+    def _positions(self) -> int:
+        """Positions one forward pass may take: HFLM's max_length (model_args, the config's
+        length, the tokenizer's, else lm-eval's 2048), except that LLaDA's config names its
+        length ``max_sequence_length``, which HFLM does not read and would pass over for the
+        tokenizer's or the default."""
+        from lm_eval.models.utils import resolve_max_length
+
+        config = self.model.config
+        declared = getattr(config, "max_sequence_length", None)
+        if not self._max_length and declared and not resolve_max_length(config, None, default=0):
+            return int(declared)
+        return super().max_length
+
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
             mask_id,
@@ -432,8 +489,34 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             gen_kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
             self._check_gen_kwargs(gen_kwargs, req.task_name)
             s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
+            self._check_prompt_room(s.gen_length, req.task_name)
+            self._check_prompt_room(s.gen_length, req.task_name)
             self.settings_per_task[req.task_name or "requests"] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
+
+    def _check_prompt_room(self, gen_length: int, task: str | None) -> None:
+        """HFLM keeps max_length - gen_length prompt tokens and asserts that some remain, but
+        batch by batch: a task asking too much would fail after the tasks before it ran."""
+        if gen_length < self.max_length:
+            return
+        source = "gen_length" if self.settings.gen_length else "max_gen_toks"
+        sink = (f" (the model's {self._positions} positions less the extra sink token)"
+                if self.sink is not None else "")
+        raise ValueError(
+            f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
+            f"max_length {self.max_length}{sink}; lower {source} or raise max_length in model_args")
+
+    def _check_prompt_room(self, gen_length: int, task: str | None) -> None:
+        """HFLM keeps max_length - gen_length prompt tokens and asserts that some remain, but
+        batch by batch: a task asking too much would fail after the tasks before it ran."""
+        if gen_length < self.max_length:
+            return
+        source = "gen_length" if self.settings.gen_length else "max_gen_toks"
+        sink = (f" (the model's {self._positions} positions less the extra sink token)"
+                if self.sink is not None else "")
+        raise ValueError(
+            f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
+            f"max_length {self.max_length}{sink}; lower {source} or raise max_length in model_args")
 
     def _check_gen_kwargs(self, gen_kwargs: dict, task: str | None) -> None:
         """The diffusion sampler reads only ``until`` and ``max_gen_toks`` from a request; how
@@ -541,8 +624,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             with self.masking(x):
                 return self._forward(x, torch.ones_like(x))
 
-        self._refuse_sink_token(context + continuation, "a loglikelihood request")
         context, continuation = self._fit_window(context, continuation)
+        self._refuse_sink_token(context + continuation, "a loglikelihood request")  # as it runs
         with torch.inference_mode():
             est = likelihood.estimate(
                 forward, context, continuation, mask_id=self.mask_id, mc_num=ll.mc_num,
@@ -554,13 +637,20 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         return est.value, bool(greedy), est.stderr
 
     def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
-        """Drop context tokens from the left until context + continuation fit max_length."""
+        """Drop context tokens from the left until context + continuation fit max_length,
+        with a warning, as HFLM cuts a causal model's input (the question's end stays)."""
         if len(continuation) >= self.max_length:
             raise ValueError(
-                f"continuation of {len(continuation)} tokens does not fit the model's "
-                f"{self.max_length} positions with at least one context token"
+                f"continuation of {len(continuation)} tokens does not fit max_length "
+                f"{self.max_length} with at least one context token"
             )
-        return context[-(self.max_length - len(continuation)):], continuation
+        keep = self.max_length - len(continuation)
+        if len(context) > keep:
+            logger.warning(
+                "a loglikelihood request of %d context and %d continuation tokens exceeds "
+                "max_length %d: its context is cut from the left to its last %d tokens",
+                len(context), len(continuation), self.max_length, keep)
+        return context[-keep:], continuation
 
     def _greedy_matches(self, context: list[int], continuation: list[int]) -> bool:
         """Whether greedy decoding of len(continuation) tokens (one per forward pass, most

@@ -126,6 +126,19 @@ def test_layout_rejects_gaps_and_bad_side():
         build_layout(torch.tensor([[1]]), torch.tensor([[1]]), gen_length=2, mask_id=MASK, padding_side="middle")
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_batch_of_empty_prompts_decodes_as_beside_a_prompt(model, side):
+    """An empty prompt (no BOS, empty text) is unconditional generation for the block sampler:
+    alone, its batch has no prompt column at all, and must decode as the same row does
+    beside a prompted one (it raised an IndexError)."""
+    ids, mask = padded([[], [3, 1, 4]], side=side)
+    beside = generate_block(model, ids, mask, padding_side=side, **BLOCK)[:1]
+    alone = generate_block(model, ids[:1, :0], mask[:1, :0], padding_side=side, **BLOCK)
+    assert torch.equal(alone, beside) and not alone.eq(MASK).any()
+    lay = build_layout(ids[:, :0], mask[:, :0], gen_length=2, mask_id=MASK, padding_side=side)
+    assert lay.x.tolist() == [[MASK, MASK]] * 2 and lay.attention_mask.tolist() == [[1, 1]] * 2
+
+
 # ---- argument checks -------------------------------------------------------------------------
 
 def test_validate_block_args():

@@ -39,6 +39,11 @@ def build_layout(prompt_ids, prompt_mask, *, gen_length: int, mask_id: int, padd
     real = prompt_mask.bool()
     B, P = real.shape
     device = prompt_ids.device
+    if P == 0:  # no row has a prompt token (unconditional generation): one pad column, as
+        # the same rows would have beside a prompted one; the layout drops it
+        real = torch.zeros(B, 1, dtype=torch.bool, device=device)
+        prompt_ids = torch.zeros(B, 1, dtype=torch.long, device=device)
+        P = 1
     n = real.sum(1)  # [B] real prompt tokens per row
     first = real.long().argmax(1)  # [B] column of each row's first real token (0 when the row is empty)
     last = P - 1 - real.flip(1).long().argmax(1)
@@ -53,8 +58,8 @@ def build_layout(prompt_ids, prompt_mask, *, gen_length: int, mask_id: int, padd
     prompt = (rel >= 0) & (rel < n[:, None])
     gen = (rel >= n[:, None]) & (rel < (n + gen_length)[:, None])
 
-    src = (first[:, None] + rel).clamp(0, max(P - 1, 0))
-    tokens = prompt_ids.gather(1, src) if P else torch.zeros(B, T, dtype=torch.long, device=device)
+    src = (first[:, None] + rel).clamp(0, P - 1)
+    tokens = prompt_ids.gather(1, src)
     x = torch.where(prompt, tokens, torch.full_like(tokens, mask_id))
     gen_cols = (offset + n)[:, None] + torch.arange(gen_length, device=device)[None, :]
     return Layout(x=x, attention_mask=(prompt | gen).long(), prompt=prompt, gen_cols=gen_cols)
