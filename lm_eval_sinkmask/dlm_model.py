@@ -272,42 +272,6 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
 
     @property
     def _positions(self) -> int:
-        """Positions one forward pass may take: HFLM's max_length."""
-        return super().max_length
-
-    @property
-    def max_length(self) -> int:
-        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
-        records), the model's positions less the extra sink token a checkpoint declares, which
-        every forward pass inserts."""
-        return self._positions - (self.sink is not None)
-
-    @property
-    def _positions(self) -> int:
-        """Positions one forward pass may take: HFLM's max_length."""
-        return super().max_length
-
-    @property
-    def max_length(self) -> int:
-        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
-        records), the model's positions less the extra sink token a checkpoint declares, which
-        every forward pass inserts."""
-        return self._positions - (self.sink is not None)
-
-    @property
-    def _positions(self) -> int:
-        """Positions one forward pass may take: HFLM's max_length."""
-        return super().max_length
-
-    @property
-    def max_length(self) -> int:
-        """Tokens of text one sequence may hold: what HFLM cuts prompts to (and lm-eval
-        records), the model's positions less the extra sink token a checkpoint declares, which
-        every forward pass inserts."""
-        return self._positions - (self.sink is not None)
-
-    @property
-    def _positions(self) -> int:
         """Positions one forward pass may take: HFLM's max_length (model_args, the config's
         length, the tokenizer's, else lm-eval's 2048), except that LLaDA's config names its
         length ``max_sequence_length``, which HFLM does not read and would pass over for the
@@ -490,21 +454,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             self._check_gen_kwargs(gen_kwargs, req.task_name)
             s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
             self._check_prompt_room(s.gen_length, req.task_name)
-            self._check_prompt_room(s.gen_length, req.task_name)
             self.settings_per_task[req.task_name or "requests"] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
-
-    def _check_prompt_room(self, gen_length: int, task: str | None) -> None:
-        """HFLM keeps max_length - gen_length prompt tokens and asserts that some remain, but
-        batch by batch: a task asking too much would fail after the tasks before it ran."""
-        if gen_length < self.max_length:
-            return
-        source = "gen_length" if self.settings.gen_length else "max_gen_toks"
-        sink = (f" (the model's {self._positions} positions less the extra sink token)"
-                if self.sink is not None else "")
-        raise ValueError(
-            f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
-            f"max_length {self.max_length}{sink}; lower {source} or raise max_length in model_args")
 
     def _check_prompt_room(self, gen_length: int, task: str | None) -> None:
         """HFLM keeps max_length - gen_length prompt tokens and asserts that some remain, but
