@@ -8,7 +8,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from tests.test_models import RANDOM_LLADA, make, requests
-from tests.test_sink_token import sink_llada
+from tests.test_sink_token import sink_dir  # noqa: F401 - the saved sink checkpoint fixture
 
 POSITIONS = 16  # max_length in every test: the positions the model is given
 
@@ -24,15 +24,6 @@ def record_widths(lm) -> list[int]:
     lm.model.register_forward_hook(
         lambda mod, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     return widths
-
-
-@pytest.fixture(scope="module")
-def sink_dir(tmp_path_factory):
-    model, tok, _ = sink_llada()
-    path = tmp_path_factory.mktemp("llada_sink")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(params=["plain", "sink"])
