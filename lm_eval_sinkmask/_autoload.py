@@ -13,7 +13,8 @@ own modules and then, right after each has run:
 - ``lm_eval.evaluator``: ``simple_evaluate`` checks our tasks' data (GSM8K's local copy)
   before it builds the model.
 
-Set ``LM_EVAL_SINKMASK_AUTOLOAD=0`` to turn it off.
+A step that fails warns and leaves lm-eval as it was (``run_callback``). Set
+``LM_EVAL_SINKMASK_AUTOLOAD=0`` to turn it off.
 """
 
 import os
@@ -75,6 +76,21 @@ AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_
                 "lm_eval.evaluator": check_task_data_first}
 
 
+def run_callback(callback, module) -> None:
+    """Our part after lm-eval's module ran. A broken install of ours (say, its task folder
+    lost) must not take lm-eval down with it: lm-eval carries on without our models or tasks,
+    and a warning says why."""
+    try:
+        callback(module)
+    except Exception as error:
+        import warnings  # here, not at the top: not every interpreter start loads it
+
+        warnings.warn(
+            f"lm-eval-sinkmask could not hook into {module.__name__} ({type(error).__name__}: "
+            f"{error}); lm-eval runs without its models and tasks. Reinstall lm-eval-sinkmask, "
+            "or set LM_EVAL_SINKMASK_AUTOLOAD=0 to silence this.", RuntimeWarning, stacklevel=2)
+
+
 class _RunAfter:
     """Loader wrapper: executes the real module, then our callback on it."""
 
@@ -86,7 +102,7 @@ class _RunAfter:
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        self.callback(module)
+        run_callback(self.callback, module)
 
     def __getattr__(self, name):  # get_code, get_source, is_package, ... for tools that ask
         return getattr(self.loader, name)
@@ -118,7 +134,7 @@ def install() -> None:
     # lm-eval may already be imported (e.g. this module imported by hand after it)
     for name, callback in AFTER_IMPORT.items():
         if name in sys.modules:
-            callback(sys.modules[name])
+            run_callback(callback, sys.modules[name])
 
 
 install()

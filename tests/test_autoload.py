@@ -29,3 +29,22 @@ def test_get_model_on_an_empty_registry_still_finds_the_builtins():
     code = ("from lm_eval.api.registry import get_model; "
             "print(get_model('dlm_sinkmask').__name__, get_model('hf').__name__)")
     assert run(code) == ["DLMSinkMaskLM", "HFLM"]
+
+
+def test_a_broken_plugin_leaves_lm_eval_working_and_says_why():
+    # e.g. an install that lost its task folder: lm-eval's own tasks must still load, and the
+    # user must learn why ours are missing
+    import os
+
+    code = ("import sys, warnings; sys.modules['lm_eval_sinkmask.tasks'] = None\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from lm_eval.tasks import TaskManager\n"
+            "print('loaded', TaskManager.__name__)\n"
+            "print(*[str(w.message) for w in caught if 'lm-eval-sinkmask' in str(w.message)], sep='\\n')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded, *said = proc.stdout.splitlines()
+    assert loaded == "loaded TaskManager"
+    assert len(said) == 1 and "lm_eval.tasks.manager" in said[0] and "lm_eval_sinkmask.tasks" in said[0]
