@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -234,10 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "batch_size", None) is not None and str(args.batch_size).isdigit():
         args.batch_size = int(args.batch_size)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except ValueError as e:  # bad user input: one line, not a traceback
         print(f"sinkmask: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped early (`sinkmask args | head`): nothing wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # as a shell reports a command ended by SIGPIPE
 
 
 if __name__ == "__main__":

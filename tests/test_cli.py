@@ -88,3 +88,13 @@ def test_accelerate_launch_runs_and_matches_a_plain_run(tmp_path, tiny_dirs, tin
     samples = lambda r: sorted((tmp_path / r).rglob("samples_tiny_gen_*.jsonl"))  # noqa: E731
     read = lambda p: sorted((json.loads(l)["doc_id"], json.loads(l)["resps"]) for l in p.read_text().splitlines())  # noqa: E731,E741
     assert read(samples("one")[0]) == read(samples("two")[0])
+
+
+def test_output_cut_short_by_a_pipe_ends_quietly():
+    """``sinkmask args | head`` is how a long listing is read: the reader closing the pipe
+    early ends the command without a BrokenPipeError traceback."""
+    run = subprocess.run(f"{sys.executable} -m lm_eval_sinkmask.cli args | head -n 1",
+                         shell=True, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert run.stdout.strip()
+    assert "BrokenPipeError" not in run.stderr and "Traceback" not in run.stderr, run.stderr
