@@ -486,14 +486,16 @@ def test_autocast_does_not_lower_the_precision_of_detection_or_the_masked_output
 # -- Eq. 3 and the removal written out by hand, against the intercept under adversarial masks --
 
 
-def one_call_by_hand(q, k, v, attn_mask, is_causal, token_valid, eps, top_k):
+def one_call_by_hand(q, k, v, attn_mask, is_causal, token_valid, eps, top_k, scale=None):
     """docs/method.md sections 2-3 for one detect=current call, in float64 loops: Q = rows
     that see a key (and are not padding), K = non-padding keys some row of Q sees,
     s_j = |K| * sum_{i in Q} A_ij / |{i in Q : i sees j}|, Eq. 3 sinks, the top_k by score,
     and the output with them removed (a row left with no visible key keeps its scores).
-    A float mask hides a key with -inf or finfo.min, as the models' masks do."""
+    A float mask hides a key with -inf or finfo.min, as the models' masks do; ``scale``: the
+    call's own, else 1/sqrt(head_dim), as SDPA's."""
     B, H, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    logits = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = (q.double() @ k.double().transpose(-1, -2)) * scale
     visible = torch.ones(B, H, n_q, n_k, dtype=torch.bool)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         visible = visible & attn_mask
@@ -582,3 +584,183 @@ def test_scores_sinks_and_output_match_eq3_written_out_by_hand(case, dtype, quer
     torch.testing.assert_close(event.scores.double(), scores, atol=1e-5, rtol=1e-5)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out.double()[has_key], expected[has_key], atol=tol, rtol=tol)
+
+
+# -- edge cases of the same, each one a plausible bug that the tests above let through --
+
+# the two ways a masked output is made: the fused SDPA call with the blocked keys hidden
+# (detect=current, and every call on an accelerator), and the detection sweep's own product
+# (a CPU call that knows its blocked keys beforehand: detect=previous after its first pass)
+OUTPUT_PATHS = ["fused", "sweep"]
+
+
+def _masked_call(attn, path, monkeypatch, forward_kwargs=None, **config):
+    """The event and the output of ``attn(**forward_kwargs)``'s last call along an output
+    path (the sweep: a second identical pass of detect=previous, masking the first's sinks)."""
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: path == "sweep")
+    m, events = masker(detect="current" if path == "fused" else "previous", **config)
+    with torch.no_grad(), m.attach(attn):
+        outs = [attn(**(forward_kwargs or {})) for _ in range(1 if path == "fused" else 2)]
+    if path == "sweep":
+        assert torch.equal(events[1].blocked, events[0].chosen)
+    return events[-1], outs[-1]
+
+
+def _by_hand_call(q, k, v, sdpa_kwargs, forward_mask, *, eps, top_k, path, monkeypatch):
+    """One call through the intercept along an output path, and the same call by hand
+    (:func:`one_call_by_hand`)."""
+
+    class Attn(torch.nn.Module):
+        def forward(self, attention_mask=None):
+            return F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+
+    event, out = _masked_call(Attn(), path, monkeypatch, {"attention_mask": forward_mask},
+                              top_k=top_k, eps=eps)
+    token_valid = None if forward_mask is None else forward_mask.bool()
+    by_hand = one_call_by_hand(q, k, v, sdpa_kwargs.get("attn_mask"),
+                               sdpa_kwargs.get("is_causal", False), token_valid, eps, top_k,
+                               scale=sdpa_kwargs.get("scale"))
+    return event, out, by_hand
+
+
+def _assert_matches_by_hand(event, out, by_hand):
+    scores, sinks, chosen, expected, has_key = by_hand
+    assert chosen.any() and torch.equal(event.sinks, sinks) and torch.equal(event.chosen, chosen)
+    torch.testing.assert_close(event.scores.double(), scores, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double()[has_key], expected[has_key], atol=1e-5, rtol=1e-5)
+
+
+def _strong_key_qkv(n_q=9, seed=12):
+    g = torch.Generator().manual_seed(seed)
+    B, H, S, D = 2, 2, 9, 8
+    q, k, v = (torch.randn(B, H, n, D, generator=g) for n in (n_q, S, S))
+    k[:, :, 5] *= 3
+    return q, k, v
+
+
+@pytest.mark.parametrize("path", OUTPUT_PATHS)
+def test_the_calls_own_scale_sets_the_scores_and_the_masked_output(path, monkeypatch):
+    """A model that passes SDPA a scale of its own (not 1/sqrt(head_dim)) has its attention,
+    hence its sinks and its masked output, at that scale, on both output paths."""
+    q, k, v = _strong_key_qkv()
+    _assert_matches_by_hand(*_by_hand_call(q, k, v, {"scale": 1.0}, None, eps=0.5, top_k=2,
+                                           path=path, monkeypatch=monkeypatch))
+
+
+def test_a_cached_step_reads_its_query_padding_from_the_end_of_the_forward_mask(monkeypatch):
+    """Under a KV cache a decoding step's one query row is the last position of the forward's
+    [B, past + 1] attention_mask, not the first: a left-padded element (first position a pad)
+    must still detect on its new row."""
+    q, k, v = _strong_key_qkv(n_q=1)
+    pad = torch.ones(2, 9, dtype=torch.long)
+    pad[1, :3] = 0
+    event, out, by_hand = _by_hand_call(q, k, v, {}, pad, eps=0.5, top_k=2, path="fused",
+                                        monkeypatch=monkeypatch)
+    assert by_hand[2][1].any()  # the left-padded element has sinks of its own
+    _assert_matches_by_hand(event, out, by_hand)
+
+
+@pytest.mark.parametrize("form", ["key_only", "per_row"])
+def test_keys_that_no_row_of_q_sees_are_left_out_of_k(form, monkeypatch):
+    """Eq. 3's K is the real keys some row of Q sees: a key the forward's attention_mask calls
+    real but the SDPA mask hides from every row is not one of them (|K| and the mean scores
+    are over the others), whether the mask is one row for all or one per row."""
+    q, k, v = _strong_key_qkv()
+    visible = torch.ones(2, 1, 9, 9, dtype=torch.bool)
+    visible[..., 0] = False  # key 0 hidden from every row
+    if form == "key_only":
+        visible = visible[..., :1, :]
+    else:
+        visible[..., 2, 7] = False  # rows differ: the mask cannot fold to one row
+    event, out, by_hand = _by_hand_call(q, k, v, {"attn_mask": visible},
+                                        torch.ones(2, 9, dtype=torch.long), eps=0.5, top_k=2,
+                                        path="fused", monkeypatch=monkeypatch)
+    _assert_matches_by_hand(event, out, by_hand)
+    if form == "key_only":  # every row sees all of K: the scores average 1 over |K| = 8
+        torch.testing.assert_close(event.scores.sum(-1), torch.full((2, 2), 8.0))
+
+
+@pytest.mark.parametrize("form", ["none", "bool_key", "float_key", "bool_per_row", "causal"])
+@pytest.mark.parametrize("path", OUTPUT_PATHS)
+def test_rows_whose_every_visible_key_is_blocked_keep_their_scores(form, path, monkeypatch):
+    """A negative eps can make every key a sink; with top_k covering them all, every row's
+    visible keys are blocked, and each row keeps its scores (docs/method.md section 3): the
+    output is the model's own, not a softmax over nothing (NaN) or a uniform average."""
+    kwargs = _mask_forms()[form]
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 3, 9, 8) for _ in range(3))
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    event, out = _masked_call(Attn(), path, monkeypatch, top_k=9, eps=-100.0)
+    assert event.blocked.sum() == event.sinks.sum() > 0
+    probs, expected, _ = eager_attention(q, k, v, **kwargs)
+    rows = probs.sum(-1) > 0
+    torch.testing.assert_close(out[rows], expected[rows], atol=2e-5, rtol=1e-4)
+
+
+def _qkv_with_a_sink_at(key, batch, g):
+    """q, k, v of 2 heads over 7 keys whose key ``key`` every query row attends to most:
+    the queries share a direction that this key points along."""
+    q = torch.randn(batch, 2, 7, 8, generator=g) + 1.0
+    k, v = torch.randn(batch, 2, 7, 8, generator=g), torch.randn(batch, 2, 7, 8, generator=g)
+    k[:, :, key] = 2.0
+    return q, k, v
+
+
+def test_detect_previous_starts_afresh_when_the_batch_size_changes():
+    """Last pass's sinks belong to last pass's batch rows: a pass with another batch size (a
+    smaller last batch, classifier-free guidance's doubled batch) detects on its own instead
+    of broadcasting one row's sinks over the others."""
+    g = torch.Generator().manual_seed(4)
+    state = {}
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(*state["qkv"])
+
+    m, events = masker(top_k=1, detect="previous")
+    attn = Attn()
+    with torch.no_grad(), m.attach(attn):
+        state["qkv"] = _qkv_with_a_sink_at(1, 1, g)
+        attn()
+        state["qkv"] = _qkv_with_a_sink_at(5, 2, g)
+        attn()
+    first, second = events
+    assert first.chosen[0, :, 1].all()
+    assert torch.equal(second.blocked, second.chosen) and second.chosen[:, :, 5].all()
+
+
+def test_a_new_attach_block_does_not_mask_the_last_blocks_sinks():
+    """detect=previous state lives in one attach block: the next block's first pass (another
+    request, with its sinks elsewhere) masks its own sinks, not the last block's."""
+    g = torch.Generator().manual_seed(8)
+    state = {}
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(*state["qkv"])
+
+    m, events = masker(top_k=1, detect="previous")
+    attn = Attn()
+    for strong in (1, 5):
+        state["qkv"] = _qkv_with_a_sink_at(strong, 1, g)
+        with torch.no_grad(), m.attach(attn):
+            attn()
+    first, second = events
+    assert first.chosen[0, :, 1].all() and second.chosen[0, :, 5].all()
+    assert torch.equal(second.blocked, second.chosen)
+
+
+def test_a_real_row_that_sees_no_key_weighs_nothing(monkeypatch):
+    """A row the forward calls real but the SDPA mask lets see no key has no attention to
+    give: its softmax over nothing must not spread a uniform share over every key's mass."""
+    q, k, v = _strong_key_qkv()
+    visible = torch.ones(2, 1, 9, 9, dtype=torch.bool)
+    visible[:, :, 3] = False
+    event, out, by_hand = _by_hand_call(q, k, v, {"attn_mask": visible},
+                                        torch.ones(2, 9, dtype=torch.long), eps=0.5, top_k=2,
+                                        path="fused", monkeypatch=monkeypatch)
+    _assert_matches_by_hand(event, out, by_hand)

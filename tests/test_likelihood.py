@@ -195,6 +195,15 @@ def test_cfg_scores_against_a_copy_with_the_prompt_masked():
     assert est.value == pytest.approx(exact, abs=1e-5)
 
 
+def test_guidance_moves_the_conditional_logits_away_from_the_unconditional_by_cfg_scale():
+    # LLaDA's classifier-free guidance, written as cond + cfg * (cond - uncond): at cfg 0 the
+    # conditional logits themselves, and extrapolated beyond them as cfg grows
+    cond, uncond = torch.tensor([2.0, -1.0, 0.5]), torch.tensor([1.0, 1.0, 0.5])
+    for cfg in (0.0, 0.5, 2.0):
+        torch.testing.assert_close(likelihood.guided_logits(cond, uncond, cfg),
+                                   cond + cfg * (cond - uncond))
+
+
 def test_bad_likelihood_settings_are_rejected():
     for args, message in [({"mc_num": 0}, "mc_num"), ({"mc_batch_size": "x"}, "mc_batch_size"),
                           ({"greedy_check": "maybe"}, "greedy_check"), ({"mc_seed": 1.5}, "mc_seed")]:

@@ -122,3 +122,10 @@ def test_batch_elements_and_heads_find_their_own_sinks():
     assert per_layer.shape == (2, 1, 4)
     assert per_layer[0, 0].tolist() == [True, False, True, False]
     torch.testing.assert_close(scores.mean(-1), torch.ones(2, 1))
+
+
+def test_padding_keys_are_never_sinks_however_low_eps_goes():
+    # a padding key scores 0; an eps far enough below 0 admits every real key, never it
+    s = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0])
+    valid = torch.tensor([True, True, True, True, False])
+    assert find_sinks(s, valid, eps=-100.0).tolist() == [True, True, True, True, False]

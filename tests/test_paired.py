@@ -63,3 +63,10 @@ def test_read_per_document_reads_a_gzipped_samples_file(tmp_path):
     with gzip.open(tmp_path / "samples_mc_2025-01-01T00-00-00.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     assert paired.read_per_document(tmp_path, "mc", "acc,none", 0.75) == {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}
+
+
+def test_mean_se_needs_every_runs_standard_error():
+    # a mean over the runs that kept their samples would describe other runs than the value
+    assert paired.mean_se([0.02, 0.04]) == pytest.approx(0.03)
+    assert paired.mean_se([0.02, None]) is None
+    assert paired.mean_se([]) is None
