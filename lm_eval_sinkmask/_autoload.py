@@ -74,12 +74,16 @@ def check_task_data_first(module) -> None:
 
 AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_task_folder,
                 "lm_eval.evaluator": check_task_data_first}
+# what lm-eval goes on without when the step after that module fails (the others still apply)
+WITHOUT = {"lm_eval.models": "its models (" + ", ".join(MODELS) + ")",
+           "lm_eval.tasks.manager": "its task folder (its tasks then need --include_path)",
+           "lm_eval.evaluator": "its data check before the model loads"}
 
 
 def run_callback(callback, module) -> None:
     """Our part after lm-eval's module ran. A broken install of ours (say, its task folder
-    lost) must not take lm-eval down with it: lm-eval carries on without our models or tasks,
-    and a warning says why."""
+    lost) must not take lm-eval down with it: lm-eval carries on without what that step adds
+    (:data:`WITHOUT`), and a warning says which and why."""
     try:
         callback(module)
     except Exception as error:
@@ -87,8 +91,9 @@ def run_callback(callback, module) -> None:
 
         warnings.warn(
             f"lm-eval-sinkmask could not hook into {module.__name__} ({type(error).__name__}: "
-            f"{error}); lm-eval runs without its models and tasks. Reinstall lm-eval-sinkmask, "
-            "or set LM_EVAL_SINKMASK_AUTOLOAD=0 to silence this.", RuntimeWarning, stacklevel=2)
+            f"{error}); lm-eval runs without {WITHOUT.get(module.__name__, 'that step')}. "
+            "Reinstall lm-eval-sinkmask, or set LM_EVAL_SINKMASK_AUTOLOAD=0 to silence this.",
+            RuntimeWarning, stacklevel=2)
 
 
 class _RunAfter:

@@ -3,10 +3,11 @@
 A sweep claims a cell before it runs it (:func:`claim`: a lock on ``k<K>.claim`` beside the
 cell's folder ``k<K>/``) and holds the folder's lock (:func:`folder_locked`: ``sweep.lock``)
 while it updates ``sweep.json`` or renders the table. They are ``flock`` locks: the OS drops
-them when their process ends however it ends, so a killed sweep leaves no claim behind and a
-resume redoes its half-written cell. A holder deletes its lock file before it lets go, so a
-finished sweep leaves none; whoever takes a lock checks that its file is still the one at that
-path (not one deleted meanwhile), which keeps the deletion from letting two processes in.
+them when their process ends however it ends, so a killed sweep holds no claim (its lock file
+may stay, locking nothing) and a resume redoes its half-written cell. A holder deletes its lock
+file before it lets go, so a finished sweep leaves none; whoever takes a lock checks that its
+file is still the one at that path (not one deleted meanwhile), which keeps the deletion from
+letting two processes in.
 Where there is no ``fcntl`` (Windows) nothing is locked, with a warning: one sweep per folder.
 """
 

@@ -48,3 +48,28 @@ def test_a_broken_plugin_leaves_lm_eval_working_and_says_why():
     loaded, *said = proc.stdout.splitlines()
     assert loaded == "loaded TaskManager"
     assert len(said) == 1 and "lm_eval.tasks.manager" in said[0] and "lm_eval_sinkmask.tasks" in said[0]
+
+
+def test_a_failed_step_names_what_lm_eval_runs_without():
+    # each step adds one thing; its warning names that thing, not every part of the plugin: a
+    # failed data check leaves our models and tasks in place, a failed task folder our models
+    import types
+    import warnings
+
+    from lm_eval_sinkmask import _autoload
+
+    def broken(module):
+        raise OSError("gone")
+
+    said = {}
+    for name in _autoload.AFTER_IMPORT:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _autoload.run_callback(broken, types.ModuleType(name))
+        [warning] = caught
+        said[name] = str(warning.message)
+    assert "without its models (dlm_sinkmask, arm_sinkmask)" in said["lm_eval.models"]
+    assert "without its task folder" in said["lm_eval.tasks.manager"]
+    assert "data check" in said["lm_eval.evaluator"]
+    assert not any("models and tasks" in text for text in said.values())
+    assert all("OSError: gone" in text for text in said.values())

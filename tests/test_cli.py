@@ -98,3 +98,19 @@ def test_output_cut_short_by_a_pipe_ends_quietly():
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert run.stdout.strip()
     assert "BrokenPipeError" not in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_pipe_closed_before_any_output_ends_with_sigpipes_status():
+    """The same, without the race: the reader is gone before the first byte, so every write
+    meets a closed pipe (a listing that fits the pipe's buffer would otherwise be written
+    whole before ``head`` exits, and pass with or without the handling)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        run = subprocess.run([sys.executable, "-m", "lm_eval_sinkmask.cli", "args"], stdout=write,
+                             stderr=subprocess.PIPE, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    finally:
+        os.close(write)
+    assert "BrokenPipeError" not in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert run.returncode == 141
