@@ -181,8 +181,11 @@ def test_accelerate_ranks_all_follow_rank_zeros_claims_and_cell_list(tmp_path):
     held = claim(folder / "k0")  # another sweep runs k0: every rank skips it, none runs it alone
     try:
         ranks = [subprocess.Popen([sys.executable, "-c", RANKS, str(folder)],
+                                  # no GPU: gloo on every machine (a one-GPU box would pick
+                                  # NCCL and give rank 1 a device it does not have)
                                   env={**ENV, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
-                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                       "CUDA_VISIBLE_DEVICES": ""},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for r in (0, 1)]
         try:
