@@ -70,3 +70,26 @@ esac
             os.kill(pid, signal.SIGKILL)
     assert started != crashed.pid
     assert (out / "status.txt").read_text().startswith("zoo: running")
+
+
+def test_the_verdict_survives_the_tail_the_device_tool_returns(tmp_path):
+    """The device tool returns the last 12,000 characters of a command's output. Each training
+    log ends in its model card, a JSON line of a few thousand characters; with a dozen logs the
+    status ran past 12,000 and its first line, the verdict, was cut from what came back."""
+    bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
+    for folder in (bin_dir, run / "logs", out, tmp_path / "wheels"):
+        folder.mkdir(parents=True)
+    (tmp_path / "wheels" / ".installed").touch()
+    (run / "DONE").touch()
+    card = '[llada] saved to x: {"what": "' + "w" * 3000 + '"}\n'
+    for i in range(21):  # 3 seeds x 3 chains, their probes, and a few more
+        (run / "logs" / f"model{i}.log").write_text("[llada] step 18 (94%)\n" + card)
+    _stub(bin_dir / "python3", "exit 0\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
+               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
+    env.pop("ZOO_ARGS", None)
+    done = subprocess.run(["tools/gpu_box/zoo_call.sh", "1"], cwd=REPO, env=env, check=True,
+                          capture_output=True, text=True, timeout=60)
+    tail = (done.stdout + done.stderr)[-12_000:]
+    assert "zoo: DONE" in tail
+    assert (out / "status.txt").read_text().startswith("zoo: DONE")

@@ -57,16 +57,21 @@ while [ ! -f $run/DONE ] && alive $run/gpu_zoo.pid && left=$((wait_s - SECONDS))
 done
 start_tests
 
+if [ -f $run/DONE ]; then verdict="zoo: DONE"
+elif alive $run/gpu_zoo.pid; then verdict="zoo: running"
+else verdict="zoo: STOPPED without DONE (see gpu_zoo.log)"; fi
+# The device tool returns only the last 12,000 characters of a call's output, and each
+# training log ends in its model card (one JSON line of thousands): log lines are cut short
+# and the verdict is said again last, so that it is in what comes back
 {
-    if [ -f $run/DONE ]; then echo "zoo: DONE"
-    elif alive $run/gpu_zoo.pid; then echo "zoo: running"
-    else echo "zoo: STOPPED without DONE (see gpu_zoo.log)"; fi
+    echo "$verdict"
     if alive $run/cuda_tests.pid; then echo "cuda tests: running"
     elif [ -f $run/cuda_tests.pid ]; then echo "cuda tests: $(tail -n 1 $run/cuda_tests.log)"; fi
     command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total --format=csv,noheader
     echo "--- gpu_zoo.log"; tail -n 15 $run/gpu_zoo.log
     for log in $run/logs/*.log; do [ -f "$log" ] && { echo "--- $log"; tail -n 2 "$log"; }; done
-} > "$out/status.txt" 2>&1
+    echo "$verdict"
+} 2>&1 | cut -c 1-200 > "$out/status.txt"
 cat "$out/status.txt"
 tar czf "$out/logs.tgz" -C $run --ignore-failed-read logs plan.json gpu_zoo.log cuda_tests.log \
     2>/dev/null
