@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,3 +94,29 @@ def test_the_verdict_survives_the_tail_the_device_tool_returns(tmp_path):
     tail = (done.stdout + done.stderr)[-12_000:]
     assert "zoo: DONE" in tail
     assert (out / "status.txt").read_text().startswith("zoo: DONE")
+
+
+def test_fetching_again_leaves_one_version_of_each_wheel(tmp_path):
+    """The box installs `.whl/*.whl`, and two versions of one package stop that whole install:
+    a wheel of an earlier requirements.txt must not stay beside the new one."""
+    shutil.copytree(REPO / "tools" / "gpu_box", tmp_path / "tools" / "gpu_box")
+    (tmp_path / "tools" / "gpu_box" / "requirements.txt").write_text(
+        "# pins\nlm-eval==0.4.13\ntransformers==4.57.6\n")
+    wheels, bin_dir = tmp_path / ".whl", tmp_path / "bin"
+    wheels.mkdir()
+    bin_dir.mkdir()
+    make_wheel = "import sys, zipfile; zipfile.ZipFile(sys.argv[1], 'w').writestr('x.py', '')"
+    for stale in ("lm_eval-0.4.11-py3-none-any.whl", "transformers-4.51.0-py3-none-any.whl"):
+        subprocess.run([sys.executable, "-c", make_wheel, str(wheels / stale)], check=True)
+    # pip download stands in as a wheel named after the requirement; the rest is real Python
+    _stub(bin_dir / "python3", f"""if [ "$1 $2" = "-m pip" ]; then
+  while [ $# -gt 1 ]; do [ "$1" = -d ] && dest=$2; shift; done
+  name=${{1%%==*}}; exec {sys.executable} -c "{make_wheel}" "$dest/${{name//-/_}}-${{1##*==}}-py3-none-any.whl"
+fi
+exec {sys.executable} "$@"
+""")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    subprocess.run(["tools/gpu_box/fetch_wheels.sh"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=60)
+    assert sorted(p.name for p in wheels.glob("*.whl")) == [
+        "lm_eval-0.4.13-py3-none-any.whl", "transformers-4.57.6-py3-none-any.whl"]
