@@ -120,3 +120,32 @@ exec {sys.executable} "$@"
                    capture_output=True, timeout=60)
     assert sorted(p.name for p in wheels.glob("*.whl")) == [
         "lm_eval-0.4.13-py3-none-any.whl", "transformers-4.57.6-py3-none-any.whl"]
+
+
+def test_the_bench_checks_that_time_nothing_run_beside_the_training(tmp_path):
+    """The bench's parts mass and zoo compare kernels and tokens and time nothing, so they run
+    beside the training like the CUDA tests, and the device time after it goes to timings."""
+    bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
+    for folder in (bin_dir, run, out, tmp_path / "wheels"):
+        folder.mkdir()
+    (tmp_path / "wheels" / ".installed").touch()
+    (run / "plan.json").write_text("{}")  # the step plan is fixed: checks may start
+    _stub(bin_dir / "python3", f"""case "$*" in
+  *lm_eval_sinkmask.zoo.gpu_zoo*) exec {shutil.which("sleep")} 60 ;;
+  *bench_masking.py*) echo "ran: $*" ;;
+esac
+""")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
+               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
+    env.pop("ZOO_ARGS", None)
+    try:
+        subprocess.run(["tools/gpu_box/zoo_call.sh", "2"], cwd=REPO, env=env, check=True,
+                       capture_output=True, timeout=60)
+    finally:
+        os.kill(int((run / "gpu_zoo.pid").read_text()), signal.SIGKILL)
+    assert "benchmarks/bench_masking.py --gpu --gpu-parts mass,zoo" in (
+        run / "bench_checks.log").read_text()
+    listed = subprocess.run(["tar", "tzf", str(out / "logs.tgz")], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert "bench_checks.log" in listed
+    assert "bench checks:" in (out / "status.txt").read_text()
