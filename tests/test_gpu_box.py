@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -149,3 +151,14 @@ esac
                             text=True, check=True).stdout.split()
     assert "bench_checks.log" in listed
     assert "bench checks:" in (out / "status.txt").read_text()
+
+
+def test_the_tracked_tree_leaves_room_for_the_wheels():
+    """A GPU box reached by short commands takes a copy of at most 64 MiB, `.whl/` (about
+    20 MiB) included: a tracked file that grows the tree past 44 MiB makes every call fail."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode:
+        pytest.skip("not a git checkout")
+    files = [REPO / p for p in listed.stdout.decode().split("\0") if p]
+    tracked = sum(f.stat().st_size for f in files if f.is_file())
+    assert tracked + 20 * 2**20 <= 64 * 2**20, f"tracked files: {tracked / 2**20:.1f} MiB"
