@@ -5,7 +5,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,3 +73,92 @@ esac
             os.kill(pid, signal.SIGKILL)
     assert started != crashed.pid
     assert (out / "status.txt").read_text().startswith("zoo: running")
+
+
+def test_the_verdict_survives_the_tail_the_device_tool_returns(tmp_path):
+    """The device tool returns the last 12,000 characters of a command's output. Each training
+    log ends in its model card, a JSON line of a few thousand characters; with a dozen logs the
+    status ran past 12,000 and its first line, the verdict, was cut from what came back."""
+    bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
+    for folder in (bin_dir, run / "logs", out, tmp_path / "wheels"):
+        folder.mkdir(parents=True)
+    (tmp_path / "wheels" / ".installed").touch()
+    (run / "DONE").touch()
+    card = '[llada] saved to x: {"what": "' + "w" * 3000 + '"}\n'
+    for i in range(21):  # 3 seeds x 3 chains, their probes, and a few more
+        (run / "logs" / f"model{i}.log").write_text("[llada] step 18 (94%)\n" + card)
+    _stub(bin_dir / "python3", "exit 0\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
+               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
+    env.pop("ZOO_ARGS", None)
+    done = subprocess.run(["tools/gpu_box/zoo_call.sh", "1"], cwd=REPO, env=env, check=True,
+                          capture_output=True, text=True, timeout=60)
+    tail = (done.stdout + done.stderr)[-12_000:]
+    assert "zoo: DONE" in tail
+    assert (out / "status.txt").read_text().startswith("zoo: DONE")
+
+
+def test_fetching_again_leaves_one_version_of_each_wheel(tmp_path):
+    """The box installs `.whl/*.whl`, and two versions of one package stop that whole install:
+    a wheel of an earlier requirements.txt must not stay beside the new one."""
+    shutil.copytree(REPO / "tools" / "gpu_box", tmp_path / "tools" / "gpu_box")
+    (tmp_path / "tools" / "gpu_box" / "requirements.txt").write_text(
+        "# pins\nlm-eval==0.4.13\ntransformers==4.57.6\n")
+    wheels, bin_dir = tmp_path / ".whl", tmp_path / "bin"
+    wheels.mkdir()
+    bin_dir.mkdir()
+    make_wheel = "import sys, zipfile; zipfile.ZipFile(sys.argv[1], 'w').writestr('x.py', '')"
+    for stale in ("lm_eval-0.4.11-py3-none-any.whl", "transformers-4.51.0-py3-none-any.whl"):
+        subprocess.run([sys.executable, "-c", make_wheel, str(wheels / stale)], check=True)
+    # pip download stands in as a wheel named after the requirement; the rest is real Python
+    _stub(bin_dir / "python3", f"""if [ "$1 $2" = "-m pip" ]; then
+  while [ $# -gt 1 ]; do [ "$1" = -d ] && dest=$2; shift; done
+  name=${{1%%==*}}; exec {sys.executable} -c "{make_wheel}" "$dest/${{name//-/_}}-${{1##*==}}-py3-none-any.whl"
+fi
+exec {sys.executable} "$@"
+""")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    subprocess.run(["tools/gpu_box/fetch_wheels.sh"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=60)
+    assert sorted(p.name for p in wheels.glob("*.whl")) == [
+        "lm_eval-0.4.13-py3-none-any.whl", "transformers-4.57.6-py3-none-any.whl"]
+
+
+def test_the_bench_checks_that_time_nothing_run_beside_the_training(tmp_path):
+    """The bench's parts mass and zoo compare kernels and tokens and time nothing, so they run
+    beside the training like the CUDA tests, and the device time after it goes to timings."""
+    bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
+    for folder in (bin_dir, run, out, tmp_path / "wheels"):
+        folder.mkdir()
+    (tmp_path / "wheels" / ".installed").touch()
+    (run / "plan.json").write_text("{}")  # the step plan is fixed: checks may start
+    _stub(bin_dir / "python3", f"""case "$*" in
+  *lm_eval_sinkmask.zoo.gpu_zoo*) exec {shutil.which("sleep")} 60 ;;
+  *bench_masking.py*) echo "ran: $*" ;;
+esac
+""")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
+               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
+    env.pop("ZOO_ARGS", None)
+    try:
+        subprocess.run(["tools/gpu_box/zoo_call.sh", "2"], cwd=REPO, env=env, check=True,
+                       capture_output=True, timeout=60)
+    finally:
+        os.kill(int((run / "gpu_zoo.pid").read_text()), signal.SIGKILL)
+    assert "benchmarks/bench_masking.py --gpu --gpu-parts mass,zoo" in (
+        run / "bench_checks.log").read_text()
+    listed = subprocess.run(["tar", "tzf", str(out / "logs.tgz")], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert "bench_checks.log" in listed
+    assert "bench checks:" in (out / "status.txt").read_text()
+
+
+def test_the_tracked_tree_leaves_room_for_the_wheels():
+    """A GPU box reached by short commands takes a copy of at most 64 MiB, `.whl/` (about
+    20 MiB) included: a tracked file that grows the tree past 44 MiB makes every call fail."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode:
+        pytest.skip("not a git checkout")
+    files = [REPO / p for p in listed.stdout.decode().split("\0") if p]
+    tracked = sum(f.stat().st_size for f in files if f.is_file())
+    assert tracked + 20 * 2**20 <= 64 * 2**20, f"tracked files: {tracked / 2**20:.1f} MiB"

@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=.whl
 mkdir -p "$dest"
+# a fresh set each time: a wheel of an earlier requirements.txt left beside the new one is a
+# second version of that package, which stops the whole install on the box
+rm -f "$dest"/*.whl
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 grep -v '^#' tools/gpu_box/requirements.txt | while read -r req; do

@@ -8,7 +8,8 @@
 # waits on it, returning within WAIT_S seconds of its start:
 # - first call: installs the wheels (once), starts the zoo training with MINUTES of training
 #   budget (default 11), and once its step plan is fixed the CUDA correctness tests of the
-#   fused and flex detection paths beside it (correctness only; timings must run alone);
+#   fused and flex detection paths beside it, and bench_masking's parts mass and zoo
+#   (correctness only; timings must run alone);
 # - every call: waits until the zoo is DONE, fails, or WAIT_S seconds have passed since the
 #   call began (the first call's install included), then leaves in $OUT a
 #   status.txt, the logs (logs.tgz) and, when done, the evaluation cells (eval.tgz);
@@ -42,6 +43,10 @@ start_tests() {
     [ -f $run/plan.json ] && [ ! -f $run/cuda_tests.pid ] || return 0
     start cuda_tests python3 -m pytest -q -p no:cacheprovider -rs \
         tests/test_fused_mass.py tests/test_flex_mass.py -k cuda
+    # the bench's parts that time nothing (kernels vs reference; the zoo checkpoint's tokens
+    # and masked keys, CUDA against CPU): beside the training, so that the device time after
+    # it goes to the timings alone
+    start bench_checks python3 benchmarks/bench_masking.py --gpu --gpu-parts mass,zoo
 }
 
 if [ ! -f $run/DONE ] && ! alive $run/gpu_zoo.pid; then
@@ -57,18 +62,28 @@ while [ ! -f $run/DONE ] && alive $run/gpu_zoo.pid && left=$((wait_s - SECONDS))
 done
 start_tests
 
+if [ -f $run/DONE ]; then verdict="zoo: DONE"
+elif alive $run/gpu_zoo.pid; then verdict="zoo: running"
+else verdict="zoo: STOPPED without DONE (see gpu_zoo.log)"; fi
+# The device tool returns only the last 12,000 characters of a call's output, and each
+# training log ends in its model card (one JSON line of thousands): log lines are cut short
+# and the verdict is said again last, so that it is in what comes back
 {
-    if [ -f $run/DONE ]; then echo "zoo: DONE"
-    elif alive $run/gpu_zoo.pid; then echo "zoo: running"
-    else echo "zoo: STOPPED without DONE (see gpu_zoo.log)"; fi
+    echo "$verdict"
     if alive $run/cuda_tests.pid; then echo "cuda tests: running"
     elif [ -f $run/cuda_tests.pid ]; then echo "cuda tests: $(tail -n 1 $run/cuda_tests.log)"; fi
+    if alive $run/bench_checks.pid; then echo "bench checks: running"
+    elif [ -f $run/bench_checks.pid ]; then
+        echo "bench checks: done, $(grep -c 'FAILED\|DIFFER' $run/bench_checks.log) FAILED/DIFFER lines"
+    fi
     command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total --format=csv,noheader
     echo "--- gpu_zoo.log"; tail -n 15 $run/gpu_zoo.log
     for log in $run/logs/*.log; do [ -f "$log" ] && { echo "--- $log"; tail -n 2 "$log"; }; done
-} > "$out/status.txt" 2>&1
+    echo "$verdict"
+} 2>&1 | cut -c 1-200 > "$out/status.txt"
 cat "$out/status.txt"
 tar czf "$out/logs.tgz" -C $run --ignore-failed-read logs plan.json gpu_zoo.log cuda_tests.log \
+    bench_checks.log \
     2>/dev/null
 [ -d $run/eval ] && tar czf "$out/eval.tgz" -C $run eval
 
