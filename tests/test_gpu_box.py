@@ -18,6 +18,15 @@ def _stub(path, body):
     path.chmod(0o755)
 
 
+def _box_env(bin_dir, run, site, out):
+    """zoo_call.sh's environment: the stand-ins first on PATH, its run, site and $OUT folders,
+    and the box's own training arguments (no ZOO_ARGS)."""
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
+               ZOO_SITE=str(site), OUT=str(out))
+    env.pop("ZOO_ARGS", None)
+    return env
+
+
 def test_a_call_returns_within_its_wait_counting_the_install(tmp_path):
     real_sleep, bin_dir, site = shutil.which("sleep"), tmp_path / "bin", tmp_path / "sp"
     for folder in (bin_dir, site, tmp_path / "wheels", tmp_path / "out"):
@@ -32,9 +41,7 @@ esac
     slept = tmp_path / "slept"
     _stub(bin_dir / "sleep", f'echo "$1" >> {slept}\nexec {real_sleep} "$1"\n')
     run = tmp_path / "run"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
-               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(tmp_path / "out"))
-    env.pop("ZOO_ARGS", None)
+    env = _box_env(bin_dir, run, tmp_path / "wheels", tmp_path / "out")
     try:
         subprocess.run(["tools/gpu_box/zoo_call.sh", "2"], cwd=REPO, env=env, check=True,
                        capture_output=True, timeout=60)
@@ -59,9 +66,7 @@ esac
 """)
     crashed = subprocess.Popen(["true"])  # never waited for until the end: a zombie
     (run / "gpu_zoo.pid").write_text(f"{crashed.pid}\n")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
-               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
-    env.pop("ZOO_ARGS", None)
+    env = _box_env(bin_dir, run, tmp_path / "wheels", out)
     try:
         subprocess.run(["tools/gpu_box/zoo_call.sh", "1"], cwd=REPO, env=env, check=True,
                        capture_output=True, timeout=60)
@@ -88,9 +93,7 @@ def test_the_verdict_survives_the_tail_the_device_tool_returns(tmp_path):
     for i in range(21):  # 3 seeds x 3 chains, their probes, and a few more
         (run / "logs" / f"model{i}.log").write_text("[llada] step 18 (94%)\n" + card)
     _stub(bin_dir / "python3", "exit 0\n")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
-               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
-    env.pop("ZOO_ARGS", None)
+    env = _box_env(bin_dir, run, tmp_path / "wheels", out)
     done = subprocess.run(["tools/gpu_box/zoo_call.sh", "1"], cwd=REPO, env=env, check=True,
                           capture_output=True, text=True, timeout=60)
     tail = (done.stdout + done.stderr)[-12_000:]
@@ -137,9 +140,7 @@ def test_the_bench_checks_that_time_nothing_run_beside_the_training(tmp_path):
   *bench_masking.py*) echo "ran: $*" ;;
 esac
 """)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_RUN=str(run),
-               ZOO_SITE=str(tmp_path / "wheels"), OUT=str(out))
-    env.pop("ZOO_ARGS", None)
+    env = _box_env(bin_dir, run, tmp_path / "wheels", out)
     try:
         subprocess.run(["tools/gpu_box/zoo_call.sh", "2"], cwd=REPO, env=env, check=True,
                        capture_output=True, timeout=60)

@@ -710,23 +710,24 @@ def _qkv_with_a_sink_at(key, batch, g):
     return q, k, v
 
 
+class _AttentionOf(torch.nn.Module):
+    """One attention call over whatever q, k, v the test set last (``.qkv``)."""
+
+    def forward(self):
+        return F.scaled_dot_product_attention(*self.qkv)
+
+
 def test_detect_previous_starts_afresh_when_the_batch_size_changes():
     """Last pass's sinks belong to last pass's batch rows: a pass with another batch size (a
     smaller last batch, classifier-free guidance's doubled batch) detects on its own instead
     of broadcasting one row's sinks over the others."""
     g = torch.Generator().manual_seed(4)
-    state = {}
-
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(*state["qkv"])
-
     m, events = masker(top_k=1, detect="previous")
-    attn = Attn()
+    attn = _AttentionOf()
     with torch.no_grad(), m.attach(attn):
-        state["qkv"] = _qkv_with_a_sink_at(1, 1, g)
+        attn.qkv = _qkv_with_a_sink_at(1, 1, g)
         attn()
-        state["qkv"] = _qkv_with_a_sink_at(5, 2, g)
+        attn.qkv = _qkv_with_a_sink_at(5, 2, g)
         attn()
     first, second = events
     assert first.chosen[0, :, 1].all()
@@ -737,16 +738,10 @@ def test_a_new_attach_block_does_not_mask_the_last_blocks_sinks():
     """detect=previous state lives in one attach block: the next block's first pass (another
     request, with its sinks elsewhere) masks its own sinks, not the last block's."""
     g = torch.Generator().manual_seed(8)
-    state = {}
-
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(*state["qkv"])
-
     m, events = masker(top_k=1, detect="previous")
-    attn = Attn()
+    attn = _AttentionOf()
     for strong in (1, 5):
-        state["qkv"] = _qkv_with_a_sink_at(strong, 1, g)
+        attn.qkv = _qkv_with_a_sink_at(strong, 1, g)
         with torch.no_grad(), m.attach(attn):
             attn()
     first, second = events
