@@ -295,10 +295,6 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 return int(candidate)
         raise ValueError("no mask token id: pass mask_id=<id> in model_args")  # pragma: no cover
 
-    def _special_ids(self, tokens: tuple[str, ...]) -> tuple[int, ...]:
-        ids = [self.tokenizer.convert_tokens_to_ids(t) for t in tokens]
-        return tuple(i for i in ids if i is not None and i != self.tokenizer.unk_token_id)
-
     def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] of the working sequence x [B, T] (mask: 1 on real tokens), as the
         samplers and the likelihood estimator call the model: the mask in the form the padding
@@ -405,14 +401,14 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         )
         with torch.inference_mode(), self.masking(context, prompt_mask):
             if family.sampler == "block":
-                eos = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
+                eos = family.eos_ids(self.tokenizer)
                 generated = generate_block(
                     model_fn, context, prompt_mask,
                     block_length=s.block_length or s.gen_length,
                     cfg_scale=s.cfg_scale,
                     remasking=s.remasking,
                     suppress_logit_ids=eos if s.logits_eos_inf else (),
-                    suppress_confidence_ids=(eos + self._special_ids(family.eot_tokens))
+                    suppress_confidence_ids=(eos + family.special_ids(self.tokenizer, family.eot_tokens))
                     if s.confidence_eos_eot_inf
                     else (),
                     variant=s.llada_sampler,

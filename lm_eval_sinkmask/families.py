@@ -58,6 +58,11 @@ class Family:
     # whether the forward takes position_ids: with an extra sink token (sink_token.py) the
     # inputs are built generically, and LLaDA's forward has no position_ids argument
     takes_position_ids: bool = False
+    # what the family's own decoding takes out under logits_eos_inf / confidence_eos_eot_inf,
+    # by token text: its end-of-text token (LLaDA's code hard-codes <|endoftext|>, id 126081,
+    # whatever its tokenizer's eos_token is; none named: the tokenizer's eos_token) and its
+    # end-of-turn tokens
+    eos_tokens: tuple[str, ...] = field(default=())
     eot_tokens: tuple[str, ...] = field(default=())
     # dtype of the softmax that rates the block sampler's predictions under its ``reference``
     # variant, as the family's own decoding loop takes it: None = the logits' own dtype
@@ -67,6 +72,20 @@ class Family:
     # other ways of passing a padding mask, tried in order when a checkpoint's code does not
     # honour ``model_inputs``' (see padding_probe.py): (name, inputs)
     other_padding_inputs: tuple[tuple[str, ModelInputs], ...] = ()
+
+    @staticmethod
+    def special_ids(tokenizer, tokens: tuple[str, ...]) -> tuple[int, ...]:
+        """The ids of those of ``tokens`` the tokenizer has (unknown ones dropped)."""
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+        return tuple(i for i in ids if i is not None and i != tokenizer.unk_token_id)
+
+    def eos_ids(self, tokenizer) -> tuple[int, ...]:
+        """The end-of-text ids the EOS flags take out: the family's own where the tokenizer has
+        it, else the tokenizer's eos_token (none: nothing)."""
+        named = self.special_ids(tokenizer, self.eos_tokens)
+        if named:
+            return named
+        return () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
 
     def padding_inputs(self) -> tuple[tuple[str, ModelInputs], ...]:
         """Every way this family can pass a padding mask, the default first."""
@@ -94,6 +113,7 @@ _LLADA = Family(
     mask_token_id=126336,
     sampler_defaults=_BLOCK_DEFAULTS,
     model_inputs=_padding_mask_inputs,
+    eos_tokens=("<|endoftext|>",),
     eot_tokens=("<|eot_id|>",),
     other_padding_inputs=(("attention_bias", _pairwise_bias_inputs),),
 )

@@ -73,7 +73,9 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("temperature", "0", "Gumbel-max sampling temperature, in float64; 0 = greedy",
              (DLM,), "sampling"),
     ModelArg("cfg_scale", "0", "classifier-free guidance (LLaDA/MMaDA)", (DLM,), "sampling"),
-    ModelArg("logits_eos_inf", "false", "LLaDA: never generate EOS", (DLM,), "sampling"),
+    ModelArg("logits_eos_inf", "false", "LLaDA: never generate EOS (the end-of-text token "
+             "LLaDA's own code takes out, id 126081 there, where the tokenizer has it; else the "
+             "tokenizer's eos_token)", (DLM,), "sampling"),
     ModelArg("confidence_eos_eot_inf", "false", "LLaDA: never pick EOS/EOT as the most confident "
              "token to unmask", (DLM,), "sampling"),
     ModelArg("alg", "entropy", "Dream's unmasking order: `origin`, `maskgit_plus`, `topk_margin`, "

@@ -81,3 +81,38 @@ def test_flash_attention_is_switched_off_so_sdpa_is_called():
     assert disable_flash_attention(model) == 2
     model(torch.randn(1, 1, 3, 4))
     assert calls == ["sdpa", "sdpa"]
+
+
+class _Vocab:
+    """Just what the EOS lookup reads from a tokenizer."""
+
+    def __init__(self, ids: dict[str, int], eos: str | None, unk: int | None = 0):
+        self.ids, self.unk_token_id = ids, unk
+        self.eos_token_id = ids.get(eos) if eos else None
+
+    def convert_tokens_to_ids(self, token):
+        return self.ids.get(token, self.unk_token_id)
+
+
+LLADA_VOCAB = {"<|endoftext|>": 126081, "<|eot_id|>": 126348, "<|eos|>": 1}
+
+
+@pytest.mark.parametrize("eos", ["<|endoftext|>", "<|eot_id|>"])
+def test_lladas_eos_flags_name_its_end_of_text_token_whatever_the_tokenizer_calls_eos(eos):
+    """LLaDA's own decoding takes EOS out of the logits as <|endoftext|> (126081) and EOS/EoT
+    out of the confidences as 126081 and <|eot_id|> (126348), whichever token the tokenizer's
+    eos_token is; MMaDA decodes as LLaDA."""
+    for name in ("llada", "mmada"):
+        family = FAMILIES[name]
+        vocab = _Vocab(LLADA_VOCAB, eos)
+        assert family.eos_ids(vocab) == (126081,)
+        assert family.eos_ids(vocab) + family.special_ids(vocab, family.eot_tokens) == (126081, 126348)
+
+
+def test_eos_falls_back_to_the_tokenizers_own_where_the_familys_name_is_not_a_token():
+    """A tokenizer without <|endoftext|> (the zoo's) keeps its own eos_token; one with neither
+    has no EOS to suppress. Dream names no EOS of its own."""
+    zoo = _Vocab({"<|eos|>": 1}, "<|eos|>")
+    assert FAMILIES["llada"].eos_ids(zoo) == (1,)
+    assert FAMILIES["llada"].eos_ids(_Vocab({}, None)) == ()
+    assert FAMILIES["dream"].eos_ids(_Vocab(LLADA_VOCAB, "<|eot_id|>")) == (126348,)
