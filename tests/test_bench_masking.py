@@ -25,7 +25,7 @@ def test_quick_run_of_the_tiny_and_sampler_sections(capsys):
 
 
 def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
-    """Section 3 (--gpu) runs only where the lead has a GPU; its code runs here on the CPU at
+    """Section 3 (--gpu) runs only where a GPU is lent; its code runs here on the CPU at
     toy sizes (the fused path takes its torch fallback), so a GPU run fails on nothing but the
     GPU. The zoo part must find the fused, flex and materialised paths masking the same keys."""
     bench_masking.main(["--quick", "--only", "3", "--repeats", "1", "--no-header",
