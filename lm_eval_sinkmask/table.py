@@ -57,16 +57,23 @@ def is_zoo(record: dict) -> bool:
     return "lm_eval_sinkmask/zoo/checkpoints" in path or identify(path) is not None or str(record.get("model_type")).startswith("sinkmask_")
 
 
+def sweep_json(folder: Path) -> Path:
+    """The folder's ``sweep.json``; a clear error where there is none (e.g. the README's
+    ``sinkmask table`` run before its sweep)."""
+    path = folder / "sweep.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a sweep folder (no sweep.json): `sinkmask sweep --out "
+                         f"{folder} ...` fills one, then `sinkmask table {folder}` renders it")
+    return path
+
+
 def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, list[Entry], bool]:
     """(grid, entries, made_from_zoo) of a sweep folder: every finished cell of the grid's
     seeds, with ``metrics`` (task -> metric) in place of a cell's primary metric. A folder
     whose cells are not one experiment (other inputs, package versions or settings) is
     refused: its table would put two experiments' numbers side by side."""
     folder = Path(folder)
-    if not (folder / "sweep.json").is_file():  # e.g. the README's `sinkmask table` run before its sweep
-        raise ValueError(f"{folder} is not a sweep folder (no sweep.json): `sinkmask sweep --out "
-                         f"{folder} ...` fills one, then `sinkmask table {folder}` renders it")
-    grid = json.loads((folder / "sweep.json").read_text())
+    grid = json.loads(sweep_json(folder).read_text())
     seeds = grid.get("seeds")
     entries: list[Entry] = []
     requests, versions, runs = [], [], []
@@ -478,8 +485,7 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
     Renders hold the folder's lock, so two at once (sweeps sharing the folder ending together)
     do not interleave their writes, and the later one, which saw more cells, is the one kept."""
     folder = Path(folder)
-    if not (folder / "sweep.json").is_file():
-        load(folder)  # says what the folder lacks, before a lock file is made in it
+    sweep_json(folder)  # says what the folder lacks, before a lock file is made in it
     with folder_locked(folder):
         return _render(folder, title, metrics, digits, figure, versus_pairs)
 
