@@ -45,6 +45,10 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
         for g, st in zip(_generators(batches, loss_fn), state["generators"]):
             g.set_state(st)
         print(f"[{name}] resumed at step {step}", flush=True)
+    def save_state() -> None:
+        _save_state(resume, model, opt, step, losses, int(tokens),
+                    elapsed0 + time.time() - start, _generators(batches, loss_fn))
+
     last_save, saved_step = time.time(), step
     pending = []  # device losses not yet read back (one host sync per log line on a GPU)
     model.train()
@@ -74,15 +78,13 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
             print(f"[{name}] step {step} ({frac:.0%}) loss {recent:.4f} "
                   f"{elapsed0 + time.time() - start:.0f}s", flush=True)
             if resume is not None and time.time() - last_save > save_every_s:
-                _save_state(resume, model, opt, step, losses, int(tokens),
-                            elapsed0 + time.time() - start, _generators(batches, loss_fn))
+                save_state()
                 last_save, saved_step = time.time(), step
     losses += torch.stack(pending).float().tolist() if pending else []
     if resume is not None and saved_step != step:
         # the finished state too: a run restarted after this (its checkpoint not yet written,
         # or a later model of its chain cut off) takes no step again
-        _save_state(resume, model, opt, step, losses, int(tokens),
-                    elapsed0 + time.time() - start, _generators(batches, loss_fn))
+        save_state()
     model.eval()
     tail = losses[-min(200, len(losses)):]
     return {"steps": step, "final_loss": round(sum(tail) / len(tail), 4),
