@@ -123,15 +123,24 @@ def _make_plan(mask, is_causal, causal_offset, first_row, B, H, n_q, n_k, device
 
     rows = n_q - first_row
     m = None
+    bias = None  # a float mask's values, added to the scores
     mb = mh = 1  # the block masks' batch and head sizes (1: the same for all)
     if mask is not None:
         m4 = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
         mb, mh = m4.shape[0], m4.shape[1]
-        m = m4.expand(B, H, n_q, n_k)[:, :, first_row:]  # a view: nothing is copied
+
+        def rows_of(t):  # a view: nothing is copied
+            return t.expand(B, H, n_q, n_k)[:, :, first_row:]
+
+        if m4.dtype != torch.bool:
+            bias = rows_of(m4)
+            # visible entries as bool, on the unexpanded mask: a float threshold inside the
+            # mask_mod changes with the mask's dtype, and once it has changed TorchDynamo makes
+            # it a symbolic CPU scalar, which inductor's flex lowering refuses on CUDA
+            m4 = m4 > torch.finfo(m4.dtype).min / 2
+        m = rows_of(m4)
     if m is None and not is_causal:
         return _Plan(None, None, None)
-    is_bool = m is not None and m.dtype == torch.bool
-    below = None if m is None or is_bool else torch.finfo(m.dtype).min / 2
     # row i of the slice is row first_row + i of the call; a 0-d tensor, so that a compiled
     # kernel does not specialise on the offset (it changes with the prompt length), filled on
     # the device: torch.tensor(x, device=cuda) copies from the host and waits for the device
@@ -140,15 +149,14 @@ def _make_plan(mask, is_causal, causal_offset, first_row, B, H, n_q, n_k, device
     def sees(b, h, i, j):  # row i (of the slice) sees key j
         ok = (j <= i + shift) if is_causal else None
         if m is not None:
-            v = m[b, h, i, j] if is_bool else m[b, h, i, j] > below
-            ok = v if ok is None else ok & v
+            ok = m[b, h, i, j] if ok is None else ok & m[b, h, i, j]
         return ok
 
     def seen_by(b, h, j, i):  # the same, in pass 2's orientation
         return sees(b, h, i, j)
 
     size = dict(B=None if mb == 1 else B, H=None if mh == 1 else H, device=device)
-    return _Plan(None if m is None or is_bool else m,
+    return _Plan(bias,
                  create_block_mask(sees, Q_LEN=rows, KV_LEN=n_k, **size),
                  create_block_mask(seen_by, Q_LEN=n_k, KV_LEN=rows, **size))
 

@@ -107,6 +107,41 @@ def test_block_masks_copy_nothing_from_the_host(monkeypatch):
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+def _closed_over(fn, seen=None):
+    """Every value a function's closure holds, through the functions it closes over."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return []
+    seen.add(id(fn))
+    values = []
+    for cell in fn.__closure__ or ():
+        v = cell.cell_contents
+        values.append(v)
+        if callable(v) and hasattr(v, "__closure__"):
+            values += _closed_over(v, seen)
+    return values
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+def test_mask_mods_hold_no_python_float(dtype):
+    # A float the mask_mod reads (a float mask's visibility threshold) changes with the mask's
+    # dtype; once it has changed, TorchDynamo compiles it as a symbolic CPU scalar, and
+    # inductor's flex lowering fails on CUDA ("unbacked_bindings"), as it did on the zoo
+    # checkpoint after the bf16 kernel check in one process. Visibility is a bool tensor.
+    mask = torch.zeros(B, 1, 1, SK, dtype=dtype) if dtype != torch.bool else \
+        torch.ones(B, 1, 1, SK, dtype=torch.bool)
+    if dtype != torch.bool:
+        mask[0, ..., :5] = torch.finfo(dtype).min
+    else:
+        mask[0, ..., :5] = False
+    for is_causal in (False, True):
+        plan = flex_mass._make_plan(mask, is_causal, 0, 0, B, H, SQ, SK, "cpu")
+        for block_mask in (plan.forward, plan.transposed):
+            held = _closed_over(block_mask.mask_mod)
+            assert not [v for v in held if isinstance(v, float)], held
+            assert [v for v in held if isinstance(v, torch.Tensor) and v.dtype == torch.bool]
+
+
 # -- the backend as a setting ----------------------------------------------------------------
 
 
