@@ -1,6 +1,7 @@
 """tools/gpu_box/zoo_call.sh with stand-ins for python3 and sleep: the box kills a command at
 10 minutes, so a call must be back within the WAIT_S it was given, its install included."""
 
+import json
 import os
 import shutil
 import signal
@@ -43,8 +44,8 @@ esac
     run = tmp_path / "run"
     env = _box_env(bin_dir, run, tmp_path / "wheels", tmp_path / "out")
     try:
-        subprocess.run(["tools/gpu_box/zoo_call.sh", "2"], cwd=REPO, env=env, check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(["tools/gpu_box/zoo_call.sh", "2", "none", "7", "0"], cwd=REPO,
+                       env=env, check=True, capture_output=True, timeout=60)
     finally:
         if (run / "gpu_zoo.pid").exists():
             os.kill(int((run / "gpu_zoo.pid").read_text()), signal.SIGKILL)
@@ -68,8 +69,8 @@ esac
     (run / "gpu_zoo.pid").write_text(f"{crashed.pid}\n")
     env = _box_env(bin_dir, run, tmp_path / "wheels", out)
     try:
-        subprocess.run(["tools/gpu_box/zoo_call.sh", "1"], cwd=REPO, env=env, check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(["tools/gpu_box/zoo_call.sh", "1", "none", "7", "0"], cwd=REPO,
+                       env=env, check=True, capture_output=True, timeout=60)
         started = int((run / "gpu_zoo.pid").read_text())
     finally:
         crashed.wait()
@@ -94,8 +95,8 @@ def test_the_verdict_survives_the_tail_the_device_tool_returns(tmp_path):
         (run / "logs" / f"model{i}.log").write_text("[llada] step 18 (94%)\n" + card)
     _stub(bin_dir / "python3", "exit 0\n")
     env = _box_env(bin_dir, run, tmp_path / "wheels", out)
-    done = subprocess.run(["tools/gpu_box/zoo_call.sh", "1"], cwd=REPO, env=env, check=True,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["tools/gpu_box/zoo_call.sh", "1", "none", "7", "0"], cwd=REPO,
+                          env=env, check=True, capture_output=True, text=True, timeout=60)
     tail = (done.stdout + done.stderr)[-12_000:]
     assert "zoo: DONE" in tail
     assert (out / "status.txt").read_text().startswith("zoo: DONE")
@@ -128,8 +129,9 @@ exec {sys.executable} "$@"
 
 
 def test_the_bench_checks_that_time_nothing_run_beside_the_training(tmp_path):
-    """The bench's parts mass and zoo compare kernels and tokens and time nothing, so they run
-    beside the training like the CUDA tests, and the device time after it goes to timings."""
+    """The bench's parts mass and zoo compare kernels and tokens and time nothing, so where a
+    session has the time for them (ZOO_CHECKS=1) they run beside the training like the CUDA
+    tests, and the device time after it goes to timings."""
     bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
     for folder in (bin_dir, run, out, tmp_path / "wheels"):
         folder.mkdir()
@@ -140,10 +142,10 @@ def test_the_bench_checks_that_time_nothing_run_beside_the_training(tmp_path):
   *bench_masking.py*) echo "ran: $*" ;;
 esac
 """)
-    env = _box_env(bin_dir, run, tmp_path / "wheels", out)
+    env = dict(_box_env(bin_dir, run, tmp_path / "wheels", out), ZOO_CHECKS="1")
     try:
-        subprocess.run(["tools/gpu_box/zoo_call.sh", "2"], cwd=REPO, env=env, check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(["tools/gpu_box/zoo_call.sh", "2", "none", "7", "0"], cwd=REPO, env=env,
+                       check=True, capture_output=True, timeout=60)
     finally:
         os.kill(int((run / "gpu_zoo.pid").read_text()), signal.SIGKILL)
     assert "benchmarks/bench_masking.py --gpu --gpu-parts mass,zoo" in (
@@ -154,12 +156,101 @@ esac
     assert "bench checks:" in (out / "status.txt").read_text()
 
 
+def test_a_15_minute_session_runs_no_checks_beside_the_training(tmp_path):
+    """The step plan assumes the training has the GPU to itself: in a 15-minute session
+    anything beside it would push the training past the calls planned for it."""
+    bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
+    for folder in (bin_dir, run, out, tmp_path / "wheels"):
+        folder.mkdir()
+    (tmp_path / "wheels" / ".installed").touch()
+    (run / "plan.json").write_text("{}")
+    (run / "DONE").touch()
+    _stub(bin_dir / "python3", "exit 0\n")
+    env = _box_env(bin_dir, run, tmp_path / "wheels", out)
+    subprocess.run(["tools/gpu_box/zoo_call.sh", "1", "none", "7", "0"], cwd=REPO, env=env,
+                   check=True, capture_output=True, timeout=60)
+    assert not (run / "cuda_tests.pid").exists() and not (run / "bench_checks.pid").exists()
+
+
+def test_the_run_remembers_its_seeds_and_a_first_call_must_name_them(tmp_path):
+    bin_dir, run, out = tmp_path / "bin", tmp_path / "run", tmp_path / "out"
+    for folder in (bin_dir, run, out, tmp_path / "wheels"):
+        folder.mkdir()
+    (tmp_path / "wheels" / ".installed").touch()
+    _stub(bin_dir / "python3", f'echo "$*" >> {tmp_path / "calls"}\n')
+    env = _box_env(bin_dir, run, tmp_path / "wheels", out)
+    call = ["tools/gpu_box/zoo_call.sh", "1"]
+    unnamed = subprocess.run(call, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert unnamed.returncode and "name the seed" in unnamed.stderr
+    subprocess.run(call + ["none", "7", "2"], cwd=REPO, env=env, capture_output=True,
+                   timeout=60)
+    (run / "gpu_zoo.pid").unlink()  # the stand-in ended: a later call starts it again
+    subprocess.run(call, cwd=REPO, env=env, capture_output=True, timeout=60)
+    starts = [c for c in (tmp_path / "calls").read_text().splitlines() if "gpu_zoo" in c]
+    assert len(starts) == 2 and all("--seeds 2 " in c for c in starts)
+    other = subprocess.run(call + ["none", "7", "1"], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert other.returncode == 2 and "trains seeds 2, not 1" in other.stdout
+
+
+def _tiny_plan(path):
+    """A step plan of a few steps under the rehearsal's recipe, as a first session leaves."""
+    recipe = {"size": "test", "batch_size": "8", "warmup": "2", "lr_arm": "0.002",
+              "lr_llada": "0.002", "lr_dream": "0.001", "pool_gsm": "300", "pool_code": "60",
+              "arm_share": "0.4"}
+    path.write_text(json.dumps({"seconds_per_step": {}, "args": recipe,
+                                "steps": {"arm": 2, "dream": 2, "llada": 2}}))
+
+
+@pytest.mark.slow
+def test_one_seed_session_rehearsed_on_the_cpu(tmp_path):
+    """The 15-minute sequence with tiny models: the first call starts seed 1 and returns while
+    it trains; the second waits for DONE and returns both checkpoint archives of the seed
+    with its evaluation cells; these install beside the seeds already there."""
+    site, run, out, here = (tmp_path / n for n in ("site", "run", "out", "here"))
+    for folder in (site, out):
+        folder.mkdir()
+    (site / ".installed").touch()
+    _tiny_plan(tmp_path / "plan.json")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+               ZOO_RUN=str(run), ZOO_SITE=str(site), OUT=str(out), ZOO_ARGS=(
+                   "--device cpu --size test --batch-size 8 --warmup 2 --pool-gsm 300 "
+                   "--pool-code 60 --eval-batch-size 8 --eval-jobs 2 --eval-limit 1 "
+                   f"--workers 1 --quick-eval 1,1 --plan {tmp_path / 'plan.json'}"))
+    call = ["tools/gpu_box/zoo_call.sh"]
+    try:
+        first = subprocess.run(call + ["1", "none", "0.02", "1"], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert first.stdout.splitlines()[-1] == "zoo: running"
+        second = subprocess.run(call + ["150", "ab"], cwd=REPO, env=env, capture_output=True,
+                                text=True, timeout=200)
+    finally:
+        if (run / "gpu_zoo.pid").exists():
+            subprocess.run(["kill", (run / "gpu_zoo.pid").read_text().strip()])
+    assert second.returncode == 0, second.stdout[-2000:]
+    assert (out / "status.txt").read_text().startswith("zoo: DONE")
+    assert "WILL NOT" not in second.stdout
+    assert sorted(p.name for p in out.iterdir()) == [
+        "a-seed1.tgz", "b-seed1.tgz", "eval.tgz", "logs.tgz", "status.txt"]
+    here.mkdir()
+    for archive in ("a-seed1.tgz", "b-seed1.tgz", "eval.tgz", "logs.tgz"):
+        subprocess.run(["tar", "xzf", str(out / archive), "-C", str(here)], check=True)
+    from lm_eval_sinkmask.zoo import ZOO_NAMES, install
+
+    seeds_root = tmp_path / "zoo_seeds"
+    install.install(here, [1], package=tmp_path / "pkg", seeds_root=seeds_root)
+    assert all((seeds_root / n / "seed1" / "config.json").is_file() for n in ZOO_NAMES)
+    assert json.loads((seeds_root / "plan.json").read_text())["steps"]["llada"] == 2
+
+
 def test_the_tracked_tree_leaves_room_for_the_wheels():
     """A GPU box reached by short commands takes a copy of at most 64 MiB, `.whl/` (about
-    20 MiB) included: a tracked file that grows the tree past 44 MiB makes every call fail."""
+    20 MiB) included: a tracked file that grows the tree past 44 MiB makes every call fail.
+    zoo_seeds/ is left out: the device checklist moves it out of the checkout for the calls."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
     if listed.returncode:
         pytest.skip("not a git checkout")
-    files = [REPO / p for p in listed.stdout.decode().split("\0") if p]
+    files = [REPO / p for p in listed.stdout.decode().split("\0")
+             if p and not p.startswith("zoo_seeds/")]
     tracked = sum(f.stat().st_size for f in files if f.is_file())
     assert tracked + 20 * 2**20 <= 64 * 2**20, f"tracked files: {tracked / 2**20:.1f} MiB"

@@ -69,3 +69,50 @@ def test_nothing_is_installed_when_a_check_fails(zoo_run, monkeypatch, case):
     with pytest.raises(SystemExit, match=expected):
         _install(run, package, seeds_root)
     assert checkpoint_digest(str(package / "llada")) == before and not seeds_root.exists()
+
+
+def _plan(run, steps):
+    (run / "plan.json").write_text(json.dumps({"steps": steps, "args": {}}))
+
+
+def _evaluate_all(run):
+    for seed in (0, 1):
+        _evaluated(run, "llada", seed, checkpoint_digest(str(run / f"seed{seed}" / "llada")))
+
+
+def _one_seed_session(zoo_run, seed):
+    """The run folder of a session that trained ``seed`` alone (another session's seed gone)."""
+    run, package, seeds_root = zoo_run
+    session = run.parent / f"session{seed}"
+    shutil.copytree(run / f"seed{seed}", session / f"seed{seed}")
+    shutil.copytree(run / "eval", session / "eval")
+    return session
+
+
+def test_a_seed_installed_later_leaves_the_earlier_one(zoo_run):
+    """Seeds arrive from separate GPU sessions: installing seed 1 from its own run folder
+    keeps the seed 0 installed from another, and takes the step plan kept with it."""
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    first, later = _one_seed_session(zoo_run, 0), _one_seed_session(zoo_run, 1)
+    _plan(first, {"llada": 7})
+    _plan(later, {"llada": 7})
+    install.install(first, [0], ["llada"], package=package, seeds_root=seeds_root)
+    seed0 = checkpoint_digest(str(package / "llada"))
+    install.install(later, [1], ["llada"], package=package, seeds_root=seeds_root)
+    assert checkpoint_digest(str(package / "llada")) == seed0
+    assert checkpoint_digest(str(seeds_root / "llada" / "seed1")) == checkpoint_digest(
+        str(later / "seed1" / "llada"))
+    assert json.loads((seeds_root / "plan.json").read_text())["steps"] == {"llada": 7}
+
+
+def test_a_seed_trained_by_other_steps_is_not_installed(zoo_run):
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    first, later = _one_seed_session(zoo_run, 0), _one_seed_session(zoo_run, 1)
+    _plan(first, {"llada": 7})
+    _plan(later, {"llada": 9})
+    install.install(first, [0], ["llada"], package=package, seeds_root=seeds_root)
+    with pytest.raises(SystemExit, match="trained .* steps, the installed seeds"):
+        install.install(later, [1], ["llada"], package=package, seeds_root=seeds_root)
+    assert not (seeds_root / "llada").exists()

@@ -267,3 +267,57 @@ def test_a_pool_write_cut_off_leaves_no_pool_to_load(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         pool.load_or_build(tmp_path / "pool.pt", 2, 2)
     assert not (tmp_path / "pool.pt").exists()
+
+
+def _probed_plan(tmp_path, monkeypatch, *argv):
+    """A first session's plan.json, made from a stand-in probe, and the file it lies in."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    monkeypatch.setattr(gpu_zoo, "probe", lambda args, out: {"arm": 0.05, "llada": 0.1,
+                                                             "llada_sink": 0.12})
+    first = tmp_path / "first"
+    first.mkdir()
+    gpu_zoo.step_plan(gpu_zoo.parse_args(["--out", str(first), "--seeds", "0", *argv]), first)
+    return first / "plan.json"
+
+
+def test_a_later_session_trains_the_steps_of_the_first_without_probing(tmp_path, monkeypatch):
+    """Seeds trained in separate sessions must differ in init and data order only: a later
+    session takes the first one's step counts, whatever its own probe or budget would say."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    first = _probed_plan(tmp_path, monkeypatch, "--minutes", "10")
+    monkeypatch.setattr(gpu_zoo, "probe", lambda args, out: pytest.fail("probed again"))
+    later = tmp_path / "later"
+    later.mkdir()
+    args = gpu_zoo.parse_args(["--out", str(later), "--seeds", "1", "--minutes", "3",
+                               "--plan", str(first)])
+    plan = gpu_zoo.step_plan(args, later)
+    assert plan["steps"] == {"arm": 4800, "dream": 3600, "llada": 5000}
+    assert json.loads((later / "plan.json").read_text())["steps"] == plan["steps"]
+
+
+def test_an_earlier_plan_under_another_recipe_is_refused(tmp_path, monkeypatch):
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    first = _probed_plan(tmp_path, monkeypatch)
+    args = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "1", "--batch-size", "256",
+                               "--plan", str(first)])
+    with pytest.raises(SystemExit, match="batch_size"):
+        gpu_zoo.step_plan(args, tmp_path)
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_a_one_seed_probe_times_that_seed_alone(tmp_path, monkeypatch):
+    """The steps come from step times measured with every process of the run at once: a
+    one-seed session probes its own three chains only, so each model's steps reflect the
+    larger GPU share it trains with."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    launched = []
+    monkeypatch.setattr(gpu_zoo, "_launch",
+                        lambda args, seed, chain, extra, log: launched.append(seed))
+    monkeypatch.setattr(gpu_zoo, "_wait", lambda procs: None)
+    args = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "2"])
+    gpu_zoo.probe(args, tmp_path)
+    assert launched == [2, 2, 2]

@@ -6,7 +6,9 @@ One process per (seed, chain) shares the GPU: ``arm`` then ``dream`` (Dream-styl
 adapted from the same seed's ARM), ``llada``, ``llada_sink``. The step counts are fixed before
 training, the same for every seed: a short probe times each model's step with all processes
 running at once, and the budget (``--minutes`` of wall clock for the longest chain) is turned
-into steps. A seed therefore changes initial weights and data order only. Every process keeps
+into steps. A seed therefore changes initial weights and data order only; seeds trained in
+separate sessions keep that by ``--plan``, the first session's ``plan.json``, whose step counts
+the later ones take instead of probing again. Every process keeps
 its whole training state under ``OUT/state`` and resumes from it, so a run cut off by a time
 limit is continued by calling this again with the same arguments. Finally each checkpoint is
 evaluated on the whole test splits through lm-eval (``sinkmask sweep``, unmasked, greedy).
@@ -73,7 +75,42 @@ def step_counts(times: dict[str, float], minutes: float, arm_share: float) -> di
             "llada": llada}
 
 
-def main(argv=None) -> None:
+# the arguments that make the recipe: a plan's steps are reused only under the same ones
+RECIPE = ("size", "batch_size", "warmup", "lr_arm", "lr_llada", "lr_dream", "pool_gsm",
+          "pool_code", "arm_share")
+
+
+def reused_plan(args, earlier_file: Path) -> dict:
+    """The step counts of an earlier run (its ``plan.json``), so that a seed trained in another
+    session trains the same steps as the seeds before it; refused under another recipe."""
+    earlier = json.loads(Path(earlier_file).read_text())
+    differ = {k: (earlier["args"].get(k), str(getattr(args, k))) for k in RECIPE
+              if earlier["args"].get(k) != str(getattr(args, k))}
+    if differ:
+        raise SystemExit(f"{earlier_file} was made under another recipe (earlier, now): {differ}")
+    return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
+            "steps_from": str(earlier_file), "args": {k: str(v) for k, v in vars(args).items()}}
+
+
+def step_plan(args, out: Path) -> dict:
+    """The step counts, fixed once per run: those it started with (a resumed run), else an
+    earlier run's (``--plan``), else the probe's."""
+    plan_file = out / "plan.json"
+    if plan_file.exists():
+        return json.loads(plan_file.read_text())
+    if args.plan:
+        plan = reused_plan(args, args.plan)
+    else:
+        times = probe(args, out)
+        plan = {"seconds_per_step": times,
+                "steps": step_counts(times, args.minutes, args.arm_share),
+                "args": {k: str(v) for k, v in vars(args).items()}}
+    with written_whole(plan_file) as tmp:  # read back by every restart
+        tmp.write_text(json.dumps(plan, indent=1))
+    return plan
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", default="0,1,2")
@@ -89,6 +126,10 @@ def main(argv=None) -> None:
     ap.add_argument("--pool-gsm", type=int, default=800_000)
     ap.add_argument("--pool-code", type=int, default=50_000)
     ap.add_argument("--probe-steps", type=int, default=20)
+    ap.add_argument("--plan", type=Path, default=None, metavar="PLAN_JSON",
+                    help="take the step counts of this earlier run's plan.json (no probe)")
+    ap.add_argument("--quick-eval", default="100,50", metavar="GSM,CODE",
+                    help="test problems each training run checks its model on")
     ap.add_argument("--eval-batch-size", type=int, default=64)
     ap.add_argument("--eval-jobs", type=int, default=6)
     ap.add_argument("--eval-limit", type=int, default=None,
@@ -97,9 +138,14 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=16, help="processes building the pool")
     args = ap.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.pool = Path(args.out) / "pool.pt"
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    args.pool = out / "pool.pt"
     t0 = time.time()
 
     def stamp(msg):
@@ -109,19 +155,11 @@ def main(argv=None) -> None:
     pool.load_or_build(args.pool, args.pool_gsm, args.pool_code, workers=args.workers)
     stamp(f"pool ready: {args.pool}")
 
-    plan_file = out / "plan.json"
-    if plan_file.exists():  # a resumed run keeps the step counts it started with
-        plan = json.loads(plan_file.read_text())
-    else:
-        times = probe(args, out)
-        plan = {"seconds_per_step": times,
-                "steps": step_counts(times, args.minutes, args.arm_share),
-                "args": {k: str(v) for k, v in vars(args).items()}}
-        with written_whole(plan_file) as tmp:  # read back by every restart
-            tmp.write_text(json.dumps(plan, indent=1))
+    plan = step_plan(args, out)
     stamp(f"plan: {plan}")
 
     steps = plan["steps"]
+    check_gsm, check_code = args.quick_eval.split(",")
     procs = {}
     for s in args.seeds:
         for chain in CHAINS:
@@ -130,7 +168,7 @@ def main(argv=None) -> None:
             extra = ["--out", str(out / f"seed{s}"), "--resume-dir", str(out / "state"),
                      "--steps-arm", str(steps["arm"]), "--steps-dream", str(steps["dream"]),
                      "--steps-llada", str(steps["llada"]), "--save-dtype", "float16",
-                     "--eval-gsm", "100", "--eval-code", "50", "--log-every", "200"]
+                     "--eval-gsm", check_gsm, "--eval-code", check_code, "--log-every", "200"]
             procs[f"{chain}-seed{s}"] = _launch(args, s, chain, extra,
                                                 out / "logs" / f"{chain}-seed{s}.log")
     stamp(f"training {len(procs)} processes")

@@ -11,7 +11,13 @@ is copied):
   recorded, so ``zoo.report --cells OUT/eval`` counts them (it leaves out cells of any other
   weights);
 - the size budget: checkpoints inside the package <= 40 MB (every install carries them), all
-  checkpoints in the repository <= 120 MB.
+  checkpoints in the repository <= 120 MB;
+- the run trained the step counts of the seeds installed before it (``zoo_seeds/plan.json``,
+  kept from the first installed run's ``plan.json``): seeds arrive from separate GPU sessions,
+  and a seed must differ from the others in initial weights and data order only.
+
+Installing some seeds leaves the other installed seeds as they are, so each session's seed is
+installed as it arrives.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from . import CHECKPOINTS_DIR, ZOO_NAMES, seeds_dir
 
 PACKAGE_BUDGET_MB = 40
 REPO_BUDGET_MB = 120
+PLAN_NAME = "plan.json"  # gpu_zoo's step plan, kept beside the seeds
 
 
 def megabytes(folder: Path) -> float:
@@ -75,6 +82,7 @@ def install(run: Path, seeds: list[int], names=ZOO_NAMES, package: Path = CHECKP
                  f"{total:.1f} MB (budget {REPO_BUDGET_MB})")
     if shipped > PACKAGE_BUDGET_MB or total > REPO_BUDGET_MB:
         problems.append("over the size budget")
+    problems += plan_mismatch(run, seeds_root)
     if problems:
         raise SystemExit("\n".join(lines + ["nothing installed:"] + problems))
     for (name, seed), source in sources.items():
@@ -82,7 +90,29 @@ def install(run: Path, seeds: list[int], names=ZOO_NAMES, package: Path = CHECKP
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(source, target)
+    keep_plan(run, seeds_root)
     return lines
+
+
+def plan_mismatch(run: Path, seeds_root: Path) -> list[str]:
+    """A problem line when ``run`` trained other step counts than the kept plan says."""
+    kept, trained = seeds_root / PLAN_NAME, run / PLAN_NAME
+    if not (kept.is_file() and trained.is_file()):
+        return []
+    kept_steps = json.loads(kept.read_text())["steps"]
+    run_steps = json.loads(trained.read_text())["steps"]
+    if kept_steps == run_steps:
+        return []
+    return [f"trained {run_steps} steps, the installed seeds {kept_steps} ({kept}); train "
+            f"with gpu_zoo --plan {kept}"]
+
+
+def keep_plan(run: Path, seeds_root: Path) -> None:
+    """The first installed run's plan.json becomes the plan later sessions train by."""
+    kept, trained = seeds_root / PLAN_NAME, run / PLAN_NAME
+    if trained.is_file() and not kept.is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(trained, kept)
 
 
 def sizes_after(sources: dict[tuple[str, int], Path], package: Path,
