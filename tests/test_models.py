@@ -332,6 +332,28 @@ def test_batch_size_search_passes_are_not_counted_as_the_runs(tiny_dirs, batch_s
     assert runs[2][2]["forward_passes"] > 0
 
 
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.0])
+def test_dlm_batch_size_search_measures_a_masked_denoising_step(tiny_dirs, cfg_scale):
+    """``--batch_size auto`` sizes batches with full-length forward passes. For the size found
+    to fit, each must cost what a denoising step of that batch costs: the masker's detection
+    on top of the model, and two rows per prompt under classifier-free guidance."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, block_length=4,
+              cfg_scale=cfg_scale, batch_size="auto", max_batch_size=2, **RANDOM_LLADA)
+    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+    sizing = []  # (rows, masked) of each forward pass of the search
+
+    def record(module, args, kwargs):
+        if lm._sizing_batches:
+            rows = (args[0] if args else kwargs["input_ids"]).shape[0]
+            sizing.append((rows, torch.nn.functional.scaled_dot_product_attention is not original_sdpa))
+
+    lm.model.register_forward_pre_hook(record, with_kwargs=True)
+    assert all(lm.generate_until(requests()))
+    rows_per_prompt = 2 if cfg_scale else 1
+    assert sizing and set(sizing) == {(2 * rows_per_prompt, True)}
+    assert lm.mask_stats.forward_passes > 0
+
+
 def test_a_gen_length_longer_than_the_tasks_still_fits_max_length(tiny_dirs, monkeypatch):
     # HFLM leaves max_length - max_gen_toks positions for the prompt; the DLM writes gen_length
     lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=24, gen_length=16, block_length=16,
