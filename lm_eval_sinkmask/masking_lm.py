@@ -63,6 +63,7 @@ class MaskingLMMixin:
         self.mask_stats = MaskingStats()  # this process, whole run
         self.run_mask_stats = MaskingStats()  # all processes, filled after each request type
         self._sizing_batches = False  # inside HFLM's batch-size search: passes not counted
+        self.batch_sizes_found: list[int] = []  # what each batch-size search returned, in order
 
     @contextmanager
     def masking(self, ids: torch.Tensor | None = None,
@@ -95,9 +96,11 @@ class MaskingLMMixin:
         they are not the run's, and counted they made most of a small run's sinks."""
         self._sizing_batches = True
         try:
-            return super()._detect_batch_size(requests, pos)
+            size = super()._detect_batch_size(requests, pos)
         finally:
             self._sizing_batches = False
+        self.batch_sizes_found.append(size)
+        return size
 
     def set_cache_hook(self, cache_hook) -> None:
         """``--use_cache``: lm-eval's db keys answers on the request only, so it must hold
@@ -197,5 +200,7 @@ class MaskingLMMixin:
             "config": self.mask_config.as_dict(),
             "query_rule": self.masker.rule,
             "counters": self.run_mask_stats.as_dict(),
+            # lm-eval records batch_size "auto" but not, for generation, the size it found
+            "batch_sizes_found": self.batch_sizes_found,
         }
         return info

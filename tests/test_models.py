@@ -354,6 +354,20 @@ def test_dlm_batch_size_search_measures_a_masked_denoising_step(tiny_dirs, cfg_s
     assert lm.mask_stats.forward_passes > 0
 
 
+@pytest.mark.parametrize("name, kind, args", [
+    ("arm_sinkmask", "llama", {}),
+    ("dlm_sinkmask", "llada", dict(block_length=4, **RANDOM_LLADA)),
+])
+def test_the_batch_size_auto_found_is_in_the_results(tiny_dirs, name, kind, args):
+    """lm-eval records ``batch_size: auto`` but not the size its search found for generation,
+    and that size decides how prompts are padded together."""
+    lm = make(name, tiny_dirs[kind], top_k=1, eps=0.0, batch_size="auto", max_batch_size=2, **args)
+    lm.generate_until(requests())
+    info = lm.get_model_info()["sinkmask"]
+    assert info["batch_sizes_found"] == [2]
+    json.dumps(info)
+
+
 def test_a_gen_length_longer_than_the_tasks_still_fits_max_length(tiny_dirs, monkeypatch):
     # HFLM leaves max_length - max_gen_toks positions for the prompt; the DLM writes gen_length
     lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=24, gen_length=16, block_length=16,
