@@ -255,6 +255,19 @@ def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, 
         lm.generate_until([request])
 
 
+@pytest.mark.parametrize("arm_rule", ["last_row", "all_rows"])
+def test_a_masked_arm_refuses_beam_search_before_any_forward_pass(tiny_dirs, arm_rule):
+    """Beam search moves each cache row to the beam it continues between steps; the masker's
+    previous sinks and all_rows history stay with the row, so a beam would be masked with
+    another beam's sinks. Unmasked, beam search runs as lm-eval's hf model runs it."""
+    beams = [Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4, "num_beams": 2}), 0)]
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule=arm_rule)
+    with pytest.raises(ValueError, match=r"num_beams=2.*top_k=0"):
+        masked.generate_until(beams)
+    assert masked.mask_stats.forward_passes == 0
+    assert len(make("arm_sinkmask", tiny_dirs["llama"], top_k=0).generate_until(beams)) == 1
+
+
 def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
     sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}
