@@ -119,8 +119,6 @@ class MaskingLMMixin:
         ``max_length`` and ``truncation`` cut the prompts, ``add_bos_token`` tokenizes them,
         ``peft``/``delta`` change the weights, ``think_end_token`` cuts the generated text
         and ``softmax_dtype`` rounds the log-likelihoods."""
-        from .provenance import checkpoint_digest
-
         masking = self.mask_config.as_dict()
         masking.pop("query_chunk")
         named = isinstance(self.pretrained, str)
@@ -133,11 +131,22 @@ class MaskingLMMixin:
             hflm[name] = adapter if adapter is None else {
                 "name": adapter, "checkpoint": checkpoint_digest(adapter)}
         return {"model": type(self).__name__, "pretrained": pretrained,
-                "checkpoint": checkpoint_digest(self.pretrained, self.revision) if named else None,
+                "checkpoint": self.checkpoint_digest,
                 "revision": self.revision, "dtype": str(self.model.dtype),
                 "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
                 "softmax_dtype": str(getattr(self, "softmax_dtype", None)), "hflm": hflm,
                 "masking": masking, "query_rule": self.masker.rule}
+
+    @functools.cached_property
+    def checkpoint_digest(self) -> str | None:
+        """The weights by content (their files' sha256, or the commit of a cached hub
+        snapshot): a path or ``zoo:`` name keeps its name when retrained, and lm-eval's
+        ``model_sha`` asks the hub, which knows nothing of a local folder."""
+        from .provenance import checkpoint_digest
+
+        if not isinstance(self.pretrained, str):
+            return None
+        return checkpoint_digest(self.pretrained, self.revision)
 
     def random_sampling(self) -> str | None:
         """The model_args that make generation draw at random, if any (HFLM samples only when
@@ -199,6 +208,7 @@ class MaskingLMMixin:
         info["sinkmask"] = {
             "config": self.mask_config.as_dict(),
             "query_rule": self.masker.rule,
+            "checkpoint": self.checkpoint_digest,
             "counters": self.run_mask_stats.as_dict(),
             # lm-eval records batch_size "auto" but not, for generation, the size it found
             "batch_sizes_found": self.batch_sizes_found,

@@ -381,6 +381,17 @@ def test_the_batch_size_auto_found_is_in_the_results(tiny_dirs, name, kind, args
     json.dumps(info)
 
 
+@pytest.mark.parametrize("name, kind", [("arm_sinkmask", "llama"), ("dlm_sinkmask", "llada")])
+def test_the_results_name_the_checkpoint_by_content(tiny_dirs, name, kind):
+    """lm-eval's model_sha asks the hub, so a local folder or zoo: checkpoint gets none, and
+    retrained weights keep their path: the results must say which weights ran."""
+    from lm_eval_sinkmask.provenance import checkpoint_digest
+
+    info = make(name, tiny_dirs[kind]).get_model_info()
+    assert info["sinkmask"]["checkpoint"] == checkpoint_digest(str(tiny_dirs[kind]))
+    assert info["sinkmask"]["checkpoint"].startswith("sha256:")
+
+
 def test_a_gen_length_longer_than_the_tasks_still_fits_max_length(tiny_dirs, monkeypatch):
     # HFLM leaves max_length - max_gen_toks positions for the prompt; the DLM writes gen_length
     lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=24, gen_length=16, block_length=16,
