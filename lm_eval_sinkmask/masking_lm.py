@@ -119,6 +119,8 @@ class MaskingLMMixin:
         ``max_length`` and ``truncation`` cut the prompts, ``add_bos_token`` tokenizes them,
         ``peft``/``delta`` change the weights, ``think_end_token`` cuts the generated text
         and ``softmax_dtype`` rounds the log-likelihoods."""
+        from .provenance import checkpoint_digest
+
         masking = self.mask_config.as_dict()
         masking.pop("query_chunk")
         named = isinstance(self.pretrained, str)
