@@ -133,14 +133,14 @@ class MaskingLMMixin:
             hflm[name] = adapter if adapter is None else {
                 "name": adapter, "checkpoint": checkpoint_digest(adapter)}
         return {"model": type(self).__name__, "pretrained": pretrained,
-                "checkpoint": self.checkpoint_digest,
+                "checkpoint": self.weights_digest,
                 "revision": self.revision, "dtype": str(self.model.dtype),
                 "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
                 "softmax_dtype": str(getattr(self, "softmax_dtype", None)), "hflm": hflm,
                 "masking": masking, "query_rule": self.masker.rule}
 
     @functools.cached_property
-    def checkpoint_digest(self) -> str | None:
+    def weights_digest(self) -> str | None:
         """The weights by content (their files' sha256, or the commit of a cached hub
         snapshot): a path or ``zoo:`` name keeps its name when retrained, and lm-eval's
         ``model_sha`` asks the hub, which knows nothing of a local folder."""
@@ -210,7 +210,7 @@ class MaskingLMMixin:
         info["sinkmask"] = {
             "config": self.mask_config.as_dict(),
             "query_rule": self.masker.rule,
-            "checkpoint": self.checkpoint_digest,
+            "checkpoint": self.weights_digest,
             "counters": self.run_mask_stats.as_dict(),
             # lm-eval records batch_size "auto" but not, for generation, the size it found
             "batch_sizes_found": self.batch_sizes_found,
