@@ -44,6 +44,24 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         (``sinkmask sweep`` runs it on every column before the first cell)."""
         _take_checked_args(pretrained, dict(kwargs))
 
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        for req in requests:
+            self._refuse_beam_search(req.args[1], req.task_name)
+        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+
+    def _refuse_beam_search(self, gen_kwargs: dict, task: str | None) -> None:
+        """Beam search moves each cache row to the beam it continues between steps, while the
+        masker keeps each row's previous sinks (and all_rows history) where they were: masked,
+        a beam would be masked with another beam's sinks, and the run recorded as the method.
+        Checked for every request before the first forward pass."""
+        beams = gen_kwargs.get("num_beams")
+        if self.mask_config.enabled and beams is not None and int(beams) > 1:
+            raise ValueError(
+                f"task {task or '?'}: generation_kwargs ask for beam search (num_beams={beams}), "
+                "which reorders the KV cache between steps while the sink masker keeps each "
+                "row's previous sinks in place; arm_sinkmask masks greedy and sampled decoding "
+                "only. Drop num_beams from --gen_kwargs or the task, or run unmasked (top_k=0)")
+
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         with self.masking(context, generation_kwargs.get("attention_mask")):
             return super()._model_generate(context, max_length, stop, **generation_kwargs)

@@ -301,6 +301,15 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         probe chose."""
         return self._forward_with(self._inputs, x, mask, on_keys=self.masker.set_extra_keys)
 
+    def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
+        """Only HFLM's batch-size search (``batch_size=auto``) calls this here: its rows go
+        through a denoising step as the sampler runs it, under the masker and doubled for
+        classifier-free guidance, so the size found leaves room for both."""
+        guided = self.family.sampler == "block" and self.settings.cfg_scale > 0
+        rows = torch.cat([inps, inps]) if guided else inps
+        with torch.no_grad(), self.masking(rows):
+            return self._forward(rows, torch.ones_like(rows))[: inps.shape[0]]
+
     def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor, on_keys=None) -> torch.Tensor:
         """Logits [B, T, V] of the working sequence x under key mask ``mask`` [B, T], the mask
         passed as ``inputs`` builds it (a checkpoint with an extra sink token: see sink_token)."""

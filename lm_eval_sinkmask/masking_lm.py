@@ -63,6 +63,7 @@ class MaskingLMMixin:
         self.mask_stats = MaskingStats()  # this process, whole run
         self.run_mask_stats = MaskingStats()  # all processes, filled after each request type
         self._sizing_batches = False  # inside HFLM's batch-size search: passes not counted
+        self.batch_sizes_found: list[int] = []  # what each batch-size search returned, in order
 
     @contextmanager
     def masking(self, ids: torch.Tensor | None = None,
@@ -95,9 +96,11 @@ class MaskingLMMixin:
         they are not the run's, and counted they made most of a small run's sinks."""
         self._sizing_batches = True
         try:
-            return super()._detect_batch_size(requests, pos)
+            size = super()._detect_batch_size(requests, pos)
         finally:
             self._sizing_batches = False
+        self.batch_sizes_found.append(size)
+        return size
 
     def set_cache_hook(self, cache_hook) -> None:
         """``--use_cache``: lm-eval's db keys answers on the request only, so it must hold
@@ -130,11 +133,22 @@ class MaskingLMMixin:
             hflm[name] = adapter if adapter is None else {
                 "name": adapter, "checkpoint": checkpoint_digest(adapter)}
         return {"model": type(self).__name__, "pretrained": pretrained,
-                "checkpoint": checkpoint_digest(self.pretrained, self.revision) if named else None,
+                "checkpoint": self.weights_digest,
                 "revision": self.revision, "dtype": str(self.model.dtype),
                 "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
                 "softmax_dtype": str(getattr(self, "softmax_dtype", None)), "hflm": hflm,
                 "masking": masking, "query_rule": self.masker.rule}
+
+    @functools.cached_property
+    def weights_digest(self) -> str | None:
+        """The weights by content (their files' sha256, or the commit of a cached hub
+        snapshot): a path or ``zoo:`` name keeps its name when retrained, and lm-eval's
+        ``model_sha`` asks the hub, which knows nothing of a local folder."""
+        from .provenance import checkpoint_digest
+
+        if not isinstance(self.pretrained, str):
+            return None
+        return checkpoint_digest(self.pretrained, self.revision)
 
     def random_sampling(self) -> str | None:
         """The model_args that make generation draw at random, if any (HFLM samples only when
@@ -196,6 +210,9 @@ class MaskingLMMixin:
         info["sinkmask"] = {
             "config": self.mask_config.as_dict(),
             "query_rule": self.masker.rule,
+            "checkpoint": self.weights_digest,
             "counters": self.run_mask_stats.as_dict(),
+            # lm-eval records batch_size "auto" but not, for generation, the size it found
+            "batch_sizes_found": self.batch_sizes_found,
         }
         return info

@@ -99,3 +99,12 @@ def test_several_processes_refuse_the_cache(tiny_dirs, tmp_path, name, monkeypat
     monkeypatch.setattr(lm, "_world_size", 2)
     with pytest.raises(ValueError, match="--use_cache with 2 processes"):
         CachingLM(lm, str(tmp_path / "cache.db"))
+
+
+def test_a_db_filled_with_a_delta_is_refused_without_it(tiny_dirs, tmp_path):
+    """delta= adds another checkpoint's weights to the model's, so its answers are another
+    model's: the db names the delta by content, and a run without it is refused."""
+    db = tmp_path / "cache.db"
+    cached("arm_sinkmask", tiny_dirs, db, delta=str(tiny_dirs["llama"])).generate_until(requests())
+    with pytest.raises(ValueError, match=r"hflm\.delta: \{'name': .*'checkpoint': 'sha256:\w+'\} in the cache, None now"):
+        cached("arm_sinkmask", tiny_dirs, db)

@@ -255,6 +255,19 @@ def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, 
         lm.generate_until([request])
 
 
+@pytest.mark.parametrize("arm_rule", ["last_row", "all_rows"])
+def test_a_masked_arm_refuses_beam_search_before_any_forward_pass(tiny_dirs, arm_rule):
+    """Beam search moves each cache row to the beam it continues between steps; the masker's
+    previous sinks and all_rows history stay with the row, so a beam would be masked with
+    another beam's sinks. Unmasked, beam search runs as lm-eval's hf model runs it."""
+    beams = [Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4, "num_beams": 2}), 0)]
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule=arm_rule)
+    with pytest.raises(ValueError, match=r"num_beams=2.*top_k=0"):
+        masked.generate_until(beams)
+    assert masked.mask_stats.forward_passes == 0
+    assert len(make("arm_sinkmask", tiny_dirs["llama"], top_k=0).generate_until(beams)) == 1
+
+
 def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
     sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}
@@ -330,6 +343,57 @@ def test_batch_size_search_passes_are_not_counted_as_the_runs(tiny_dirs, batch_s
         runs[size] = (lm.loglikelihood(scored), lm.generate_until(requests()), lm.mask_stats.as_dict())
     assert runs[batch_size] == runs[2]
     assert runs[2][2]["forward_passes"] > 0
+
+
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.0])
+def test_dlm_batch_size_search_measures_a_masked_denoising_step(tiny_dirs, cfg_scale):
+    """``--batch_size auto`` sizes batches with full-length forward passes. For the size found
+    to fit, each must cost what a denoising step of that batch costs: the masker's detection
+    on top of the model, and two rows per prompt under classifier-free guidance."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, block_length=4,
+              cfg_scale=cfg_scale, batch_size="auto", max_batch_size=2, **RANDOM_LLADA)
+    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+    sizing = []  # (rows, masked) of each forward pass of the search
+
+    def record(module, args, kwargs):
+        if lm._sizing_batches:
+            rows = (args[0] if args else kwargs["input_ids"]).shape[0]
+            sizing.append((rows, torch.nn.functional.scaled_dot_product_attention is not original_sdpa))
+
+    lm.model.register_forward_pre_hook(record, with_kwargs=True)
+    assert all(lm.generate_until(requests()))
+    rows_per_prompt = 2 if cfg_scale else 1
+    assert sizing and set(sizing) == {(2 * rows_per_prompt, True)}
+    assert lm.mask_stats.forward_passes > 0
+
+
+@pytest.mark.parametrize("name, kind, args", [
+    ("arm_sinkmask", "llama", ""),
+    ("dlm_sinkmask", "llada", ",block_length=4,llada_sampler=invariant"),
+])
+def test_the_batch_size_auto_found_is_in_the_results(tiny_dirs, tiny_task, name, kind, args):
+    """lm-eval records ``batch_size: auto`` but not the size its search found for generation,
+    and that size decides which prompts are padded together."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(
+        model=name, model_args=f"pretrained={tiny_dirs[kind]},top_k=1,eps=0.0{args}",
+        tasks=["tiny_gen"], task_manager=TaskManager(include_path=str(tiny_task)), limit=2,
+        batch_size="auto", max_batch_size=2, device="cpu")
+    assert results["config"]["batch_size"] == "auto"
+    assert results["config"]["sinkmask"]["batch_sizes_found"] == [2]
+
+
+@pytest.mark.parametrize("name, kind", [("arm_sinkmask", "llama"), ("dlm_sinkmask", "llada")])
+def test_the_results_name_the_checkpoint_by_content(tiny_dirs, name, kind):
+    """lm-eval's model_sha asks the hub, so a local folder or zoo: checkpoint gets none, and
+    retrained weights keep their path: the results must say which weights ran."""
+    from lm_eval_sinkmask.provenance import checkpoint_digest
+
+    info = make(name, tiny_dirs[kind]).get_model_info()
+    assert info["sinkmask"]["checkpoint"] == checkpoint_digest(str(tiny_dirs[kind]))
+    assert info["sinkmask"]["checkpoint"].startswith("sha256:")
 
 
 def test_a_gen_length_longer_than_the_tasks_still_fits_max_length(tiny_dirs, monkeypatch):
