@@ -42,9 +42,14 @@ def sink_scores(mass: torch.Tensor, rows: torch.Tensor, key_valid: torch.Tensor)
     mask it is the ``all_rows`` ARM rule, |K| * mean_{i >= j} A_ij; with a single query row it
     is |K| * A_last,j. Invalid keys (padding, or seen by no valid row) score 0.
     """
-    n_keys = key_valid.sum(dim=-1, keepdim=True).to(mass.dtype)
+    return _scores(mass, rows, key_valid, key_valid.sum(dim=-1, keepdim=True))
+
+
+def _scores(mass, rows, key_valid, n_keys):
+    """:func:`sink_scores` given |K| (``n_keys``), which the selection counts once for both
+    the scores and the sinks."""
     seen = key_valid & (rows > 0)
-    scores = n_keys * mass / rows.clamp(min=1).to(mass.dtype)
+    scores = n_keys.to(mass.dtype) * mass / rows.clamp(min=1).to(mass.dtype)
     return torch.where(seen, scores, torch.zeros_like(scores))
 
 
@@ -55,7 +60,12 @@ def find_sinks(scores: torch.Tensor, key_valid: torch.Tensor, eps: float) -> tor
     Returns a bool mask shaped like ``scores``.
     """
     scores = torch.where(key_valid, scores, torch.zeros_like(scores))
-    n_keys = key_valid.sum(dim=-1, keepdim=True)
+    return _sinks(scores, key_valid, key_valid.sum(dim=-1, keepdim=True), eps)
+
+
+def _sinks(scores, key_valid, n_keys, eps):
+    """:func:`find_sinks` of scores that are already 0 outside ``key_valid`` (as
+    :func:`sink_scores` makes them), given |K|."""
     total = scores.sum(dim=-1, keepdim=True)
     others_mean = (total - scores) / (n_keys - 1).clamp(min=1).to(scores.dtype)
     return key_valid & (n_keys > 1) & (scores > others_mean + eps)
@@ -97,6 +107,10 @@ def select_sinks(
         mass = mass.mean(dim=1, keepdim=True)
         rows = rows.amax(dim=1, keepdim=True)
     key_valid = key_valid.unsqueeze(1)
-    scores = sink_scores(mass, rows, key_valid)
-    sinks = find_sinks(scores, key_valid, eps)
+    # the same as sink_scores then find_sinks, minus what those would redo here (each op is a
+    # kernel launch on a GPU): |K| is counted once, and the scores are already 0 where
+    # find_sinks would zero them
+    n_keys = key_valid.sum(dim=-1, keepdim=True)
+    scores = _scores(mass, rows, key_valid, n_keys)
+    sinks = _sinks(scores, key_valid, n_keys, eps)
     return scores, sinks, top_k_sinks(scores, sinks, k)
