@@ -23,7 +23,7 @@ def row_keeps_some(visible: torch.Tensor | None, b: torch.Tensor, n_k: int) -> t
     removed; [B, H or 1, rows or 1, 1]."""
     if visible is None:
         return b.sum(dim=-1, keepdim=True) < n_k
-    return (visible & ~b).any(dim=-1, keepdim=True)
+    return (visible > b).any(dim=-1, keepdim=True)  # on bools, > is "and not": one op
 
 
 def _keep_factor(b: torch.Tensor, keeps: torch.Tensor, alive: torch.Tensor | None) -> torch.Tensor:

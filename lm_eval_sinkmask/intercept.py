@@ -178,20 +178,30 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
     def with_blocked(mask, visible, drop):
         if float_mask:
             return mask.masked_fill(drop, torch.finfo(mask.dtype).min)
-        return ~drop if visible is None else visible & ~drop
+        return ~drop if visible is None else visible > drop  # on bools, > is "and not"
 
     if m.key_only:
+        if given is None:
+            return original(q, k, v, attn_mask=_kept_keys(b), **kw)
         drop = b & chunked_attention.row_keeps_some(m.key_visible, b, sc.n_k)
         return original(q, k, v, attn_mask=with_blocked(given, m.key_visible, drop), **kw)
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     for r0, r1 in sc.chunks(chunk):
-        _, visible = m.mask_chunk(r0, r1)
+        visible = m.visible_chunk(r0, r1)
         drop = b & chunked_attention.row_keeps_some(visible, b, sc.n_k)
         mask = given if given is None or given.shape[-2] == 1 else given[..., r0:r1, :]
         if float_mask and m.is_causal:  # SDPA takes a mask or is_causal, never both
             raise ValueError("SDPA was called with both attn_mask and is_causal=True")
         out[:, :, r0:r1] = original(q[:, :, r0:r1], k, v, attn_mask=with_blocked(mask, visible, drop), **kw)
     return out
+
+
+def _kept_keys(b: torch.Tensor) -> torch.Tensor:
+    """The bool mask [B, H or 1, 1, Sk] of a call without a mask of its own that hides the
+    blocked keys ``b``, except in a row whose every key is blocked (it keeps its scores):
+    key j stays visible unless it is blocked while some key is not, i.e. iff blocked_j <=
+    all blocked. Two ops, where hiding ``b & row_keeps_some`` takes four."""
+    return b <= b.all(dim=-1, keepdim=True)
 
 
 class SinkMasker:
