@@ -143,6 +143,16 @@ class _Decision(NamedTuple):
     scores: torch.Tensor  # this pass's Eq. 3 scores, sinks and chosen keys
     sinks: torch.Tensor
     chosen: torch.Tensor
+    n_sinks: torch.Tensor  # 0-dim: sinks.sum(), for the stats
+    n_blocked: torch.Tensor  # 0-dim: blocked.sum()
+
+
+class _Chosen(NamedTuple):
+    """A layer's chosen keys of one pass, kept for the next (detect=previous masks them), with
+    their number, so that counting them there costs no op of its own."""
+
+    keys: torch.Tensor  # bool [B, H or 1, Sk]
+    count: torch.Tensor  # 0-dim: keys.sum()
 
 
 def _removes_nothing(blocked: torch.Tensor) -> bool:
@@ -282,7 +292,7 @@ class _Run:
         self.layer = 0
         self.token_valid: torch.Tensor | None = None
         self.mask_view: MaskView | None = None  # this pass's, shared by its layers
-        self.previous: dict[int, torch.Tensor] = {}
+        self.previous: dict[int, _Chosen] = {}
         # all_rows under a KV cache: per layer, the mass and row counts of every row so far
         self.history: dict[int, Detection] = {}
         self.rows = rows  # each batch row's tokens: mask_target=random's seeds
@@ -345,7 +355,7 @@ class _Run:
                                    d.blocked, value_norms=d.sc.v.norm(dim=-1))
             for observe in self.masker.observers:
                 observe(event)
-        self.stats.defer(counters, d.sinks, d.blocked, d.sc.heads // d.blocked.shape[1])
+        self.stats.defer_counts(counters, d.n_sinks, d.n_blocked, d.sc.heads // d.blocked.shape[1])
         return out
 
     def _decide(self, layer: int, a: dict, chunk: int) -> _Decision:
@@ -358,7 +368,8 @@ class _Run:
 
         # keys masked in this call: last pass's sinks, or (first pass, detect=current) this
         # pass's, known only once the sweep below has detected them
-        blocked = self._previous(layer, sc) if self.config.detect == "previous" else None
+        blocked, n_blocked = self._previous(layer, sc) if self.config.detect == "previous" \
+            else (None, None)
         keep_all = blocked is not None and _removes_nothing(blocked)
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
@@ -370,7 +381,8 @@ class _Run:
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
             key_seen = keys_seen(mask.key_valid, det.rows)
-        scores, sinks, chosen = compiled_tail.selector(query.device, backend != "materialized")(
+        scores, sinks, chosen, n_sinks, n_chosen = compiled_tail.selector(
+            query.device, backend != "materialized")(
             det.mass, det.rows.expand(-1, sc.heads, -1), key_seen,
             eps=self.config.eps, k=self.config.top_k,
             per_layer=self.config.granularity == "layer",
@@ -383,13 +395,15 @@ class _Run:
                     f"call has batch {sc.batch} and {sc.n_k} keys"
                 )
             chosen = top_k_sinks(scores, sinks & ~extra[:, None].to(sinks.device), self.config.top_k)
+            n_chosen = chosen.sum()
         if self.config.mask_target == "random":
             chosen = self._random_control(layer, chosen, sinks, key_seen, extra)
-        self.previous[layer] = chosen
+            n_chosen = chosen.sum()
+        self.previous[layer] = _Chosen(chosen, n_chosen)
         if blocked is None:
-            blocked = chosen
+            blocked, n_blocked = chosen, n_chosen
             keep_all = _removes_nothing(blocked)
-        return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen)
+        return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen, n_sinks, n_blocked)
 
     def _random_control(self, layer, chosen, sinks, key_seen, extra) -> torch.Tensor:
         """``mask_target=random``: per (batch element, head), as many keys as the sinks just
@@ -432,16 +446,21 @@ class _Run:
         self.history[layer] = det
         return det
 
-    def _previous(self, layer: int, sc: Scores) -> torch.Tensor | None:
-        """Sinks chosen at this layer on the previous pass, aligned to this pass's keys.
+    def _previous(self, layer: int, sc: Scores) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Sinks chosen at this layer on the previous pass, aligned to this pass's keys, and
+        their number; (None, None) where there are none to mask.
 
         Keys only ever get appended between passes (KV cache) or stay fixed (DLM steps), so
-        positions keep their meaning; a changed batch size (classifier-free guidance doubles
-        it) starts afresh. A layer's head layout cannot change within a run.
+        positions keep their meaning (the appended keys are not chosen: the number stays); a
+        changed batch size (classifier-free guidance doubles it) starts afresh. A layer's
+        head layout cannot change within a run.
         """
-        prev = self.previous.get(layer)
-        if prev is None or prev.shape[0] != sc.batch or prev.shape[-1] > sc.n_k:
-            return None
+        kept = self.previous.get(layer)
+        if kept is None:
+            return None, None
+        prev = kept.keys
+        if prev.shape[0] != sc.batch or prev.shape[-1] > sc.n_k:
+            return None, None
         if prev.shape[-1] < sc.n_k:
             prev = F.pad(prev, (0, sc.n_k - prev.shape[-1]), value=False)
-        return prev
+        return prev, kept.count
