@@ -724,7 +724,8 @@ def bench_op_counts(args):
     import op_counts
 
     print("\n### 6. torch ops per attention call, masked against unmasked (CPU count)\n")
-    print("Non-view aten ops dispatched (each a kernel launch on CUDA; the fused path's two "
+    print("Aten ops dispatched, views and allocations left out (each a kernel launch on "
+          "CUDA; the fused path's two "
           "Triton launches included); tiny models, top_k 5, detect=previous, eps 0, a steady "
           "call (a layer after the first, a pass after the first). 'after the call': what the "
           "model does differently with the masked output, per layer. 'extra per layer': "

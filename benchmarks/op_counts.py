@@ -4,7 +4,8 @@ kernel launches a GPU pays.
 Why: at batch 1 and in one-row decoding steps a layer's GPU work is shorter than the launches
 of the intercept's small tensor ops, so their number, not their size, sets the masked cost.
 Each op that reaches the dispatcher below autograd (an aten op) is one launch on CUDA; views
-(no kernel) are left out, and each launch of the fused path's Triton kernels counts as one.
+and allocations (no kernel) are left out, and each launch of the fused path's Triton kernels
+counts as one. The count is of ops, not of their Python overhead or size.
 
 What is counted, per scenario (the tiny models of tests/tiny.py, CPU):
 
@@ -48,8 +49,14 @@ PATHS = ("materialized", "fused")
 SCENARIOS = ("llada batch 1", "llada batch 8", "llama decode last_row", "llama decode all_rows")
 
 
+# ops that launch no kernel on CUDA besides views: allocations, and a view that the
+# dispatcher does not mark as one
+NO_LAUNCH = {"aten::empty.memory_format", "aten::empty_strided", "aten::_unsafe_view"}
+
+
 class OpCounter(TorchDispatchMode):
-    """Counts the non-view aten ops dispatched while active, under the label in ``phase``."""
+    """Counts the aten ops dispatched while active that would launch a kernel on CUDA (no
+    views, no allocations), under the label in ``phase``."""
 
     def __init__(self):
         super().__init__()
@@ -58,7 +65,7 @@ class OpCounter(TorchDispatchMode):
         self.phase = "outside"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
+        if not func.is_view and func.name() not in NO_LAUNCH:
             self.count(func.name())
         return func(*args, **(kwargs or {}))
 
