@@ -57,7 +57,11 @@ def sweep(
     """
     out = None
     if output:
-        out = torch.empty(sc.batch, sc.heads, sc.n_q, sc.v.shape[-1], device=sc.q.device)
+        # [B, H, Sq, Dv] laid out as [B, Sq, H, Dv], as SDPA returns it: the model's
+        # transpose-and-reshape after the call is then a view, as after an unmasked call,
+        # not a copy of the whole output per layer
+        out = torch.empty(sc.batch, sc.n_q, sc.heads, sc.v.shape[-1],
+                          device=sc.q.device).transpose(1, 2)
     m = sc.mask
     mass = torch.zeros(sc.batch, sc.heads, 1, sc.n_k, device=sc.q.device)
     # [B, H or 1, 1, Sk]; only the output uses it
