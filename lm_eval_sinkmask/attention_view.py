@@ -15,6 +15,8 @@ from functools import cached_property
 
 import torch
 
+from .metric import KeyCounts, key_counts
+
 
 @dataclass
 class Detection:
@@ -93,6 +95,16 @@ class MaskView:
         # detect_backend=flex: its block masks for this mask, made by the first layer that
         # needs them and reused by the others (flex_mass.flex_column_mass's ``plans``)
         self.flex_plans: dict = {}
+        self._key_counts: dict = {}  # (per_layer, dtype): metric.KeyCounts of rows, key_seen
+
+    def key_counts(self, per_layer: bool, dtype: torch.dtype) -> KeyCounts:
+        """The Eq. 3 counts of this mask's rows and keys (:func:`metric.key_counts`), made
+        by the first layer that selects and shared by the others of the pass."""
+        key = (per_layer, dtype)
+        if key not in self._key_counts:
+            self._key_counts[key] = key_counts(self.rows, self.key_seen, per_layer=per_layer,
+                                               dtype=dtype)
+        return self._key_counts[key]
 
     @cached_property
     def first_row(self) -> int:

@@ -24,18 +24,19 @@ import os
 
 import torch
 
-from .metric import select_sinks
+from .metric import KeyCounts, select_counted
 
 logger = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("SINKMASK_COMPILE_TAIL", "1") != "0"
 
 
-def select_and_count(mass, rows, key_valid, *, eps, k, per_layer):
-    """:func:`metric.select_sinks`, and how many sinks it found and keys it chose (0-dim
-    tensors, for :meth:`MaskingStats.defer_counts`). Why one function: compiled, the two
-    sums fuse into the selection's kernels instead of costing two launches per call."""
-    scores, sinks, chosen = select_sinks(mass, rows, key_valid, eps=eps, k=k, per_layer=per_layer)
+def select_and_count(mass, counts: KeyCounts, *, eps, k, per_layer):
+    """:func:`metric.select_counted` (:func:`metric.select_sinks` given the pass's key
+    counts), and how many sinks it found and keys it chose (0-dim tensors, for
+    :meth:`MaskingStats.defer_counts`). Why one function: compiled, the two sums fuse into
+    the selection's kernels instead of costing two launches per call."""
+    scores, sinks, chosen = select_counted(mass, counts, eps=eps, k=k, per_layer=per_layer)
     return scores, sinks, chosen, sinks.sum(), chosen.sum()
 
 
