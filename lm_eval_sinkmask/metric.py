@@ -45,13 +45,12 @@ def sink_scores(mass: torch.Tensor, rows: torch.Tensor, key_valid: torch.Tensor)
     is |K| * A_last,j. Invalid keys (padding, or seen by no valid row) score 0.
     """
     n_keys = key_valid.sum(dim=-1, keepdim=True).to(mass.dtype)
-    return _share_scores(mass, n_keys, rows.clamp(min=1).to(mass.dtype), key_valid & (rows > 0))
+    return _share_scores(mass, n_keys, rows.clamp(min=1).to(mass.dtype), ~(key_valid & (rows > 0)))
 
 
-def _share_scores(mass, n_keys, rows, seen):
-    """|K| * mass / rows where ``seen``, else 0 (counts already in the mass dtype)."""
-    scores = n_keys * mass / rows
-    return torch.where(seen, scores, torch.zeros_like(scores))
+def _share_scores(mass, n_keys, rows, unseen):
+    """|K| * mass / rows, 0 where ``unseen`` (counts already in the mass dtype)."""
+    return (n_keys * mass / rows).masked_fill_(unseen, 0.0)
 
 
 def find_sinks(scores: torch.Tensor, key_valid: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,7 +78,7 @@ class KeyCounts(NamedTuple):
     that share one mask share these (the intercept makes them once per pass: each op is a
     kernel launch on a GPU, and there are ten of them)."""
 
-    seen: torch.Tensor  # bool [B, H or 1, Sk]: in K and seen by some row of Q
+    unseen: torch.Tensor  # bool [B, H or 1, Sk]: not in K, or seen by no row of Q
     n_keys: torch.Tensor  # [B, 1, 1]: |K|, in the mass dtype
     rows: torch.Tensor  # [B, H or 1, Sk]: max(rows_j, 1), in the mass dtype
     others: torch.Tensor  # [B, 1, 1]: max(|K| - 1, 1), in the mass dtype
@@ -94,7 +93,7 @@ def key_counts(rows: torch.Tensor, key_valid: torch.Tensor, *, per_layer: bool,
         rows = rows.amax(dim=1, keepdim=True)
     valid = key_valid.unsqueeze(1)
     n_keys = valid.sum(dim=-1, keepdim=True)
-    return KeyCounts(valid & (rows > 0), n_keys.to(dtype), rows.clamp(min=1).to(dtype),
+    return KeyCounts(~(valid & (rows > 0)), n_keys.to(dtype), rows.clamp(min=1).to(dtype),
                      (n_keys - 1).clamp(min=1).to(dtype), valid & (n_keys > 1))
 
 
@@ -142,6 +141,6 @@ def select_counted(mass: torch.Tensor, counts: KeyCounts, *, eps: float, k: int,
     :func:`sink_scores`, :func:`find_sinks` and :func:`top_k_sinks` composed."""
     if per_layer:
         mass = mass.mean(dim=1, keepdim=True)
-    scores = _share_scores(mass, counts.n_keys, counts.rows, counts.seen)
+    scores = _share_scores(mass, counts.n_keys, counts.rows, counts.unseen)
     sinks = _above_the_others(scores, counts.others, counts.several, eps)
     return scores, sinks, top_k_sinks(scores, sinks, k)
