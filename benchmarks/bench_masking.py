@@ -21,7 +21,10 @@ Sections:
   4. extra peak memory of one intercepted attention call at S=1024 against chunk size, with
      the analytical O(batch x heads x S x chunk) term it should match;
   5. our block sampler against a reference implementation of LLaDA's published algorithm:
-     same tokens (asserted), time ratio, throughput at batch 1, 4, 8.
+     same tokens (asserted), time ratio, throughput at batch 1, 4, 8;
+  6. torch ops dispatched per attention call, masked against unmasked (a CPU count of what a
+     GPU pays in kernel launches: benchmarks/op_counts.py), for the materialised and the
+     fused detection path.
 
 Random-init models rarely have a score above eps=3, so they run with eps=0 (every layer then
 masks top_k keys, which is the expensive path); a trained zoo checkpoint runs with the
@@ -46,6 +49,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lm_eval_sinkmask import compiled_tail, sdpa_backends  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
@@ -716,6 +720,30 @@ def bench_sampler(args):
     return out
 
 
+def bench_op_counts(args):
+    import op_counts
+
+    print("\n### 6. torch ops per attention call, masked against unmasked (CPU count)\n")
+    print("Aten ops dispatched, views and allocations left out (each a kernel launch on "
+          "CUDA; the fused path's two "
+          "Triton launches included); tiny models, top_k 5, detect=previous, eps 0, a steady "
+          "call (a layer after the first, a pass after the first). 'after the call': what the "
+          "model does differently with the masked output, per layer. 'extra per layer': "
+          "masked - unmasked + after the call. 'selection': of the masked call, the Eq. 3 "
+          "selection, which CUDA runs compiled (a few fused kernels). 'per pass': ops made "
+          "once per forward pass whatever its depth (fitted from 2 and 3 layers).\n")
+    print("| call | path | unmasked call | masked call | after the call | extra per layer "
+          "| of which selection | per pass |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for scenario in op_counts.SCENARIOS:
+        for path in op_counts.PATHS:
+            c = op_counts.compare(scenario, path)
+            print(f"| {scenario} | {path} | {c.unmasked_call} | {c.masked_call} "
+                  f"| {c.outside_per_layer} | {c.extra_per_call} | {c.selection} "
+                  f"| {c.per_pass_fixed} |")
+    sys.stdout.flush()
+
+
 def header(args):
     print(f"# bench_masking: torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
           "CUDA " + ("available: " + torch.cuda.get_device_name() if torch.cuda.is_available()
@@ -738,7 +766,7 @@ def main(argv=None):
                          "mostly add spin-wait noise)")
     ap.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--only", default=None,
-                    help="sections to run, e.g. 1,4 (default 1,2,3,4,5; with --gpu 3: the CPU "
+                    help="sections to run, e.g. 1,4 (default 1,2,3,4,5,6; with --gpu 3: the CPU "
                          "sections take longer than a lent GPU's 10-minute command)")
     ap.add_argument("--gpu-parts", default="mass,llada,llada_kernels,llama,zoo",
                     help="parts of section 3: mass (kernels vs reference), llada (8B-shaped "
@@ -751,7 +779,7 @@ def main(argv=None):
         args.repeats = 3 if args.quick else 9
     torch.set_num_threads(args.threads)
     if args.only is None:
-        args.only = "3" if args.gpu else "1,2,3,4,5"
+        args.only = "3" if args.gpu else "1,2,3,4,5,6"
     only = set(args.only.split(","))
     if not args.no_header:
         header(args)
@@ -782,6 +810,8 @@ def main(argv=None):
             sys.stdout.flush()
     if "5" in only:
         bench_sampler(args)
+    if "6" in only:
+        bench_op_counts(args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from functools import cached_property
 
 import torch
 
+from .metric import KeyCounts, key_counts
+
 
 @dataclass
 class Detection:
@@ -58,12 +60,9 @@ class MaskView:
         self.batch, self.n_q, self.n_k, self.device = batch, n_q, n_k, device
         # row-independent visibility: one additive term for every query row
         self.key_only = not is_causal and (attn_mask is None or attn_mask.shape[-2] == 1)
-        self.key_bias = None  # [B or 1, H or 1, 1, Sk] float32, -inf where hidden
-        self.key_visible = None  # bool, same shape, or None when every key is visible
-        self.key_alive = None  # float [B or 1, H or 1, 1, 1]: 0 where no key is visible
-        if self.key_only and attn_mask is not None:
-            bias, self.key_visible = self.mask_chunk(0, 1)
-            self.key_bias, self.key_alive = _additive(bias, self.key_visible)
+        # bool [B or 1, H or 1, 1, Sk], or None when every key is visible (or not key_only);
+        # the additive form (key_bias, key_alive) is made only where a sweep reads it
+        self.key_visible = self.visible_chunk(0, 1) if self.key_only else None
 
         tv = token_valid
         if tv is not None and tv.shape == (batch, n_k) and n_q <= n_k:
@@ -72,7 +71,9 @@ class MaskView:
             key_valid, query_valid = self.validity()
         metric_rows = query_valid
         self._last = None  # [B, 1] under last_row: each element's row of Q
-        if rule == "last_row":  # each element's last real row: right padding moves it left
+        # each element's last real row (right padding moves it left); a one-row call (a
+        # decoding step) has no other row, and its Q is that row where it is valid
+        if rule == "last_row" and n_q > 1:
             metric_rows = torch.zeros_like(query_valid)
             last = (query_valid.long().cumsum(-1)).argmax(-1, keepdim=True)  # first max = last True
             metric_rows.scatter_(1, last, query_valid.gather(1, last))
@@ -88,12 +89,22 @@ class MaskView:
                 else self.key_visible[:, :, 0] * n_rows
             )
         else:
-            self.rows = sum((self.mask_chunk(r0, r1)[1] & self.qv[:, :, r0:r1]).sum(dim=-2)
+            self.rows = sum((self.visible_chunk(r0, r1) & self.qv[:, :, r0:r1]).sum(dim=-2)
                             for r0, r1 in self.chunks(chunk))
         self.key_seen = keys_seen(key_valid, self.rows)
         # detect_backend=flex: its block masks for this mask, made by the first layer that
         # needs them and reused by the others (flex_mass.flex_column_mass's ``plans``)
         self.flex_plans: dict = {}
+        self._key_counts: dict = {}  # (per_layer, dtype): metric.KeyCounts of rows, key_seen
+
+    def key_counts(self, per_layer: bool, dtype: torch.dtype) -> KeyCounts:
+        """The Eq. 3 counts of this mask's rows and keys (:func:`metric.key_counts`), made
+        by the first layer that selects and shared by the others of the pass."""
+        key = (per_layer, dtype)
+        if key not in self._key_counts:
+            self._key_counts[key] = key_counts(self.rows, self.key_seen, per_layer=per_layer,
+                                               dtype=dtype)
+        return self._key_counts[key]
 
     @cached_property
     def first_row(self) -> int:
@@ -104,26 +115,52 @@ class MaskView:
             return 0
         return int(self._last.min())
 
+    @cached_property
+    def _key_terms(self):
+        if self.key_visible is None:
+            return None, None
+        return _additive(self.bias_chunk(0, 1), self.key_visible)
+
+    @property
+    def key_bias(self) -> torch.Tensor | None:
+        """[B or 1, H or 1, 1, Sk] float32, -inf where hidden (key_only masks), or None.
+        Made on first read: only the materialised sweep adds the mask to scores."""
+        return self._key_terms[0]
+
+    @property
+    def key_alive(self) -> torch.Tensor | None:
+        """float [B or 1, H or 1, 1, 1]: 0 where no key is visible (key_only masks), or None."""
+        return self._key_terms[1]
+
     def fits(self, attn_mask, is_causal, batch, n_q, n_k) -> bool:
         """Whether a call with these arguments has exactly this mask (the same tensor)."""
         return attn_mask is self.source and (is_causal, batch, n_q, n_k) == self.signature
 
     def mask_chunk(self, r0: int, r1: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(additive bias, bool visibility) of query rows r0:r1, or None where unrestricted."""
-        bias = visible = None
+        return self.bias_chunk(r0, r1), self.visible_chunk(r0, r1)
+
+    def _rows_of_mask(self, r0: int, r1: int) -> torch.Tensor | None:
         m = self.attn_mask
-        if m is not None:
-            m = m if m.shape[-2] == 1 else m[..., r0:r1, :]
-            if m.dtype == torch.bool:
-                visible = m
-            else:
-                visible = m > torch.finfo(m.dtype).min / 2
-                bias = m.float()
+        return m if m is None or m.shape[-2] == 1 else m[..., r0:r1, :]
+
+    def bias_chunk(self, r0: int, r1: int) -> torch.Tensor | None:
+        """The float mask's rows r0:r1 in float32, or None (a bool mask, or none)."""
+        m = self._rows_of_mask(r0, r1)
+        return None if m is None or m.dtype == torch.bool else m.float()
+
+    def visible_chunk(self, r0: int, r1: int) -> torch.Tensor | None:
+        """Bool visibility of query rows r0:r1 (the mask and is_causal), or None where every
+        key is visible. Apart from the bias: the callers that need only this skip its
+        float32 copy."""
+        visible = m = self._rows_of_mask(r0, r1)
+        if m is not None and m.dtype != torch.bool:
+            visible = m > torch.finfo(m.dtype).min / 2
         if self.is_causal:
             rows = torch.arange(r0, r1, device=self.device).unsqueeze(-1)
             causal = (rows >= torch.arange(self.n_k, device=self.device))[None, None]
             visible = causal if visible is None else visible & causal
-        return bias, visible
+        return visible
 
     def additive(self, r0: int, r1: int):
         """(float term to add to the scores or None, bool visibility or None, row factor or
@@ -144,7 +181,7 @@ class MaskView:
         seen_k = torch.zeros(self.batch, self.n_k, dtype=torch.bool, device=self.device)
         seen_q = torch.zeros(self.batch, self.n_q, dtype=torch.bool, device=self.device)
         for r0, r1 in self.chunks(1024):
-            _, visible = self.mask_chunk(r0, r1)
+            visible = self.visible_chunk(r0, r1)
             if visible is None:
                 seen_k[:] = True
                 seen_q[:, r0:r1] = True

@@ -23,7 +23,7 @@ def row_keeps_some(visible: torch.Tensor | None, b: torch.Tensor, n_k: int) -> t
     removed; [B, H or 1, rows or 1, 1]."""
     if visible is None:
         return b.sum(dim=-1, keepdim=True) < n_k
-    return (visible & ~b).any(dim=-1, keepdim=True)
+    return (visible > b).any(dim=-1, keepdim=True)  # on bools, > is "and not": one op
 
 
 def _keep_factor(b: torch.Tensor, keeps: torch.Tensor, alive: torch.Tensor | None) -> torch.Tensor:
@@ -57,7 +57,11 @@ def sweep(
     """
     out = None
     if output:
-        out = torch.empty(sc.batch, sc.heads, sc.n_q, sc.v.shape[-1], device=sc.q.device)
+        # [B, H, Sq, Dv] laid out as [B, Sq, H, Dv], as SDPA returns it: the model's
+        # transpose-and-reshape after the call is then a view, as after an unmasked call,
+        # not a copy of the whole output per layer
+        out = torch.empty(sc.batch, sc.n_q, sc.heads, sc.v.shape[-1],
+                          device=sc.q.device).transpose(1, 2)
     m = sc.mask
     mass = torch.zeros(sc.batch, sc.heads, 1, sc.n_k, device=sc.q.device)
     # [B, H or 1, 1, Sk]; only the output uses it

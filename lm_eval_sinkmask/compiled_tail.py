@@ -1,4 +1,5 @@
-"""Eq. 3 selection in fewer kernel launches: ``metric.select_sinks`` under ``torch.compile``.
+"""Eq. 3 selection in fewer kernel launches: ``metric.select_sinks`` under ``torch.compile``,
+with the two per-call counts the stats keep (:func:`select_and_count`).
 
 Why this: once detection is two Triton kernels (:mod:`fused_mass`), what is left of a masked
 attention call at batch 1 or in a one-row decoding step is launch overhead, not GPU work. The
@@ -23,15 +24,25 @@ import os
 
 import torch
 
-from .metric import select_sinks
+from .metric import KeyCounts, select_counted
 
 logger = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("SINKMASK_COMPILE_TAIL", "1") != "0"
 
 
+def select_and_count(mass, counts: KeyCounts, *, eps, k, per_layer):
+    """:func:`metric.select_counted` (:func:`metric.select_sinks` given the pass's key
+    counts), and how many sinks it found and keys it chose (0-dim tensors, for
+    :meth:`MaskingStats.defer_counts`). Why one function: compiled, the two sums fuse into
+    the selection's kernels instead of costing two launches per call."""
+    scores, sinks, chosen = select_counted(mass, counts, eps=eps, k=k, per_layer=per_layer)
+    return scores, sinks, chosen, sinks.sum(), chosen.sum()
+
+
 class _Compiled:
-    """``select_sinks`` compiled on first use, falling back to eager for good on an error."""
+    """:func:`select_and_count` compiled on first use, falling back to eager for good on an
+    error."""
 
     def __init__(self):
         self.fn = None
@@ -41,23 +52,22 @@ class _Compiled:
         if not self.failed:
             try:
                 if self.fn is None:
-                    self.fn = torch.compile(select_sinks, dynamic=True)
+                    self.fn = torch.compile(select_and_count, dynamic=True)
                 return self.fn(*args, **kwargs)
             except Exception as e:  # a compiler/toolchain problem, not a wrong selection
                 self.failed = True
                 logger.warning("torch.compile of the sink selection failed (%s: %s); using the "
-                               "eager select_sinks from now on", type(e).__name__, e)
-        return select_sinks(*args, **kwargs)
+                               "eager select_and_count from now on", type(e).__name__, e)
+        return select_and_count(*args, **kwargs)
 
 
 _COMPILED = _Compiled()
 
 
 def selector(device: torch.device, unmaterialized: bool):
-    """The selection function for a call on ``device``: compiled on CUDA when detection
-    never held the probabilities (``unmaterialized``: the fused or the flex path), else the
-    eager :func:`metric.select_sinks` (CPU, and the materialised path kept as it was for
-    comparison)."""
+    """The selection function (:func:`select_and_count`) for a call on ``device``: compiled on
+    CUDA when detection never held the probabilities (``unmaterialized``: the fused or the
+    flex path), else eager (CPU, and the materialised path kept as it was for comparison)."""
     if ENABLED and unmaterialized and device.type == "cuda":
         return _COMPILED
-    return select_sinks
+    return select_and_count

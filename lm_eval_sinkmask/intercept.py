@@ -16,7 +16,6 @@ the fused-kernel output; :mod:`masking_stats` counts what it did.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -31,28 +30,18 @@ from . import chunked_attention, compiled_tail, flex_mass, fused_mass
 from .attention_view import Detection, MaskView, Scores, keys_seen
 from .config import SinkMaskConfig
 from .masking_stats import SETTLE_AT, MaskingStats
-from .metric import top_k_sinks
+from .metric import key_counts, top_k_sinks
 from .random_control import key_draws, random_non_sinks, row_seeds
 
 logger = logging.getLogger(__name__)
 
-_SDPA_SIGNATURE = inspect.Signature(
-    [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
-        for name, default in [
-            ("query", inspect.Parameter.empty),
-            ("key", inspect.Parameter.empty),
-            ("value", inspect.Parameter.empty),
-            ("attn_mask", None),
-            ("dropout_p", 0.0),
-            ("is_causal", False),
-        ]
-    ]
-    + [
-        inspect.Parameter("scale", inspect.Parameter.KEYWORD_ONLY, default=None),
-        inspect.Parameter("enable_gqa", inspect.Parameter.KEYWORD_ONLY, default=False),
-    ]
-)
+def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                    scale=None, enable_gqa=False) -> dict:
+    """A call's arguments by SDPA's parameter names, defaults filled in. Python binds them
+    (and raises SDPA's TypeErrors) in well under a microsecond, where inspect.Signature.bind
+    took about 15 per attention call."""
+    return locals()
+
 
 NO_ATTENTION_HELP = (
     "top_k > 0 but no call to torch.nn.functional.scaled_dot_product_attention was seen during "
@@ -143,6 +132,16 @@ class _Decision(NamedTuple):
     scores: torch.Tensor  # this pass's Eq. 3 scores, sinks and chosen keys
     sinks: torch.Tensor
     chosen: torch.Tensor
+    n_sinks: torch.Tensor  # 0-dim: sinks.sum(), for the stats
+    n_blocked: torch.Tensor  # 0-dim: blocked.sum()
+
+
+class _Chosen(NamedTuple):
+    """A layer's chosen keys of one pass, kept for the next (detect=previous masks them), with
+    their number, so that counting them there costs no op of its own."""
+
+    keys: torch.Tensor  # bool [B, H or 1, Sk]
+    count: torch.Tensor  # 0-dim: keys.sum()
 
 
 def _removes_nothing(blocked: torch.Tensor) -> bool:
@@ -178,20 +177,30 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
     def with_blocked(mask, visible, drop):
         if float_mask:
             return mask.masked_fill(drop, torch.finfo(mask.dtype).min)
-        return ~drop if visible is None else visible & ~drop
+        return ~drop if visible is None else visible > drop  # on bools, > is "and not"
 
     if m.key_only:
+        if given is None:
+            return original(q, k, v, attn_mask=_kept_keys(b), **kw)
         drop = b & chunked_attention.row_keeps_some(m.key_visible, b, sc.n_k)
         return original(q, k, v, attn_mask=with_blocked(given, m.key_visible, drop), **kw)
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     for r0, r1 in sc.chunks(chunk):
-        _, visible = m.mask_chunk(r0, r1)
+        visible = m.visible_chunk(r0, r1)
         drop = b & chunked_attention.row_keeps_some(visible, b, sc.n_k)
         mask = given if given is None or given.shape[-2] == 1 else given[..., r0:r1, :]
         if float_mask and m.is_causal:  # SDPA takes a mask or is_causal, never both
             raise ValueError("SDPA was called with both attn_mask and is_causal=True")
         out[:, :, r0:r1] = original(q[:, :, r0:r1], k, v, attn_mask=with_blocked(mask, visible, drop), **kw)
     return out
+
+
+def _kept_keys(b: torch.Tensor) -> torch.Tensor:
+    """The bool mask [B, H or 1, 1, Sk] of a call without a mask of its own that hides the
+    blocked keys ``b``, except in a row whose every key is blocked (it keeps its scores):
+    key j stays visible unless it is blocked while some key is not, i.e. iff blocked_j <=
+    all blocked. Two ops, where hiding ``b & row_keeps_some`` takes four."""
+    return b <= b.all(dim=-1, keepdim=True)
 
 
 class SinkMasker:
@@ -272,7 +281,7 @@ class _Run:
         self.layer = 0
         self.token_valid: torch.Tensor | None = None
         self.mask_view: MaskView | None = None  # this pass's, shared by its layers
-        self.previous: dict[int, torch.Tensor] = {}
+        self.previous: dict[int, _Chosen] = {}
         # all_rows under a KV cache: per layer, the mass and row counts of every row so far
         self.history: dict[int, Detection] = {}
         self.rows = rows  # each batch row's tokens: mask_target=random's seeds
@@ -309,7 +318,7 @@ class _Run:
         counters.calls += 1
         if not self.config.enabled or not self.config.applies_to(layer):
             return self.original(*args, **kwargs)
-        a = _SDPA_SIGNATURE.bind(*args, **kwargs).arguments
+        a = _sdpa_arguments(*args, **kwargs)
         if a.get("dropout_p", 0.0):
             raise ValueError(
                 "sink masking needs deterministic attention: the model called SDPA with "
@@ -335,7 +344,7 @@ class _Run:
                                    d.blocked, value_norms=d.sc.v.norm(dim=-1))
             for observe in self.masker.observers:
                 observe(event)
-        self.stats.defer(counters, d.sinks, d.blocked, d.sc.heads // d.blocked.shape[1])
+        self.stats.defer_counts(counters, d.n_sinks, d.n_blocked, d.sc.heads // d.blocked.shape[1])
         return out
 
     def _decide(self, layer: int, a: dict, chunk: int) -> _Decision:
@@ -348,7 +357,8 @@ class _Run:
 
         # keys masked in this call: last pass's sinks, or (first pass, detect=current) this
         # pass's, known only once the sweep below has detected them
-        blocked = self._previous(layer, sc) if self.config.detect == "previous" else None
+        blocked, n_blocked = self._previous(layer, sc) if self.config.detect == "previous" \
+            else (None, None)
         keep_all = blocked is not None and _removes_nothing(blocked)
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
@@ -357,14 +367,16 @@ class _Run:
                                     checked=self.config.detect_backend == "auto")
         self.stats.count_detection(backend)
         key_seen = mask.key_seen
+        per_layer = self.config.granularity == "layer"
         if self.masker.rule == "all_rows":
             det = self._with_history(layer, sc, det)
             key_seen = keys_seen(mask.key_valid, det.rows)
-        scores, sinks, chosen = compiled_tail.selector(query.device, backend != "materialized")(
-            det.mass, det.rows.expand(-1, sc.heads, -1), key_seen,
-            eps=self.config.eps, k=self.config.top_k,
-            per_layer=self.config.granularity == "layer",
-        )
+            counts = key_counts(det.rows, key_seen, per_layer=per_layer, dtype=det.mass.dtype)
+        else:  # rows and keys are the mask's: the same for every layer of the pass
+            counts = mask.key_counts(per_layer, det.mass.dtype)
+        scores, sinks, chosen, n_sinks, n_chosen = compiled_tail.selector(
+            query.device, backend != "materialized")(
+            det.mass, counts, eps=self.config.eps, k=self.config.top_k, per_layer=per_layer)
         extra = self.masker.extra_keys
         if self.config.sink_token == "exclude" and extra is not None:
             if extra.shape != (sc.batch, sc.n_k):
@@ -373,13 +385,15 @@ class _Run:
                     f"call has batch {sc.batch} and {sc.n_k} keys"
                 )
             chosen = top_k_sinks(scores, sinks & ~extra[:, None].to(sinks.device), self.config.top_k)
+            n_chosen = chosen.sum()
         if self.config.mask_target == "random":
             chosen = self._random_control(layer, chosen, sinks, key_seen, extra)
-        self.previous[layer] = chosen
+            n_chosen = chosen.sum()
+        self.previous[layer] = _Chosen(chosen, n_chosen)
         if blocked is None:
-            blocked = chosen
+            blocked, n_blocked = chosen, n_chosen
             keep_all = _removes_nothing(blocked)
-        return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen)
+        return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen, n_sinks, n_blocked)
 
     def _random_control(self, layer, chosen, sinks, key_seen, extra) -> torch.Tensor:
         """``mask_target=random``: per (batch element, head), as many keys as the sinks just
@@ -422,16 +436,21 @@ class _Run:
         self.history[layer] = det
         return det
 
-    def _previous(self, layer: int, sc: Scores) -> torch.Tensor | None:
-        """Sinks chosen at this layer on the previous pass, aligned to this pass's keys.
+    def _previous(self, layer: int, sc: Scores) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Sinks chosen at this layer on the previous pass, aligned to this pass's keys, and
+        their number; (None, None) where there are none to mask.
 
         Keys only ever get appended between passes (KV cache) or stay fixed (DLM steps), so
-        positions keep their meaning; a changed batch size (classifier-free guidance doubles
-        it) starts afresh. A layer's head layout cannot change within a run.
+        positions keep their meaning (the appended keys are not chosen: the number stays); a
+        changed batch size (classifier-free guidance doubles it) starts afresh. A layer's
+        head layout cannot change within a run.
         """
-        prev = self.previous.get(layer)
-        if prev is None or prev.shape[0] != sc.batch or prev.shape[-1] > sc.n_k:
-            return None
+        kept = self.previous.get(layer)
+        if kept is None:
+            return None, None
+        prev = kept.keys
+        if prev.shape[0] != sc.batch or prev.shape[-1] > sc.n_k:
+            return None, None
         if prev.shape[-1] < sc.n_k:
             prev = F.pad(prev, (0, sc.n_k - prev.shape[-1]), value=False)
-        return prev
+        return prev, kept.count

@@ -93,7 +93,13 @@ class MaskingStats:
         """Count one masked call's sinks and blocked keys (bool tensors) without waiting for
         the device: the sums stay tensors until :meth:`settle`. ``per_key``: masked
         (element, head, key) triples per True in ``blocked`` (heads sharing one layer mask)."""
-        self._pending.append((counters, sinks.sum(), blocked.sum(), per_key))
+        self.defer_counts(counters, sinks.sum(), blocked.sum(), per_key)
+
+    def defer_counts(self, counters: LayerCounters, n_sinks: torch.Tensor, n_blocked: torch.Tensor,
+                     per_key: int) -> None:
+        """:meth:`defer` given the two sums already made (0-dim integer tensors), e.g. by the
+        compiled selection, where they cost no launch of their own."""
+        self._pending.append((counters, n_sinks, n_blocked, per_key))
 
     def settle(self) -> None:
         """Add the deferred counts to the integer counters: one ``tolist`` (one host sync) per

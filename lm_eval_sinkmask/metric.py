@@ -9,6 +9,8 @@ indexes keys.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -43,9 +45,12 @@ def sink_scores(mass: torch.Tensor, rows: torch.Tensor, key_valid: torch.Tensor)
     is |K| * A_last,j. Invalid keys (padding, or seen by no valid row) score 0.
     """
     n_keys = key_valid.sum(dim=-1, keepdim=True).to(mass.dtype)
-    seen = key_valid & (rows > 0)
-    scores = n_keys * mass / rows.clamp(min=1).to(mass.dtype)
-    return torch.where(seen, scores, torch.zeros_like(scores))
+    return _share_scores(mass, n_keys, rows.clamp(min=1).to(mass.dtype), ~(key_valid & (rows > 0)))
+
+
+def _share_scores(mass, n_keys, rows, unseen):
+    """|K| * mass / rows, 0 where ``unseen`` (counts already in the mass dtype)."""
+    return (n_keys * mass / rows).masked_fill_(unseen, 0.0)
 
 
 def find_sinks(scores: torch.Tensor, key_valid: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,9 +61,40 @@ def find_sinks(scores: torch.Tensor, key_valid: torch.Tensor, eps: float) -> tor
     """
     scores = torch.where(key_valid, scores, torch.zeros_like(scores))
     n_keys = key_valid.sum(dim=-1, keepdim=True)
+    others = (n_keys - 1).clamp(min=1).to(scores.dtype)
+    return _above_the_others(scores, others, key_valid & (n_keys > 1), eps)
+
+
+def _above_the_others(scores, others, several, eps):
+    """Eq. 3's test of scores that are 0 outside K: ``others`` = max(|K| - 1, 1) in the
+    scores' dtype, ``several``: in K, and K holds another key."""
     total = scores.sum(dim=-1, keepdim=True)
-    others_mean = (total - scores) / (n_keys - 1).clamp(min=1).to(scores.dtype)
-    return key_valid & (n_keys > 1) & (scores > others_mean + eps)
+    return several & (scores > (total - scores) / others + eps)
+
+
+class KeyCounts(NamedTuple):
+    """What Eq. 3 needs of a call besides its mass: the keys K, the rows that see each key and
+    the counts made of them. They depend on the mask alone, so the layers of a forward pass
+    that share one mask share these (the intercept makes them once per pass: each op is a
+    kernel launch on a GPU, and there are ten of them)."""
+
+    unseen: torch.Tensor  # bool [B, H or 1, Sk]: not in K, or seen by no row of Q
+    n_keys: torch.Tensor  # [B, 1, 1]: |K|, in the mass dtype
+    rows: torch.Tensor  # [B, H or 1, Sk]: max(rows_j, 1), in the mass dtype
+    others: torch.Tensor  # [B, 1, 1]: max(|K| - 1, 1), in the mass dtype
+    several: torch.Tensor  # bool [B, 1, Sk]: in K, and K holds another key
+
+
+def key_counts(rows: torch.Tensor, key_valid: torch.Tensor, *, per_layer: bool,
+               dtype: torch.dtype = torch.float32) -> KeyCounts:
+    """The :class:`KeyCounts` of rows [B, H or 1, Sk] and key_valid [B, Sk] for a mass of
+    ``dtype``; ``per_layer`` as in :func:`select_sinks`."""
+    if per_layer:
+        rows = rows.amax(dim=1, keepdim=True)
+    valid = key_valid.unsqueeze(1)
+    n_keys = valid.sum(dim=-1, keepdim=True)
+    return KeyCounts(~(valid & (rows > 0)), n_keys.to(dtype), rows.clamp(min=1).to(dtype),
+                     (n_keys - 1).clamp(min=1).to(dtype), valid & (n_keys > 1))
 
 
 def top_k_sinks(scores: torch.Tensor, is_sink: torch.Tensor, k: int) -> torch.Tensor:
@@ -88,15 +124,23 @@ def select_sinks(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Scores, all Eq. 3 sinks, and the top-k selected sinks for one attention call.
 
-    mass, rows: [B, H, Sk]; key_valid: [B, Sk]. With ``per_layer`` the attention is averaged
-    over heads first (granularity=layer) and the results have a head dimension of 1; a key's
-    row count is then the most rows any head gives it, which is every head's count when the
-    heads share one mask (as in all four supported families: their masks have no head axis).
+    mass: [B, H, Sk]; rows: [B, H or 1, Sk]; key_valid: [B, Sk]. With ``per_layer`` the
+    attention is averaged over heads first (granularity=layer) and the results have a head
+    dimension of 1; a key's row count is then the most rows any head gives it, which is every
+    head's count when the heads share one mask (as in all four supported families: their
+    masks have no head axis).
     """
+    counts = key_counts(rows, key_valid, per_layer=per_layer, dtype=mass.dtype)
+    return select_counted(mass, counts, eps=eps, k=k, per_layer=per_layer)
+
+
+def select_counted(mass: torch.Tensor, counts: KeyCounts, *, eps: float, k: int,
+                   per_layer: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`select_sinks` given the call's :class:`KeyCounts`: what is left of the
+    selection per call when the counts are made once per pass. Bit for bit
+    :func:`sink_scores`, :func:`find_sinks` and :func:`top_k_sinks` composed."""
     if per_layer:
         mass = mass.mean(dim=1, keepdim=True)
-        rows = rows.amax(dim=1, keepdim=True)
-    key_valid = key_valid.unsqueeze(1)
-    scores = sink_scores(mass, rows, key_valid)
-    sinks = find_sinks(scores, key_valid, eps)
+    scores = _share_scores(mass, counts.n_keys, counts.rows, counts.unseen)
+    sinks = _above_the_others(scores, counts.others, counts.several, eps)
     return scores, sinks, top_k_sinks(scores, sinks, k)

@@ -372,21 +372,39 @@ def test_fused_path_makes_no_float32_copies_of_q_and_k():
 
 def test_selection_is_compiled_only_on_the_fused_cuda_path():
     from lm_eval_sinkmask import compiled_tail
-    from lm_eval_sinkmask.metric import select_sinks
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert compiled_tail.selector(cpu, True) is select_sinks
-    assert compiled_tail.selector(cuda, False) is select_sinks  # the materialised path as it was
+    assert compiled_tail.selector(cpu, True) is compiled_tail.select_and_count
+    # the materialised path as it was: eager
+    assert compiled_tail.selector(cuda, False) is compiled_tail.select_and_count
     assert compiled_tail.selector(cuda, True) is compiled_tail._COMPILED
+
+
+def test_the_selection_counts_what_it_selected():
+    """The two counts the stats keep per call come out of the selection (where compiling
+    fuses their sums): select_sinks' own outputs, and their sums."""
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import key_counts, select_sinks
+
+    g = torch.Generator().manual_seed(0)
+    mass, rows = torch.rand(2, 4, 30, generator=g) ** 4, torch.full((2, 4, 30), 30)
+    valid = torch.rand(2, 30, generator=g) > 0.1
+    counts = key_counts(rows, valid, per_layer=False)
+    scores, sinks, chosen, n_sinks, n_chosen = compiled_tail.select_and_count(
+        mass, counts, eps=0.5, k=1, per_layer=False)
+    want = select_sinks(mass, rows, valid, eps=0.5, k=1, per_layer=False)
+    assert all(torch.equal(a, b) for a, b in zip((scores, sinks, chosen), want, strict=True))
+    assert (int(n_sinks), int(n_chosen)) == (int(sinks.sum()), int(chosen.sum()))
+    assert int(n_sinks) > int(n_chosen) > 0
 
 
 @pytest.mark.slow
 def test_compiled_selection_picks_exactly_the_eager_sinks():
-    """torch.compile of select_sinks (here inductor's CPU backend; CUDA uses its Triton one)
-    returns the eager scores, sinks and choices bit for bit, across key counts (one dynamic
-    graph) and with invalid keys and keys no row sees."""
+    """torch.compile of the selection (here inductor's CPU backend; CUDA uses its Triton one)
+    returns the eager scores, sinks, choices and counts bit for bit, across key counts (one
+    dynamic graph) and with invalid keys and keys no row sees."""
     from lm_eval_sinkmask import compiled_tail
-    from lm_eval_sinkmask.metric import select_sinks
+    from lm_eval_sinkmask.metric import key_counts
 
     compiled = compiled_tail._Compiled()
     g = torch.Generator().manual_seed(0)
@@ -396,8 +414,9 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
         rows[:, :, -3:] = 0
         valid = torch.ones(2, n_keys, dtype=torch.bool)
         valid[0, :2] = False
-        got = compiled(mass, rows, valid, eps=0.5, k=3, per_layer=False)
-        want = select_sinks(mass, rows, valid, eps=0.5, k=3, per_layer=False)
+        counts = key_counts(rows, valid, per_layer=False)
+        got = compiled(mass, counts, eps=0.5, k=3, per_layer=False)
+        want = compiled_tail.select_and_count(mass, counts, eps=0.5, k=3, per_layer=False)
         assert not compiled.failed
         assert int(want[2].sum()) > 0
         for a, b in zip(got, want, strict=True):

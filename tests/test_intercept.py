@@ -759,3 +759,20 @@ def test_a_real_row_that_sees_no_key_weighs_nothing(monkeypatch):
                                         torch.ones(2, 9, dtype=torch.long), eps=0.5, top_k=2,
                                         path="fused", monkeypatch=monkeypatch)
     _assert_matches_by_hand(event, out, by_hand)
+
+
+def test_sdpa_arguments_are_read_by_name_however_the_model_passes_them():
+    """Positional or keyword, a call's arguments land under SDPA's names with its defaults
+    filled in, and a call SDPA itself would refuse raises the same TypeError."""
+    from lm_eval_sinkmask.intercept import _sdpa_arguments
+
+    q, k, v, m = object(), object(), object(), object()
+    positional = _sdpa_arguments(q, k, v, m, 0.0, True, scale=0.5)
+    keyword = _sdpa_arguments(query=q, key=k, value=v, attn_mask=m, is_causal=True, scale=0.5)
+    assert positional == keyword == {"query": q, "key": k, "value": v, "attn_mask": m,
+                                     "dropout_p": 0.0, "is_causal": True, "scale": 0.5,
+                                     "enable_gqa": False}
+    assert _sdpa_arguments(q, k, v)["attn_mask"] is None
+    for bad_args, bad_kwargs in (((q, k), {}), ((q, k, v), {"mask": m}), ((q, k, v, m, 0.0, True, 0.5), {})):
+        with pytest.raises(TypeError):
+            _sdpa_arguments(*bad_args, **bad_kwargs)

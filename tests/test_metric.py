@@ -129,3 +129,28 @@ def test_padding_keys_are_never_sinks_however_low_eps_goes():
     s = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0])
     valid = torch.tensor([True, True, True, True, False])
     assert find_sinks(s, valid, eps=-100.0).tolist() == [True, True, True, True, False]
+
+
+def test_select_sinks_is_bit_for_bit_the_public_functions_composed():
+    """select_sinks skips work the public functions would redo (|K| counted twice, scores
+    zeroed twice) and takes rows shared by the heads unexpanded (the mask's, counted once per
+    pass by the intercept); what it returns must not change by a bit, padding and unseen keys
+    included, at both granularities."""
+    g = torch.Generator().manual_seed(0)
+    B, H, S = 3, 4, 40
+    mass = torch.rand(B, H, S, generator=g) * 3
+    key_valid = torch.rand(B, S, generator=g) > 0.2
+    key_valid[2] = False
+    key_valid[2, 7] = True  # a single valid key: never a sink
+    per_head = torch.randint(0, 6, (B, H, S), generator=g)  # 0: a key no row of Q sees
+    shared = torch.randint(0, 6, (B, 1, S), generator=g)
+    for rows in (per_head, shared):
+        for per_layer in (False, True):
+            full = rows.expand(B, H, S)
+            m, r = (mass.mean(1, keepdim=True), full.amax(1, keepdim=True)) if per_layer else (mass, full)
+            scores = sink_scores(m, r, key_valid[:, None])
+            sinks = find_sinks(scores, key_valid[:, None], 0.1)
+            got = select_sinks(mass, rows, key_valid, eps=0.1, k=3, per_layer=per_layer)
+            want = (scores, sinks, top_k_sinks(scores, sinks, 3))
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+            assert got[1].any() and not got[1][2].any()

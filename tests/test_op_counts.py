@@ -1,0 +1,62 @@
+"""Torch ops a masked attention call dispatches beyond an unmasked one (benchmarks/op_counts.py).
+
+At batch 1 and in one-row decoding steps a GPU spends a masked call mostly launching the
+intercept's small ops, one kernel each, so their number is pinned here: a change that adds
+ops to every call (or to every forward pass) fails until the bound is raised on purpose.
+Counted on CPU tiny models, for the CPU's materialised path and for the fused path as CUDA
+runs it (its two Triton kernel launches counted, the selection eager: compiled on CUDA, it
+fuses into a few kernels there).
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import op_counts  # noqa: E402
+
+# (scenario, path): (most ops a masked layer may add, most ops a masked pass may add once)
+BOUNDS = {
+    ("llada batch 1", "materialized"): (39, 18),
+    ("llada batch 1", "fused"): (24, 18),
+    ("llada batch 8", "materialized"): (46, 27),
+    ("llada batch 8", "fused"): (23, 20),
+    ("llama decode last_row", "materialized"): (42, 18),
+    ("llama decode last_row", "fused"): (25, 18),
+    ("llama decode all_rows", "materialized"): (61, 6),
+    ("llama decode all_rows", "fused"): (44, 6),
+}
+
+
+@pytest.mark.parametrize("scenario,path", list(BOUNDS))
+def test_a_masked_call_adds_no_more_ops_than_pinned(scenario, path):
+    c = op_counts.compare(scenario, path)
+    per_layer, per_pass = BOUNDS[scenario, path]
+    assert c.unmasked_call >= 1 and c.selection > 0  # both calls were seen and counted
+    assert c.outside_per_layer == 0  # the model handles a masked output as an unmasked one
+    assert c.extra_per_call <= per_layer, c
+    assert c.per_pass_fixed <= per_pass, c
+
+
+def test_the_fused_path_is_counted_as_on_a_gpu():
+    """Two kernel launches per call, the masked output from the model's SDPA, and no
+    float32 probabilities (no softmax) on the intercept's side."""
+    ops = op_counts.op_table("llada batch 8", "fused")["call"]
+    names = {name: n for (_, name), n in ops.items()}
+    assert names["triton.row_lse_kernel"] == names["triton.column_mass_kernel"] == 1
+    assert "aten::_softmax" not in names and "aten::bmm" not in names
+
+
+def test_the_counter_counts_launching_ops_only():
+    counter = op_counts.OpCounter()
+    x = torch.ones(4, 3)
+    with counter:
+        y = (x + 1).view(12)  # add: counted; view: not
+        torch.empty(5)  # an allocation launches nothing
+        with op_counts.in_phase(counter, "call"):
+            y.sum()
+    assert counter.counts == {"outside": 1, "call": 1}
