@@ -89,15 +89,23 @@ def _one_seed_session(zoo_run, seed):
     return session
 
 
-def test_a_seed_installed_later_leaves_the_earlier_one(zoo_run):
-    """Seeds arrive from separate GPU sessions: installing seed 1 from its own run folder
-    keeps the seed 0 installed from another, and takes the step plan kept with it."""
+def _two_sessions(zoo_run, first_steps, later_steps):
+    """Seed 0's and seed 1's runs from two sessions, trained by these step plans, with seed 0
+    installed: what a later seed's install meets."""
     run, package, seeds_root = zoo_run
     _evaluate_all(run)
     first, later = _one_seed_session(zoo_run, 0), _one_seed_session(zoo_run, 1)
-    _plan(first, {"llada": 7})
-    _plan(later, {"llada": 7})
+    _plan(first, first_steps)
+    _plan(later, later_steps)
     install.install(first, [0], ["llada"], package=package, seeds_root=seeds_root)
+    return first, later
+
+
+def test_a_seed_installed_later_leaves_the_earlier_one(zoo_run):
+    """Seeds arrive from separate GPU sessions: installing seed 1 from its own run folder
+    keeps the seed 0 installed from another, and takes the step plan kept with it."""
+    _, package, seeds_root = zoo_run
+    _, later = _two_sessions(zoo_run, {"llada": 7}, {"llada": 7})
     seed0 = checkpoint_digest(str(package / "llada"))
     install.install(later, [1], ["llada"], package=package, seeds_root=seeds_root)
     assert checkpoint_digest(str(package / "llada")) == seed0
@@ -107,12 +115,8 @@ def test_a_seed_installed_later_leaves_the_earlier_one(zoo_run):
 
 
 def test_a_seed_trained_by_other_steps_is_not_installed(zoo_run):
-    run, package, seeds_root = zoo_run
-    _evaluate_all(run)
-    first, later = _one_seed_session(zoo_run, 0), _one_seed_session(zoo_run, 1)
-    _plan(first, {"llada": 7})
-    _plan(later, {"llada": 9})
-    install.install(first, [0], ["llada"], package=package, seeds_root=seeds_root)
+    _, package, seeds_root = zoo_run
+    _, later = _two_sessions(zoo_run, {"llada": 7}, {"llada": 9})
     with pytest.raises(SystemExit, match="trained .* steps, the installed seeds"):
         install.install(later, [1], ["llada"], package=package, seeds_root=seeds_root)
     assert not (seeds_root / "llada").exists()
