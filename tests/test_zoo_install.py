@@ -120,3 +120,39 @@ def test_a_seed_trained_by_other_steps_is_not_installed(zoo_run):
     with pytest.raises(SystemExit, match="trained .* steps, the installed seeds"):
         install.install(later, [1], ["llada"], package=package, seeds_root=seeds_root)
     assert not (seeds_root / "llada").exists()
+
+
+def _card(folder, hardware):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "train_info.json").write_text(json.dumps({"hardware": hardware}))
+
+
+def test_gpu_seeds_come_in_the_order_1_2_0(tmp_path):
+    """A 15-minute GPU session trains one seed; seed 0, which replaces the package's CPU zoo
+    that the committed results rest on, comes last."""
+    package, seeds_root, names = tmp_path / "pkg", tmp_path / "zoo_seeds", ["arm", "llada"]
+    _card(package / "arm", "2 CPU threads")
+    _card(package / "llada", "2 CPU threads")
+    (package / "llada" / "train_info.json").write_text("{}")  # the first zoo's cards: no field
+
+    def upcoming():
+        return install.next_gpu_seed(names, package=package, seeds_root=seeds_root)
+
+    assert upcoming() == 1
+    _card(seeds_root / "arm" / "seed1", "1 NVIDIA H200")
+    assert upcoming() == 1  # llada's seed 1 is still missing
+    _card(seeds_root / "llada" / "seed1", "1 NVIDIA H200")
+    assert upcoming() == 2
+    for name in names:
+        _card(seeds_root / name / "seed2", "1 NVIDIA H200")
+    assert upcoming() == 0
+    for name in names:
+        _card(package / name, "1 NVIDIA H200 (shared by the runs training at once)")
+    assert upcoming() is None
+
+
+def test_next_seed_is_printed_without_a_run_folder(capsys):
+    assert install.main(["--next-seed"]) == 0
+    expected = install.next_gpu_seed()
+    assert capsys.readouterr().out.strip() == ("none" if expected is None else str(expected))

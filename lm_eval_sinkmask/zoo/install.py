@@ -129,15 +129,51 @@ def sizes_after(sources: dict[tuple[str, int], Path], package: Path,
     return shipped, total
 
 
+# Seed 0 comes last: it replaces the CPU-trained checkpoints in the package that every
+# committed result rests on, so the session that installs it reruns them all at once.
+GPU_SEED_ORDER = (1, 2, 0)
+
+
+def trained_on_gpu(checkpoint: Path) -> bool:
+    """Whether a checkpoint's model card names a GPU (the CPU zoo's cards name CPU threads or,
+    older, nothing)."""
+    card = checkpoint / "train_info.json"
+    hardware = json.loads(card.read_text()).get("hardware", "") if card.is_file() else ""
+    return bool(hardware) and "CPU" not in hardware
+
+
+def next_gpu_seed(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR,
+                  seeds_root: Path | None = None) -> int | None:
+    """The seed the next GPU session trains (:data:`GPU_SEED_ORDER`), None once all three are
+    installed: a seed >= 1 is in when every model has it under ``seeds_root``, seed 0 when
+    every model in the package was trained on a GPU."""
+    seeds_root = seeds_dir() if seeds_root is None else seeds_root
+    done = {s for s in GPU_SEED_ORDER if s and all(
+        (seeds_root / name / f"seed{s}" / "config.json").is_file() for name in names)}
+    if all(trained_on_gpu(package / name) for name in names):
+        done.add(0)
+    return next((s for s in GPU_SEED_ORDER if s not in done), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..sweep_plan import parse_seeds
 
     ap = argparse.ArgumentParser(prog="python -m lm_eval_sinkmask.zoo.install",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, help="gpu_zoo's --out folder (seed<S>/<name>/, eval/)")
+    ap.add_argument("run", type=Path, nargs="?",
+                    help="gpu_zoo's --out folder (seed<S>/<name>/, eval/)")
+    ap.add_argument("--next-seed", action="store_true",
+                    help="print the seed the next GPU session trains (order 1, 2, 0), or "
+                         "'none' when all three are installed, and install nothing")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds to install (default 0,1,2)")
     ap.add_argument("--models", default=",".join(ZOO_NAMES), help="zoo models to install")
     args = ap.parse_args(argv)
+    if args.next_seed:
+        seed = next_gpu_seed()
+        print("none" if seed is None else seed)
+        return 0
+    if args.run is None:
+        ap.error("the run folder is required (or --next-seed)")
     names = [m for m in args.models.split(",") if m]
     unknown = sorted(set(names) - set(ZOO_NAMES))
     if unknown:
