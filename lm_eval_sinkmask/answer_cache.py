@@ -15,6 +15,13 @@ from typing import Any
 # CachingLM's own keys are sha256 hex digests, so this one never names an answer
 KEY = "lm_eval_sinkmask:answers_computed_with"
 
+# what to do when a recorded setting differs, beyond the general "one db per setting"
+ADVICE = {
+    "batch_size": "The reference samplers' tokens depend on which prompts share a batch: rerun "
+                  "at the db's batch_size, or decode with llada_sampler=invariant / "
+                  "dream_sampler=invariant, whose tokens do not, and a new db",
+}
+
 
 def claim(db, settings: dict[str, Any], where: str) -> None:
     """Record ``settings`` in a new db, or refuse one whose answers came from other settings
@@ -35,7 +42,21 @@ def claim(db, settings: dict[str, Any], where: str) -> None:
             f"--use_cache {where} holds answers computed with other settings ("
             + "; ".join(changed) + "), and lm-eval's cache keys on the request only, so this run "
             "would report those answers as its own. Use one --use_cache path per setting (e.g. "
-            "one per top_k), or a new one.")
+            "one per top_k), or a new one." + "".join(f" {hint}." for hint in _advice(changed)))
+
+
+def refuse_auto_batch_size(batch_size, batch_dependent: str | None) -> None:
+    """Under a sampler whose tokens depend on the batch, ``batch_size=auto`` answers at
+    whatever size the search finds on this device, after the db has been checked: the db
+    could not say which size its answers came from."""
+    if batch_dependent and str(batch_size).startswith("auto"):
+        raise ValueError(
+            f"--use_cache with batch_size={batch_size} and {batch_dependent}: this sampler's "
+            "tokens depend on which prompts share a batch, and the size the search finds "
+            "depends on the device, so the db could not say which size computed its answers. "
+            "Set batch_size to a number (a run records the size its search found in "
+            "config.sinkmask.batch_sizes_found), decode with llada_sampler=invariant / "
+            "dream_sampler=invariant, or drop --use_cache.")
 
 
 def refuse_several_processes(world_size: int) -> None:
@@ -58,6 +79,12 @@ def refuse_sampling(sampling: str | None) -> None:
             f"--use_cache with a sampler that draws at random ({sampling}): lm-eval's cache keys "
             "on the request only and would return one stored sample for every repeat and every "
             "later run. Drop --use_cache, or decode deterministically.")
+
+
+def _advice(changed: list[str]) -> list[str]:
+    """The advice for each recorded setting among ``changed`` (``name: ...`` lines)."""
+    names = {line.split(".")[0].split(":")[0] for line in changed}
+    return [hint for name, hint in ADVICE.items() if name in names]
 
 
 def _differences(cached: Any, now: Any, path: str = "") -> list[str]:

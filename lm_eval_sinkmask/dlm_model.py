@@ -666,6 +666,15 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 "sampler": asdict(self.settings), "likelihood": likelihood_settings,
                 "mask_id": self.mask_id}
 
+    def batch_dependent(self) -> str | None:
+        """The reference samplers break ties where ``torch.topk`` does, which moves with the
+        padding, and Dream's divides the batch's reveal count by its size."""
+        chosen = {"block": ("llada_sampler", self.settings.llada_sampler),
+                  "dream": ("dream_sampler", self.settings.dream_sampler)}.get(self.family.sampler)
+        if chosen and chosen[1] == "reference":
+            return "=".join(chosen)
+        return None
+
     def random_sampling(self) -> str | None:
         s, draws = self.settings, []
         if s.temperature:

@@ -109,6 +109,7 @@ class MaskingLMMixin:
         if db is not None:
             answer_cache.refuse_several_processes(self.world_size)
             answer_cache.refuse_sampling(self.random_sampling())
+            answer_cache.refuse_auto_batch_size(self.batch_size_per_gpu, self.batch_dependent())
             answer_cache.claim(db, self.answer_settings(), getattr(db, "filename", "db"))
         super().set_cache_hook(cache_hook)
 
@@ -118,7 +119,8 @@ class MaskingLMMixin:
         by name: retrained weights keep their path or ``zoo:`` name. HFLM's own settings too:
         ``max_length`` and ``truncation`` cut the prompts, ``add_bos_token`` tokenizes them,
         ``peft``/``delta`` change the weights, ``think_end_token`` cuts the generated text
-        and ``softmax_dtype`` rounds the log-likelihoods."""
+        and ``softmax_dtype`` rounds the log-likelihoods. The batch size only where the
+        decoding depends on it."""
         from .provenance import checkpoint_digest
 
         masking = self.mask_config.as_dict()
@@ -132,7 +134,8 @@ class MaskingLMMixin:
             adapter = getattr(self, name, None)
             hflm[name] = adapter if adapter is None else {
                 "name": adapter, "checkpoint": checkpoint_digest(adapter)}
-        return {"model": type(self).__name__, "pretrained": pretrained,
+        batch = {"batch_size": self.batch_size_per_gpu} if self.batch_dependent() else {}
+        return {**batch, "model": type(self).__name__, "pretrained": pretrained,
                 "checkpoint": self.weights_digest,
                 "revision": self.revision, "dtype": str(self.model.dtype),
                 "mixed_precision_dtype": str(getattr(self, "mixed_precision_dtype", None)),
@@ -149,6 +152,11 @@ class MaskingLMMixin:
         if not isinstance(self.pretrained, str):
             return None
         return checkpoint_digest(self.pretrained, self.revision)
+
+    def batch_dependent(self) -> str | None:
+        """The model_args that make the tokens depend on which prompts share a batch, if any
+        (HFLM's padded greedy decoding gives each row the tokens of the row alone)."""
+        return None
 
     def random_sampling(self) -> str | None:
         """The model_args that make generation draw at random, if any (HFLM samples only when

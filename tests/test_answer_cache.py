@@ -108,3 +108,40 @@ def test_a_db_filled_with_a_delta_is_refused_without_it(tiny_dirs, tmp_path):
     cached("arm_sinkmask", tiny_dirs, db, delta=str(tiny_dirs["llama"])).generate_until(requests())
     with pytest.raises(ValueError, match=r"hflm\.delta: \{'name': .*'checkpoint': 'sha256:\w+'\} in the cache, None now"):
         cached("arm_sinkmask", tiny_dirs, db)
+
+
+def reference_llada(tiny_dirs, db, **args):
+    """LLaDA's reference sampler, whose ties move with the padding of a batch."""
+    return CachingLM(make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, **args), str(db))
+
+
+def test_a_reference_sampler_db_is_refused_at_another_batch_size(tiny_dirs, tmp_path):
+    """Which prompts share a batch can change a reference sampler's tokens, so answers
+    computed at one batch size are not another's; the message says how to go on."""
+    db = tmp_path / "cache.db"
+    reference_llada(tiny_dirs, db, batch_size=1).generate_until(requests())
+    with pytest.raises(ValueError, match=r"batch_size: 1 in the cache, 3 now.*"
+                                         r"rerun at the db's batch_size, or decode with "
+                                         r"llada_sampler=invariant"):
+        reference_llada(tiny_dirs, db, batch_size=3)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_decoding_that_ignores_the_batch_reads_a_db_of_any_batch_size(tiny_dirs, tmp_path, name):
+    """The invariant samplers and HFLM's padded greedy decoding give each row the tokens of
+    the row alone (tests/test_models.py), so the batch size is not theirs to record."""
+    db = tmp_path / "cache.db"
+    answers = cached(name, tiny_dirs, db, batch_size=1).generate_until(requests())
+    again = cached(name, tiny_dirs, db, batch_size=3)
+    assert again.generate_until(requests()) == answers
+    assert again.lm.mask_stats.forward_passes == 0
+
+
+@pytest.mark.parametrize("batch_size", ["auto", "auto:2"])
+def test_a_searched_batch_size_refuses_the_cache_under_a_reference_sampler(tiny_dirs, tmp_path,
+                                                                           batch_size):
+    """The size the search finds depends on the device, and is found after the db is checked."""
+    with pytest.raises(ValueError, match="batch_size=auto and llada_sampler=reference"
+                                         ".*Set batch_size to a number"):
+        reference_llada(tiny_dirs, tmp_path / "cache.db", batch_size=batch_size)
+    cached("dlm_sinkmask", tiny_dirs, tmp_path / "invariant.db", batch_size=batch_size)
