@@ -46,8 +46,21 @@ def check_calls_per_pass(calls: int, layers: int | None) -> None:
             + ". Sink masking needs exactly one SDPA call per layer.")
 
 
+def _tokenizer_name(tokenizer) -> str | None:
+    """``tokenizer=`` by name: a path or hub name as given, a tokenizer object by its own."""
+    if tokenizer is None or isinstance(tokenizer, str):
+        return tokenizer
+    return getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+
+
 class MaskingLMMixin:
     """Mix into an :class:`lm_eval.models.huggingface.HFLM` subclass, before HFLM."""
+
+    def __init__(self, pretrained, **kwargs) -> None:
+        # HFLM loads with these but keeps neither, and both change what answers the db holds
+        self.loaded_with = {"tokenizer": _tokenizer_name(kwargs.get("tokenizer")),
+                            "subfolder": kwargs.get("subfolder") or None}
+        super().__init__(pretrained, **kwargs)
 
     @classmethod
     def check_arg_string(cls, arg_string: str) -> None:
@@ -117,10 +130,10 @@ class MaskingLMMixin:
         """Everything besides the request that decides an answer (settings that change only
         memory use, such as ``query_chunk``, left out). The checkpoint by content as well as
         by name: retrained weights keep their path or ``zoo:`` name. HFLM's own settings too:
-        ``max_length`` and ``truncation`` cut the prompts, ``add_bos_token`` tokenizes them,
-        ``peft``/``delta`` change the weights, ``think_end_token`` cuts the generated text
-        and ``softmax_dtype`` rounds the log-likelihoods. The batch size only where the
-        decoding depends on it."""
+        ``max_length`` and ``truncation`` cut the prompts, ``add_bos_token``, ``tokenizer`` and
+        ``prefix_token_id`` tokenize them, ``subfolder``, ``peft`` and ``delta`` change the
+        weights, ``think_end_token`` cuts the generated text and ``softmax_dtype`` rounds the
+        log-likelihoods. The batch size only where the decoding depends on it."""
         from .provenance import checkpoint_digest
 
         masking = self.mask_config.as_dict()
@@ -130,10 +143,13 @@ class MaskingLMMixin:
             self.model.config, "_name_or_path", type(self.model).__name__)
         hflm = {name: getattr(self, name, None) for name in (
             "backend", "max_length", "truncation", "add_bos_token", "think_end_token")}
-        for name in ("peft", "delta"):
-            adapter = getattr(self, name, None)
-            hflm[name] = adapter if adapter is None else {
-                "name": adapter, "checkpoint": checkpoint_digest(adapter)}
+        hflm["prefix_token_id"] = self.prefix_token_id
+        hflm["subfolder"] = self.loaded_with["subfolder"]
+        loaded = {"peft": getattr(self, "peft", None), "delta": getattr(self, "delta", None),
+                  "tokenizer": self.loaded_with["tokenizer"]}
+        for name, source in loaded.items():
+            hflm[name] = source if source is None else {
+                "name": source, "checkpoint": checkpoint_digest(source)}
         batch = {"batch_size": self.batch_size_per_gpu} if self.batch_dependent() else {}
         return {**batch, "model": type(self).__name__, "pretrained": pretrained,
                 "checkpoint": self.weights_digest,

@@ -145,3 +145,33 @@ def test_a_searched_batch_size_refuses_the_cache_under_a_reference_sampler(tiny_
                                          ".*Set batch_size to a number"):
         reference_llada(tiny_dirs, tmp_path / "cache.db", batch_size=batch_size)
     cached("dlm_sinkmask", tiny_dirs, tmp_path / "invariant.db", batch_size=batch_size)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_db_filled_with_another_prefix_token_is_refused(tiny_dirs, tmp_path, name):
+    """prefix_token_id is the token a rolling log-likelihood's first window follows."""
+    db = tmp_path / "cache.db"
+    cached(name, tiny_dirs, db, prefix_token_id=3).generate_until(requests())
+    with pytest.raises(ValueError, match=r"hflm\.prefix_token_id: 3 in the cache, 4 now"):
+        cached(name, tiny_dirs, db, prefix_token_id=4)
+
+
+def test_a_db_filled_with_another_tokenizer_is_refused(tiny_dirs, tmp_path):
+    db = tmp_path / "cache.db"
+    cached("arm_sinkmask", tiny_dirs, db, tokenizer=tiny_dirs["llama"]).generate_until(requests())
+    with pytest.raises(ValueError, match=r"hflm\.tokenizer: \{'name': .*'checkpoint': "
+                                         r"'sha256:\w+'\} in the cache, None now"):
+        cached("arm_sinkmask", tiny_dirs, db)
+
+
+def test_a_db_filled_from_another_subfolder_is_refused(tiny_dirs, tmp_path):
+    """subfolder= picks which weights under one path load; the path's digest covers them all."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    for sub in ("first", "second"):
+        shutil.copytree(tiny_dirs["llama"], repo / sub)
+    db = tmp_path / "cache.db"
+    CachingLM(make("arm_sinkmask", str(repo), subfolder="first"), str(db)).generate_until(requests())
+    with pytest.raises(ValueError, match=r"hflm\.subfolder: 'first' in the cache, 'second' now"):
+        CachingLM(make("arm_sinkmask", str(repo), subfolder="second"), str(db))
