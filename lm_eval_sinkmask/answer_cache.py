@@ -59,6 +59,35 @@ def refuse_auto_batch_size(batch_size, batch_dependent: str | None) -> None:
             "dream_sampler=invariant, or drop --use_cache.")
 
 
+class AnswersRead:
+    """How many answers lm-eval's CachingLM handed back from the db instead of asking the
+    model: the model never sees those requests, so its counters leave them out."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.count = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"db": self.where, "answers_from_cache": self.count}
+
+
+def count_answers_read(db, where: str) -> AnswersRead:
+    """Count every cached answer read from ``db`` from now on. CachingLM holds the db and reads
+    each answer with ``db[hash]`` without telling the model, so the db's own class is the one
+    place to see them: it is swapped for a subclass that counts those reads."""
+    tally = AnswersRead(where)
+    base = type(db)
+
+    def counting_getitem(self, key):
+        value = base.__getitem__(self, key)
+        if key != KEY:
+            tally.count += 1
+        return value
+
+    db.__class__ = type(f"Counted{base.__name__}", (base,), {"__getitem__": counting_getitem})
+    return tally
+
+
 def refuse_several_processes(world_size: int) -> None:
     """lm-eval's cache skips the model call on a rank whose answers are all cached, and that
     rank then never joins the gather of the masking counters the other ranks wait in: the

@@ -60,6 +60,7 @@ class MaskingLMMixin:
         # HFLM loads with these but keeps neither, and both change what answers the db holds
         self.loaded_with = {"tokenizer": _tokenizer_name(kwargs.get("tokenizer")),
                             "subfolder": kwargs.get("subfolder") or None}
+        self.answers_read: answer_cache.AnswersRead | None = None  # set under --use_cache
         super().__init__(pretrained, **kwargs)
 
     @classmethod
@@ -123,7 +124,9 @@ class MaskingLMMixin:
             answer_cache.refuse_several_processes(self.world_size)
             answer_cache.refuse_sampling(self.random_sampling())
             answer_cache.refuse_auto_batch_size(self.batch_size_per_gpu, self.batch_dependent())
-            answer_cache.claim(db, self.answer_settings(), getattr(db, "filename", "db"))
+            where = getattr(db, "filename", "db")
+            answer_cache.claim(db, self.answer_settings(), where)
+            self.answers_read = answer_cache.count_answers_read(db, where)
         super().set_cache_hook(cache_hook)
 
     def answer_settings(self) -> dict:
@@ -238,5 +241,24 @@ class MaskingLMMixin:
             "counters": self.run_mask_stats.as_dict(),
             # lm-eval records batch_size "auto" but not, for generation, the size it found
             "batch_sizes_found": self.batch_sizes_found,
+            "answer_cache": self.answers_read.as_dict() if self.answers_read else None,
         }
+        self._warn_about_cached_answers()
         return info
+
+    def _warn_about_cached_answers(self) -> None:
+        """Answers read from the db ran no forward pass here, so the counters leave them out:
+        zero counters then mean "nothing computed", not "nothing masked"."""
+        read = self.answers_read.count if self.answers_read else 0
+        if not read:
+            return
+        if not self.mask_stats.forward_passes:
+            logger.warning(
+                "every answer of this run (%d) came from the --use_cache db %s: no forward pass "
+                "ran, so config.sinkmask.counters are zero because nothing was computed, not "
+                "because nothing was masked (the run that filled the db reported its own)",
+                read, self.answers_read.where)
+        else:
+            logger.warning(
+                "%d answers of this run came from the --use_cache db %s: config.sinkmask.counters "
+                "count only the answers computed in this run", read, self.answers_read.where)

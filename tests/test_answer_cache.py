@@ -134,7 +134,7 @@ def test_decoding_that_ignores_the_batch_reads_a_db_of_any_batch_size(tiny_dirs,
     answers = cached(name, tiny_dirs, db, batch_size=1).generate_until(requests())
     again = cached(name, tiny_dirs, db, batch_size=3)
     assert again.generate_until(requests()) == answers
-    assert again.lm.mask_stats.forward_passes == 0
+    assert again.lm.get_model_info()["sinkmask"]["answer_cache"]["answers_from_cache"] == 3
 
 
 @pytest.mark.parametrize("batch_size", ["auto", "auto:2"])
@@ -175,3 +175,36 @@ def test_a_db_filled_from_another_subfolder_is_refused(tiny_dirs, tmp_path):
     CachingLM(make("arm_sinkmask", str(repo), subfolder="first"), str(db)).generate_until(requests())
     with pytest.raises(ValueError, match=r"hflm\.subfolder: 'first' in the cache, 'second' now"):
         CachingLM(make("arm_sinkmask", str(repo), subfolder="second"), str(db))
+
+
+def test_a_run_answered_from_the_cache_says_so(tiny_dirs, tmp_path, caplog):
+    """Cached answers ran no forward pass here: zero counters must not read as "no sinks"."""
+    db = tmp_path / "cache.db"
+    first = cached("dlm_sinkmask", tiny_dirs, db, top_k=1, eps=0.0)
+    first.generate_until(requests()[:2])
+    assert first.lm.get_model_info()["sinkmask"]["answer_cache"] == {
+        "db": str(db), "answers_from_cache": 0}
+    again = cached("dlm_sinkmask", tiny_dirs, db, top_k=1, eps=0.0)
+    again.generate_until(requests()[:2])
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        info = again.lm.get_model_info()["sinkmask"]
+    assert info["answer_cache"] == {"db": str(db), "answers_from_cache": 2}
+    assert info["counters"]["forward_passes"] == 0
+    assert "every answer of this run (2) came from the --use_cache db" in caplog.text
+
+
+def test_a_resumed_run_says_how_many_answers_the_cache_gave(tiny_dirs, tmp_path, caplog):
+    db = tmp_path / "cache.db"
+    cached("dlm_sinkmask", tiny_dirs, db).generate_until(requests()[:1])
+    resumed = cached("dlm_sinkmask", tiny_dirs, db)
+    resumed.generate_until(requests())
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        info = resumed.lm.get_model_info()["sinkmask"]
+    assert info["answer_cache"]["answers_from_cache"] == 1
+    assert "1 answers of this run came from the --use_cache db" in caplog.text
+    assert "count only the answers computed in this run" in caplog.text
+
+
+def test_a_run_without_the_cache_records_none(tiny_dirs):
+    kind, extra = MODELS["arm_sinkmask"]
+    assert make("arm_sinkmask", tiny_dirs[kind], **extra).get_model_info()["sinkmask"]["answer_cache"] is None
