@@ -10,7 +10,7 @@
 # - cuda_tests.log, bench_checks.md: the CUDA tests of the fused and flex detection paths and
 #   the bench's parts mass and zoo (kernels vs reference, CUDA vs CPU tokens), side by side:
 #   they compare and time nothing;
-# - then the timings, alone on the GPU, in the order issue 14's bars need them, each cut
+# - then the timings, alone on the GPU, most needed first (the LLaDA shape's ratios), each cut
 #   short when the budget runs out (what it printed so far stays): bench_llada.md (8B-shaped
 #   LLaDA, batch 8 and 1), bench_llama.md (decoding steps), gpu_hours.md and gpu_hours.json,
 #   bench_llada_kernels.md (LLaDA's kernel switch);
