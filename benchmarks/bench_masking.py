@@ -327,6 +327,8 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
         run_part("mass", fused_mass_check, device, heads, S)
     if "llada" in parts:
         med = bench_llada(args, device, hidden, heads, S)
+    if "llada_gap" in parts:
+        run_part("llada_gap", bench_llada_gap, args, device, hidden, heads, S)
     if "llada_kernels" in parts:
         with lladas_kernels():
             m = bench_llada(args, device, hidden, heads, S, ", memory-efficient kernel off "
@@ -373,6 +375,26 @@ def bench_llada(args, device, hidden, heads, S, condition="", memory=True):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return med
+
+
+def bench_llada_gap(args, device, hidden, heads, S):
+    """Part llada_gap: the 8B-shaped LLaDA config at batch 8 without padding, at part llada's
+    length and at gpu_hours' (prompt 800 + 256 generated, scaled with S), and padded at the
+    latter. Part llada (padded, S 700, 4 layers) and gpu_hours' full-depth fit (unpadded,
+    S 1056) disagree on (c)/(a) at batch 8; these tables say whether padding or length moves
+    it (depth is what gpu_hours' fit takes out)."""
+    model = wide_model(hidden, heads, 2 if args.quick else 4, torch.bfloat16, device,
+                       3 * hidden)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (smoke run)"
+    long = S * 1056 // 700
+    for length, padded in ((S, False), (long, False), (long, True)):
+        run_part(f"llada_gap S {length}", bench_forward,
+                 f"3. 8B-shaped LLaDA config on {name}, batch 8, S {length}, "
+                 f"{'padded' if padded else 'no padding'}", model, 8, length, 4, args, device,
+                 padded, ("a", "c", "c_mat"))
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def fused_mass_check(device, H=32, S=700):
@@ -768,9 +790,10 @@ def main(argv=None):
     ap.add_argument("--only", default=None,
                     help="sections to run, e.g. 1,4 (default 1,2,3,4,5,6; with --gpu 3: the CPU "
                          "sections take longer than a lent GPU's 10-minute command)")
-    ap.add_argument("--gpu-parts", default="mass,llada,llada_kernels,llama,zoo",
+    ap.add_argument("--gpu-parts", default="mass,llada,llada_gap,llada_kernels,llama,zoo",
                     help="parts of section 3: mass (kernels vs reference), llada (8B-shaped "
-                         "forward, batch 8 and 1), llada_kernels (the same with the "
+                         "forward, batch 8 and 1), llada_gap (batch 8 unpadded at S 700 and "
+                         "1056, padded at 1056), llada_kernels (the same with the "
                          "memory-efficient kernel off, as LLaDA's code sets it), llama "
                          "(decoding steps), zoo (same tokens)")
     ap.add_argument("--gpu-smoke-cpu", action="store_true", help=argparse.SUPPRESS)

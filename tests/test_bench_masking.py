@@ -33,10 +33,13 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     out = capsys.readouterr().out
     for title in ("batch 8", "batch 1", "arm_rule=last_row, batch 1", "arm_rule=all_rows, batch 8"):
         assert title in out
-    for variant in ("(c) top_k=5 previous, fused", "(c) fused, eager selection", "(c) materialized",
-                    "(c) flex (two FlexAttention calls)"):
+    for variant in ("(c) fused, eager selection", "(c) flex (two FlexAttention calls)"):
         # four LLaDA tables (two under LLaDA's own kernel switch), four Llama decoding tables
         assert out.count(variant) == 8
+    for variant in ("(c) top_k=5 previous, fused", "(c) materialized"):
+        assert out.count(variant) == 8 + 3  # and the three tables of part llada_gap
+    for title in ("batch 8, S 40, no padding", "batch 8, S 60, no padding", "batch 8, S 60, padded"):
+        assert title in out
     assert "fused kernels vs torch reference" in out
     assert "flex (two FlexAttention calls) vs torch reference" in out
     for name in ("fused", "flex"):
@@ -92,7 +95,7 @@ def test_a_failing_backend_loses_no_other_part(monkeypatch, capsys):
                         "--gpu-smoke-cpu"])
     out = capsys.readouterr().out
     assert "part mass FAILED" in out and "flex broken here" in out
-    assert out.count("(c) top_k=5 previous, fused") == 8
+    assert out.count("(c) top_k=5 previous, fused") == 8 + 3  # with part llada_gap's tables
     assert "variant (c) flex (two FlexAttention calls) FAILED" in out
     assert "CUDA fused detection vs CUDA materialized: tokens the same" in out
     assert "CUDA flex detection FAILED on the zoo checkpoint" in out

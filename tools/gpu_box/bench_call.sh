@@ -12,7 +12,7 @@
 #   they compare and time nothing;
 # - then the timings, alone on the GPU, most needed first (the LLaDA shape's ratios), each cut
 #   short when the budget runs out (what it printed so far stays): bench_llada.md (8B-shaped
-#   LLaDA, batch 8 and 1), bench_llama.md (decoding steps), gpu_hours.md and gpu_hours.json,
+#   LLaDA, batch 8 and 1, then batch 8 unpadded and at another length), bench_llama.md (decoding steps), gpu_hours.md and gpu_hours.json,
 #   bench_llada_kernels.md (LLaDA's kernel switch);
 # - summary.txt: the device, versions, and how each step ended.
 set -uo pipefail
@@ -43,7 +43,7 @@ step "cuda tests" 0 timeout "$checks_budget" python3 -m pytest -q -p no:cachepro
 step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,zoo \
     > "$out/bench_checks.md" 2>&1 &
 wait
-step "bench llada" 10 "${bench[@]}" --gpu-parts llada > "$out/bench_llada.md" 2>&1
+step "bench llada" 10 "${bench[@]}" --gpu-parts llada,llada_gap > "$out/bench_llada.md" 2>&1
 step "bench llama" 10 "${bench[@]}" --gpu-parts llama > "$out/bench_llama.md" 2>&1
 step "gpu_hours" 10 python3 benchmarks/gpu_hours.py --detect-backend fused --batch 1,8 \
     --json "$out/gpu_hours.json" > "$out/gpu_hours.md" 2>&1
