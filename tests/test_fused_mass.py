@@ -423,6 +423,36 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_selection_leaves_the_shared_counts_as_it_found_them(backend):
+    """A pass's KeyCounts serve every layer's selection, eager and compiled (dynamic shapes,
+    the scores zeroed in place): no call may write into them, and each call's result is the
+    eager one, for rows shared by the heads ([B, 1, Sk], the mask's) or per head, at both
+    granularities and across key counts. aot_eager traces and functionalises the graph as
+    inductor does on CUDA, without a compiler."""
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import key_counts
+
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_tail.select_and_count, dynamic=True, backend=backend)
+    g = torch.Generator().manual_seed(0)
+    for n_keys in (30, 31, 47):
+        for heads_of_rows in (1, 4):
+            rows = torch.randint(0, 4, (2, heads_of_rows, n_keys), generator=g)
+            valid = torch.rand(2, n_keys, generator=g) > 0.1
+            for per_layer in (False, True):
+                counts = key_counts(rows, valid, per_layer=per_layer)
+                before = [t.clone() for t in counts]
+                for _ in range(2):  # a second layer of the pass, the same counts
+                    mass = torch.rand(2, 4, n_keys, generator=g) ** 4
+                    got = compiled(mass, counts, eps=0.5, k=3, per_layer=per_layer)
+                    want = compiled_tail.select_and_count(mass, counts, eps=0.5, k=3,
+                                                          per_layer=per_layer)
+                    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+                    assert all(torch.equal(a, b) for a, b in zip(counts, before, strict=True))
+    torch._dynamo.reset()
+
+
 # -- on a CUDA machine: the compiled kernels (skipped on CPU-only machines such as CI) ---------
 
 needs_cuda = pytest.mark.skipif(
