@@ -184,7 +184,10 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
             return original(q, k, v, attn_mask=_kept_keys(b), **kw)
         drop = b & chunked_attention.row_keeps_some(m.key_visible, b, sc.n_k)
         return original(q, k, v, attn_mask=with_blocked(given, m.key_visible, drop), **kw)
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    # [B, H, Sq, Dv] in [B, Sq, H, Dv] memory, as SDPA returns it for the models' transposed
+    # q (chunked_attention.sweep does the same): the model's reshape after the call is a view
+    out = torch.empty(sc.batch, sc.n_q, sc.heads, v.shape[-1], dtype=q.dtype,
+                      device=q.device).transpose(1, 2)
     for r0, r1 in sc.chunks(chunk):
         visible = m.visible_chunk(r0, r1)
         drop = b & chunked_attention.row_keeps_some(visible, b, sc.n_k)

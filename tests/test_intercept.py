@@ -920,3 +920,27 @@ def test_the_stats_count_the_keys_each_decoding_step_blocked(rule, detect):
         mine = [e for e in events if e.layer == layer]
         assert c.sinks_detected == sum(int(e.sinks.sum()) for e in mine)
         assert c.keys_masked == sum(int(e.blocked.sum()) * heads // e.blocked.shape[1] for e in mine)
+
+
+@pytest.mark.parametrize("path", OUTPUT_PATHS)
+@pytest.mark.parametrize("sdpa_kwargs", [
+    {"is_causal": True},
+    {"attn_mask": torch.ones(10, 10, dtype=torch.bool).tril()},
+    {"attn_mask": torch.rand(2, 1, 1, 10, generator=torch.Generator().manual_seed(0)) > 0.2},
+], ids=["causal", "per_row_mask", "key_padding"])
+def test_a_masked_output_is_laid_out_as_the_unmasked_one(path, sdpa_kwargs, monkeypatch):
+    """Models project q/k/v as [B, S, H, D] and transpose them; SDPA then returns its output in
+    [B, Sq, H, Dv] memory, and the model's transpose-and-reshape after the call is a view. A
+    masked output made per query chunk in another layout costs a copy per layer there."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 10, 3, 8, generator=g).transpose(1, 2) for _ in range(3))
+    k[:, :, 0] *= 6  # a key that draws the attention: a sink to mask
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+
+    plain = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+    event, out = _masked_call(Attn(), path, monkeypatch, top_k=1)
+    assert bool(event.blocked.any())
+    assert out.shape == plain.shape and out.stride() == plain.stride()
