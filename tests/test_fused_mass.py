@@ -380,6 +380,31 @@ def test_selection_is_compiled_only_on_the_fused_cuda_path():
     assert compiled_tail.selector(cuda, True) is compiled_tail._COMPILED
 
 
+def test_all_rows_counts_its_keys_inside_the_compiled_selection():
+    """all_rows makes its key counts per call (its rows grow with the history): on the fused
+    CUDA path they go into the compiled function with the rest of the selection, as all of
+    select_sinks did before the counts were shared per pass, not ten eager launches before
+    it; eager, the same results bit for bit as the counts made apart."""
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import key_counts
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compiled_tail.selector(cuda, True, from_rows=True) is compiled_tail._COMPILED_FROM_ROWS
+    assert compiled_tail._COMPILED_FROM_ROWS.eager is compiled_tail.select_and_count_from_rows
+    for device, unmaterialized in ((cpu, True), (cuda, False)):
+        assert compiled_tail.selector(device, unmaterialized, from_rows=True) \
+            is compiled_tail.select_and_count_from_rows
+    g = torch.Generator().manual_seed(0)
+    mass, rows = torch.rand(2, 4, 30, generator=g) ** 4, torch.randint(0, 5, (2, 4, 30), generator=g)
+    valid = torch.rand(2, 30, generator=g) > 0.1
+    for per_layer in (False, True):
+        got = compiled_tail.select_and_count_from_rows(mass, rows, valid, eps=0.5, k=2,
+                                                       per_layer=per_layer)
+        want = compiled_tail.select_and_count(mass, key_counts(rows, valid, per_layer=per_layer),
+                                              eps=0.5, k=2, per_layer=per_layer)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_the_selection_counts_what_it_selected():
     """The two counts the stats keep per call come out of the selection (where compiling
     fuses their sums): select_sinks' own outputs, and their sums."""
