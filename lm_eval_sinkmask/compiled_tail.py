@@ -1,15 +1,19 @@
-"""Eq. 3 selection in fewer kernel launches: ``metric.select_sinks`` under ``torch.compile``,
-with the two per-call counts the stats keep (:func:`select_and_count`).
+"""Eq. 3 selection in fewer kernel launches: what ``metric.select_sinks`` does per call, under
+``torch.compile``, with the two per-call counts the stats keep (:func:`select_and_count`).
 
 Why this: once detection is two Triton kernels (:mod:`fused_mass`), what is left of a masked
 attention call at batch 1 or in a one-row decoding step is launch overhead, not GPU work. The
 largest share is the selection: ``select_sinks`` is about 25 small tensor ops (scores, the
 others-mean threshold, a stable sort for the top-k), each a separate CUDA launch and a few
 microseconds of Python, on tensors of a few thousand elements; 32 layers pay it 32 times per
-step. Compiled, the same function runs as a handful of fused kernels. The alternatives were
-weighed and not taken: CUDA graphs need fixed shapes, but the key count grows with every
-decoding step and differs per task; hand-fusing the ops would make a second copy of Eq. 3,
-where this keeps the one pure function (``dynamic=True``: one graph serves every key count).
+step. Its counts of keys and rows depend on the mask alone and are made once per forward pass
+(:class:`metric.KeyCounts`, eager); the rest (:func:`metric.select_counted`), or all of it
+under the all_rows rule, whose counts change with every call
+(:func:`select_and_count_from_rows`), is compiled and runs as a handful of fused kernels.
+The alternatives were weighed and not taken: CUDA graphs need fixed shapes, but the key
+count grows with every decoding step and differs per task; hand-fusing the ops would make a
+second copy of Eq. 3, where this keeps the one pure function (``dynamic=True``: one graph
+serves every key count).
 
 Used only where it pays and is cheap to be wrong about: tensors on CUDA, the fused detection
 path. If compiling fails in an environment (no compiler toolchain, an unsupported Triton),

@@ -358,8 +358,8 @@ class _Run:
                                query.shape[-2], a["key"].shape[-2], query.device, chunk)
         sc = Scores(query, a["key"], a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
 
-        # keys masked in this call: last pass's sinks, or (first pass, detect=current) this
-        # pass's, known only once the sweep below has detected them
+        # keys masked in this call: last pass's sinks, or (detect=current, or the first pass
+        # of detect=previous) this pass's, known only once the sweep below has detected them
         blocked, n_blocked = self._previous(layer, sc) if self.config.detect == "previous" \
             else (None, None)
         keep_all = blocked is not None and _removes_nothing(blocked)
