@@ -432,6 +432,7 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
     from lm_eval_sinkmask.metric import key_counts
 
     compiled = compiled_tail._Compiled()
+    from_rows = compiled_tail._Compiled(compiled_tail.select_and_count_from_rows)
     g = torch.Generator().manual_seed(0)
     for n_keys in (30, 31, 47):
         mass = torch.rand(2, 4, n_keys, generator=g) ** 4
@@ -446,6 +447,10 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
         assert int(want[2].sum()) > 0
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
+        # all_rows: the counts made inside the compiled function
+        got = from_rows(mass, rows, valid, eps=0.5, k=3, per_layer=False)
+        assert not from_rows.failed
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
