@@ -338,7 +338,7 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
         run_part("llama", bench_llama_decoding, args, device, hidden, heads, P)
     if "zoo" in parts:
         run_part("zoo", same_on_cuda_and_cpu, device)
-    if compiled_tail._COMPILED.failed:
+    if compiled_tail.compile_failed():
         print("\n**torch.compile of the selection FAILED in this run** (warning above): every "
               "'compiled selection' row ran the eager selection.")
     return med

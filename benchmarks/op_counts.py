@@ -124,8 +124,8 @@ def calls_recorded(counter: OpCounter, per_call: list):
         per_call.append(counter.ops - before)
         return out
 
-    def selector(device, unmaterialized):
-        chosen = select(device, unmaterialized)
+    def selector(device, unmaterialized, **kw):
+        chosen = select(device, unmaterialized, **kw)
 
         def counted(*args, **kwargs):
             with in_phase(counter, "selection"):

@@ -33,9 +33,11 @@ class MaskView:
 
     Holds the mask as one additive float term per chunk of query rows (0 visible, -inf
     hidden), the key and query validity, the metric's query rows Q and, per key, how many of
-    them can see it. Per attention call, only q/k/v (:class:`Scores`) and the blocked keys
-    differ; on a CPU the per-call cost of a tiny model is mostly the number of torch calls,
-    so everything that depends on the mask alone is made here once.
+    them can see it, and the Eq. 3 counts made of those (:meth:`key_counts`). Per attention
+    call, only q/k/v (:class:`Scores`) and the blocked keys differ; each torch op is a
+    kernel launch on a GPU and most of a tiny model's per-call cost on a CPU, so everything
+    that depends on the mask alone is made here once (what only one path reads, on first
+    read).
 
     When the mask does not depend on the query row (a key-padding mask, LLaDA's additive
     bias, or a 4-D mask whose rows are all equal) and the call is not causal, it is folded
@@ -111,7 +113,7 @@ class MaskView:
         """Rows before this one are not in Q (the fused paths skip them): 0, or under
         last_row the earliest of the elements' last real rows, n_q - 1 unless right padding
         moved one left. Read only by the fused paths: one host sync per pass, there."""
-        if self._last is None or self.n_q == 1:
+        if self._last is None:  # not last_row, or a one-row call
             return 0
         return int(self._last.min())
 

@@ -30,7 +30,7 @@ from . import chunked_attention, compiled_tail, flex_mass, fused_mass
 from .attention_view import Detection, MaskView, Scores, keys_seen
 from .config import SinkMaskConfig
 from .masking_stats import SETTLE_AT, MaskingStats
-from .metric import key_counts, top_k_sinks
+from .metric import top_k_sinks
 from .random_control import key_draws, random_non_sinks, row_seeds
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,10 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
             return original(q, k, v, attn_mask=_kept_keys(b), **kw)
         drop = b & chunked_attention.row_keeps_some(m.key_visible, b, sc.n_k)
         return original(q, k, v, attn_mask=with_blocked(given, m.key_visible, drop), **kw)
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    # [B, H, Sq, Dv] in [B, Sq, H, Dv] memory, as SDPA returns it for the models' transposed
+    # q (chunked_attention.sweep does the same): the model's reshape after the call is a view
+    out = torch.empty(sc.batch, sc.n_q, sc.heads, v.shape[-1], dtype=q.dtype,
+                      device=q.device).transpose(1, 2)
     for r0, r1 in sc.chunks(chunk):
         visible = m.visible_chunk(r0, r1)
         drop = b & chunked_attention.row_keeps_some(visible, b, sc.n_k)
@@ -355,8 +358,8 @@ class _Run:
                                query.shape[-2], a["key"].shape[-2], query.device, chunk)
         sc = Scores(query, a["key"], a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
 
-        # keys masked in this call: last pass's sinks, or (first pass, detect=current) this
-        # pass's, known only once the sweep below has detected them
+        # keys masked in this call: last pass's sinks, or (detect=current, or the first pass
+        # of detect=previous) this pass's, known only once the sweep below has detected them
         blocked, n_blocked = self._previous(layer, sc) if self.config.detect == "previous" \
             else (None, None)
         keep_all = blocked is not None and _removes_nothing(blocked)
@@ -366,17 +369,19 @@ class _Run:
         out, det, backend = _detect(sc, chunk, blocked, backend, keep_all,
                                     checked=self.config.detect_backend == "auto")
         self.stats.count_detection(backend)
-        key_seen = mask.key_seen
         per_layer = self.config.granularity == "layer"
-        if self.masker.rule == "all_rows":
+        all_rows = self.masker.rule == "all_rows"
+        select = compiled_tail.selector(query.device, backend != "materialized", from_rows=all_rows)
+        if all_rows:  # rows grow with this layer's history: its counts are this call's own
             det = self._with_history(layer, sc, det)
             key_seen = keys_seen(mask.key_valid, det.rows)
-            counts = key_counts(det.rows, key_seen, per_layer=per_layer, dtype=det.mass.dtype)
-        else:  # rows and keys are the mask's: the same for every layer of the pass
-            counts = mask.key_counts(per_layer, det.mass.dtype)
-        scores, sinks, chosen, n_sinks, n_chosen = compiled_tail.selector(
-            query.device, backend != "materialized")(
-            det.mass, counts, eps=self.config.eps, k=self.config.top_k, per_layer=per_layer)
+            selected = select(det.mass, det.rows, key_seen, eps=self.config.eps,
+                              k=self.config.top_k, per_layer=per_layer)
+        else:  # rows and keys are the mask's: counted once for every layer of the pass
+            key_seen = mask.key_seen
+            selected = select(det.mass, mask.key_counts(per_layer, det.mass.dtype),
+                              eps=self.config.eps, k=self.config.top_k, per_layer=per_layer)
+        scores, sinks, chosen, n_sinks, n_chosen = selected
         extra = self.masker.extra_keys
         if self.config.sink_token == "exclude" and extra is not None:
             if extra.shape != (sc.batch, sc.n_k):

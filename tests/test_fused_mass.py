@@ -380,6 +380,31 @@ def test_selection_is_compiled_only_on_the_fused_cuda_path():
     assert compiled_tail.selector(cuda, True) is compiled_tail._COMPILED
 
 
+def test_all_rows_counts_its_keys_inside_the_compiled_selection():
+    """all_rows makes its key counts per call (its rows grow with the history): on the fused
+    CUDA path they go into the compiled function with the rest of the selection, as all of
+    select_sinks did before the counts were shared per pass, not ten eager launches before
+    it; eager, the same results bit for bit as the counts made apart."""
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import key_counts
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compiled_tail.selector(cuda, True, from_rows=True) is compiled_tail._COMPILED_FROM_ROWS
+    assert compiled_tail._COMPILED_FROM_ROWS.eager is compiled_tail.select_and_count_from_rows
+    for device, unmaterialized in ((cpu, True), (cuda, False)):
+        assert compiled_tail.selector(device, unmaterialized, from_rows=True) \
+            is compiled_tail.select_and_count_from_rows
+    g = torch.Generator().manual_seed(0)
+    mass, rows = torch.rand(2, 4, 30, generator=g) ** 4, torch.randint(0, 5, (2, 4, 30), generator=g)
+    valid = torch.rand(2, 30, generator=g) > 0.1
+    for per_layer in (False, True):
+        got = compiled_tail.select_and_count_from_rows(mass, rows, valid, eps=0.5, k=2,
+                                                       per_layer=per_layer)
+        want = compiled_tail.select_and_count(mass, key_counts(rows, valid, per_layer=per_layer),
+                                              eps=0.5, k=2, per_layer=per_layer)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_the_selection_counts_what_it_selected():
     """The two counts the stats keep per call come out of the selection (where compiling
     fuses their sums): select_sinks' own outputs, and their sums."""
@@ -407,6 +432,7 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
     from lm_eval_sinkmask.metric import key_counts
 
     compiled = compiled_tail._Compiled()
+    from_rows = compiled_tail._Compiled(compiled_tail.select_and_count_from_rows)
     g = torch.Generator().manual_seed(0)
     for n_keys in (30, 31, 47):
         mass = torch.rand(2, 4, n_keys, generator=g) ** 4
@@ -421,6 +447,40 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
         assert int(want[2].sum()) > 0
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
+        # all_rows: the counts made inside the compiled function
+        got = from_rows(mass, rows, valid, eps=0.5, k=3, per_layer=False)
+        assert not from_rows.failed
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_selection_leaves_the_shared_counts_as_it_found_them(backend):
+    """A pass's KeyCounts serve every layer's selection, eager and compiled (dynamic shapes,
+    the scores zeroed in place): no call may write into them, and each call's result is the
+    eager one, for rows shared by the heads ([B, 1, Sk], the mask's) or per head, at both
+    granularities and across key counts. aot_eager traces and functionalises the graph as
+    inductor does on CUDA, without a compiler."""
+    from lm_eval_sinkmask import compiled_tail
+    from lm_eval_sinkmask.metric import key_counts
+
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_tail.select_and_count, dynamic=True, backend=backend)
+    g = torch.Generator().manual_seed(0)
+    for n_keys in (30, 31, 47):
+        for heads_of_rows in (1, 4):
+            rows = torch.randint(0, 4, (2, heads_of_rows, n_keys), generator=g)
+            valid = torch.rand(2, n_keys, generator=g) > 0.1
+            for per_layer in (False, True):
+                counts = key_counts(rows, valid, per_layer=per_layer)
+                before = [t.clone() for t in counts]
+                for _ in range(2):  # a second layer of the pass, the same counts
+                    mass = torch.rand(2, 4, n_keys, generator=g) ** 4
+                    got = compiled(mass, counts, eps=0.5, k=3, per_layer=per_layer)
+                    want = compiled_tail.select_and_count(mass, counts, eps=0.5, k=3,
+                                                          per_layer=per_layer)
+                    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+                    assert all(torch.equal(a, b) for a, b in zip(counts, before, strict=True))
+    torch._dynamo.reset()
 
 
 # -- on a CUDA machine: the compiled kernels (skipped on CPU-only machines such as CI) ---------

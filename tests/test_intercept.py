@@ -776,3 +776,171 @@ def test_sdpa_arguments_are_read_by_name_however_the_model_passes_them():
     for bad_args, bad_kwargs in (((q, k), {}), ((q, k, v), {"mask": m}), ((q, k, v, m, 0.0, True, 0.5), {})):
         with pytest.raises(TypeError):
             _sdpa_arguments(*bad_args, **bad_kwargs)
+
+
+# -- what a forward pass shares between its layers, and what a pass carries to the next ------
+
+
+class _ManyMasks(torch.nn.Module):
+    """Attention calls that share one forward pass but not one mask: a key-padding mask, a
+    sliding window of another tensor (GQA), the padding mask again, is_causal with no mask,
+    and a float bias read by fewer query rows. ``pad`` is edited in place between passes,
+    the same tensor with other contents, as a model that reuses its mask buffer would."""
+
+    def __init__(self, batch=2, seq=12, heads=4, dim=8):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.randn(5, 3, heads * dim, heads * dim, generator=g) / dim ** 0.5
+        self.heads, self.dim = heads, dim
+        self.pad = torch.ones(batch, 1, 1, seq, dtype=torch.bool)
+        rows, cols = torch.arange(seq)[:, None], torch.arange(seq)
+        self.window = ((cols <= rows) & (cols > rows - 4))[None, None]
+        self.bias = torch.zeros(batch, 1, 1, seq)
+
+    def _qkv(self, layer, x, kv_heads):
+        B, S, _ = x.shape
+        q, k, v = (x @ self.w[layer, i] for i in range(3))
+        q = q.view(B, S, self.heads, self.dim).transpose(1, 2)
+        k, v = (t.view(B, S, self.heads, self.dim).transpose(1, 2)[:, :kv_heads] for t in (k, v))
+        return q, k, v
+
+    def forward(self, x):
+        sdpa, h = F.scaled_dot_product_attention, self.heads
+        out = [sdpa(*self._qkv(0, x, h), attn_mask=self.pad)]
+        out.append(sdpa(*self._qkv(1, x, h // 2), attn_mask=self.window, enable_gqa=True))
+        out.append(sdpa(*self._qkv(2, x, h), self.pad))
+        out.append(sdpa(*self._qkv(3, x, h), is_causal=True))
+        q, k, v = self._qkv(4, x, h)
+        out.append(sdpa(q[:, :, -3:], k, v, attn_mask=self.bias))
+        return sum(o.sum() for o in out)
+
+
+def _many_masks_events(config, rule, passes=3, fresh_views=False, monkeypatch=None):
+    if fresh_views:  # every call reads its mask anew: nothing shared between layers
+        monkeypatch.setattr(MaskView, "fits", lambda self, *a: False)
+    model = _ManyMasks()
+    g = torch.Generator().manual_seed(1)
+    m = SinkMasker(SinkMaskConfig(**config), rule=rule, observers=[])
+    events = []
+    m.observers.append(events.append)
+    with torch.no_grad(), m.attach(model) as stats:
+        for t in range(passes):
+            model.pad[:] = torch.rand(model.pad.shape, generator=g) > 0.25 * t
+            model.pad[..., 0] = True
+            model.bias.copy_(torch.where(torch.rand(model.bias.shape, generator=g) > 0.3, 0.0,
+                                         torch.finfo(torch.float32).min))
+            if t == 2:
+                m.set_extra_keys(torch.zeros(2, 12, dtype=torch.bool).index_fill_(1, torch.tensor([0]), True))
+            model(torch.randn(2, 12, 32, generator=g))
+    if fresh_views:
+        monkeypatch.undo()
+    return events, stats.as_dict()
+
+
+@pytest.mark.parametrize("backend", ["materialized", "fused"])
+@pytest.mark.parametrize("rule", ["all", "last_row", "all_rows"])
+@pytest.mark.parametrize("config", [
+    {"detect": "previous", "granularity": "head"},
+    {"detect": "current", "granularity": "layer"},
+    {"detect": "previous", "granularity": "layer", "sink_token": "exclude"},
+    {"detect": "previous", "granularity": "head", "mask_target": "random"},
+], ids=["previous-head", "current-layer", "previous-layer-exclude", "previous-random"])
+def test_counts_shared_by_a_pass_are_those_each_call_would_make(config, rule, backend, monkeypatch):
+    """The mask's view and its Eq. 3 key counts are made once and shared by the layers given
+    the same mask in one pass; layers with another mask, another query length, GQA, or a mask
+    tensor edited between passes must select exactly what a view of their own selects."""
+    config = dict(top_k=2, eps=0.0, detect_backend=backend, **config)
+    shared, shared_stats = _many_masks_events(config, rule)
+    fresh, fresh_stats = _many_masks_events(config, rule, fresh_views=True, monkeypatch=monkeypatch)
+    assert len(shared) == len(fresh) == 15
+    for a, b in zip(shared, fresh, strict=True):
+        for name in ("scores", "sinks", "chosen", "blocked"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (a.forward_pass, a.layer, name)
+    assert shared_stats == fresh_stats
+    assert any(bool(e.blocked.any()) for e in shared)
+
+
+@pytest.mark.parametrize("rule", ["all", "all_rows"])
+@pytest.mark.parametrize("config", [
+    {"detect": "previous", "granularity": "head"},
+    {"detect": "current", "granularity": "head"},
+    {"detect": "previous", "granularity": "layer", "sink_token": "exclude"},
+    {"detect": "previous", "granularity": "head", "mask_target": "random"},
+], ids=["previous-head", "current-head", "previous-layer-exclude", "previous-random"])
+def test_the_stats_count_the_keys_each_call_blocked(config, rule):
+    """The blocked keys' count a call records comes from the pass that chose them (detect=
+    previous) or from this one: it must be the keys the call actually blocked, on the first
+    pass, when the inputs change between passes, and when the batch size changes (a new
+    batch starts afresh and blocks its own choice)."""
+    model = _ManyMasks(batch=2)
+    heads = model.heads
+    events = []
+    m = SinkMasker(SinkMaskConfig(top_k=2, eps=0.0, **config), rule=rule, observers=[events.append])
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad(), m.attach(model) as stats:
+        for t in range(4):
+            batch = 2 if t < 2 else 1
+            if batch != model.pad.shape[0]:
+                model.pad, model.bias = model.pad[:batch].clone(), model.bias[:batch].clone()
+            model.pad[:] = torch.rand(model.pad.shape, generator=g) > 0.2
+            model.pad[..., 0] = True
+            if config.get("sink_token") == "exclude":
+                # most keys: the sinks left to choose are then fewer than top_k
+                m.set_extra_keys(torch.arange(12).expand(batch, 12) < 9)
+            model(torch.randn(batch, 12, 32, generator=g))
+    assert len(events) == 20
+    for layer, c in stats.layers.items():
+        mine = [e for e in events if e.layer == layer]
+        assert c.sinks_detected == sum(int(e.sinks.sum()) for e in mine)
+        masked = [int(e.blocked.sum()) * heads // e.blocked.shape[1] for e in mine]
+        assert c.keys_masked == sum(masked), layer
+        assert c.calls_masked == sum(n > 0 for n in masked)
+    assert stats.keys_masked > 0
+
+
+@pytest.mark.parametrize("rule", ["last_row", "all_rows"])
+@pytest.mark.parametrize("detect", ["previous", "current"])
+def test_the_stats_count_the_keys_each_decoding_step_blocked(rule, detect):
+    """Under a KV cache each step appends keys that the previous step's sinks know nothing
+    of: the count carried over from the step that chose them must stay the keys this step
+    blocked, the left-padded element of the batch included."""
+    model = tiny.build("llama")
+    heads = model.config.num_attention_heads
+    events = []
+    m = SinkMasker(SinkMaskConfig(top_k=2, eps=0.0, detect=detect), rule=rule,
+                   observers=[events.append])
+    ids = torch.randint(5, 50, (2, 7), generator=torch.Generator().manual_seed(3))
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, :2] = 0
+    with torch.no_grad(), m.attach(model) as stats:
+        model.generate(ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False,
+                       pad_token_id=0)
+    assert stats.forward_passes == 4 and stats.keys_masked > 0
+    for layer, c in stats.layers.items():
+        mine = [e for e in events if e.layer == layer]
+        assert c.sinks_detected == sum(int(e.sinks.sum()) for e in mine)
+        assert c.keys_masked == sum(int(e.blocked.sum()) * heads // e.blocked.shape[1] for e in mine)
+
+
+@pytest.mark.parametrize("path", OUTPUT_PATHS)
+@pytest.mark.parametrize("sdpa_kwargs", [
+    {"is_causal": True},
+    {"attn_mask": torch.ones(10, 10, dtype=torch.bool).tril()},
+    {"attn_mask": torch.rand(2, 1, 1, 10, generator=torch.Generator().manual_seed(0)) > 0.2},
+], ids=["causal", "per_row_mask", "key_padding"])
+def test_a_masked_output_is_laid_out_as_the_unmasked_one(path, sdpa_kwargs, monkeypatch):
+    """Models project q/k/v as [B, S, H, D] and transpose them; SDPA then returns its output in
+    [B, Sq, H, Dv] memory, and the model's transpose-and-reshape after the call is a view. A
+    masked output made per query chunk in another layout costs a copy per layer there."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 10, 3, 8, generator=g).transpose(1, 2) for _ in range(3))
+    k[:, :, 0] *= 6  # a key that draws the attention: a sink to mask
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+
+    plain = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
+    event, out = _masked_call(Attn(), path, monkeypatch, top_k=1)
+    assert bool(event.blocked.any())
+    assert out.shape == plain.shape and out.stride() == plain.stride()
