@@ -68,7 +68,7 @@ LABELS = {
 }
 
 
-# the GPU section also times the detection backends against each other (issue 14): the fused
+# the GPU section also times the detection backends against each other: the fused
 # path (default on CUDA) with the compiled selection, the same without compiling it, the
 # materialised path (the CPU's, and the GPU's before the fused path), and the same column mass
 # from two compiled FlexAttention calls (detect_backend=flex, compiled selection)

@@ -1,4 +1,4 @@
-"""GPU-hours per Table 1 cell, from a measured per-step cost (issue 5, item 5).
+"""GPU-hours per Table 1 cell, from a measured per-step cost.
 
     python benchmarks/gpu_hours.py                          # on a CUDA machine: the estimate
     python benchmarks/gpu_hours.py --batch 1,8 --json gpu_hours.json
@@ -231,7 +231,7 @@ def build(shape: Shape, layers: int, device, dtype):
 def masker(kind: str, chunk: int, backend: str = "auto") -> SinkMasker:
     # eps=0: random weights rarely score above eps=3, and a run that masks nothing would time
     # only the scoring; eps=0 makes every (layer, head) mask top_k keys. backend "auto": the
-    # fused detection on CUDA (issue 14), "materialized" for the path measured before it
+    # fused detection on CUDA, "materialized" for the path measured before it
     cfg = SinkMaskConfig(top_k=5, eps=0.0, detect="previous", query_chunk=chunk,
                          detect_backend=backend)
     return SinkMasker(cfg, rule="last_row" if kind == "llama" else "all")

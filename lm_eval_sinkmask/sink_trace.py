@@ -15,7 +15,7 @@ for every forward pass (denoising step, or generated token for an ARM), layer an
 plus the full score vectors of a few evenly spaced steps (for the share-selected-vs-eps curve,
 paper Fig. 10), and optionally the scores of a few fixed ``watch`` positions at every step (e.g.
 an extra sink token's). Saved as ``trace.npz`` + ``meta.json``; :mod:`figures` draws from them
-alone. ``meta["stability"]`` holds the sink-stability summary (:mod:`stability`, issue 7): how
+alone. ``meta["stability"]`` holds the sink-stability summary (:mod:`stability`): how
 often the main sink keeps its position from one step to the next, per (layer, head) and overall.
 A share of attention is a score divided by the step's key count (``n_keys``): exact for the
 single, unpadded sequence a trace records. Key positions (``top_pos``, ``inputs``, ``n_keys``)
@@ -217,7 +217,7 @@ class Trace:
         return np.isfinite(self.arrays["total"]).any(axis=0)
 
     def stability(self, eps: float | None = None) -> dict[str, Any]:
-        """Sink-stability summary (issue 7), JSON-ready: per (layer, head) and aggregated."""
+        """Sink-stability summary, JSON-ready: per (layer, head) and aggregated."""
         per_head = stability.head_stability(*self.main_sink(eps))
         return {
             "eps": self.meta["eps"] if eps is None else eps,

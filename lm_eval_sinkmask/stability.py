@@ -1,4 +1,4 @@
-"""Sink stability (issue 7): does the main sink stay put across the steps of one generation?
+"""Sink stability: does the main sink stay put across the steps of one generation?
 
 "One Token Is Enough" argues that DLM sinks move from one denoising step to the next and that
 this makes inference fragile. These pure NumPy functions measure it per (layer, head) from what

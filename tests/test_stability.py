@@ -1,4 +1,4 @@
-"""Sink stability (issue 7) on hand-built traces, the trace's stability block, and a real
+"""Sink stability on hand-built traces, the trace's stability block, and a real
 generation of the shipped LLaDA-style zoo model."""
 
 import json

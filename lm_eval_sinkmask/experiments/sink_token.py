@@ -1,4 +1,4 @@
-"""Does one extra sink token help a diffusion LM? (issue 7; "One Token Is Enough")
+"""Does one extra sink token help a diffusion LM? ("One Token Is Enough")
 
     python -m lm_eval_sinkmask.experiments.sink_token --out results/sink_token   # installed seeds
 

@@ -1,5 +1,5 @@
 """Tiny zoo: small trained ARM / LLaDA-style / Dream-style checkpoints (docs/method.md section 10), and
-the LLaDA-style one retrained with an extra sink token (``llada_sink``, issue 7).
+the LLaDA-style one retrained with an extra sink token (``llada_sink``).
 
 Every zoo model comes in several training seeds (init and data order). Seed 0 ships inside the
 package (``zoo:llada``, the embedded default); the others live in the repository, outside the
