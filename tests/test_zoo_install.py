@@ -8,7 +8,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from lm_eval_sinkmask.provenance import checkpoint_digest
-from lm_eval_sinkmask.zoo import install
+from lm_eval_sinkmask.zoo import SEEDS_ENV, install
 
 
 def _evaluated(run, name, seed, digest):
@@ -128,16 +128,17 @@ def _card(folder, hardware):
     (folder / "train_info.json").write_text(json.dumps({"hardware": hardware}))
 
 
-def test_gpu_seeds_come_in_the_order_1_2_0(tmp_path):
+def test_gpu_seeds_come_in_the_order_1_2_0(tmp_path, monkeypatch):
     """A 15-minute GPU session trains one seed; seed 0, which replaces the package's CPU zoo
     that the committed results rest on, comes last."""
     package, seeds_root, names = tmp_path / "pkg", tmp_path / "zoo_seeds", ["arm", "llada"]
+    monkeypatch.setenv(SEEDS_ENV, str(seeds_root))
     _card(package / "arm", "2 CPU threads")
     _card(package / "llada", "2 CPU threads")
     (package / "llada" / "train_info.json").write_text("{}")  # the first zoo's cards: no field
 
     def upcoming():
-        return install.next_gpu_seed(names, package=package, seeds_root=seeds_root)
+        return install.next_gpu_seed(names, package=package)
 
     assert upcoming() == 1
     _card(seeds_root / "arm" / "seed1", "1 NVIDIA H200")

@@ -27,7 +27,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import CHECKPOINTS_DIR, ZOO_NAMES, seeds_dir
+from . import CHECKPOINTS_DIR, ZOO_NAMES, installed_seeds, seeds_dir
 
 PACKAGE_BUDGET_MB = 40
 REPO_BUDGET_MB = 120
@@ -142,14 +142,11 @@ def trained_on_gpu(checkpoint: Path) -> bool:
     return bool(hardware) and "CPU" not in hardware
 
 
-def next_gpu_seed(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR,
-                  seeds_root: Path | None = None) -> int | None:
+def next_gpu_seed(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR) -> int | None:
     """The seed the next GPU session trains (:data:`GPU_SEED_ORDER`), None once all three are
-    installed: a seed >= 1 is in when every model has it under ``seeds_root``, seed 0 when
-    every model in the package was trained on a GPU."""
-    seeds_root = seeds_dir() if seeds_root is None else seeds_root
-    done = {s for s in GPU_SEED_ORDER if s and all(
-        (seeds_root / name / f"seed{s}" / "config.json").is_file() for name in names)}
+    installed: a seed >= 1 is in when every model has it (:func:`installed_seeds`), seed 0
+    when every model in the package was trained on a GPU."""
+    done = set(installed_seeds(names)[1:])
     if all(trained_on_gpu(package / name) for name in names):
         done.add(0)
     return next((s for s in GPU_SEED_ORDER if s not in done), None)
