@@ -88,17 +88,12 @@ class MaskingStats:
     def count_detection(self, backend: str) -> None:
         self.detection[backend] = self.detection.get(backend, 0) + 1
 
-    def defer(self, counters: LayerCounters, sinks: torch.Tensor, blocked: torch.Tensor,
-              per_key: int) -> None:
-        """Count one masked call's sinks and blocked keys (bool tensors) without waiting for
-        the device: the sums stay tensors until :meth:`settle`. ``per_key``: masked
-        (element, head, key) triples per True in ``blocked`` (heads sharing one layer mask)."""
-        self.defer_counts(counters, sinks.sum(), blocked.sum(), per_key)
-
     def defer_counts(self, counters: LayerCounters, n_sinks: torch.Tensor, n_blocked: torch.Tensor,
                      per_key: int) -> None:
-        """:meth:`defer` given the two sums already made (0-dim integer tensors), e.g. by the
-        compiled selection, where they cost no launch of their own."""
+        """Count one masked call's sinks and blocked keys (0-dim integer tensors, the compiled
+        selection's sums, which cost no launch of their own) without waiting for the device:
+        they stay tensors until :meth:`settle`. ``per_key``: masked (element, head, key)
+        triples per blocked key (heads sharing one layer mask)."""
         self._pending.append((counters, n_sinks, n_blocked, per_key))
 
     def settle(self) -> None:

@@ -167,7 +167,8 @@ def test_equality_and_repr_see_the_deferred_counts():
         stats = masking_stats.MaskingStats(forward_passes=1, attention_calls=1)
         counters = stats.layer(0)
         counters.calls += 1
-        stats.defer(counters, torch.tensor([True, False]), torch.tensor([True, True]), per_key=2)
+        stats.defer_counts(counters, torch.tensor([True, False]).sum(),
+                           torch.tensor([True, True]).sum(), per_key=2)
         if settled:
             stats.settle()
         return stats
