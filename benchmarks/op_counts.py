@@ -163,12 +163,11 @@ def _tiny(kind: str, layers: int = 3):
 
 
 def _llada_inputs(batch: int, length: int = 24):
-    """Prompts as bench_masking's forward sections make them: ragged left padding, and as
+    """Prompts as bench_masking's forward sections make them (ragged left padding), and as
     dlm_model passes them to LLaDA, a 2-D mask only when some row is padded (LLaDA's bias)."""
-    ids = torch.randint(5, 40, (batch, length), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(batch, length, dtype=torch.long)
-    for i in range(batch):
-        mask[i, : (i * 7) % (length // 2)] = 0
+    from bench_masking import prompts
+
+    ids, mask = prompts(batch, length, vocab=40, mask_id=-1, seed=0)  # no id is -1
     return {"input_ids": ids, "attention_mask": None if bool(mask.all()) else mask}
 
 
