@@ -211,12 +211,15 @@ def test_one_seed_session_rehearsed_on_the_cpu(tmp_path):
     for folder in (site, out):
         folder.mkdir()
     (site / ".installed").touch()
-    _tiny_plan(tmp_path / "plan.json")
+    kept = tmp_path / "kept"  # the installed seeds' folder, with the first seed's step plan
+    kept.mkdir()
+    _tiny_plan(kept / "plan.json")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               ZOO_RUN=str(run), ZOO_SITE=str(site), OUT=str(out), ZOO_ARGS=(
+               ZOO_RUN=str(run), ZOO_SITE=str(site), OUT=str(out), SINKMASK_ZOO_SEEDS=str(kept),
+               ZOO_ARGS=(
                    "--device cpu --size test --batch-size 8 --warmup 2 --pool-gsm 300 "
                    "--pool-code 60 --eval-batch-size 8 --eval-jobs 2 --eval-limit 1 "
-                   f"--workers 1 --quick-eval 1,1 --plan {tmp_path / 'plan.json'}"))
+                   "--workers 1 --quick-eval 1,1"))
     call = ["tools/gpu_box/zoo_call.sh"]
     try:
         first = subprocess.run(call + ["1", "none", "0.02", "1"], cwd=REPO, env=env,

@@ -41,7 +41,7 @@ else
     seeds=${4:?name the seed(s) to train, e.g. 1 (one seed per 15-minute session)}
     echo "$seeds" > "$run/seeds"
 fi
-kept_plan=zoo_seeds/plan.json
+kept_plan=${SINKMASK_ZOO_SEEDS:-zoo_seeds}/plan.json  # the installed seeds' folder, as zoo.install
 . tools/gpu_box/env.sh || exit 1
 
 # A process that ended but was never reaped (a zombie: the box's PID 1 need not reap the
