@@ -25,8 +25,10 @@ def _sweep(a: argparse.Namespace) -> int:
     from .versus import parse_versus
 
     seeds = parse_seeds(a.seeds)
+    models = parse_models(a.models, seeds=seeds)
+    _check_one_recipe_per_model(models, seeds)
     plan = SweepPlan(
-        models=_with_model_args(parse_models(a.models, seeds=seeds), a.model_args_for or []),
+        models=_with_model_args(models, a.model_args_for or []),
         tasks=parse_tasks(a.tasks),
         ks=parse_ks(a.top_k),
         out=Path(a.out),
@@ -50,6 +52,16 @@ def _sweep(a: argparse.Namespace) -> int:
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
         _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2, versus=None))
     return 0
+
+
+def _check_one_recipe_per_model(models: list, seeds: list[int] | None) -> None:
+    """A seed axis pools runs of one experiment: each model's seeds must share their training
+    recipe (zoo checkpoints record it; other checkpoints pass)."""
+    from .masking_lm import resolve_pretrained
+    from .zoo.recipes import check_one_recipe
+
+    for m in models if seeds and len(seeds) > 1 else []:
+        check_one_recipe(m.name, {s: resolve_pretrained(m.path_for_seed(s)) for s in seeds})
 
 
 def _with_model_args(models: list, items: list[str]) -> list:

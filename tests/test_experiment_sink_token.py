@@ -157,3 +157,22 @@ def test_the_main_sink_shares_say_they_count_only_steps_and_heads_with_a_sink():
     labels = dict(exp.STABILITY_COLUMNS)
     for key in ("main_is_extra", "main_is_bos"):
         assert "with a sink" in labels[key], labels[key]
+
+
+def test_seed_pairs_of_different_training_recipes_are_refused_before_anything_runs(
+        tmp_path, monkeypatch):
+    """The spread across pairs is one experiment's: seed 0 of the CPU zoo beside a GPU seed of
+    another size is refused with both recipes named, before a model loads."""
+    import shutil
+
+    from lm_eval_sinkmask import zoo
+
+    monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path / "seeds"))
+    for name in exp.TRACED:
+        folder = shutil.copytree(zoo.checkpoint_path(name), tmp_path / "seeds" / name / "seed1")
+        info = json.loads((folder / "train_info.json").read_text())
+        info["batch_size"] = 512
+        (folder / "train_info.json").write_text(json.dumps(info))
+    with pytest.raises(SystemExit, match=r"seeds of 'llada' .*5911 steps x 512 \(batch_size differ"):
+        exp.main(["--out", str(tmp_path / "out"), "--seeds", "0,1"])
+    assert not (tmp_path / "out" / "cells").exists()

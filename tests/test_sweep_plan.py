@@ -115,6 +115,37 @@ def test_zoo_seeds_resolve_from_the_seeds_folder_or_fail_naming_it(tmp_path, mon
     # what the zoo's own tools run by default: seed 0 and every seed all models have
     assert zoo.installed_seeds(("llada",)) == [0, 1] and zoo.installed_seeds() == [0]
 
+def test_seeds_of_a_zoo_model_trained_under_other_recipes_are_refused(tmp_path, monkeypatch,
+                                                                      capsys):
+    """A mean over seeds is a spread over seeds only when they ran one recipe: the package's
+    CPU-trained seed 0 beside a GPU seed of another size would pass the change off as noise."""
+    import json
+    import shutil
+
+    from lm_eval_sinkmask import zoo
+    from lm_eval_sinkmask.zoo.recipes import check_one_recipe
+
+    monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path / "seeds"))
+    for seed, steps in ((1, None), (2, 99)):  # seed 1: seed 0's recipe; seed 2: other steps
+        folder = shutil.copytree(zoo.checkpoint_path("llada"),
+                                 tmp_path / "seeds" / "llada" / f"seed{seed}")
+        info = json.loads((folder / "train_info.json").read_text())
+        info["seed"], info["steps"] = seed, steps or info["steps"]
+        (folder / "train_info.json").write_text(json.dumps(info))
+    paths = {s: zoo.checkpoint_path("llada", s) for s in (0, 1, 2)}
+    check_one_recipe("l", {s: paths[s] for s in (0, 1)})
+    check_one_recipe("l", {0: paths[0], 5: tmp_path})  # a folder without a recipe passes
+    with pytest.raises(ValueError, match=r"seeds of 'l' .* seed 0 1\.4M params, 5911 steps x 16, "
+                                         r"seed 2 1\.4M params, 99 steps x 16 \(steps differ\)"):
+        check_one_recipe("l", paths)
+    sweep = ["sweep", "--tasks", "mini_gsm_sinkmask", "--top-k", "0", "--limit", "1",
+             "--out", str(tmp_path / "out")]
+    for models, seeds in (("l=zoo:llada", "0-2"), (f"l={tmp_path}/seeds/llada/seed{{seed}}", "1,2")):
+        assert main(sweep + ["--models", models, "--seeds", seeds]) == 2
+        assert "different recipes" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
 def test_mask_seeds_run_every_masked_random_cell_once_per_draw(tmp_path):
     assert parse_seeds("0-3,7", "--mask-seeds") == [0, 1, 2, 3, 7]
     for bad in ("3-1", "0,3-1", "0-2,2", "x-1"):

@@ -104,7 +104,8 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
     share = lambda x: {"share_of_pairs_with_sink": x, "generations": 1, "mean_sinks_per_pair": 1.0,  # noqa: E731
                        "top_tokens": [], "top_positions": []}
     sinks = {("llada", 0): share(0.7), ("llada", 1): share(0.3), ("arm (last_row)", 0): share(1.0)}
-    rep = report.build_report(acc, sinks, list(report.ZOO_NAMES))
+    recipe = lambda name, seed: "2.0M params, 10 steps x 4"  # noqa: E731
+    rep = report.build_report(acc, sinks, list(report.ZOO_NAMES), recipe_of=recipe)
     rows = {(c["model"], c["seed"]): c["bars"] for c in rep["checkpoints"]}
     assert rows[("llada", 0)] == {gsm: "met", code: "met", "sinks": "met"}
     assert rows[("llada", 1)] == {gsm: "not met", code: "met", "sinks": "not met"}
@@ -116,10 +117,15 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
     assert (summary[gsm]["min"], summary[gsm]["max"], summary[gsm]["seeds"]) == (0.45, 0.55, 3)
     assert summary["bars_met"] == {gsm: [2, 3], code: [3, 3], "sinks": [1, 2]}
     md = report.markdown(rep)
-    assert ("| llada | 1 | 0.450 ± 0.010 (n=300) | **not met** (>= 0.50) | 0.900 ± 0.010 (n=100) "
+    assert ("| llada | 1 | 2.0M params, 10 steps x 4 | 0.450 ± 0.010 (n=300) | **not met** (>= 0.50) | 0.900 ± 0.010 (n=100) "
             "| met (>= 0.60) | 30% | **not met** (>= 50%) |") in md
-    assert "| arm | 1 | 0.970 ± 0.010 (n=120) | not judged (n=120 of 300) |" in md
-    assert "| llada | 3 | 0.500 ± 0.050 (0.450-0.550, n=3) |" in md
+    assert "| arm | 1 | 2.0M params, 10 steps x 4 | 0.970 ± 0.010 (n=120) | not judged (n=120 of 300) |" in md
+    assert "| llada | 2.0M params, 10 steps x 4 | 3 | 0.500 ± 0.050 (0.450-0.550, n=3) |" in md
+    # seeds of another recipe are a row of their own, never pooled
+    other = lambda name, seed: "v1" if seed == 0 else "v2"  # noqa: E731
+    split = report.build_report(acc, sinks, ["llada"], recipe_of=other)["summary"]
+    assert sorted(split) == ["llada (v1)", "llada (v2)"]
+    assert split["llada (v1)"][gsm]["seeds"] == 1 and split["llada (v2)"][gsm]["mean"] == 0.475
     assert ("(sha256 of the model files, first 12 hex digits): arm@0 `arm-0`, arm@1 `arm-1`, "
             "llada@0 `llada-0`, llada@1 `llada-1`, llada@2 `llada-2`.") in md
 

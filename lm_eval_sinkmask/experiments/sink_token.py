@@ -479,13 +479,15 @@ def main(argv=None) -> int:
         from ..masking_lm import resolve_pretrained
         from ..sweep_plan import parse_seeds, seed_path
         from ..zoo import installed_seeds
+        from ..zoo.recipes import check_one_recipe
 
         try:
             seeds = (installed_seeds(("llada", "llada_sink")) if a.seeds is None
                      else parse_seeds(a.seeds))
-            for name in {*models, *TRACED}:  # a missing seed fails before anything runs
-                for seed in seeds or [None]:
-                    resolve_pretrained(seed_path(MODELS[name][0], seed))
+            for name in sorted({*models, *TRACED}):  # a missing seed fails before anything runs
+                found = {seed: resolve_pretrained(seed_path(MODELS[name][0], seed))
+                         for seed in seeds or [None]}
+                check_one_recipe(name, found)  # the spread across pairs is one experiment's
         except ValueError as e:
             raise SystemExit(str(e)) from None
         run_accuracy(out, limits, a.batch_size, tasks, models, seeds)

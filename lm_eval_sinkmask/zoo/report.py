@@ -39,6 +39,7 @@ from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
+from .recipes import recipe, recipe_label
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
 SPLIT_SIZE = {"mini_gsm_sinkmask": N_TEST_GSM, "mini_code_sinkmask": N_TEST_CODE}  # whole test splits
@@ -335,9 +336,21 @@ def spread(values: list[float]) -> dict[str, Any]:
             "min": min(values), "max": max(values), "seeds": len(values)}
 
 
-def build_report(acc, sinks, models: list[str]) -> dict[str, Any]:
-    """Checkpoint rows (model x seed, with their verdicts) and per-model spreads across seeds."""
+def installed_recipe(name: str, seed: int) -> str:
+    """The training recipe of an installed zoo checkpoint, as the report labels it."""
+    try:
+        r = recipe(checkpoint_path(name, seed))
+    except ValueError:  # not installed here
+        r = None
+    return "unknown" if r is None else recipe_label(r)
+
+
+def build_report(acc, sinks, models: list[str], recipe_of=installed_recipe) -> dict[str, Any]:
+    """Checkpoint rows (model x seed, with their verdicts) and per-model spreads across seeds
+    (one per training recipe: seeds of different recipes are not runs of one experiment)."""
     checkpoints = checkpoint_rows(acc, sinks, models)
+    for c in checkpoints:
+        c["recipe"] = recipe_of(c["model"], c["seed"])
     return {"checkpoints": checkpoints, "summary": model_summary(checkpoints, models),
             "targets": TARGETS, "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
 
@@ -361,28 +374,35 @@ def checkpoint_rows(acc, sinks, models: list[str]) -> list[dict[str, Any]]:
 
 
 def model_summary(checkpoints: list[dict[str, Any]], models: list[str]) -> dict[str, Any]:
-    """Per model with checkpoints: the spread across seeds of each task's accuracy and of the
-    share of pairs with a sink, and per bar how many checkpoints met it of those judged."""
+    """Per model with checkpoints, and per training recipe where its seeds ran several (keyed
+    ``name (recipe)`` then): the spread across seeds of each task's accuracy and of the share of
+    pairs with a sink, and per bar how many checkpoints met it of those judged."""
     summary = {}
     for name in models:
-        rows = [c for c in checkpoints if c["model"] == name]
-        if not rows:
-            continue
-        entry = {}
-        for task in TASKS:
-            values = [c["accuracy"][task]["value"] for c in rows if task in c["accuracy"]]
-            if values:
-                entry[task] = spread(values)
-        shares = [c["sinks"][main_label(name)]["share_of_pairs_with_sink"] for c in rows
-                  if main_label(name) in c["sinks"]]
-        if shares:
-            entry["share_of_pairs_with_sink"] = spread(shares)
-        entry["bars_met"] = {bar: [sum(c["bars"][bar] == "met" for c in rows),
-                                   sum(c["bars"][bar] in ("met", "not met") for c in rows)]
-                             for bar in (*TASKS, "sinks")}  # [met, judged]
-        entry["checkpoints"] = len(rows)
-        summary[name] = entry
+        recipes = list(dict.fromkeys(c.get("recipe") for c in checkpoints if c["model"] == name))
+        for r in recipes:
+            rows = [c for c in checkpoints if c["model"] == name and c.get("recipe") == r]
+            key = name if len(recipes) == 1 else f"{name} ({r})"
+            summary[key] = {"model": name, "recipe": r, **_spreads(rows, name)}
     return summary
+
+
+def _spreads(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """One model's checkpoints of one recipe: the spreads and the bars met."""
+    entry = {}
+    for task in TASKS:
+        values = [c["accuracy"][task]["value"] for c in rows if task in c["accuracy"]]
+        if values:
+            entry[task] = spread(values)
+    shares = [c["sinks"][main_label(name)]["share_of_pairs_with_sink"] for c in rows
+              if main_label(name) in c["sinks"]]
+    if shares:
+        entry["share_of_pairs_with_sink"] = spread(shares)
+    entry["bars_met"] = {bar: [sum(c["bars"][bar] == "met" for c in rows),
+                               sum(c["bars"][bar] in ("met", "not met") for c in rows)]
+                         for bar in (*TASKS, "sinks")}  # [met, judged]
+    entry["checkpoints"] = len(rows)
+    return entry
 
 
 # --------------------------------------------------------------------------- writing
@@ -443,8 +463,8 @@ def _checkpoint_section(checkpoints: list[dict[str, Any]]) -> list[str]:
         + f"; sinks in at least {SINK_BAR:.0%} of the (layer, head) pairs of every DLM "
         "(mean over the traced generations). A bar is judged only on the whole split.",
         "",
-        "| model | seed | mini_gsm | bar | mini_code | bar | pairs with a sink | bar |",
-        "|---|---:|---|---|---|---|---:|---|",
+        "| model | seed | recipe | mini_gsm | bar | mini_code | bar | pairs with a sink | bar |",
+        "|---|---:|---|---|---|---|---|---:|---|",
     ]
     for c in checkpoints:
         name = c["model"]
@@ -457,7 +477,8 @@ def _checkpoint_section(checkpoints: list[dict[str, Any]]) -> list[str]:
         main = c["sinks"].get(main_label(name))
         share = "-" if main is None else f"{main['share_of_pairs_with_sink']:.0%}"
         sink_bar = _verdict_text(c["bars"]["sinks"], f"{SINK_BAR:.0%}")
-        lines.append(f"| {name} | {c['seed']} | " + " | ".join(cells) + f" | {share} | {sink_bar} |")
+        lines.append(f"| {name} | {c['seed']} | {c.get('recipe', '-')} | " + " | ".join(cells)
+                     + f" | {share} | {sink_bar} |")
     weights = {f"{c['model']}@{c['seed']}": r["checkpoint"] for c in checkpoints
                for r in c["accuracy"].values() if r.get("checkpoint")}
     if weights:
@@ -475,15 +496,17 @@ def _summary_section(summary: dict[str, Any]) -> list[str]:
         "",
         "Mean ± sample standard deviation across seeds (n - 1 denominator), then min-max and "
         "the number of seeds; bars met: checkpoints meeting the bar / checkpoints judged "
-        "(whole split evaluated, sinks traced).",
+        "(whole split evaluated, sinks traced). Seeds trained under different recipes (model "
+        "size, steps x batch) are never pooled: one row per recipe.",
         "",
-        "| model | checkpoints | mini_gsm | mini_code | pairs with a sink | mini_gsm bar met | "
-        "mini_code bar met | sink bar met |",
-        "|---|---:|---|---|---|---|---|---|",
+        "| model | recipe | checkpoints | mini_gsm | mini_code | pairs with a sink | "
+        "mini_gsm bar met | mini_code bar met | sink bar met |",
+        "|---|---|---:|---|---|---|---|---|---|",
     ]
-    for name, s in summary.items():
+    for s in summary.values():
         met = [("-" if judged == 0 else f"{m}/{judged}") for m, judged in s["bars_met"].values()]
-        lines.append(f"| {name} | {s['checkpoints']} | {_spread_text(s.get(TASKS[0]))} | "
+        lines.append(f"| {s['model']} | {s['recipe']} | {s['checkpoints']} | "
+                     f"{_spread_text(s.get(TASKS[0]))} | "
                      f"{_spread_text(s.get(TASKS[1]))} | "
                      f"{_spread_text(s.get('share_of_pairs_with_sink'), pct=True)} | "
                      + " | ".join(met) + " |")
