@@ -58,7 +58,7 @@ def _check_one_recipe_per_model(models: list, seeds: list[int] | None) -> None:
     """A seed axis pools runs of one experiment: each model's seeds must share their training
     recipe (zoo checkpoints record it; other checkpoints pass)."""
     from .masking_lm import resolve_pretrained
-    from .zoo.recipes import check_one_recipe
+    from .zoo.install import check_one_recipe
 
     for m in models if seeds and len(seeds) > 1 else []:
         check_one_recipe(m.name, {s: resolve_pretrained(m.path_for_seed(s)) for s in seeds})

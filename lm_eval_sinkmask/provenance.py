@@ -52,7 +52,7 @@ NOT_CELL_CODE = (
     "sink_trace", "experiments",
     "zoo.report", "zoo.install", "zoo.train", "zoo.training_loop", "zoo.objectives",
     "zoo.batches", "zoo.pool", "zoo.gpu_zoo", "zoo.quick_eval", "zoo.save_checkpoint",
-    "zoo.sink_embedding", "zoo.tokenizer", "zoo.recipes",
+    "zoo.sink_embedding", "zoo.tokenizer",
 )
 
 

@@ -26,7 +26,7 @@ from .cell_claims import folder_locked
 from .sweep_plan import cell_records, check_pairs, mixed_settings, task_limits
 from .text_format import fixed, signed_with_se
 
-ZOO_NOTE = "tiny zoo: CPU test-bed checkpoints, not the paper's 7-8B models"
+ZOO_NOTE = "tiny zoo: test-bed checkpoints of a few million parameters, not the paper's 7-8B models"
 
 
 @dataclass(frozen=True)

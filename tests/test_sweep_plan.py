@@ -123,7 +123,7 @@ def test_seeds_of_a_zoo_model_trained_under_other_recipes_are_refused(tmp_path, 
     import shutil
 
     from lm_eval_sinkmask import zoo
-    from lm_eval_sinkmask.zoo.recipes import check_one_recipe
+    from lm_eval_sinkmask.zoo.install import check_one_recipe
 
     monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path / "seeds"))
     for seed, steps in ((1, None), (2, 99)):  # seed 1: seed 0's recipe; seed 2: other steps

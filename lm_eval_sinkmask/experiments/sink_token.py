@@ -479,7 +479,7 @@ def main(argv=None) -> int:
         from ..masking_lm import resolve_pretrained
         from ..sweep_plan import parse_seeds, seed_path
         from ..zoo import installed_seeds
-        from ..zoo.recipes import check_one_recipe
+        from ..zoo.install import check_one_recipe
 
         try:
             seeds = (installed_seeds(("llada", "llada_sink")) if a.seeds is None

@@ -39,7 +39,7 @@ from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
-from .recipes import recipe, recipe_label
+from .install import recipe, recipe_label
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
 SPLIT_SIZE = {"mini_gsm_sinkmask": N_TEST_GSM, "mini_code_sinkmask": N_TEST_CODE}  # whole test splits
