@@ -246,14 +246,45 @@ def test_one_seed_session_rehearsed_on_the_cpu(tmp_path):
     assert json.loads((seeds_root / "plan.json").read_text())["steps"]["llada"] == 2
 
 
+def _travels(path: str) -> bool:
+    """Whether a tracked file goes to the box: aside.sh parks results/ and the installed seeds'
+    checkpoints (zoo_seeds/<name>/) outside the checkout for the calls."""
+    return not (path.startswith("results/")
+                or (path.startswith("zoo_seeds/") and path.count("/") > 1))
+
+
 def test_the_tracked_tree_leaves_room_for_the_wheels():
     """A GPU box reached by short commands takes a copy of at most 64 MiB, `.whl/` (about
-    20 MiB) included: a tracked file that grows the tree past 44 MiB makes every call fail.
-    zoo_seeds/ is left out: the device checklist moves it out of the checkout for the calls."""
+    20 MiB) included: a tracked file that grows what travels past 44 MiB makes every call
+    fail. Room is left for seed 0 of the GPU zoo, which will grow the package by ~14 MiB."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
     if listed.returncode:
         pytest.skip("not a git checkout")
-    files = [REPO / p for p in listed.stdout.decode().split("\0")
-             if p and not p.startswith("zoo_seeds/")]
+    files = [REPO / p for p in listed.stdout.decode().split("\0") if p and _travels(p)]
     tracked = sum(f.stat().st_size for f in files if f.is_file())
-    assert tracked + 20 * 2**20 <= 64 * 2**20, f"tracked files: {tracked / 2**20:.1f} MiB"
+    assert tracked + 14 * 2**20 + 20 * 2**20 <= 64 * 2**20, f"travels: {tracked / 2**20:.1f} MiB"
+
+
+def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "tools" / "gpu_box").mkdir(parents=True)
+    shutil.copy(REPO / "tools" / "gpu_box" / "aside.sh", repo / "tools" / "gpu_box")
+    for rel in ("results/tiny/table.md", "zoo_seeds/llada/seed1/model.safetensors",
+                "zoo_seeds/plan.json", "lm_eval_sinkmask/x.py"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(rel)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    aside = tmp_path / "aside"
+    env = dict(os.environ, ASIDE=str(aside))
+    out = subprocess.run(["tools/gpu_box/aside.sh", "out"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "travels: tree 0.0 MiB" in out.stdout, out.stdout + out.stderr
+    assert not (repo / "results").exists() and not (repo / "zoo_seeds" / "llada").exists()
+    assert (repo / "zoo_seeds" / "plan.json").is_file()  # a later seed trains by its steps
+    again = subprocess.run(["tools/gpu_box/aside.sh", "out"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=30)
+    assert again.returncode == 2 and "back" in again.stdout  # never parks over a parked copy
+    subprocess.run(["tools/gpu_box/aside.sh", "back"], cwd=repo, env=env, check=True,
+                   capture_output=True, timeout=30)
+    assert (repo / "zoo_seeds/llada/seed1/model.safetensors").read_text().endswith("safetensors")
+    assert (repo / "results/tiny/table.md").is_file() and not aside.exists()
