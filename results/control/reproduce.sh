@@ -15,9 +15,15 @@
 # the ARM's 116 cells add a few minutes.
 #
 #   results/control/reproduce.sh [OUT]      # OUT defaults to results/control (resumes)
+#
+# SEEDS, DRAWS and TITLE run the same grid on other training seeds (results/seed1 does); the
+# committed results/control is made with the values here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-results/control}
+seeds=${SEEDS:-0}
+draws=${DRAWS:-0-7}
+title=${TITLE:-"Sinks vs random keys: accuracy under masking of the top-K Eq. 3 sinks and of as many non-sink keys, over eight draws (eps = 3)"}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 sinkmask sweep \
   --models "arm=zoo:arm,arm_random=zoo:arm,llada=zoo:llada,llada_random=zoo:llada,dream=zoo:dream,dream_random=zoo:dream,arm_all_rows=zoo:arm,arm_all_rows_random=zoo:arm,llada_l2r=zoo:llada,llada_l2r_random=zoo:llada" \
@@ -28,10 +34,10 @@ sinkmask sweep \
   --model-args-for "arm_all_rows_random:arm_rule=all_rows,mask_target=random" \
   --model-args-for "llada_l2r:block_length=1" \
   --model-args-for "llada_l2r_random:block_length=1,mask_target=random" \
-  --seeds 0 --mask-seeds 0-7 \
+  --seeds "$seeds" --mask-seeds "$draws" \
   --tasks mini_gsm_sinkmask,mini_code_sinkmask --top-k 0,1,5,10 \
   --limit 64 --batch-size 32 --device cpu --seed 0 --jobs 2 \
   --allow-code-execution \
   --versus arm:arm_random,llada:llada_random,dream:dream_random,arm_all_rows:arm_all_rows_random,llada_l2r:llada_l2r_random \
-  --title "Sinks vs random keys: accuracy under masking of the top-K Eq. 3 sinks and of as many non-sink keys, over eight draws (eps = 3)" \
+  --title "$title" \
   --out "$out"
