@@ -266,6 +266,8 @@ def test_the_tracked_tree_leaves_room_for_the_wheels():
 
 
 def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
+    """aside.sh moves results/ and the seeds' checkpoints out and back, keeps the step plan,
+    and counts what travels (files it parked are still tracked, and do not)."""
     repo = tmp_path / "repo"
     (repo / "tools" / "gpu_box").mkdir(parents=True)
     shutil.copy(REPO / "tools" / "gpu_box" / "aside.sh", repo / "tools" / "gpu_box")
@@ -274,6 +276,7 @@ def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(rel)
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)  # parked files stay tracked
     aside = tmp_path / "aside"
     env = dict(os.environ, ASIDE=str(aside))
     out = subprocess.run(["tools/gpu_box/aside.sh", "out"], cwd=repo, env=env,

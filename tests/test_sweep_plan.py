@@ -115,6 +115,7 @@ def test_zoo_seeds_resolve_from_the_seeds_folder_or_fail_naming_it(tmp_path, mon
     # what the zoo's own tools run by default: seed 0 and every seed all models have
     assert zoo.installed_seeds(("llada",)) == [0, 1] and zoo.installed_seeds() == [0]
 
+
 def test_seeds_of_a_zoo_model_trained_under_other_recipes_are_refused(tmp_path, monkeypatch,
                                                                       capsys):
     """A mean over seeds is a spread over seeds only when they ran one recipe: the package's

@@ -21,8 +21,9 @@ out)
     for d in zoo_seeds/*/; do
         [ -d "$d" ] && mv "${d%/}" "$aside/zoo_seeds/"
     done
-    tree=$(git ls-files -z --cached --others --exclude-standard \
-           | xargs -0 -r stat -c %s 2>/dev/null | mib)
+    # tracked files parked above are still listed (and cannot be stat'ed): they do not travel
+    tree=$( { git ls-files -z --cached --others --exclude-standard \
+              | xargs -0 -r stat -c %s 2>/dev/null || true; } | mib)
     wheels=$( (find .whl -type f -printf '%s\n' 2>/dev/null || true) | mib)
     total=$(awk -v a="$tree" -v b="$wheels" 'BEGIN {printf "%.1f", a + b}')
     echo "travels: tree $tree MiB + .whl $wheels MiB = $total MiB (limit 64)"
