@@ -116,7 +116,8 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
     assert summary[gsm]["mean"] == pytest.approx(0.5) and summary[gsm]["std"] == pytest.approx(0.05)
     assert (summary[gsm]["min"], summary[gsm]["max"], summary[gsm]["seeds"]) == (0.45, 0.55, 3)
     assert summary["bars_met"] == {gsm: [2, 3], code: [3, 3], "sinks": [1, 2]}
-    md = report.markdown(rep)
+    md = report.markdown({**rep, "cells_read": ["results/zoo/gpu_eval"]})
+    assert "--seeds 0,1,2 --cells results/zoo/gpu_eval`" in md  # how to regenerate it
     assert ("| llada | 1 | 2.0M params, 10 steps x 4 | 0.450 ± 0.010 (n=300) | **not met** "
             "(>= 0.50) | 0.900 ± 0.010 (n=100) | met (>= 0.60) | 30% | **not met** (>= 50%) |") in md
     assert ("| arm | 1 | 2.0M params, 10 steps x 4 | 0.970 ± 0.010 (n=120) | not judged "

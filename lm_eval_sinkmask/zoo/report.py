@@ -426,12 +426,14 @@ def _spread_text(s: dict[str, Any] | None, pct: bool = False) -> str:
 def markdown(report: dict[str, Any]) -> str:
     """The report card: every checkpoint, each model across seeds, the sinks traced."""
     seeds = ",".join(str(s) for s in sorted({c["seed"] for c in report["checkpoints"]})) or "0"
+    cells = "".join(f" --cells {c}" for c in report.get("cells_read", []))
     lines = [
         "# Tiny zoo report card",
         "",
         "Tiny models on synthetic tasks (a test bed, **not a claim about 8B models**). "
-        f"Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds {seeds}` "
-        "(`--cells DIR` reads unmasked cells computed elsewhere, e.g. on a GPU).",
+        "Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds "
+        f"{seeds}{cells}` (`--cells DIR` reads unmasked cells computed elsewhere, e.g. on a GPU; "
+        "without it they are computed here).",
     ]
     lines += _checkpoint_section(report["checkpoints"])
     lines += _summary_section(report["summary"])
@@ -576,6 +578,7 @@ def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[s
     acc = read_accuracy([out, *cells])
     sinks = read_sinks(out, models)
     report = build_report(acc, sinks, models)
+    report["cells_read"] = [str(c) for c in cells]  # for the report's regenerate line
     report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
                                  for (label, seed), v in sinks.items()}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
