@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seeds", default=None, metavar="S,S,...",
                    help="training seeds: run every model once per checkpoint seed (zoo:NAME -> "
                         "zoo:NAME@S; other paths take a {seed} placeholder); the table shows "
-                        "the mean and spread across seeds")
+                        "the mean and spread across seeds. Seeds whose checkpoints record "
+                        "different training recipes are refused")
     s.add_argument("--mask-seeds", default=None, metavar="D,D,... or D-D",
                    help="draws of the random-key control: run every mask_target=random model's "
                         "masked cells once per mask_seed; the table shows the mean and spread "
