@@ -157,3 +157,22 @@ def test_next_seed_is_printed_without_a_run_folder(capsys):
     assert install.main(["--next-seed"]) == 0
     expected = install.next_gpu_seed()
     assert capsys.readouterr().out.strip() == ("none" if expected is None else str(expected))
+
+
+def test_a_card_without_params_is_refused_with_a_message_not_a_crash(tmp_path):
+    """A train_info.json that lacks a recipe field (an older or hand-made card) still gets the
+    one-line refusal naming what differs, not a TypeError from the label."""
+    from lm_eval_sinkmask.zoo.install import check_one_recipe, recipe_label
+
+    cards = {0: {"params": 1_400_000, "steps": 10, "batch_size": 16}, 1: {"steps": 10}}
+    for seed, info in cards.items():
+        (tmp_path / str(seed)).mkdir()
+        (tmp_path / str(seed) / "train_info.json").write_text(json.dumps(info))
+    assert recipe_label({"params": None, "steps": None, "batch_size": None}) == \
+        "? params, ? steps x ?"
+    with pytest.raises(ValueError, match=r"seed 0 1\.4M params, 10 steps x 16, seed 1 \? params, "
+                                         r"10 steps x \? \(params, batch_size differ"):
+        check_one_recipe("m", {s: tmp_path / str(s) for s in cards})
+    (tmp_path / "1" / "train_info.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"train_info\.json"):  # the message names the card
+        check_one_recipe("m", {s: tmp_path / str(s) for s in cards})

@@ -128,6 +128,16 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
     split = report.build_report(acc, sinks, ["llada"], recipe_of=other)["summary"]
     assert sorted(split) == ["llada (v1)", "llada (v2)"]
     assert split["llada (v1)"][gsm]["seeds"] == 1 and split["llada (v2)"][gsm]["mean"] == 0.475
+    # recipes that differ beyond the label (here the learning rate) are not pooled either
+    card = lambda lr: {"arch": "a", "params": 2e6, "steps": 10, "batch_size": 4, "lr": lr,  # noqa: E731
+                       "gen_len": 64, "train_desc": "d"}
+    by_lr = lambda name, seed: card(0.002 if seed == 0 else 0.001)  # noqa: E731
+    split = report.build_report(acc, sinks, ["llada"], recipe_of=by_lr)["summary"]
+    assert sorted(split) == ["llada (2.0M params, 10 steps x 4, lr 0.001)",
+                             "llada (2.0M params, 10 steps x 4, lr 0.002)"]
+    same = report.build_report(acc, sinks, ["llada"], recipe_of=lambda n, s: card(0.002))
+    assert list(same["summary"]) == ["llada"]
+    assert same["summary"]["llada"]["recipe"] == "2.0M params, 10 steps x 4"
     assert ("(sha256 of the model files, first 12 hex digits): arm@0 `arm-0`, arm@1 `arm-1`, "
             "llada@0 `llada-0`, llada@1 `llada-1`, llada@2 `llada-2`.") in md
 

@@ -47,13 +47,23 @@ def recipe(checkpoint) -> dict | None:
     card = Path(checkpoint) / "train_info.json"
     if not card.is_file():
         return None
-    info = json.loads(card.read_text())
+    try:
+        info = json.loads(card.read_text())
+    except ValueError as e:  # the one-line refusal names the card, not only the JSON position
+        raise ValueError(f"{card}: not valid JSON ({e})") from None
     return {field: info.get(field) for field in RECIPE_FIELDS}
 
 
 def recipe_label(r: dict) -> str:
-    """``4.2M params, 3301 steps x 512``: enough to tell the zoo's recipes apart in a table."""
-    return f"{r['params'] / 1e6:.1f}M params, {r['steps']} steps x {r['batch_size']}"
+    """``4.2M params, 3301 steps x 512``: enough to tell the zoo's recipes apart in a table; a
+    field the card lacks shows as ``?`` (the refusal that names it must not crash on it)."""
+    def shown(field):
+        value = r.get(field)
+        return "?" if value is None else value
+
+    params = r.get("params")
+    size = f"{params / 1e6:.1f}M" if isinstance(params, (int, float)) else "?"
+    return f"{size} params, {shown('steps')} steps x {shown('batch_size')}"
 
 
 def check_one_recipe(name: str, checkpoints: dict) -> None:

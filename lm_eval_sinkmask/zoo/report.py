@@ -27,6 +27,7 @@ Tiny models on synthetic tasks: a test bed, not a claim about 8B models.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 from collections import Counter
@@ -39,7 +40,7 @@ from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
-from .install import recipe, recipe_label
+from .install import RECIPE_FIELDS, recipe, recipe_label
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
 SPLIT_SIZE = {"mini_gsm_sinkmask": N_TEST_GSM, "mini_code_sinkmask": N_TEST_CODE}  # whole test splits
@@ -336,21 +337,47 @@ def spread(values: list[float]) -> dict[str, Any]:
             "min": min(values), "max": max(values), "seeds": len(values)}
 
 
-def installed_recipe(name: str, seed: int) -> str:
-    """The training recipe of an installed zoo checkpoint, as the report labels it."""
+def installed_recipe(name: str, seed: int) -> dict | None:
+    """The training recipe of an installed zoo checkpoint (:func:`zoo.install.recipe`), None
+    where it is not installed here or has no readable card."""
     try:
-        r = recipe(checkpoint_path(name, seed))
-    except ValueError:  # not installed here
-        r = None
-    return "unknown" if r is None else recipe_label(r)
+        return recipe(checkpoint_path(name, seed))
+    except ValueError:  # not installed here, or a card that is not JSON
+        return None
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def recipe_labels(found: list) -> list[str]:
+    """One label per recipe in ``found`` (one model's checkpoints): :func:`recipe_label`, and
+    where two different recipes share it, the fields that tell them apart, so that grouping by
+    label never pools different recipes. A str passes as its own label; None is "unknown"."""
+    def base(r):
+        return "unknown" if r is None else r if isinstance(r, str) else recipe_label(r)
+
+    labels = []
+    for r in found:
+        label = base(r)
+        clash = [o for o in found if isinstance(o, dict) and o != r and base(o) == label]
+        if isinstance(r, dict) and clash:
+            fields = [f for f in RECIPE_FIELDS if any(o.get(f) != r.get(f) for o in clash)]
+            label += ", " + ", ".join(f"{f} {_short(r.get(f))}" for f in fields)
+        labels.append(label)
+    return labels
 
 
 def build_report(acc, sinks, models: list[str], recipe_of=installed_recipe) -> dict[str, Any]:
     """Checkpoint rows (model x seed, with their verdicts) and per-model spreads across seeds
-    (one per training recipe: seeds of different recipes are not runs of one experiment)."""
+    (one per training recipe: seeds of different recipes are not runs of one experiment).
+    ``recipe_of(name, seed)``: the checkpoint's recipe dict, a label, or None."""
     checkpoints = checkpoint_rows(acc, sinks, models)
-    for c in checkpoints:
-        c["recipe"] = recipe_of(c["model"], c["seed"])
+    for name in {c["model"] for c in checkpoints}:
+        rows = [c for c in checkpoints if c["model"] == name]
+        for c, label in zip(rows, recipe_labels([recipe_of(name, c["seed"]) for c in rows])):
+            c["recipe"] = label
     return {"checkpoints": checkpoints, "summary": model_summary(checkpoints, models),
             "targets": TARGETS, "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
 
