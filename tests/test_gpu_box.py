@@ -287,6 +287,11 @@ def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
     again = subprocess.run(["tools/gpu_box/aside.sh", "out"], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=30)
     assert again.returncode == 2 and "back" in again.stdout  # never parks over a parked copy
+    (repo / "results").mkdir()  # made again meanwhile: back refuses rather than nest
+    clash = subprocess.run(["tools/gpu_box/aside.sh", "back"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=30)
+    assert clash.returncode == 2 and "results exists again" in clash.stdout
+    (repo / "results").rmdir()
     subprocess.run(["tools/gpu_box/aside.sh", "back"], cwd=repo, env=env, check=True,
                    capture_output=True, timeout=30)
     assert (repo / "zoo_seeds/llada/seed1/model.safetensors").read_text().endswith("safetensors")

@@ -31,6 +31,12 @@ out)
     ;;
 back)
     [ -d "$aside" ] || { echo "nothing aside in $aside"; exit 0; }
+    # a folder made again meanwhile would swallow the parked one (mv nests): refuse instead
+    for d in "$aside"/results "$aside"/zoo_seeds/*/; do
+        target=${d#"$aside"/}; target=${target%/}
+        [ -d "$d" ] && [ -e "$target" ] \
+            && { echo "$target exists again: move it away, then '$0 back'"; exit 2; }
+    done
     [ -d "$aside/results" ] && mv "$aside/results" results
     mkdir -p zoo_seeds
     for d in "$aside"/zoo_seeds/*/; do
