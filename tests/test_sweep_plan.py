@@ -145,6 +145,11 @@ def test_seeds_of_a_zoo_model_trained_under_other_recipes_are_refused(tmp_path, 
         assert main(sweep + ["--models", models, "--seeds", seeds]) == 2
         assert "different recipes" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before anything ran
+    # a folder swept with seed 0 and swept again with seed 2 would pool both in its table
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "sweep.json").write_text(json.dumps({"seeds": [0]}))
+    assert main(sweep + ["--models", "l=zoo:llada", "--seeds", "2"]) == 2
+    assert "seed 0 1.4M params, 5911 steps x 16, seed 2" in capsys.readouterr().err
 
 
 def test_mask_seeds_run_every_masked_random_cell_once_per_draw(tmp_path):
