@@ -484,9 +484,16 @@ def main(argv=None) -> int:
         try:
             seeds = (installed_seeds(("llada", "llada_sink")) if a.seeds is None
                      else parse_seeds(a.seeds))
+            # the report pools every pair saved in --out: earlier runs' seeds count too
+            earlier = {r["request"].get("checkpoint_seed") for _, r in _records(out)} - {None}
             for name in sorted({*models, *TRACED}):  # a missing seed fails before anything runs
                 found = {seed: resolve_pretrained(seed_path(MODELS[name][0], seed))
                          for seed in seeds or [None]}
+                for seed in sorted(earlier - set(found)) if seeds else []:
+                    try:
+                        found[seed] = resolve_pretrained(seed_path(MODELS[name][0], seed))
+                    except ValueError:  # an earlier seed no longer installed here
+                        pass
                 check_one_recipe(name, found)  # the spread across pairs is one experiment's
         except ValueError as e:
             raise SystemExit(str(e)) from None
