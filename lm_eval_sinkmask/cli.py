@@ -26,7 +26,7 @@ def _sweep(a: argparse.Namespace) -> int:
 
     seeds = parse_seeds(a.seeds)
     models = parse_models(a.models, seeds=seeds)
-    _check_one_recipe_per_model(models, _seeds_with_the_folders(Path(a.out), seeds))
+    _check_one_recipe_per_model(models, seeds, Path(a.out))
     plan = SweepPlan(
         models=_with_model_args(models, a.model_args_for or []),
         tasks=parse_tasks(a.tasks),
@@ -54,30 +54,13 @@ def _sweep(a: argparse.Namespace) -> int:
     return 0
 
 
-def _seeds_with_the_folders(out: Path, seeds: list[int] | None) -> list[int] | None:
-    """``seeds`` and those a folder swept again already holds: its table will pool them all."""
-    grid = out / "sweep.json"
-    if seeds is None or not grid.is_file():
-        return seeds
-    import json
+def _check_one_recipe_per_model(models: list, seeds: list[int] | None, out: Path) -> None:
+    """A seed axis pools runs of one experiment: each model's seeds, with those the folder
+    already holds, must share their training recipe (zoo checkpoints record it)."""
+    from .zoo.install import check_seeds_share_a_recipe
 
-    return sorted(set(seeds) | set(json.loads(grid.read_text()).get("seeds") or []))
-
-
-def _check_one_recipe_per_model(models: list, seeds: list[int] | None) -> None:
-    """A seed axis pools runs of one experiment: each model's seeds must share their training
-    recipe (zoo checkpoints record it; other checkpoints pass, as do seeds no longer here)."""
-    from .masking_lm import resolve_pretrained
-    from .zoo.install import check_one_recipe
-
-    for m in models if seeds and len(seeds) > 1 else []:
-        found = {}
-        for s in seeds:
-            try:
-                found[s] = resolve_pretrained(m.path_for_seed(s))
-            except ValueError:  # an earlier sweep's seed not installed here
-                continue
-        check_one_recipe(m.name, found)
+    for m in models if seeds else []:
+        check_seeds_share_a_recipe(m.name, m.path_for_seed, seeds, out)
 
 
 def _with_model_args(models: list, items: list[str]) -> list:

@@ -476,25 +476,19 @@ def main(argv=None) -> int:
         if unknown:
             raise SystemExit(f"unknown task(s)/model(s) {unknown}; choose from "
                              f"{list(TASKS)} and {list(MODELS)}")
-        from ..masking_lm import resolve_pretrained
         from ..sweep_plan import parse_seeds, seed_path
         from ..zoo import installed_seeds
-        from ..zoo.install import check_one_recipe
+        from ..zoo.install import check_seeds_share_a_recipe
 
         try:
             seeds = (installed_seeds(("llada", "llada_sink")) if a.seeds is None
                      else parse_seeds(a.seeds))
-            # the report pools every pair saved in --out: earlier runs' seeds count too
-            earlier = {r["request"].get("checkpoint_seed") for _, r in _records(out)} - {None}
-            for name in sorted({*models, *TRACED}):  # a missing seed fails before anything runs
-                found = {seed: resolve_pretrained(seed_path(MODELS[name][0], seed))
-                         for seed in seeds or [None]}
-                for seed in sorted(earlier - set(found)) if seeds else []:
-                    try:
-                        found[seed] = resolve_pretrained(seed_path(MODELS[name][0], seed))
-                    except ValueError:  # an earlier seed no longer installed here
-                        pass
-                check_one_recipe(name, found)  # the spread across pairs is one experiment's
+            # a missing seed fails before anything runs; the report pools every pair saved in
+            # --out, so the pairs of earlier runs must share the recipe too
+            for name in sorted({*models, *TRACED}):
+                check_seeds_share_a_recipe(
+                    name, lambda seed, path=MODELS[name][0]: seed_path(path, seed),
+                    seeds or [None], out)
         except ValueError as e:
             raise SystemExit(str(e)) from None
         run_accuracy(out, limits, a.batch_size, tasks, models, seeds)

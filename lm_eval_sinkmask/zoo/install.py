@@ -84,6 +84,25 @@ def check_one_recipe(name: str, checkpoints: dict) -> None:
             )
 
 
+def check_seeds_share_a_recipe(name: str, path_for_seed, seeds: list, folder: Path) -> None:
+    """:func:`check_one_recipe` over the ``seeds`` a run names and those ``folder`` already
+    pools with them (its ``sweep.json``: a sweep extended into the folder renders all of them
+    in one table). ``path_for_seed(seed)`` is the checkpoint reference (``zoo:NAME@S`` or a
+    path); a named seed must resolve, an earlier one no longer installed here is skipped.
+    ``seeds`` [None] (no seed axis) checks that one checkpoint alone."""
+    from ..masking_lm import resolve_pretrained
+
+    found = {s: resolve_pretrained(path_for_seed(s)) for s in seeds}
+    grid = Path(folder) / "sweep.json"
+    earlier = json.loads(grid.read_text()).get("seeds") or [] if grid.is_file() else []
+    for s in sorted(set(earlier) - set(found)) if None not in found else []:
+        try:
+            found[s] = resolve_pretrained(path_for_seed(s))
+        except ValueError:  # an earlier run's seed, not installed here
+            continue
+    check_one_recipe(name, found)
+
+
 def megabytes(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
 
