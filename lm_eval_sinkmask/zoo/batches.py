@@ -3,7 +3,8 @@ as the objectives read them (input ids, answer region, valid tokens; right-padde
 
 Two sources with the same layout: ``Batches`` generates and tokenizes examples in Python (the
 CPU path), ``PoolBatches`` draws rows of a pre-tokenized pool on the device (the GPU path).
-``curriculum`` says how hard the mini_gsm problems drawn at a point of the run may be.
+``curriculum`` says how hard the mini_gsm problems drawn at a point of the run may be, and
+``row_groups`` how the losses split a batch so that padding columns are not computed.
 """
 
 import random
@@ -107,3 +108,33 @@ class PoolBatches:
 def curriculum(frac, ramp):
     """Max reasoning steps of mini_gsm problems: 1, then 2, then 3 (one-step problems first)."""
     return 1 if frac < ramp / 3 else 2 if frac < 2 * ramp / 3 else 3
+
+
+def row_groups(valid, n):
+    """The rows of a batch in at most ``n`` groups of similar length, each with the width that
+    holds its rows' tokens: [(rows, width)], rows a LongTensor of batch indices (or
+    ``slice(None)`` for the whole batch), ascending by width.
+
+    Why: a batch is as wide as the pool's longest row plus, for the DLMs, the whole answer
+    budget, so most of its columns are padding (about two thirds of a DLM batch's positions,
+    and more of its attention). The losses run the model once per group on ``[rows, :width]``
+    and sum the groups: every row is computed independently of the others (attention stays
+    within a row, no batch statistics) and only its own columns up to its last valid token
+    matter, so the sum is the whole batch's loss and gradient, on fewer positions.
+
+    A row ends at its last valid column. ``n = 0`` keeps the batch as drawn (one group, every
+    column: the computation without grouping), ``n = 1`` only cuts the columns no row
+    reaches; rows without a valid token are left out. Reads the row ends back to the host
+    once (one device sync per batch).
+    """
+    B, L = valid.shape
+    if n == 0:
+        return [(slice(None), L)]
+    ends = torch.where(valid, torch.arange(1, L + 1, device=valid.device), 0).amax(1)
+    if n == 1:
+        return [(slice(None), int(ends.max()))] if B else []
+    order = ends.argsort(stable=True)
+    sizes = [len(part) for part in torch.arange(B).tensor_split(min(n, B))]
+    last = torch.tensor(sizes).cumsum(0) - 1
+    widths = ends[order[last.to(valid.device)]].tolist()
+    return [(rows, w) for rows, w in zip(order.split(sizes), widths) if w > 0]

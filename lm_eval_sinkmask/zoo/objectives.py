@@ -1,20 +1,31 @@
 """The zoo's training losses: next-token cross-entropy for the ARM, and masked diffusion for the
 LLaDA-style and Dream-style models (LLaDA's forward process, with Dream's shifted logits and
 the optional clean answer prefix), each a function of (model, batch) that the loop calls.
+
+Each runs the model on the batch's row groups (``batches.row_groups``: rows of similar length,
+cut to their longest) and divides the groups' summed loss by the whole batch's count, so that
+the grouping changes which positions are computed and nothing else; the noise is drawn for
+the batch as drawn, before it is split, so a run draws the same noise whatever its grouping.
 """
 
 import torch
 import torch.nn.functional as F
 
 from .. import sink_token
+from .batches import row_groups
 
 EPS = 1e-3
 
 
-def arm_loss(model, ids, region, valid):
-    logits = model(ids, attention_mask=valid.long()).logits[:, :-1]
-    target = ids[:, 1:].masked_fill(~region[:, 1:], -100)
-    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+def arm_loss(model, ids, region, valid, groups=1):
+    """Mean next-token cross-entropy over the answer tokens (the prompt is context)."""
+    total = 0.0
+    for rows, w in row_groups(valid, groups):
+        logits = model(ids[rows, :w], attention_mask=valid[rows, :w].long()).logits[:, :-1]
+        target = ids[rows, 1:w].masked_fill(~region[rows, 1:w], -100)
+        total = total + F.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                        ignore_index=-100, reduction="sum")
+    return total / region[:, 1:].sum()
 
 
 def noise_answer(region, t, gen, prefix_frac=0.0, window=None):
@@ -43,7 +54,9 @@ def noise_answer(region, t, gen, prefix_frac=0.0, window=None):
 
 
 def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None, prefix_frac=0.0,
-                   window=None):
+                   window=None, groups=1):
+    """Masked-diffusion loss: cross-entropy on the masked answer tokens, weighted 1/t (1 for
+    the tokens masked outright), over the number of answer tokens."""
     B, dev = ids.shape[0], ids.device
     # Stratified t in (eps, 1): lower-variance estimate of the same objective.
     t = ((torch.arange(B, device=dev) + torch.rand(B, generator=gen, device=dev)) / B)[
@@ -51,17 +64,20 @@ def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None, pr
     t = EPS + (1 - EPS) * t
     masked, forced = noise_answer(region, t, gen, prefix_frac, window)
     noisy = ids.masked_fill(masked, mask_id)
-    if sink is None:
-        logits = model(noisy, attention_mask=valid.long()).logits
-    else:  # the extra sink token, as dlm_sinkmask inserts it at inference
-        logits = sink_token.forward(model, noisy, valid, sink, with_position_ids=False)
-    if shift:  # Dream: logits at i - 1 predict token i
-        logits, masked, forced, target = logits[:, :-1], masked[:, 1:], forced[:, 1:], ids[:, 1:]
-    else:
-        target = ids
-    ce = F.cross_entropy(logits[masked], target[masked], reduction="none")
-    w = torch.where(forced, 1.0, (1.0 / t)[:, None])[masked]
-    return (ce * w).sum() / region.sum()
+    weight = torch.where(forced, 1.0, (1.0 / t)[:, None])
+    total = 0.0
+    for rows, w in row_groups(valid, groups):
+        x, v = noisy[rows, :w], valid[rows, :w]
+        if sink is None:
+            logits = model(x, attention_mask=v.long()).logits
+        else:  # the extra sink token, as dlm_sinkmask inserts it at inference
+            logits = sink_token.forward(model, x, v, sink, with_position_ids=False)
+        m, target, wt = masked[rows, :w], ids[rows, :w], weight[rows, :w]
+        if shift:  # Dream: logits at i - 1 predict token i
+            logits, m, target, wt = logits[:, :-1], m[:, 1:], target[:, 1:], wt[:, 1:]
+        ce = F.cross_entropy(logits[m], target[m], reduction="none")
+        total = total + (ce * wt[m]).sum()
+    return total / region.sum()
 
 
 class DiffusionLoss:
@@ -69,11 +85,12 @@ class DiffusionLoss:
     ``loss(model, ids, region, valid)``. The noise comes from its own generator, listed in
     ``generators`` so that a resumed run restores it."""
 
-    def __init__(self, mask_id, shift, gen, sink=None, prefix_frac=0.0, window=None):
+    def __init__(self, mask_id, shift, gen, sink=None, prefix_frac=0.0, window=None, groups=1):
         self.mask_id, self.shift, self.gen = mask_id, shift, gen
         self.sink, self.prefix_frac, self.window = sink, prefix_frac, window
+        self.groups = groups
         self.generators = [gen]
 
     def __call__(self, model, ids, region, valid):
         return diffusion_loss(model, ids, region, valid, self.mask_id, self.shift, self.gen,
-                              self.sink, self.prefix_frac, self.window)
+                              self.sink, self.prefix_frac, self.window, self.groups)
