@@ -308,6 +308,21 @@ def test_an_earlier_plan_under_another_recipe_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "plan.json").exists()
 
 
+def test_a_plan_is_reused_whatever_row_groups_either_run_computed_with(tmp_path, monkeypatch):
+    """Row groups change which positions a step computes, not the loss, gradient or noise,
+    so a seed trained on them pools with seeds trained on the batch as drawn."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    first = _probed_plan(tmp_path, monkeypatch, "--row-groups", "0")
+    args = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "1", "--row-groups", "4",
+                               "--plan", str(first)])
+    assert gpu_zoo.step_plan(args, tmp_path)["steps"] == json.loads(first.read_text())["steps"]
+    launched = []
+    monkeypatch.setattr(gpu_zoo.subprocess, "Popen", lambda cmd, **kw: launched.append(cmd))
+    gpu_zoo._launch(args, 1, "llada", [], tmp_path / "logs" / "x.log")
+    assert launched[0][launched[0].index("--row-groups") + 1] == "4"
+
+
 def test_a_one_seed_probe_times_that_seed_alone(tmp_path, monkeypatch):
     """The steps come from step times measured with every process of the run at once: a
     one-seed session probes its own three chains only, so each model's steps reflect the

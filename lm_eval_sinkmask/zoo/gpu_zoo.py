@@ -32,7 +32,8 @@ CHAINS = ("arm,dream", "llada", "llada_sink")
 def _launch(args, seed: int, chain: str, extra: list[str], log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "lm_eval_sinkmask.zoo.train", "--device", args.device,
            "--size", args.size, "--seed", str(seed), "--models", chain,
-           "--batch-size", str(args.batch_size), "--pool", str(args.pool),
+           "--batch-size", str(args.batch_size), "--row-groups", str(args.row_groups),
+           "--pool", str(args.pool),
            "--pool-gsm", str(args.pool_gsm), "--pool-code", str(args.pool_code),
            "--warmup", str(args.warmup), "--lr-arm", str(args.lr_arm),
            "--lr-llada", str(args.lr_llada), "--lr-dream", str(args.lr_dream),
@@ -119,6 +120,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--arm-share", type=float, default=0.4)
     ap.add_argument("--size", default="v2")
     ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--row-groups", type=int, default=2,
+                    help="groups of rows of similar length each batch runs as (zoo.train "
+                         "--row-groups): how the steps are computed, not the recipe, so "
+                         "seeds trained with other groupings still pool")
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--lr-arm", type=float, default=2e-3)
     ap.add_argument("--lr-llada", type=float, default=2e-3)

@@ -32,6 +32,7 @@ recipe shares (the data stream, the fitting, the quick check and the checkpoint 
 
 import argparse
 import copy
+import functools
 import json
 import subprocess
 import sys
@@ -97,6 +98,11 @@ def _parser():
         ap.add_argument(f"--steps-{m}", type=int, default=None,
                         help="exact step count (replay a run); default: the time budget")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--row-groups", type=int, default=1, metavar="N",
+                    help="run each batch as N groups of rows of similar length, each cut to "
+                         "its longest row (batches.row_groups): the same loss, gradient and "
+                         "noise on fewer positions; 1 only cuts the columns no row reaches, "
+                         "0 computes the batch as drawn")
     ap.add_argument("--size", choices=["full", "v2", "test"], default="full",
                     help="model shapes: 'full' the CPU zoo's (d 128), 'v2' the GPU zoo's "
                          "(d 256, 6 layers), 'test' tiny models for the smoke test")
@@ -197,7 +203,8 @@ class Run:
             from . import pool as pool_mod
             pool = pool_mod.load_or_build(args.pool or "runs/zoo_pool.pt", args.pool_gsm,
                                           args.pool_code)
-        card_fields = dict(batch_size=args.batch_size, seed=args.seed, hardware=hardware,
+        card_fields = dict(batch_size=args.batch_size, row_groups=args.row_groups,
+                           seed=args.seed, hardware=hardware,
                            command=command, mask_id=tok.mask_token_id, gen_len=GEN_LEN)
         return cls(args, tok, device, pool, card_fields)
 
@@ -257,6 +264,32 @@ def _continued_from(path, how):
             f"`{prev['command']}`), {how}")
 
 
+def new_arm(tok, dims):
+    """A freshly initialised ARM (``LlamaForCausalLM``, SDPA) of shapes ``dims`` over the
+    zoo's vocabulary; torch's global seed sets its weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), max_position_embeddings=1024, rope_theta=10000.0,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, attn_implementation="sdpa", **dims))
+
+
+def new_llada(tok, dims):
+    """A freshly initialised LLaDA-style model of shapes ``dims`` over the zoo's vocabulary."""
+    return TinyLladaModel(TinyLladaConfig(
+        vocab_size=len(tok), mask_token_id=tok.mask_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **dims))
+
+
+def with_sink_token(tok):
+    """llada_sink's tokenizer (the zoo's plus ``SINK``, one id past the shared vocabulary)
+    and its sink token, inserted at the start of each row."""
+    model_tok = copy.deepcopy(tok)
+    model_tok.add_special_tokens({"additional_special_tokens": [SINK]})
+    return model_tok, sink_token.SinkToken(model_tok.convert_tokens_to_ids(SINK), "start")
+
+
 def train_arm(run, keep):
     """The autoregressive baseline: a Llama trained with the causal objective (next token
     on the answer, the prompt as context), 1 -> 2 -> 3-step problems over the first 20%.
@@ -264,7 +297,7 @@ def train_arm(run, keep):
     Dream-style models start from its weights, so it is also trained, and not kept
     (``keep`` False), when only ``dream`` is asked for. ``--init-arm`` continues a saved one
     instead: no curriculum, fresh data. Returns the trained model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     args, tok = run.args, run.tok
     torch.manual_seed(args.seed)
@@ -273,15 +306,12 @@ def train_arm(run, keep):
         arm = LlamaForCausalLM.from_pretrained(args.init_arm)
         phase = _continued_from(args.init_arm, "no curriculum, fresh data")
     else:
-        arm = LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tok), max_position_embeddings=1024, rope_theta=10000.0,
-            tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-            attn_implementation="sdpa", **run.arm_dims))
+        arm = new_arm(tok, run.arm_dims)
     arm.to(run.device)
     schedule = Schedule(args.minutes_arm, args.steps_arm, args.lr_arm,
                         0.0 if args.init_arm else 0.2, pad_region=False)
-    info = run.fit("arm", arm, run.stream(3 if args.init_arm else 0), arm_loss, schedule)
+    loss_fn = functools.partial(arm_loss, groups=args.row_groups)
+    info = run.fit("arm", arm, run.stream(3 if args.init_arm else 0), loss_fn, schedule)
     if keep and info is not None:
         run.store("arm", arm, info, schedule, Card(
             what="Autoregressive Llama (`LlamaForCausalLM`, SDPA attention).",
@@ -302,22 +332,18 @@ def train_llada(run, name):
     args, tok = run.args, run.tok
     sink, model_tok = None, tok
     if name == "llada_sink":
-        model_tok = copy.deepcopy(tok)
-        model_tok.add_special_tokens({"additional_special_tokens": [SINK]})
-        sink = sink_token.SinkToken(model_tok.convert_tokens_to_ids(SINK), "start")
+        model_tok, sink = with_sink_token(tok)
     torch.manual_seed(args.seed + 1)
     if args.init_llada:
         model = TinyLladaModel.from_pretrained(args.init_llada)
     else:
-        model = TinyLladaModel(TinyLladaConfig(
-            vocab_size=len(tok), mask_token_id=tok.mask_token_id, bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **run.llada_dims))
+        model = new_llada(tok, run.llada_dims)
     if sink is not None:
         add_sink_embedding(model, sink, args.seed)
     model.to(run.device)
     # its own noise stream, seeded alike, so that llada_sink masks exactly what llada masks
     loss_fn = DiffusionLoss(tok.mask_token_id, False, torch.Generator(run.device).manual_seed(
-        args.seed), sink, args.prefix_frac, args.window_llada)
+        args.seed), sink, args.prefix_frac, args.window_llada, args.row_groups)
     schedule = Schedule(args.minutes_llada, args.steps_llada, args.lr_llada, 0.3,
                         pad_region=True)
     info = run.fit(name, model, run.stream(1), loss_fn, schedule)
@@ -363,7 +389,7 @@ def train_dream(run, arm):
     model.to(run.device)
     loss_fn = DiffusionLoss(run.tok.mask_token_id, True,
                             torch.Generator(run.device).manual_seed(args.seed),
-                            prefix_frac=args.prefix_frac)
+                            prefix_frac=args.prefix_frac, groups=args.row_groups)
     schedule = Schedule(args.minutes_dream, args.steps_dream, args.lr_dream, 0.0,
                         pad_region=True)
     info = run.fit("dream", model, run.stream(5 if args.init_dream else 2), loss_fn, schedule)
