@@ -9,20 +9,31 @@
 # seeded per request). About 6 minutes on 2 cores (measured 5m31).
 #
 #   results/mc/reproduce.sh [OUT]      # OUT defaults to results/mc (resumes, skips done cells)
+#
+# SEEDS, DRAWS and TITLE run the same grid on installed training seeds (zoo:NAME@S, as
+# results/seed1_mc does); the committed results/mc is made with none of them set, on the
+# package's checkpoints named by their folders.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-results/mc}
-zoo=lm_eval_sinkmask/zoo/checkpoints
+if [ -n "${SEEDS:-}" ]; then
+  zoo=zoo:; seeds=(--seeds "$SEEDS")
+else
+  zoo=lm_eval_sinkmask/zoo/checkpoints/; seeds=()
+fi
+draws=${DRAWS:-0-7}
+title=${TITLE:-"mini_mc accuracy under attention-sink masking, beside as many random non-sink keys over eight draws (top-K Eq. 3 sinks, eps = 3)"}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 sinkmask sweep \
-  --models "arm=$zoo/arm,arm_random=$zoo/arm,llada=$zoo/llada,llada_random=$zoo/llada,dream=$zoo/dream,dream_random=$zoo/dream" \
+  --models "arm=${zoo}arm,arm_random=${zoo}arm,llada=${zoo}llada,llada_random=${zoo}llada,dream=${zoo}dream,dream_random=${zoo}dream" \
+  "${seeds[@]}" \
   --model-args-for "arm_random:mask_target=random" \
   --model-args-for "llada:mc_num=32,mc_batch_size=32" \
   --model-args-for "llada_random:mc_num=32,mc_batch_size=32,mask_target=random" \
   --model-args-for "dream:mc_num=32,mc_batch_size=32" \
   --model-args-for "dream_random:mc_num=32,mc_batch_size=32,mask_target=random" \
-  --mask-seeds 0-7 --versus arm:arm_random,llada:llada_random,dream:dream_random \
+  --mask-seeds "$draws" --versus arm:arm_random,llada:llada_random,dream:dream_random \
   --tasks mini_mc_sinkmask --top-k 0,1,5,10 \
   --limit 40 --batch-size 8 --device cpu --seed 0 --jobs 2 \
-  --title "mini_mc accuracy under attention-sink masking, beside as many random non-sink keys over eight draws (top-K Eq. 3 sinks, eps = 3)" \
+  --title "$title" \
   --out "$out"
