@@ -268,6 +268,10 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
           f"{c.num_hidden_layers} layers, "
           f"{next(model.parameters()).dtype}, batch {B}, S {S}, {passes} forward passes per timing, "
           f"eps 0, query_chunk {args.chunk}; tokens/s = B x S x passes / s")
+    if getattr(args, "gpu_profile", False):
+        rows = {n: {k: v / passes for k, v in profiled(run_one, n, device).items()}
+                for n in med}
+        profile_table(title.removeprefix("3. "), rows, "forward pass")
     return med
 
 
@@ -287,6 +291,47 @@ def warm_up(run_one, variants, what) -> list:
                   f"{type(e).__name__}: {e}")
             sys.stdout.flush()
     return kept
+
+
+# CUDA driver/runtime calls that launch a kernel (Triton's launcher calls the driver), and
+# those that make the host wait for the device or copy to or from it
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+COPY_CALLS = ("cudaMemcpyAsync", "cudaMemcpy")
+
+
+def profiled(run_one, n, device) -> dict[str, float]:
+    """One run of variant ``n`` under torch.profiler: the device's kernel time (ms), the
+    kernel launches, the host's waits for the device (the bench's own final one left out) and
+    the copies between host and device. Where (c) adds many launches but little kernel time
+    over (a), the host (launches, Python), not the GPU, sets its cost; a sync stops the host
+    from running ahead of the device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        run_one(n)
+        sync(device)
+    events = prof.key_averages()
+
+    def calls(names):
+        return sum(e.count for e in events if e.key in names)
+    # the kernels' own events (an op's device time repeats its kernels')
+    kernel_us = sum(e.self_device_time_total for e in events
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    return {"kernel ms": kernel_us / 1e3, "launches": calls(LAUNCH_CALLS),
+            "syncs": calls(SYNC_CALLS) - (device.type == "cuda"), "copies": calls(COPY_CALLS)}
+
+
+def profile_table(title, rows: dict, unit: str):
+    """:func:`profiled`'s counts per ``unit`` (rows: variant -> counts already divided)."""
+    print(f"\n#### Profile: {title}, per {unit} (one run under torch.profiler)\n")
+    print("| variant | kernel ms | kernel launches | host syncs | host-device copies |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for n, r in rows.items():
+        print(f"| {GPU_LABELS.get(n, n)} | {r['kernel ms']:.3f} | {r['launches']:.1f} "
+              f"| {r['syncs']:.2f} | {r['copies']:.2f} |")
+    sys.stdout.flush()
 
 
 def run_part(name, fn, *a):
@@ -525,6 +570,13 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
                   f"generate as lm-eval runs it (a host sync per step, in every variant); "
                   f"s = (prefill + steps - prefill) / steps; tokens/s = B / s per step; keys "
                   f"masked over prefill + steps")
+            if args.gpu_profile:
+                rows = {}
+                for n in run:
+                    both, alone = profiled(runner(steps), n, device), profiled(runner(0), n, device)
+                    rows[n] = {k: (both[k] - alone[k]) / steps for k in both}
+                profile_table(f"Llama decoding, arm_rule={rule}, batch {B}", rows,
+                              "decoding step (prefill + steps - prefill) / steps")
     del model
 
 
@@ -796,6 +848,10 @@ def main(argv=None):
                          "1056, padded at 1056), llada_kernels (the same with the "
                          "memory-efficient kernel off, as LLaDA's code sets it), llama "
                          "(decoding steps), zoo (same tokens)")
+    ap.add_argument("--gpu-profile", action="store_true",
+                    help="after each timed table of parts llada, llada_gap and llama, one run "
+                         "of every variant under torch.profiler: kernel time, kernel launches, "
+                         "host syncs and copies per forward pass or decoding step")
     ap.add_argument("--gpu-smoke-cpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.repeats is None:

@@ -47,6 +47,20 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
                "same in every one of the" in out
 
 
+def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
+    """--gpu-profile: after each timed table, every variant once under torch.profiler (kernel
+    time, launches, syncs and copies per pass or step; zeros on the CPU, where no CUDA call
+    is made). The numbers are the GPU's to give; here the tables must be there and whole."""
+    bench_masking.main(["--quick", "--only", "3", "--repeats", "1", "--no-header",
+                        "--gpu-smoke-cpu", "--gpu-parts", "llada,llama", "--gpu-profile"])
+    out = capsys.readouterr().out
+    titles = [line for line in out.splitlines() if line.startswith("#### Profile: ")]
+    assert len(titles) == 2 + 4  # llada at batch 8 and 1; Llama's two rules at batch 1 and 8
+    assert sum("per decoding step" in t for t in titles) == 4
+    rows = [line for line in out.splitlines() if line.startswith("| (")]
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 5
+
+
 def test_gpu_flag_runs_only_the_gpu_section_by_default(monkeypatch):
     """A lent GPU runs one command for at most 10 minutes: the CPU sections (about 15 minutes
     in all, sections 1 and 2 before section 3) must not run there unless asked for."""

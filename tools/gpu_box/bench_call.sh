@@ -12,7 +12,9 @@
 #   they compare and time nothing;
 # - then the timings, alone on the GPU, most needed first (the LLaDA shape's ratios), each cut
 #   short when the budget runs out (what it printed so far stays): bench_llada.md (8B-shaped
-#   LLaDA, batch 8 and 1, then batch 8 unpadded and at another length), bench_llama.md (decoding steps), gpu_hours.md and gpu_hours.json,
+#   LLaDA, batch 8 and 1, then batch 8 unpadded and at another length), bench_llama.md
+#   (decoding steps), each table followed by its profile (kernel time, launches, host syncs
+#   per pass or step: whether the host or the GPU sets the masked cost), gpu_hours.md and gpu_hours.json,
 #   bench_llada_kernels.md (LLaDA's kernel switch);
 # - summary.txt: the device, versions, and how each step ended.
 set -uo pipefail
@@ -43,8 +45,9 @@ step "cuda tests" 0 timeout "$checks_budget" python3 -m pytest -q -p no:cachepro
 step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,zoo \
     > "$out/bench_checks.md" 2>&1 &
 wait
-step "bench llada" 10 "${bench[@]}" --gpu-parts llada,llada_gap > "$out/bench_llada.md" 2>&1
-step "bench llama" 10 "${bench[@]}" --gpu-parts llama > "$out/bench_llama.md" 2>&1
+step "bench llada" 10 "${bench[@]}" --gpu-parts llada,llada_gap --gpu-profile \
+    > "$out/bench_llada.md" 2>&1
+step "bench llama" 10 "${bench[@]}" --gpu-parts llama --gpu-profile > "$out/bench_llama.md" 2>&1
 step "gpu_hours" 10 python3 benchmarks/gpu_hours.py --detect-backend fused --batch 1,8 \
     --json "$out/gpu_hours.json" > "$out/gpu_hours.md" 2>&1
 step "bench llada_kernels" 5 "${bench[@]}" --gpu-parts llada_kernels \
