@@ -130,3 +130,53 @@ def test_grouped_loss_is_the_whole_batch_loss_on_fewer_positions(pool_batch, kin
     assert widths == sorted(widths, reverse=True) and widths[2] < widths[0]
     if pad_region:  # the DLMs' region padding leaves columns no row reaches
         assert results[1][3] < full
+
+
+def _whole_batch_loss(kind, model, ids, region, valid, gen):
+    """The loss as the zoo computed it before row groups (c35bd8e), written out here: the
+    model on the whole batch, a mean over the answer's next tokens (ARM) or the 1/t-weighted
+    cross-entropy on the masked answer tokens over the answer's length (DLMs, Dream's logits
+    shifted), the noise drawn from ``gen`` as ``diffusion_loss`` draws it."""
+    if kind == "arm":
+        logits = model(ids, attention_mask=valid.long()).logits[:, :-1]
+        target = ids[:, 1:].masked_fill(~region[:, 1:], -100)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                                 ignore_index=-100)
+    B = ids.shape[0]
+    t = ((torch.arange(B) + torch.rand(B, generator=gen)) / B)[torch.randperm(B, generator=gen)]
+    t = objectives.EPS + (1 - objectives.EPS) * t
+    masked, forced = objectives.noise_answer(region, t, gen, 0.3, 8)
+    noisy = ids.masked_fill(masked, MASK_ID)
+    if kind == "llada_sink":
+        logits = sink_token.forward(model, noisy, valid, sink_token.SinkToken(VOCAB, "start"),
+                                    with_position_ids=False)
+    else:
+        logits = model(noisy, attention_mask=valid.long()).logits
+    target = ids
+    if kind == "dream":
+        logits, masked, forced, target = logits[:, :-1], masked[:, 1:], forced[:, 1:], ids[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits[masked], target[masked], reduction="none")
+    weight = torch.where(forced, 1.0, (1.0 / t)[:, None])[masked]
+    return (ce * weight).sum() / region.sum()
+
+
+@pytest.mark.parametrize("kind", ["arm", "llada", "dream", "llada_sink"])
+def test_every_grouping_computes_the_loss_the_zoo_computed_before_row_groups(pool_batch, kind):
+    """Grouped against the batch as drawn only checks that the grouping changes nothing; a
+    denominator or weight that is wrong at every grouping alike needs a reference outside
+    ``objectives``: the pre-grouping formulas."""
+    model, pad_region, make_loss = _case(kind)
+    ids, region, valid = pool_batch(pad_region)
+    model.zero_grad(set_to_none=True)
+    want = _whole_batch_loss(kind, model, ids, region, valid, torch.Generator().manual_seed(5))
+    want.backward()
+    want_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    for g in (0, 1, 2, 24):
+        model.zero_grad(set_to_none=True)
+        got = make_loss(g)(model, ids, region, valid)
+        got.backward()
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert len(grads) == len(want_grads)
+        for a, b in zip(grads, want_grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
