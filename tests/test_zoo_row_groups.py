@@ -180,3 +180,14 @@ def test_every_grouping_computes_the_loss_the_zoo_computed_before_row_groups(poo
         assert len(grads) == len(want_grads)
         for a, b in zip(grads, want_grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_batch_without_tokens_has_no_group_and_a_negative_count_is_refused():
+    """n = 1 kept a width-0 group for a batch of empty rows (the model then fails on a
+    zero-width input), n >= 2 failed on a batch of no rows, and a negative n (a typo of
+    --row-groups) failed at the first step with torch's tensor_split message."""
+    for n in (1, 2, 5):
+        assert batches.row_groups(torch.zeros(3, 6, dtype=torch.bool), n) == []
+        assert batches.row_groups(torch.zeros(0, 6, dtype=torch.bool), n) == []
+    with pytest.raises(ValueError, match="row groups"):
+        batches.row_groups(torch.ones(3, 6, dtype=torch.bool), -1)

@@ -128,11 +128,16 @@ def row_groups(valid, n):
     once (one device sync per batch).
     """
     B, L = valid.shape
+    if n < 0:
+        raise ValueError(f"the number of row groups must be 0 or more, got {n}")
     if n == 0:
         return [(slice(None), L)]
+    if B == 0 or L == 0:
+        return []
     ends = torch.where(valid, torch.arange(1, L + 1, device=valid.device), 0).amax(1)
     if n == 1:
-        return [(slice(None), int(ends.max()))] if B else []
+        w = int(ends.max())
+        return [(slice(None), w)] if w > 0 else []
     order = ends.argsort(stable=True)
     sizes = [len(part) for part in torch.arange(B).tensor_split(min(n, B))]
     last = torch.tensor(sizes).cumsum(0) - 1
