@@ -146,7 +146,8 @@ def main(argv=None):
     print("# positions and attention: the groups' against the batch as drawn; s: one "
           "forward and backward ("
           + ("wall time, bf16 autocast" if device.type == "cuda" else "process CPU time")
-          + "), median of interleaved repeats; loss: the same in every row")
+          + "), median of interleaved repeats; loss: the batch's under each grouping (equal "
+            "up to rounding, which bf16 on a GPU makes larger)")
     tok = train_tokenizer(seed=0)
     data = pool.build_pool(args.pool_gsm, args.pool_gsm // 16, workers=min(8, os.cpu_count()))
     for name in args.models.split(","):

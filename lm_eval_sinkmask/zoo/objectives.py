@@ -75,8 +75,9 @@ def diffusion_loss(model, ids, region, valid, mask_id, shift, gen, sink=None, pr
         m, target, wt = masked[rows, :w], ids[rows, :w], weight[rows, :w]
         if shift:  # Dream: logits at i - 1 predict token i
             logits, m, target, wt = logits[:, :-1], m[:, 1:], target[:, 1:], wt[:, 1:]
-        ce = F.cross_entropy(logits[m], target[m], reduction="none")
-        total = total + (ce * wt[m]).sum()
+        at = m.nonzero(as_tuple=True)  # one host sync per group, shared by the three reads
+        ce = F.cross_entropy(logits[at], target[at], reduction="none")
+        total = total + (ce * wt[at]).sum()
     return total / region.sum()
 
 
