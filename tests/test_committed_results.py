@@ -2,7 +2,11 @@
 
 Every committed sweep cell and sink trace records the digests of what it ran on. When a zoo
 checkpoint is retrained or a task edited, this fails until the results that rest on it are
-regenerated, so the README cannot quote numbers of weights the repository no longer holds."""
+regenerated, so the README cannot quote numbers of weights the repository no longer holds.
+
+``results_next/`` holds results made on the staged seed 0 (``zoo.install --stage``), which
+replace those under ``results/`` when it is promoted into the package: they are held to the
+staged weights wherever they name seed 0."""
 
 import json
 from pathlib import Path
@@ -11,10 +15,14 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from lm_eval_sinkmask.provenance import InputDigests, changed_inputs
+from lm_eval_sinkmask.zoo import identify, seeds_dir
+from lm_eval_sinkmask.zoo.install import STAGED_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = sorted(ROOT.glob("results/*/cells/**/cell.json"))
 TRACES = sorted(ROOT.glob("results/**/meta.json"))
+NEXT_CELLS = sorted(ROOT.glob("results_next/*/cells/**/cell.json"))
+NEXT_TRACES = sorted(ROOT.glob("results_next/**/meta.json"))
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +35,28 @@ def _checkpoint(path: str) -> str:
     return path if path.startswith("zoo:") or Path(path).is_absolute() else str(ROOT / path)
 
 
+def _next_checkpoint(path: str) -> str:
+    """A results_next record's model path: seed 0 of the zoo is the staged one."""
+    ckpt = identify(path)
+    if ckpt is not None and ckpt[1] == 0:
+        return str(seeds_dir() / STAGED_NAME / ckpt[0])
+    return _checkpoint(path)
+
+
+def _held_to(paths: list[Path], where) -> list:
+    """``(record, how its model path resolves)`` parameters, named by the record's folder."""
+    return [pytest.param(p, where, id=str(p.relative_to(ROOT).parent)) for p in paths]
+
+
 def test_there_are_committed_cells_and_traces_to_check():
     assert len(CELLS) >= 80 and len(TRACES) >= 30  # the globs did find the results
 
 
-@pytest.mark.parametrize("path", CELLS, ids=lambda p: str(p.relative_to(ROOT).parent))
-def test_every_committed_cell_ran_on_this_checkouts_checkpoint_and_task(path, digests):
+@pytest.mark.parametrize("path,where", _held_to(CELLS, _checkpoint)
+                         + _held_to(NEXT_CELLS, _next_checkpoint))
+def test_every_committed_cell_ran_on_this_checkouts_checkpoint_and_task(path, where, digests):
     record = json.loads(path.read_text())
-    now = digests.for_cell(_checkpoint(record["model_path"]), record["request"]["task"])
+    now = digests.for_cell(where(record["model_path"]), record["request"]["task"])
     assert now["checkpoint"] is not None
     # the checkpoint and the task, not the package code: every code change would fail this until
     # every folder is rerun; CI's rerun of results/tiny checks that the code still gives its table
@@ -43,16 +65,17 @@ def test_every_committed_cell_ran_on_this_checkouts_checkpoint_and_task(path, di
 
 
 def test_every_committed_cell_lists_the_files_its_folder_holds():
-    stale = [str(p.parent.relative_to(ROOT)) for p in CELLS
+    stale = [str(p.parent.relative_to(ROOT)) for p in CELLS + NEXT_CELLS
              if sorted(json.loads(p.read_text())["results_files"])
              != sorted(f.name for f in p.parent.iterdir() if f.name != "cell.json")]
     assert stale == []
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(ROOT).parent))
-def test_every_committed_trace_ran_on_this_checkouts_checkpoint(path, digests):
+@pytest.mark.parametrize("path,where", _held_to(TRACES, _checkpoint)
+                         + _held_to(NEXT_TRACES, _next_checkpoint))
+def test_every_committed_trace_ran_on_this_checkouts_checkpoint(path, where, digests):
     meta = json.loads(path.read_text())
-    assert meta.get("checkpoint") == digests.checkpoint(_checkpoint(meta["model"]))
+    assert meta.get("checkpoint") == digests.checkpoint(where(meta["model"]))
 
 
 @pytest.mark.parametrize("name", ["tiny", "mc", "control", "seed1", "seed1_mc"])

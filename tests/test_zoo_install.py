@@ -148,6 +148,11 @@ def test_gpu_seeds_come_in_the_order_1_2_0(tmp_path, monkeypatch):
     for name in names:
         _card(seeds_root / name / "seed2", "1 NVIDIA H200")
     assert upcoming() == 0
+    for name in names:  # staged, not yet promoted: trained all the same
+        _card(seeds_root / install.STAGED_NAME / name, "1 NVIDIA H100")
+    assert upcoming() is None
+    shutil.rmtree(seeds_root / install.STAGED_NAME)
+    assert upcoming() == 0
     for name in names:
         _card(package / name, "1 NVIDIA H200 (shared by the runs training at once)")
     assert upcoming() is None
@@ -176,3 +181,59 @@ def test_a_card_without_params_is_refused_with_a_message_not_a_crash(tmp_path):
     (tmp_path / "1" / "train_info.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"train_info\.json"):  # the message names the card
         check_one_recipe("m", {s: tmp_path / str(s) for s in cards})
+
+
+def test_a_staged_seed_0_leaves_the_package_until_it_is_promoted(zoo_run):
+    """Staging commits a GPU seed 0 without touching the package that the committed results
+    rest on; promotion later moves it in whole and empties the staging folder."""
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    old, new = (checkpoint_digest(str(p)) for p in (package / "llada", run / "seed0" / "llada"))
+    lines = install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root,
+                            stage=True)
+    staged = seeds_root / install.STAGED_NAME / "llada"
+    assert str(staged) in lines[0]
+    assert checkpoint_digest(str(package / "llada")) == old
+    assert checkpoint_digest(str(staged)) == new
+    assert (staged / "README.md").read_text() == "card of seed 0\n"
+    install.promote(["llada"], package=package, seeds_root=seeds_root)
+    assert checkpoint_digest(str(package / "llada")) == new
+    assert (package / "llada" / "README.md").read_text() == "card of seed 0\n"
+    assert not (seeds_root / install.STAGED_NAME).exists()
+
+
+def test_a_staged_seed_0_counts_against_the_repository_budget_not_the_package(zoo_run,
+                                                                              monkeypatch):
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    monkeypatch.setattr(install, "PACKAGE_BUDGET_MB", install.megabytes(package) + 1e-3)
+    install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root, stage=True)
+    assert (seeds_root / install.STAGED_NAME / "llada" / "config.json").is_file()
+    shutil.rmtree(seeds_root)
+    monkeypatch.setattr(install, "REPO_BUDGET_MB", install.megabytes(package) + 1e-3)
+    with pytest.raises(SystemExit, match="over the size budget"):
+        install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root, stage=True)
+    assert not seeds_root.exists()
+
+
+@pytest.mark.parametrize("case", ["a model not staged", "over the package budget"])
+def test_nothing_is_promoted_when_a_check_fails(zoo_run, monkeypatch, case):
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root, stage=True)
+    before = checkpoint_digest(str(package / "llada"))
+    names, expected = ["llada"], "over the size budget"
+    if case == "a model not staged":
+        names, expected = ["llada", "arm"], r"not staged in .*\['arm'\]"
+    else:
+        monkeypatch.setattr(install, "PACKAGE_BUDGET_MB", 1e-3)
+    with pytest.raises(SystemExit, match=expected):
+        install.promote(names, package=package, seeds_root=seeds_root)
+    assert checkpoint_digest(str(package / "llada")) == before
+    assert (seeds_root / install.STAGED_NAME / "llada" / "config.json").is_file()
+
+
+def test_promote_takes_no_run_folder(capsys):
+    with pytest.raises(SystemExit):
+        install.main(["runs/zoo2", "--promote"])
+    assert "--promote takes no run folder" in capsys.readouterr().err

@@ -4,7 +4,7 @@
 
 Seed 0 replaces the checkpoints inside the package (``zoo:llada``), seeds >= 1 go to the
 repository's ``zoo_seeds/<name>/seed<S>/`` (``zoo:llada@1``). Each OUT/seed<S>/<name>/ is
-copied whole, model card and training log included, once two checks pass (otherwise nothing
+copied whole, model card and training log included, once these checks pass (otherwise nothing
 is copied):
 
 - every installed checkpoint has the content digest that its evaluation cells in OUT/eval
@@ -17,7 +17,15 @@ is copied):
   and a seed must differ from the others in initial weights and data order only.
 
 Installing some seeds leaves the other installed seeds as they are, so each session's seed is
-installed as it arrives. The same rule holds where seeds are pooled: :func:`check_one_recipe`
+installed as it arrives.
+
+Seed 0 can be *staged* first (``--stage``: into ``zoo_seeds/staged_seed0/<name>/``) and
+*promoted* into the package later (``--promote``). New package weights invalidate every
+committed result made on the old ones, and rerunning those takes hours of CPU, more than the
+session whose GPU trained seed 0 has left; staged, the weights are committed at once, the
+results are rerun on them in later sessions (``tools/gpu_box/with_staged_seed0.sh``, which
+runs a command in a worktree whose package holds the staged weights), and the promotion lands
+with them. The same rule holds where seeds are pooled: :func:`check_one_recipe`
 refuses to treat seeds trained under different recipes (the package's CPU-trained seed 0 beside
 a GPU seed of another size) as runs of one experiment.
 """
@@ -34,6 +42,7 @@ from . import CHECKPOINTS_DIR, ZOO_NAMES, installed_seeds, seeds_dir
 PACKAGE_BUDGET_MB = 40
 REPO_BUDGET_MB = 120
 PLAN_NAME = "plan.json"  # gpu_zoo's step plan, kept beside the seeds
+STAGED_NAME = "staged_seed0"  # seed 0 awaiting promotion into the package, beside the seeds
 
 
 # what a checkpoint's train_info.json says about how it was made, seed and hardware aside: two
@@ -107,8 +116,10 @@ def megabytes(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
 
 
-def destination(name: str, seed: int, package: Path, seeds: Path) -> Path:
-    return package / name if seed == 0 else seeds / name / f"seed{seed}"
+def destination(name: str, seed: int, package: Path, seeds: Path, stage: bool = False) -> Path:
+    if seed == 0:
+        return seeds / STAGED_NAME / name if stage else package / name
+    return seeds / name / f"seed{seed}"
 
 
 def evaluated_digests(eval_dir: Path) -> dict[tuple[str, int], set[str]]:
@@ -126,9 +137,10 @@ def evaluated_digests(eval_dir: Path) -> dict[tuple[str, int], set[str]]:
 
 
 def install(run: Path, seeds: list[int], names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR,
-            seeds_root: Path | None = None) -> list[str]:
+            seeds_root: Path | None = None, stage: bool = False) -> list[str]:
     """Check, then copy; returns one line per installed checkpoint. Nothing is copied unless
-    every checkpoint matches its evaluation cells and the result fits the budget."""
+    every checkpoint matches its evaluation cells and the result fits the budget. ``stage``:
+    seed 0 goes to the staging folder, not the package (:func:`promote` moves it later)."""
     from ..provenance import checkpoint_digest
 
     seeds_root = seeds_root or seeds_dir()
@@ -144,9 +156,9 @@ def install(run: Path, seeds: list[int], names=ZOO_NAMES, package: Path = CHECKP
         if digest not in seen:
             problems.append(f"{name}@{seed}: " + (f"evaluated on other weights {sorted(seen)}"
                                                   if seen else "no evaluation cell in OUT/eval"))
-        lines.append(f"{name}@{seed}: {source} -> {destination(name, seed, package, seeds_root)} "
-                     f"({megabytes(source):.1f} MB, {digest})")
-    shipped, total = sizes_after(sources, package, seeds_root)
+        target = destination(name, seed, package, seeds_root, stage)
+        lines.append(f"{name}@{seed}: {source} -> {target} ({megabytes(source):.1f} MB, {digest})")
+    shipped, total = sizes_after(sources, package, seeds_root, stage)
     lines.append(f"inside the package {shipped:.1f} MB (budget {PACKAGE_BUDGET_MB}), all "
                  f"{total:.1f} MB (budget {REPO_BUDGET_MB})")
     if shipped > PACKAGE_BUDGET_MB or total > REPO_BUDGET_MB:
@@ -155,11 +167,39 @@ def install(run: Path, seeds: list[int], names=ZOO_NAMES, package: Path = CHECKP
     if problems:
         raise SystemExit("\n".join(lines + ["nothing installed:"] + problems))
     for (name, seed), source in sources.items():
-        target = destination(name, seed, package, seeds_root)
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(source, target)
+        _replace(destination(name, seed, package, seeds_root, stage), source)
     keep_plan(run, seeds_root)
+    return lines
+
+
+def _replace(target: Path, source: Path) -> None:
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target)
+
+
+def promote(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR,
+            seeds_root: Path | None = None) -> list[str]:
+    """Move the staged seed 0 (every one of ``names``) into the package, replacing what is
+    there; refused, with nothing moved, unless all are staged and the package stays in its
+    budget. Returns one line per promoted checkpoint."""
+    from ..provenance import checkpoint_digest
+
+    staged = (seeds_root or seeds_dir()) / STAGED_NAME
+    missing = [n for n in names if not (staged / n / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"nothing promoted: not staged in {staged}: {missing}")
+    shipped = megabytes(package) + sum(megabytes(staged / n) - _size(package / n) for n in names)
+    lines = [f"{n}@0: {staged / n} -> {package / n} ({checkpoint_digest(str(staged / n))})"
+             for n in names]
+    lines.append(f"inside the package {shipped:.1f} MB (budget {PACKAGE_BUDGET_MB})")
+    if shipped > PACKAGE_BUDGET_MB:
+        raise SystemExit("\n".join(lines + ["nothing promoted: over the size budget"]))
+    for n in names:
+        _replace(package / n, staged / n)
+        shutil.rmtree(staged / n)
+    if staged.is_dir() and not any(staged.iterdir()):
+        staged.rmdir()
     return lines
 
 
@@ -184,22 +224,26 @@ def keep_plan(run: Path, seeds_root: Path) -> None:
         shutil.copyfile(trained, kept)
 
 
-def sizes_after(sources: dict[tuple[str, int], Path], package: Path,
-                seeds_root: Path) -> tuple[float, float]:
-    """(MB inside the package, MB of all checkpoints) once ``sources`` replace their targets."""
-    def size(folder: Path) -> float:
-        return megabytes(folder) if folder.is_dir() else 0.0
+def _size(folder: Path) -> float:
+    return megabytes(folder) if folder.is_dir() else 0.0
 
-    replaced = {destination(n, s, package, seeds_root): src for (n, s), src in sources.items()}
-    shipped = size(package) + sum(size(src) - size(dst) for dst, src in replaced.items()
-                                  if dst.parent == package)
-    total = shipped + size(seeds_root) + sum(size(src) - size(dst) for dst, src in replaced.items()
-                                             if dst.parent != package)
+
+def sizes_after(sources: dict[tuple[str, int], Path], package: Path, seeds_root: Path,
+                stage: bool = False) -> tuple[float, float]:
+    """(MB inside the package, MB of all checkpoints) once ``sources`` replace their targets
+    (a staged seed 0 counts among the repository's checkpoints, not the package's)."""
+    replaced = {destination(n, s, package, seeds_root, stage): src
+                for (n, s), src in sources.items()}
+    shipped = _size(package) + sum(_size(src) - _size(dst) for dst, src in replaced.items()
+                                   if dst.parent == package)
+    total = shipped + _size(seeds_root) + sum(_size(src) - _size(dst)
+                                              for dst, src in replaced.items()
+                                              if dst.parent != package)
     return shipped, total
 
 
 # Seed 0 comes last: it replaces the CPU-trained checkpoints in the package that every
-# committed result rests on, so the session that installs it reruns them all at once.
+# committed result rests on, so it is staged, the results are rerun on it, then it is promoted.
 GPU_SEED_ORDER = (1, 2, 0)
 
 
@@ -214,9 +258,10 @@ def trained_on_gpu(checkpoint: Path) -> bool:
 def next_gpu_seed(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR) -> int | None:
     """The seed the next GPU session trains (:data:`GPU_SEED_ORDER`), None once all three are
     installed: a seed >= 1 is in when every model has it (:func:`installed_seeds`), seed 0
-    when every model in the package was trained on a GPU."""
+    when every model in the package, or every staged one, was trained on a GPU."""
     done = set(installed_seeds(names)[1:])
-    if all(trained_on_gpu(package / name) for name in names):
+    staged = seeds_dir() / STAGED_NAME
+    if any(all(trained_on_gpu(folder / name) for name in names) for folder in (package, staged)):
         done.add(0)
     return next((s for s in GPU_SEED_ORDER if s not in done), None)
 
@@ -231,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--next-seed", action="store_true",
                     help="print the seed the next GPU session trains (order 1, 2, 0), or "
                          "'none' when all three are installed, and install nothing")
+    ap.add_argument("--stage", action="store_true",
+                    help=f"install seed 0 into zoo_seeds/{STAGED_NAME}/, not the package, to "
+                         "rerun the committed results on it before it replaces the package's")
+    ap.add_argument("--promote", action="store_true",
+                    help=f"move the staged seed 0 (zoo_seeds/{STAGED_NAME}/) into the package, "
+                         "replacing its checkpoints, and install nothing else")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds to install (default 0,1,2)")
     ap.add_argument("--models", default=",".join(ZOO_NAMES), help="zoo models to install")
     args = ap.parse_args(argv)
@@ -238,17 +289,22 @@ def main(argv: list[str] | None = None) -> int:
         seed = next_gpu_seed()
         print("none" if seed is None else seed)
         return 0
-    if args.run is None:
-        ap.error("the run folder is required (or --next-seed)")
     names = [m for m in args.models.split(",") if m]
     unknown = sorted(set(names) - set(ZOO_NAMES))
     if unknown:
         ap.error(f"unknown zoo models {unknown}; choose from {list(ZOO_NAMES)}")
+    if args.promote:
+        if args.run is not None or args.stage:
+            ap.error("--promote takes no run folder and no --stage")
+        print("\n".join(promote(names)))
+        return 0
+    if args.run is None:
+        ap.error("the run folder is required (or --next-seed, --promote)")
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
         ap.error(str(e))
-    print("\n".join(install(args.run, seeds or [0], names)))
+    print("\n".join(install(args.run, seeds or [0], names, stage=args.stage)))
     return 0
 
 

@@ -1,0 +1,60 @@
+"""tools/gpu_box/with_staged_seed0.sh: a command run on the staged seed 0 sees it as the
+package's ``zoo:NAME``, so what it records holds once the staged weights are promoted."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lm_eval_sinkmask.provenance import checkpoint_digest
+from lm_eval_sinkmask.zoo import CHECKPOINTS_DIR, SEEDS_ENV, ZOO_NAMES
+from lm_eval_sinkmask.zoo.install import STAGED_NAME
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = "tools/gpu_box/with_staged_seed0.sh"
+KIND = {"arm": "llama", "llada": "llada", "dream": "dream", "llada_sink": "llada"}
+
+pytestmark = pytest.mark.skipif(not (REPO / ".git").exists(), reason="needs a git checkout")
+
+
+def _staged(tmp_path, tiny_dirs, names=ZOO_NAMES):
+    seeds = tmp_path / "zoo_seeds"
+    for name in names:
+        shutil.copytree(tiny_dirs[KIND[name]], seeds / STAGED_NAME / name)
+    return seeds
+
+
+def _run(args, seeds, worktree):
+    env = dict(os.environ, STAGED_WORKTREE=str(worktree), STAGED_ALLOW_UNCOMMITTED="1",
+               **{SEEDS_ENV: str(seeds)})
+    return subprocess.run([SCRIPT, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_command_sees_the_staged_seed_0_as_the_package(tmp_path, tiny_dirs):
+    seeds, worktree = _staged(tmp_path, tiny_dirs), tmp_path / "worktree"
+    code = ("import lm_eval_sinkmask; from lm_eval_sinkmask.masking_lm import resolve_pretrained;"
+            " from lm_eval_sinkmask.provenance import checkpoint_digest;"
+            " print(lm_eval_sinkmask.__file__);"
+            " print(*(checkpoint_digest(resolve_pretrained(f'zoo:{n}')) for n in "
+            + repr(ZOO_NAMES) + "))")
+    try:
+        for _ in range(2):  # the second run reuses the worktree
+            done = _run([sys.executable, "-c", code], seeds, worktree)
+            assert done.returncode == 0, done.stderr
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO)
+    where, *digests = done.stdout.split()
+    assert where.startswith(str(worktree))  # the worktree's package, not this checkout's
+    assert digests == [checkpoint_digest(str(seeds / STAGED_NAME / n)) for n in ZOO_NAMES]
+    assert digests[1] != checkpoint_digest(str(CHECKPOINTS_DIR / "llada"))
+
+
+def test_nothing_runs_unless_every_model_is_staged(tmp_path, tiny_dirs):
+    seeds, worktree = _staged(tmp_path, tiny_dirs, ["arm", "llada", "dream"]), tmp_path / "wt"
+    done = _run(["true"], seeds, worktree)
+    assert done.returncode == 1 and "no staged seed 0 of llada_sink" in done.stderr
+    assert not worktree.exists()
