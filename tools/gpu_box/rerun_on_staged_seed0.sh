@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The committed results that rest on the package's seed 0, made again on the staged GPU seed 0
+# (zoo.install --seeds 0 --stage) into results_next/, in the layout results/ takes when
+# `zoo.install --promote` moves the staged weights into the package:
+#
+#   tools/gpu_box/rerun_on_staged_seed0.sh [STEP...]   # default: every step, in this order
+#
+# Every step runs through with_staged_seed0.sh (HEAD's code, the staged weights as zoo:NAME)
+# over the seeds installed here (0 and those in zoo_seeds/: 0,1,2 once all three are in), and
+# resumes its folder: run it again after a cut-off, and commit results_next/ as it grows
+# (tests/test_committed_results.py holds it to the staged weights). Costs on 2 cores, v2 models:
+#   sinks       results_next/tiny/sinks: the README's sink figures, one prompt per model (20 s)
+#   zoo         results_next/zoo: the report card of every installed seed. The other seeds'
+#               cells and traces come from results/zoo; seed 0's accuracy comes from the GPU
+#               box's cells copied into results_next/zoo/gpu_eval/cells/ at staging (else it is
+#               computed here on the whole splits: ~25 min), its traces are made here (20 s)
+#   tiny        results_next/tiny: Table 1 over the seeds, first 48 problems per task (~25 min
+#               for three seeds: what CI reruns once the promotion sets SEEDS and PROBLEMS as
+#               defaults in results/tiny/reproduce.sh; PROBLEMS=2 for a trial)
+#   mc          results_next/mc: mini_mc beside random keys over the seeds, four draws (~12 min
+#               a seed)
+#   control     results_next/control: Table 1's columns beside random keys over the seeds, four
+#               draws (~50 min a seed)
+#   sink_token  results_next/sink_token: llada against llada_sink over the seeds, whole test
+#               splits (~50 min a seed)
+# mc, control and sink_token start from the cells of the single-seed folders made before
+# (results/seed<S>_mc, results/seed<S>, results/sink_token_v2): a resumed sweep reuses a cell
+# whose request, weights, task and package code are today's, and makes again one whose code
+# has changed since.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+root=$PWD next=$PWD/results_next
+with=tools/gpu_box/with_staged_seed0.sh
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(sinks zoo tiny mc control sink_token)
+seeds=$(python -c "from lm_eval_sinkmask.zoo import installed_seeds; print(','.join(map(str, installed_seeds())))")
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+prefill() {  # prefill DEST SOURCE...: the cells of seeds >= 1 kept from earlier folders
+  local dest=$1; shift
+  for source in "$@"; do
+    for cells in "$root/$source"/cells/*/seed[1-9]*; do
+      [ -d "$cells" ] || continue
+      local target="$dest/cells/$(basename "$(dirname "$cells")")"
+      mkdir -p "$target"
+      cp -rn "$cells" "$target/"
+    done
+  done
+}
+
+for step in "${steps[@]}"; do
+  echo "== $step (seeds $seeds) $(date +%T)"
+  case $step in
+    sinks) $with results/tiny/sinks/reproduce.sh "$next/tiny/sinks" ;;
+    zoo)
+      # results/zoo without the package's old seed 0; nothing made here is overwritten
+      mkdir -p "$next/zoo"
+      tar -C results/zoo --exclude=seed0 -cf - . | tar -C "$next/zoo" --skip-old-files -xf -
+      if ls -d "$next"/zoo/gpu_eval/cells/*/seed0 > /dev/null 2>&1; then accuracy=--skip-accuracy
+      else accuracy=; fi
+      $with python -m lm_eval_sinkmask.zoo.report --out "$next/zoo" --seeds 0 \
+        --cells "$next/zoo/gpu_eval" $accuracy ;;
+    tiny) SEEDS=$seeds PROBLEMS=${PROBLEMS:-48} $with results/tiny/reproduce.sh "$next/tiny" ;;
+    mc)
+      prefill "$next/mc" results/seed*_mc
+      SEEDS=$seeds DRAWS=0-3 TITLE="Zoo v2, seeds $seeds: mini_mc accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)" \
+        $with results/mc/reproduce.sh "$next/mc" ;;
+    control)
+      prefill "$next/control" results/seed[0-9]
+      SEEDS=$seeds DRAWS=0-3 TITLE="Zoo v2, seeds $seeds: accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)" \
+        $with results/control/reproduce.sh "$next/control" ;;
+    sink_token)
+      prefill "$next/sink_token" results/sink_token_v2
+      $with python -m lm_eval_sinkmask.experiments.sink_token --out "$next/sink_token" \
+        --seeds "$seeds" --limit-gsm 300 --limit-code 100 ;;
+    *) echo "unknown step $step: sinks zoo tiny mc control sink_token" >&2; exit 2 ;;
+  esac
+done
+echo "== done $(date +%T): results_next/ holds the steps run; commit it"
