@@ -27,30 +27,48 @@ def _staged(tmp_path, tiny_dirs, names=ZOO_NAMES):
     return seeds
 
 
-def _run(args, seeds, worktree):
-    env = dict(os.environ, STAGED_WORKTREE=str(worktree), STAGED_ALLOW_UNCOMMITTED="1",
-               **{SEEDS_ENV: str(seeds)})
+def _run(args, seeds, worktree=None):
+    env = dict(os.environ, STAGED_ALLOW_UNCOMMITTED="1", **{SEEDS_ENV: str(seeds)})
+    env.pop("STAGED_WORKTREE", None)
+    if worktree is not None:
+        env["STAGED_WORKTREE"] = str(worktree)
     return subprocess.run([SCRIPT, *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
 
 
-def test_a_command_sees_the_staged_seed_0_as_the_package(tmp_path, tiny_dirs):
-    seeds, worktree = _staged(tmp_path, tiny_dirs), tmp_path / "worktree"
-    code = ("import lm_eval_sinkmask; from lm_eval_sinkmask.masking_lm import resolve_pretrained;"
-            " from lm_eval_sinkmask.provenance import checkpoint_digest;"
-            " print(lm_eval_sinkmask.__file__);"
-            " print(*(checkpoint_digest(resolve_pretrained(f'zoo:{n}')) for n in "
-            + repr(ZOO_NAMES) + "))")
-    try:
-        for _ in range(2):  # the second run reuses the worktree
-            done = _run([sys.executable, "-c", code], seeds, worktree)
-            assert done.returncode == 0, done.stderr
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO)
+# what the command sees: where the package comes from, and the digest of each zoo:NAME
+SEEN = ("import lm_eval_sinkmask; from lm_eval_sinkmask.masking_lm import resolve_pretrained;"
+        " from lm_eval_sinkmask.provenance import checkpoint_digest;"
+        " print(lm_eval_sinkmask.__file__);"
+        " print(*(checkpoint_digest(resolve_pretrained(f'zoo:{n}')) for n in "
+        + repr(ZOO_NAMES) + "))")
+
+
+def _seen(done, seeds):
+    assert done.returncode == 0, done.stderr
     where, *digests = done.stdout.split()
-    assert where.startswith(str(worktree))  # the worktree's package, not this checkout's
     assert digests == [checkpoint_digest(str(seeds / STAGED_NAME / n)) for n in ZOO_NAMES]
     assert digests[1] != checkpoint_digest(str(CHECKPOINTS_DIR / "llada"))
+    return Path(where)
+
+
+def test_a_command_sees_the_staged_seed_0_as_the_package(tmp_path, tiny_dirs):
+    seeds = _staged(tmp_path, tiny_dirs)
+    where = _seen(_run([sys.executable, "-c", SEEN], seeds), seeds)
+    assert not where.is_relative_to(REPO)  # a worktree's package, not this checkout's
+    assert not where.exists()  # the call's own worktree is gone with it
+    assert str(where.parents[1]) not in subprocess.run(
+        ["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
+
+
+def test_a_named_worktree_is_kept_and_reused(tmp_path, tiny_dirs):
+    seeds, worktree = _staged(tmp_path, tiny_dirs), tmp_path / "worktree"
+    try:
+        for _ in range(2):
+            assert _seen(_run([sys.executable, "-c", SEEN], seeds, worktree),
+                         seeds).is_relative_to(worktree)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO)
 
 
 def test_nothing_runs_unless_every_model_is_staged(tmp_path, tiny_dirs):
