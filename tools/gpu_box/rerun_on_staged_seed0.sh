@@ -37,13 +37,18 @@ seeds=$(python -c "from lm_eval_sinkmask.zoo import installed_seeds; print(','.j
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 prefill() {  # prefill DEST SOURCE...: the cells of seeds >= 1 kept from earlier folders
+  # A seed's folder is copied only where DEST lacks it: a resumed step must not merge the old
+  # files back into cells the sweep has made again since (their names carry a timestamp, so
+  # cp -n would add them beside the new ones, and cell.json would no longer list its folder);
+  # and cp -n exits 1 on a skipped file under coreutils 9.2-9.4, which set -e turns into a stop.
   local dest=$1; shift
   for source in "$@"; do
     for cells in "$root/$source"/cells/*/seed[1-9]*; do
       [ -d "$cells" ] || continue
       local target="$dest/cells/$(basename "$(dirname "$cells")")"
+      [ -e "$target/$(basename "$cells")" ] && continue
       mkdir -p "$target"
-      cp -rn "$cells" "$target/"
+      cp -r "$cells" "$target/"
     done
   done
 }
