@@ -237,3 +237,46 @@ def test_promote_takes_no_run_folder(capsys):
     with pytest.raises(SystemExit):
         install.main(["runs/zoo2", "--promote"])
     assert "--promote takes no run folder" in capsys.readouterr().err
+
+
+def test_a_promotion_cut_off_by_a_failed_copy_leaves_package_and_staging_as_they_were(
+        zoo_run, tiny_dirs, monkeypatch):
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root, stage=True)
+    shutil.copytree(tiny_dirs["llama"], seeds_root / install.STAGED_NAME / "arm")
+    shutil.copytree(tiny_dirs["dream"], package / "arm")
+    before = {n: checkpoint_digest(str(package / n)) for n in ("llada", "arm")}
+    copies, copytree = [], shutil.copytree
+
+    def full_disk(src, dst, **kw):
+        copies.append(dst)
+        if len(copies) == 2:
+            raise OSError(28, "No space left on device")
+        return copytree(src, dst, **kw)
+
+    monkeypatch.setattr(install.shutil, "copytree", full_disk)
+    with pytest.raises(OSError):
+        install.promote(["llada", "arm"], package=package, seeds_root=seeds_root)
+    assert {n: checkpoint_digest(str(package / n)) for n in before} == before
+    assert sorted(p.name for p in package.iterdir()) == ["arm", "llada"]  # no copy left over
+    for n in before:
+        assert (seeds_root / install.STAGED_NAME / n / "config.json").is_file()
+
+
+def test_the_cli_stages_seed_0_and_promotes_every_model(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(install, "install", lambda *a, **k: calls.append(("install", a, k)) or [])
+    monkeypatch.setattr(install, "promote", lambda *a, **k: calls.append(("promote", a, k)) or [])
+    install.main(["runs/zoo2", "--seeds", "0", "--stage"])
+    assert calls[-1][0] == "install" and calls[-1][2]["stage"] is True
+    install.main(["--promote"])
+    assert calls[-1][0] == "promote" and list(calls[-1][1][0]) == list(install.ZOO_NAMES)
+    count = len(calls)
+    for argv, said in ((["runs/zoo2", "--seeds", "1", "--stage"], "name it in --seeds"),
+                       (["--promote", "--models", "llada"], "every zoo model at once"),
+                       (["--promote", "--stage"], "no --stage")):
+        with pytest.raises(SystemExit):
+            install.main(argv)
+        assert said in capsys.readouterr().err
+    assert len(calls) == count  # each refused before anything ran

@@ -195,8 +195,20 @@ def promote(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR,
     lines.append(f"inside the package {shipped:.1f} MB (budget {PACKAGE_BUDGET_MB})")
     if shipped > PACKAGE_BUDGET_MB:
         raise SystemExit("\n".join(lines + ["nothing promoted: over the size budget"]))
-    for n in names:
-        _replace(package / n, staged / n)
+    # every copy first, beside the package's folders: a copy that fails (a full disk) leaves the
+    # package and the staging folder as they were, not some models promoted and one half-copied
+    incoming = {n: package / f".{n}.promoted" for n in names}
+    try:
+        for n, copy in incoming.items():
+            _replace(copy, staged / n)
+    except BaseException:
+        for copy in incoming.values():
+            shutil.rmtree(copy, ignore_errors=True)
+        raise
+    for n, copy in incoming.items():
+        if (package / n).exists():
+            shutil.rmtree(package / n)
+        copy.rename(package / n)
         shutil.rmtree(staged / n)
     if staged.is_dir() and not any(staged.iterdir()):
         staged.rmdir()
@@ -296,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.promote:
         if args.run is not None or args.stage:
             ap.error("--promote takes no run folder and no --stage")
+        if set(names) != set(ZOO_NAMES):  # results_next/ rests on every staged model at once
+            ap.error("--promote moves every zoo model at once: leave --models out")
         print("\n".join(promote(names)))
         return 0
     if args.run is None:
@@ -304,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         seeds = parse_seeds(args.seeds)
     except ValueError as e:
         ap.error(str(e))
+    if args.stage and 0 not in (seeds or [0]):
+        ap.error("--stage stages seed 0: name it in --seeds")
     print("\n".join(install(args.run, seeds or [0], names, stage=args.stage)))
     return 0
 
