@@ -36,18 +36,22 @@ def _run(args, seeds, worktree=None):
                           timeout=300)
 
 
-# what the command sees: where the package comes from, and the digest of each zoo:NAME
+# what the command sees: where the package comes from, and the digest of each zoo:NAME and of
+# each lm_eval_sinkmask/zoo/checkpoints/NAME (the relative path results/mc/reproduce.sh and
+# results/tiny/sinks/reproduce.sh name, and cells record)
 SEEN = ("import lm_eval_sinkmask; from lm_eval_sinkmask.masking_lm import resolve_pretrained;"
         " from lm_eval_sinkmask.provenance import checkpoint_digest;"
         " print(lm_eval_sinkmask.__file__);"
         " print(*(checkpoint_digest(resolve_pretrained(f'zoo:{n}')) for n in "
+        + repr(ZOO_NAMES) + "));"
+        " print(*(checkpoint_digest(f'lm_eval_sinkmask/zoo/checkpoints/{n}') for n in "
         + repr(ZOO_NAMES) + "))")
 
 
 def _seen(done, seeds):
     assert done.returncode == 0, done.stderr
     where, *digests = done.stdout.split()
-    assert digests == [checkpoint_digest(str(seeds / STAGED_NAME / n)) for n in ZOO_NAMES]
+    assert digests == 2 * [checkpoint_digest(str(seeds / STAGED_NAME / n)) for n in ZOO_NAMES]
     assert digests[1] != checkpoint_digest(str(CHECKPOINTS_DIR / "llada"))
     return Path(where)
 
