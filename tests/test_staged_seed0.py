@@ -80,3 +80,60 @@ def test_nothing_runs_unless_every_model_is_staged(tmp_path, tiny_dirs):
     done = _run(["true"], seeds, worktree)
     assert done.returncode == 1 and "no staged seed 0 of llada_sink" in done.stderr
     assert not worktree.exists()
+
+
+RERUN = "tools/gpu_box/rerun_on_staged_seed0.sh"
+
+
+def _rerun(tmp_path, *steps):
+    """The rerun script with a recorder in place of with_staged_seed0.sh: what each step would
+    run (with SEEDS, DRAWS, PROBLEMS) goes to ``calls``; results_next is ``tmp_path/next``."""
+    recorder, calls = tmp_path / "with.sh", tmp_path / "calls"
+    recorder.write_text('#!/usr/bin/env bash\necho "SEEDS=${SEEDS:-} DRAWS=${DRAWS:-} '
+                        f'PROBLEMS=${{PROBLEMS:-}} $*" >> {calls}\n')
+    recorder.chmod(0o755)
+    env = dict(os.environ, STAGED_WITH=str(recorder), RESULTS_NEXT=str(tmp_path / "next"),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run([RERUN, *steps], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_the_zoo_step_keeps_the_other_seeds_and_skips_only_what_the_box_evaluated(tmp_path):
+    next_zoo = tmp_path / "next" / "zoo"
+    done, calls = _rerun(tmp_path, "zoo")
+    assert done.returncode == 0, done.stderr
+    assert not list(next_zoo.glob("**/seed0"))  # the package's old seed 0 stays behind
+    assert {p.relative_to(next_zoo) for p in next_zoo.glob("*/cells/*/seed1")} == {
+        p.relative_to(REPO / "results" / "zoo")
+        for p in (REPO / "results" / "zoo").glob("*/cells/*/seed1")} != set()
+    assert "--seeds 0" in calls[-1] and "--skip-accuracy" not in calls[-1]
+    for name in ZOO_NAMES[:-1]:  # the box's cells of seed 0, one model missing
+        (next_zoo / "gpu_eval" / "cells" / name / "seed0").mkdir(parents=True)
+    assert "--skip-accuracy" not in _rerun(tmp_path, "zoo")[1][-1]
+    (next_zoo / "gpu_eval" / "cells" / ZOO_NAMES[-1] / "seed0").mkdir(parents=True)
+    assert "--skip-accuracy" in _rerun(tmp_path, "zoo")[1][-1]
+
+
+def test_a_pooled_step_starts_from_earlier_cells_and_keeps_what_it_made(tmp_path):
+    earlier = sorted((REPO / "results").glob("seed*_mc/cells/*/seed[1-9]*"))
+    assert earlier  # results/seed1_mc
+    made = tmp_path / "next" / "mc" / "cells" / "llada" / earlier[0].name
+    made.mkdir(parents=True)
+    (made / "made_here").touch()
+    done, calls = _rerun(tmp_path, "mc")
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in made.iterdir()] == ["made_here"]  # not merged with the old files
+    copied = tmp_path / "next" / "mc" / "cells" / "arm" / earlier[0].name
+    assert sorted(p.name for p in copied.rglob("*")) == sorted(
+        p.name for p in (earlier[0].parents[1] / "arm" / earlier[0].name).rglob("*"))
+    assert calls[-1].startswith("SEEDS=0,") and "DRAWS=0-3" in calls[-1]
+    assert "results/mc/reproduce.sh" in calls[-1]
+
+
+def test_an_unknown_step_is_refused():
+    env = dict(os.environ, STAGED_WITH="false",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run([RERUN, "tables"], cwd=REPO, capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 2 and "unknown step tables" in done.stderr

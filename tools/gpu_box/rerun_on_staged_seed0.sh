@@ -5,19 +5,21 @@
 #
 #   tools/gpu_box/rerun_on_staged_seed0.sh [STEP...]   # default: every step, in this order
 #
-# Every step runs through with_staged_seed0.sh (HEAD's code, the staged weights as zoo:NAME)
-# over the seeds installed here (0 and those in zoo_seeds/: 0,1,2 once all three are in), and
-# resumes its folder: run it again after a cut-off, and commit results_next/ as it grows
-# (tests/test_committed_results.py holds it to the staged weights). Costs on 2 cores, v2 models:
+# with the project's virtual environment active. Every step runs through with_staged_seed0.sh
+# (HEAD's code, the staged weights as zoo:NAME) over the seeds installed here (0 and those in
+# zoo_seeds/: 0,1,2 once all three are in), and resumes its folder: run it again after a
+# cut-off, and commit results_next/ as it grows (tests/test_committed_results.py holds it to
+# the staged weights). Costs on 2 cores, v2 models (zoo and mc measured on 2026-11-26 with seed
+# 1's checkpoints standing in for a staged seed 0, beside other work):
 #   sinks       results_next/tiny/sinks: the README's sink figures, one prompt per model (20 s)
 #   zoo         results_next/zoo: the report card of every installed seed. The other seeds'
 #               cells and traces come from results/zoo; seed 0's accuracy comes from the GPU
 #               box's cells copied into results_next/zoo/gpu_eval/cells/ at staging (else it is
-#               computed here on the whole splits: ~25 min), its traces are made here (20 s)
+#               computed here on the whole splits: 10 min), its traces are made here (20 s)
 #   tiny        results_next/tiny: Table 1 over the seeds, first 48 problems per task (~25 min
 #               for three seeds: what CI reruns once the promotion sets SEEDS and PROBLEMS as
 #               defaults in results/tiny/reproduce.sh; PROBLEMS=2 for a trial)
-#   mc          results_next/mc: mini_mc beside random keys over the seeds, four draws (~12 min
+#   mc          results_next/mc: mini_mc beside random keys over the seeds, four draws (11 min
 #               a seed)
 #   control     results_next/control: Table 1's columns beside random keys over the seeds, four
 #               draws (~50 min a seed)
@@ -29,11 +31,12 @@
 # has changed since.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-root=$PWD next=$PWD/results_next
-with=tools/gpu_box/with_staged_seed0.sh
+root=$PWD next=${RESULTS_NEXT:-$PWD/results_next}
+with=${STAGED_WITH:-tools/gpu_box/with_staged_seed0.sh}  # tests put a recorder here
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(sinks zoo tiny mc control sink_token)
 seeds=$(python -c "from lm_eval_sinkmask.zoo import installed_seeds; print(','.join(map(str, installed_seeds())))")
+names=$(python -c "from lm_eval_sinkmask.zoo import ZOO_NAMES; print(*ZOO_NAMES)")
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 prefill() {  # prefill DEST SOURCE...: the cells of seeds >= 1 kept from earlier folders
@@ -61,8 +64,10 @@ for step in "${steps[@]}"; do
       # results/zoo without the package's old seed 0; nothing made here is overwritten
       mkdir -p "$next/zoo"
       tar -C results/zoo --exclude=seed0 -cf - . | tar -C "$next/zoo" --skip-old-files -xf -
-      if ls -d "$next"/zoo/gpu_eval/cells/*/seed0 > /dev/null 2>&1; then accuracy=--skip-accuracy
-      else accuracy=; fi
+      accuracy=--skip-accuracy  # only when the box's cells hold every model's seed 0
+      for name in $names; do
+        [ -d "$next/zoo/gpu_eval/cells/$name/seed0" ] || accuracy=
+      done
       $with python -m lm_eval_sinkmask.zoo.report --out "$next/zoo" --seeds 0 \
         --cells "$next/zoo/gpu_eval" $accuracy ;;
     tiny) SEEDS=$seeds PROBLEMS=${PROBLEMS:-48} $with results/tiny/reproduce.sh "$next/tiny" ;;

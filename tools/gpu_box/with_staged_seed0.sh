@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run a command with the staged GPU seed 0 as the package's zoo checkpoints:
+# Run a command with the staged GPU seed 0 as the package's zoo checkpoints (the project's
+# virtual environment active: python and sinkmask are taken from PATH):
 #
 #   tools/gpu_box/with_staged_seed0.sh COMMAND [ARGS...]
 #
@@ -18,9 +19,11 @@
 # It holds HEAD, so uncommitted changes under lm_eval_sinkmask/ or tasks/ are refused (a result
 # must come from code that is in the history; STAGED_ALLOW_UNCOMMITTED=1 runs HEAD anyway).
 set -euo pipefail
-[ $# -gt 0 ] || { sed -n 2,19p "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n 2,20p "$0"; exit 2; }
 root=$(git rev-parse --show-toplevel)
-staged=${SINKMASK_ZOO_SEEDS:-$root/zoo_seeds}/staged_seed0
+# seeds >= 1 and the staged seed 0 from this checkout's zoo_seeds/ (the worktree's would be HEAD's)
+export SINKMASK_ZOO_SEEDS=${SINKMASK_ZOO_SEEDS:-$root/zoo_seeds}
+staged=$SINKMASK_ZOO_SEEDS/staged_seed0
 names=$(cd "$root" && python -c "from lm_eval_sinkmask.zoo import ZOO_NAMES; print(*ZOO_NAMES)")
 for name in $names; do
   [ -f "$staged/$name/config.json" ] || {
@@ -38,7 +41,8 @@ if [ -n "${STAGED_WORKTREE:-}" ]; then
   wt=$STAGED_WORKTREE
 else
   wt=$(mktemp -d /tmp/sinkmask-staged-seed0.XXXXXX)/worktree
-  trap 'git -C "$root" worktree remove --force "$wt"; rmdir "$(dirname "$wt")"' EXIT
+  # a failed clean-up must not turn COMMAND's success into a failure
+  trap 'git -C "$root" worktree remove --force "$wt" || true; rmdir "$(dirname "$wt")" || true' EXIT
 fi
 if [ -e "$wt/.git" ]; then
   git -C "$wt" checkout --quiet --force --detach "$head"
