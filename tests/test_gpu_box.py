@@ -247,9 +247,9 @@ def test_one_seed_session_rehearsed_on_the_cpu(tmp_path):
 
 
 def _travels(path: str) -> bool:
-    """Whether a tracked file goes to the box: aside.sh parks results/ and the installed seeds'
-    checkpoints (zoo_seeds/<name>/) outside the checkout for the calls."""
-    return not (path.startswith("results/")
+    """Whether a tracked file goes to the box: aside.sh parks results/, results_next/ and the
+    installed seeds' checkpoints (zoo_seeds/<name>/) outside the checkout for the calls."""
+    return not (path.startswith(("results/", "results_next/"))
                 or (path.startswith("zoo_seeds/") and path.count("/") > 1))
 
 
@@ -271,7 +271,9 @@ def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
     repo = tmp_path / "repo"
     (repo / "tools" / "gpu_box").mkdir(parents=True)
     shutil.copy(REPO / "tools" / "gpu_box" / "aside.sh", repo / "tools" / "gpu_box")
-    for rel in ("results/tiny/table.md", "zoo_seeds/llada/seed1/model.safetensors",
+    for rel in ("results/tiny/table.md", "results_next/tiny/table.md",
+                "zoo_seeds/llada/seed1/model.safetensors",
+                "zoo_seeds/staged_seed0/llada/model.safetensors",
                 "zoo_seeds/plan.json", "lm_eval_sinkmask/x.py"):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(rel)
@@ -282,7 +284,8 @@ def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
     out = subprocess.run(["tools/gpu_box/aside.sh", "out"], cwd=repo, env=env,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "travels: tree 0.0 MiB" in out.stdout, out.stdout + out.stderr
-    assert not (repo / "results").exists() and not (repo / "zoo_seeds" / "llada").exists()
+    for parked in ("results", "results_next", "zoo_seeds/llada", "zoo_seeds/staged_seed0"):
+        assert not (repo / parked).exists()
     assert (repo / "zoo_seeds" / "plan.json").is_file()  # a later seed trains by its steps
     again = subprocess.run(["tools/gpu_box/aside.sh", "out"], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=30)
@@ -295,4 +298,6 @@ def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
     subprocess.run(["tools/gpu_box/aside.sh", "back"], cwd=repo, env=env, check=True,
                    capture_output=True, timeout=30)
     assert (repo / "zoo_seeds/llada/seed1/model.safetensors").read_text().endswith("safetensors")
+    assert (repo / "zoo_seeds/staged_seed0/llada/model.safetensors").is_file()
     assert (repo / "results/tiny/table.md").is_file() and not aside.exists()
+    assert (repo / "results_next/tiny/table.md").is_file()

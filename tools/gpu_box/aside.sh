@@ -6,8 +6,9 @@
 #   tools/gpu_box/aside.sh out     # before the first call: prints the size that will travel
 #   tools/gpu_box/aside.sh back    # after the last call (also after a failed one)
 #
-# Aside: results/ (every committed result; nothing on the box reads them) and the installed
-# zoo seeds' checkpoints, zoo_seeds/<name>/ (the box trains its own). zoo_seeds/plan.json stays:
+# Aside: results/ and results_next/ (every committed result, and those made on a staged seed 0;
+# nothing on the box reads them) and the installed zoo seeds' checkpoints, zoo_seeds/<name>/
+# and zoo_seeds/staged_seed0/ (the box trains its own). zoo_seeds/plan.json stays:
 # zoo_call.sh trains a later seed by the step counts it keeps. ASIDE moves the parking folder.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +18,9 @@ case ${1:-} in
 out)
     [ -e "$aside" ] && { echo "$aside exists: run '$0 back' first"; exit 2; }
     mkdir -p "$aside/zoo_seeds"
-    [ -d results ] && mv results "$aside/results"
+    for d in results results_next; do
+        [ -d $d ] && mv $d "$aside/$d"
+    done
     for d in zoo_seeds/*/; do
         [ -d "$d" ] && mv "${d%/}" "$aside/zoo_seeds/"
     done
@@ -32,12 +35,14 @@ out)
 back)
     [ -d "$aside" ] || { echo "nothing aside in $aside"; exit 0; }
     # a folder made again meanwhile would swallow the parked one (mv nests): refuse instead
-    for d in "$aside"/results "$aside"/zoo_seeds/*/; do
+    for d in "$aside"/results "$aside"/results_next "$aside"/zoo_seeds/*/; do
         target=${d#"$aside"/}; target=${target%/}
         [ -d "$d" ] && [ -e "$target" ] \
             && { echo "$target exists again: move it away, then '$0 back'"; exit 2; }
     done
-    [ -d "$aside/results" ] && mv "$aside/results" results
+    for d in results results_next; do
+        [ -d "$aside/$d" ] && mv "$aside/$d" $d
+    done
     mkdir -p zoo_seeds
     for d in "$aside"/zoo_seeds/*/; do
         [ -d "$d" ] && mv "${d%/}" zoo_seeds/
