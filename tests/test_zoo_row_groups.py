@@ -191,3 +191,9 @@ def test_a_batch_without_tokens_has_no_group_and_a_negative_count_is_refused():
         assert batches.row_groups(torch.zeros(0, 6, dtype=torch.bool), n) == []
     with pytest.raises(ValueError, match="row groups"):
         batches.row_groups(torch.ones(3, 6, dtype=torch.bool), -1)
+
+
+def test_a_mask_that_is_not_bool_is_refused_by_name():
+    for n in (0, 2):
+        with pytest.raises(TypeError, match="bool mask of valid tokens, got torch.float32"):
+            batches.row_groups(torch.ones(3, 6), n)

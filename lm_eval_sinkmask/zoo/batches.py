@@ -130,6 +130,8 @@ def row_groups(valid, n):
     B, L = valid.shape
     if n < 0:
         raise ValueError(f"the number of row groups must be 0 or more, got {n}")
+    if valid.dtype != torch.bool:  # said here, not as a torch.where error deep in a loss
+        raise TypeError(f"row_groups takes a bool mask of valid tokens, got {valid.dtype}")
     if n == 0:
         return [(slice(None), L)]
     if B == 0 or L == 0:
