@@ -17,7 +17,9 @@ is copied):
   and a seed must differ from the others in initial weights and data order only.
 
 Installing some seeds leaves the other installed seeds as they are, so each session's seed is
-installed as it arrives.
+installed as it arrives. The same rule holds where seeds are pooled: :func:`check_one_recipe`
+refuses to treat seeds trained under different recipes (the package's CPU-trained seed 0 beside
+a GPU seed of another size) as runs of one experiment.
 
 Seed 0 can be *staged* first (``--stage``: into ``zoo_seeds/staged_seed0/<name>/``) and
 *promoted* into the package later (``--promote``). New package weights invalidate every
@@ -25,9 +27,7 @@ committed result made on the old ones, and rerunning those takes hours of CPU, m
 session whose GPU trained seed 0 has left; staged, the weights are committed at once, the
 results are rerun on them in later sessions (``tools/gpu_box/with_staged_seed0.sh``, which
 runs a command in a worktree whose package holds the staged weights), and the promotion lands
-with them. The same rule holds where seeds are pooled: :func:`check_one_recipe`
-refuses to treat seeds trained under different recipes (the package's CPU-trained seed 0 beside
-a GPU seed of another size) as runs of one experiment.
+with them.
 """
 
 from __future__ import annotations
