@@ -15,8 +15,8 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from lm_eval_sinkmask.provenance import InputDigests, changed_inputs
-from lm_eval_sinkmask.zoo import identify, seeds_dir
-from lm_eval_sinkmask.zoo.install import STAGED_NAME
+from lm_eval_sinkmask.zoo import identify
+from lm_eval_sinkmask.zoo.install import staged_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = sorted(ROOT.glob("results/*/cells/**/cell.json"))
@@ -39,7 +39,7 @@ def _next_checkpoint(path: str) -> str:
     """A results_next record's model path: seed 0 of the zoo is the staged one."""
     ckpt = identify(path)
     if ckpt is not None and ckpt[1] == 0:
-        return str(seeds_dir() / STAGED_NAME / ckpt[0])
+        return str(staged_dir() / ckpt[0])
     return _checkpoint(path)
 
 

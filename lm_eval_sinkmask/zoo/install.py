@@ -116,9 +116,14 @@ def megabytes(folder: Path) -> float:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
 
 
+def staged_dir(seeds_root: Path | None = None) -> Path:
+    """Where a staged seed 0 waits for its promotion: beside the seeds, in ``staged_seed0/``."""
+    return (seeds_root or seeds_dir()) / STAGED_NAME
+
+
 def destination(name: str, seed: int, package: Path, seeds: Path, stage: bool = False) -> Path:
     if seed == 0:
-        return seeds / STAGED_NAME / name if stage else package / name
+        return staged_dir(seeds) / name if stage else package / name
     return seeds / name / f"seed{seed}"
 
 
@@ -185,7 +190,7 @@ def promote(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR,
     budget. Returns one line per promoted checkpoint."""
     from ..provenance import checkpoint_digest
 
-    staged = (seeds_root or seeds_dir()) / STAGED_NAME
+    staged = staged_dir(seeds_root)
     missing = [n for n in names if not (staged / n / "config.json").is_file()]
     if missing:
         raise SystemExit(f"nothing promoted: not staged in {staged}: {missing}")
@@ -272,8 +277,8 @@ def next_gpu_seed(names=ZOO_NAMES, package: Path = CHECKPOINTS_DIR) -> int | Non
     installed: a seed >= 1 is in when every model has it (:func:`installed_seeds`), seed 0
     when every model in the package, or every staged one, was trained on a GPU."""
     done = set(installed_seeds(names)[1:])
-    staged = seeds_dir() / STAGED_NAME
-    if any(all(trained_on_gpu(folder / name) for name in names) for folder in (package, staged)):
+    if any(all(trained_on_gpu(folder / name) for name in names)
+           for folder in (package, staged_dir())):
         done.add(0)
     return next((s for s in GPU_SEED_ORDER if s not in done), None)
 
