@@ -269,8 +269,7 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
           f"{next(model.parameters()).dtype}, batch {B}, S {S}, {passes} forward passes per timing, "
           f"eps 0, query_chunk {args.chunk}; tokens/s = B x S x passes / s")
     if getattr(args, "gpu_profile", False):
-        rows = {n: {k: v / passes for k, v in profiled(run_one, n, device).items()}
-                for n in med}
+        rows = {n: per_unit(profiled(run_one, n, device), passes) for n in med}
         profile_table(title.removeprefix("3. "), rows, "forward pass")
     return med
 
@@ -300,12 +299,14 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 COPY_CALLS = ("cudaMemcpyAsync", "cudaMemcpy")
 
 
-def profiled(run_one, n, device) -> dict[str, float]:
+def profiled(run_one, n, device) -> dict:
     """One run of variant ``n`` under torch.profiler: the device's kernel time (ms), the
     kernel launches, the host's waits for the device (the bench's own final one left out) and
-    the copies between host and device. Where (c) adds many launches but little kernel time
-    over (a), the host (launches, Python), not the GPU, sets its cost; a sync stops the host
-    from running ahead of the device."""
+    the copies between host and device; under "device", each kernel's or copy's name on the
+    device (copies say their direction) with its count and time (us), so that the table can
+    name what (c) adds over (a). Where (c) adds many launches but little kernel time over
+    (a), the host (launches, Python), not the GPU, sets its cost; a sync stops the host from
+    running ahead of the device."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -317,10 +318,40 @@ def profiled(run_one, n, device) -> dict[str, float]:
     def calls(names):
         return sum(e.count for e in events if e.key in names)
     # the kernels' own events (an op's device time repeats its kernels')
-    kernel_us = sum(e.self_device_time_total for e in events
-                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    on_device = {e.key: (e.count, e.self_device_time_total) for e in events
+                 if e.device_type == torch.autograd.DeviceType.CUDA}
+    kernel_us = sum(us for _, us in on_device.values())
     return {"kernel ms": kernel_us / 1e3, "launches": calls(LAUNCH_CALLS),
-            "syncs": calls(SYNC_CALLS) - (device.type == "cuda"), "copies": calls(COPY_CALLS)}
+            "syncs": calls(SYNC_CALLS) - (device.type == "cuda"), "copies": calls(COPY_CALLS),
+            "device": on_device}
+
+
+def per_unit(prof: dict, divisor: float, minus: dict | None = None) -> dict:
+    """:func:`profiled`'s ``prof`` less ``minus`` (another run's, or None), divided by
+    ``divisor``: per forward pass, or per decoding step."""
+    out = {}
+    for key, value in prof.items():
+        if key == "device":
+            less = minus["device"] if minus else {}
+            out[key] = {name: ((count - less.get(name, (0, 0))[0]) / divisor,
+                               (us - less.get(name, (0, 0))[1]) / divisor)
+                        for name, (count, us) in value.items()}
+        else:
+            out[key] = (value - (minus[key] if minus else 0)) / divisor
+    return out
+
+
+def added_on_device(variant: dict, base: dict, top: int = 8) -> list[str]:
+    """The device's kernels and copies that ``variant`` runs more often than ``base`` (both
+    :func:`per_unit` profiles), most added first: 'count x name (us)'."""
+    added = []
+    for name, (count, us) in variant["device"].items():
+        b_count, b_us = base["device"].get(name, (0, 0))
+        if count - b_count > 0.05:
+            added.append((count - b_count, us - b_us, name))
+    added.sort(key=lambda a: (-a[0], -a[1], a[2]))
+    short = lambda name: name if len(name) <= 70 else name[:67] + "..."  # noqa: E731
+    return [f"{c:.1f} x `{short(name)}` ({us:+.1f} us)" for c, us, name in added[:top]]
 
 
 def profile_table(title, rows: dict, unit: str):
@@ -331,6 +362,12 @@ def profile_table(title, rows: dict, unit: str):
     for n, r in rows.items():
         print(f"| {GPU_LABELS.get(n, n)} | {r['kernel ms']:.3f} | {r['launches']:.1f} "
               f"| {r['syncs']:.2f} | {r['copies']:.2f} |")
+    base = rows.get("a")
+    for n, r in rows.items():
+        added = [] if base is None or n == "a" else added_on_device(r, base)
+        if added:
+            print(f"\n{GPU_LABELS.get(n, n)}, on the device beyond (a) per {unit.split(' (')[0]}: "
+                  + "; ".join(added))
     sys.stdout.flush()
 
 
@@ -574,7 +611,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
                 rows = {}
                 for n in run:
                     both, alone = profiled(runner(steps), n, device), profiled(runner(0), n, device)
-                    rows[n] = {k: (both[k] - alone[k]) / steps for k in both}
+                    rows[n] = per_unit(both, steps, minus=alone)
                 profile_table(f"Llama decoding, arm_rule={rule}, batch {B}", rows,
                               "decoding step (prefill + steps - prefill) / steps")
     del model

@@ -159,3 +159,26 @@ def test_llada_kernels_part_runs_under_lladas_own_kernel_switch(monkeypatch, cap
     assert [(B, on) for _, B, on in seen] == [(8, False), (1, False)]
     assert all("memory-efficient kernel off" in title for title, _, _ in seen)
     assert torch.backends.cuda.mem_efficient_sdp_enabled() == before
+
+
+def test_gpu_profile_names_what_the_masked_variant_adds_on_the_device():
+    """The profile's last lines name the kernels and copies (c) runs more often than (a), per
+    pass or step: the next thing to cut. Decoding steps subtract the prefill-only run."""
+    a = {"kernel ms": 2.0, "launches": 8, "syncs": 0, "copies": 0,
+         "device": {"gemm": (8, 1000.0), "flash_fwd": (4, 400.0)}}
+    c = {"kernel ms": 3.0, "launches": 20, "syncs": 0, "copies": 2,
+         "device": {"gemm": (8, 1000.0), "flash_fwd": (4, 400.0), "row_lse_kernel": (4, 200.0),
+                    "Memcpy HtoD (Pageable -> Device)": (8, 8.0), "triton_poi_" + "x" * 80: (4, 40.0)}}
+    per_a, per_c = bench_masking.per_unit(a, 4), bench_masking.per_unit(c, 4)
+    assert per_c["launches"] == 5 and per_c["device"]["row_lse_kernel"] == (1, 50.0)
+    added = bench_masking.added_on_device(per_c, per_a)
+    assert added[0] == "2.0 x `Memcpy HtoD (Pageable -> Device)` (+2.0 us)"
+    assert added[1] == "1.0 x `row_lse_kernel` (+50.0 us)"
+    assert added[2].startswith("1.0 x `triton_poi_xxx") and "...` (+10.0 us)" in added[2]
+    assert not any("gemm" in x or "flash" in x for x in added)
+    # a decoding step: the run with steps less the prefill-only run, per step
+    alone = {"kernel ms": 1.0, "launches": 4, "syncs": 0, "copies": 1,
+             "device": {"gemm": (4, 500.0), "Memcpy HtoD (Pageable -> Device)": (4, 4.0)}}
+    step = bench_masking.per_unit(c, 2, minus=alone)
+    assert step["copies"] == 0.5 and step["device"]["gemm"] == (2, 250.0)
+    assert step["device"]["Memcpy HtoD (Pageable -> Device)"] == (2, 2.0)
