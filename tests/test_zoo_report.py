@@ -54,6 +54,11 @@ def test_sink_summary_counts_pairs_tokens_and_positions():
     both = report.combine([s, s])
     assert both["generations"] == 2 and both["share_of_pairs_with_sink"] == 0.5
     assert both["top_tokens"] == [["<bos>", 0.8], ["<mask>", 0.2]]
+    assert both["share_range"] == [0.5, 0.5] and report.share_text(both) == "50% (50%-50%)"
+    three = report.combine([s, {**s, "pairs_with_sink": 1}, {**s, "pairs_with_sink": 4}])
+    assert three["share_of_pairs_with_sink"] == (2 + 1 + 4) / 12
+    assert report.share_text(three) == "58% (25%-100%)"
+    assert report.share_text({"share_of_pairs_with_sink": 0.5}) == "50%"  # a report made before
 
 
 def test_the_arm_is_traced_under_both_query_rules():

@@ -115,11 +115,13 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
     if values and all(v is not None for v in values):  # (relative norms, is_sink, eps) each
         pooled = value_norm_summary(np.concatenate([v[0] for v in values]),
                                     np.concatenate([v[1] for v in values]), values[0][2])
+    shares = [s["pairs_with_sink"] / s["pairs"] for s in summaries]
     return {
         "generations": len(summaries),
         "mean_sinks_per_pair": float(np.mean([s["mean_sinks_per_pair"] for s in summaries])),
-        "share_of_pairs_with_sink": float(np.mean([s["pairs_with_sink"] / s["pairs"]
-                                                   for s in summaries])),
+        "share_of_pairs_with_sink": float(np.mean(shares)),
+        # how far one generation's share strays from another's: the mean's sampling spread
+        "share_range": [float(min(shares)), float(max(shares))],
         "top_tokens": share(tokens),
         "top_positions": share(positions),
         "value_norms": pooled,
@@ -553,7 +555,8 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
         "",
         "Sinks per pair: mean number of Eq. 3 sinks per (layer, head) per step. Pairs with a "
         "sink: the share of (layer, head) pairs with at least one sink on average over a "
-        "generation's steps. Tokens and positions: how often each is among the sinks "
+        "generation's steps, the mean over the generations (in parentheses the lowest and "
+        "highest generation's share). Tokens and positions: how often each is among the sinks "
         "(of the 5 top-scoring keys recorded per step, layer and head), pooled over the "
         "generations; positions count back from the prompt's end (`Answer:` ends it) or "
         "forward into the answer.",
@@ -565,11 +568,20 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
     for c in checkpoints:
         for label, s in c["sinks"].items():
             lines.append(f"| {label} | {c['seed']} | {s['generations']} | "
-                         f"{s['mean_sinks_per_pair']:.2f} | {s['share_of_pairs_with_sink']:.0%} | "
+                         f"{s['mean_sinks_per_pair']:.2f} | {share_text(s)} | "
                          f"{fmt(s['top_tokens'])} | {fmt(s['top_positions'])} |")
     lines += value_norm_section({f"{label} seed {c['seed']}": s for c in checkpoints
                                  for label, s in c["sinks"].items()})
     return lines
+
+
+def share_text(sinks: dict[str, Any]) -> str:
+    """The share of pairs with a sink, with the range over generations where recorded."""
+    text = f"{sinks['share_of_pairs_with_sink']:.0%}"
+    if sinks.get("share_range"):
+        lo, hi = sinks["share_range"]
+        text += f" ({lo:.0%}-{hi:.0%})"
+    return text
 
 
 def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
