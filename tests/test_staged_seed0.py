@@ -82,6 +82,27 @@ def test_nothing_runs_unless_every_model_is_staged(tmp_path, tiny_dirs):
     assert not worktree.exists()
 
 
+def test_uncommitted_cell_code_is_refused(tmp_path, tiny_dirs):
+    """The worktree runs HEAD, so a result made there with an edit of the package not yet
+    committed would record code that is in no commit: refused before any worktree is made."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(REPO), str(clone)], check=True)
+    subprocess.run(["git", "checkout", "-q", "HEAD", "--", "tools", "lm_eval_sinkmask"],
+                   cwd=clone, check=True)
+    seeds = _staged(tmp_path, tiny_dirs)
+    env = dict(os.environ, **{SEEDS_ENV: str(seeds)})
+    for name in ("STAGED_ALLOW_UNCOMMITTED", "STAGED_WORKTREE"):
+        env.pop(name, None)
+    with open(clone / "lm_eval_sinkmask" / "intercept.py", "a") as fh:
+        fh.write("\nEDITED = True\n")
+    done = subprocess.run([SCRIPT, "true"], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "uncommitted changes under lm_eval_sinkmask/" in done.stderr
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=clone, capture_output=True,
+                               text=True).stdout.splitlines()
+    assert len(worktrees) == 1  # the clone itself
+
+
 RERUN = "tools/gpu_box/rerun_on_staged_seed0.sh"
 
 
