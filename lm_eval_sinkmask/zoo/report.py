@@ -120,7 +120,7 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
         "generations": len(summaries),
         "mean_sinks_per_pair": float(np.mean([s["mean_sinks_per_pair"] for s in summaries])),
         "share_of_pairs_with_sink": float(np.mean(shares)),
-        # how far one generation's share strays from another's: the mean's sampling spread
+        # the lowest and highest generation's share: how much the mean rests on the prompts traced
         "share_range": [float(min(shares)), float(max(shares))],
         "top_tokens": share(tokens),
         "top_positions": share(positions),
