@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Table 1 on the second GPU-trained zoo seed (zoo v2, seed 2: 3.6-4.2M parameters, every model
+# above its accuracy bars unmasked), with the random-key control beside each column: the grid
+# of results/control (arm, arm_all_rows, llada, llada_l2r, dream, each masked at its top-K
+# Eq. 3 sinks and at as many random non-sink keys; sinks minus random per column pair; first
+# 64 test problems per task, greedy, one thread per process) on the checkpoints zoo:NAME@2
+# (installed in zoo_seeds/), over four draws. Its sink columns are what
+# `SEEDS=2 results/tiny/reproduce.sh OUT` gives.
+# The reruns on the staged seed 0 (tools/gpu_box/rerun_on_staged_seed0.sh) start from these cells.
+#
+#   results/seed2/reproduce.sh [OUT]      # OUT defaults to results/seed2 (resumes)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SEEDS=2 DRAWS=0-3 \
+TITLE="Zoo v2 seed 2: accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)" \
+  exec results/control/reproduce.sh "${1:-results/seed2}"
