@@ -158,3 +158,17 @@ def test_an_unknown_step_is_refused():
     done = subprocess.run([RERUN, "tables"], cwd=REPO, capture_output=True, text=True, env=env,
                           timeout=60)
     assert done.returncode == 2 and "unknown step tables" in done.stderr
+
+
+def test_the_sink_token_step_runs_a_process_per_model_then_the_traces_and_report(tmp_path):
+    from lm_eval_sinkmask.experiments.sink_token import MODELS
+
+    done, calls = _rerun(tmp_path, "sink_token")
+    assert done.returncode == 0, done.stderr
+    per_model, last = calls[:-1], calls[-1]
+    assert sorted(c.split("--models ")[1] for c in per_model) == sorted(
+        f"{m} --skip-traces" for m in MODELS)
+    assert "--models" not in last and "--skip-traces" not in last
+    assert all("--seeds 0," in c and "--limit-gsm 300 --limit-code 100" in c for c in calls)
+    copied = tmp_path / "next" / "sink_token" / "cells" / "llada_sink_excl"
+    assert {p.name for p in copied.iterdir()} >= {"seed1", "seed2"}  # prefilled

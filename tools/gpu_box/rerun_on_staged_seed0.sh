@@ -24,7 +24,7 @@
 #   control     results_next/control: Table 1's columns beside random keys over the seeds, four
 #               draws (~50 min a seed)
 #   sink_token  results_next/sink_token: llada against llada_sink over the seeds, whole test
-#               splits (~50 min a seed)
+#               splits, one process per model side by side (~50 min a seed: seed 2's, 2026-11-26)
 # mc, control and sink_token start from the cells of the single-seed folders made before
 # (results/seed<S>_mc, results/seed<S>, results/sink_token_v2): a resumed sweep reuses a cell
 # whose request, weights, task and package code are today's, and makes again one whose code
@@ -81,8 +81,18 @@ for step in "${steps[@]}"; do
         $with results/control/reproduce.sh "$next/control" ;;
     sink_token)
       prefill "$next/sink_token" results/sink_token_v2
-      $with python -m lm_eval_sinkmask.experiments.sink_token --out "$next/sink_token" \
-        --seeds "$seeds" --limit-gsm 300 --limit-code 100 ;;
+      # one process per model, side by side (one thread each), then one that traces and
+      # writes the report over every cell saved
+      args=(--out "$next/sink_token" --seeds "$seeds" --limit-gsm 300 --limit-code 100)
+      models=$(python -c "from lm_eval_sinkmask.experiments.sink_token import MODELS; print(*MODELS)")
+      pids=()
+      for model in $models; do
+        $with python -m lm_eval_sinkmask.experiments.sink_token "${args[@]}" \
+          --models "$model" --skip-traces &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid"; done  # a failed one stops the script here
+      $with python -m lm_eval_sinkmask.experiments.sink_token "${args[@]}" ;;
     *) echo "unknown step $step: sinks zoo tiny mc control sink_token" >&2; exit 2 ;;
   esac
 done
