@@ -3,7 +3,8 @@
 # GPU-trained zoo seed (zoo v2, seed 1: checkpoints zoo:NAME@1, installed in zoo_seeds/), the
 # grid of results/mc (arm, llada, dream, each masked at its top-K Eq. 3 sinks and at as many
 # random non-sink keys; first 40 questions; the DLMs' Monte Carlo bound with 32 samples per
-# choice) over four draws of the random keys. One seed until the zoo's other GPU seeds exist.
+# choice) over four draws of the random keys.
+# The reruns on the staged seed 0 (tools/gpu_box/rerun_on_staged_seed0.sh) start from these cells.
 #
 #   results/seed1_mc/reproduce.sh [OUT]      # OUT defaults to results/seed1_mc (resumes)
 set -euo pipefail
