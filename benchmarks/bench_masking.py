@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from lm_eval_sinkmask import compiled_tail, sdpa_backends  # noqa: E402
+from lm_eval_sinkmask import compiled_tail, intercept, sdpa_backends  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 from lm_eval_sinkmask.samplers import generate_block  # noqa: E402
@@ -299,18 +299,60 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 COPY_CALLS = ("cudaMemcpyAsync", "cudaMemcpy")
 
 
+# the intercept's parts whose host time the profile splits a call into: range name ->
+# (owner, attribute) of the function timed; "call" is the whole intercepted SDPA call, and
+# what its parts leave over is the rest of the intercept's Python (the decisions, the stats)
+HOST_PARTS = {
+    "call": (intercept._Run, "sdpa"),
+    "mask view": (intercept._Run, "_mask_view"),
+    "detection": (intercept, "_detect"),
+    "output": (intercept, "_fused_masked_output"),
+}
+HOST_PREFIX = "sinkmask: "
+
+
+@contextmanager
+def host_parts_recorded():
+    """The intercept's parts (:data:`HOST_PARTS`, and the Eq. 3 selection that
+    ``compiled_tail.selector`` hands out) each run inside a ``record_function`` range named
+    ``sinkmask: <part>`` for the block, so that a profile tells how long the host spends in
+    each per call. Why: at batch 1 and in decoding steps the GPU waits on the host, and the
+    device's kernel table cannot say which of the intercept's parts keeps it waiting. The
+    package's functions are put back after the block; none is changed."""
+    from torch.profiler import record_function
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            with record_function(HOST_PREFIX + name):
+                return fn(*args, **kwargs)
+        return run
+
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr in HOST_PARTS.values()]
+    select = compiled_tail.selector
+    for name, (owner, attr) in HOST_PARTS.items():
+        setattr(owner, attr, timed(name, getattr(owner, attr)))
+    compiled_tail.selector = lambda *a, **kw: timed("selection", select(*a, **kw))
+    try:
+        yield
+    finally:
+        compiled_tail.selector = select
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+
+
 def profiled(run_one, n, device) -> dict:
     """One run of variant ``n`` under torch.profiler: the device's kernel time (ms), the
     kernel launches, the host's waits for the device (the bench's own final one left out) and
     the copies between host and device; under "device", each kernel's or copy's name on the
     device (copies say their direction) with its count and time (us), so that the table can
-    name what (c) adds over (a). Where (c) adds many launches but little kernel time over
-    (a), the host (launches, Python), not the GPU, sets its cost; a sync stops the host from
-    running ahead of the device."""
+    name what (c) adds over (a); under "host", the count and host time (us) of each part of
+    the intercept (:func:`host_parts_recorded`). Where (c) adds many launches but little
+    kernel time over (a), the host (launches, Python), not the GPU, sets its cost; a sync
+    stops the host from running ahead of the device."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with host_parts_recorded(), profile(activities=acts) as prof:
         run_one(n)
         sync(device)
     events = prof.key_averages()
@@ -321,9 +363,11 @@ def profiled(run_one, n, device) -> dict:
     on_device = {e.key: (e.count, e.self_device_time_total) for e in events
                  if e.device_type == torch.autograd.DeviceType.CUDA}
     kernel_us = sum(us for _, us in on_device.values())
+    on_host = {e.key.removeprefix(HOST_PREFIX): (e.count, e.cpu_time_total) for e in events
+               if e.key.startswith(HOST_PREFIX) and e.device_type == torch.autograd.DeviceType.CPU}
     return {"kernel ms": kernel_us / 1e3, "launches": calls(LAUNCH_CALLS),
             "syncs": calls(SYNC_CALLS) - (device.type == "cuda"), "copies": calls(COPY_CALLS),
-            "device": on_device}
+            "device": on_device, "host": on_host}
 
 
 def per_unit(prof: dict, divisor: float, minus: dict | None = None) -> dict:
@@ -331,8 +375,8 @@ def per_unit(prof: dict, divisor: float, minus: dict | None = None) -> dict:
     ``divisor``: per forward pass, or per decoding step."""
     out = {}
     for key, value in prof.items():
-        if key == "device":
-            less = minus["device"] if minus else {}
+        if isinstance(value, dict):  # "device", "host": name -> (count, us)
+            less = minus.get(key, {}) if minus else {}
             out[key] = {name: ((count - less.get(name, (0, 0))[0]) / divisor,
                                (us - less.get(name, (0, 0))[1]) / divisor)
                         for name, (count, us) in value.items()}
@@ -354,6 +398,23 @@ def added_on_device(variant: dict, base: dict, top: int = 8) -> list[str]:
     return [f"{c:.1f} x `{short(name)}` ({us:+.1f} us)" for c, us, name in added[:top]]
 
 
+def host_split(variant: dict) -> str | None:
+    """The host's time per intercepted call and its parts, from a :func:`per_unit` profile:
+    'N us a call = mask view x + detection y + ... + rest z', or None where the variant made
+    no intercepted call. Times are the profiler's (which adds its own overhead per op): read
+    them as shares, and against (a)'s wall time per layer."""
+    parts = variant.get("host", {})
+    calls, total = parts.get("call", (0, 0.0))
+    if calls <= 0:
+        return None
+    per = {name: us / calls for name, (_, us) in parts.items() if name != "call"}
+    order = [name for name in (*HOST_PARTS, "selection") if name in per]
+    rest = total / calls - sum(per.values())
+    return (f"{total / calls:,.0f} us a call = "
+            + " + ".join(f"{name} {per[name]:,.0f}" for name in order)
+            + f" + rest {rest:,.0f}")
+
+
 def profile_table(title, rows: dict, unit: str):
     """:func:`profiled`'s counts per ``unit`` (rows: variant -> counts already divided)."""
     print(f"\n#### Profile: {title}, per {unit} (one run under torch.profiler)\n")
@@ -368,6 +429,10 @@ def profile_table(title, rows: dict, unit: str):
         if added:
             print(f"\n{GPU_LABELS.get(n, n)}, on the device beyond (a) per {unit.split(' (')[0]}: "
                   + "; ".join(added))
+    for n, r in rows.items():
+        split = host_split(r)
+        if split is not None and n not in ("a", "b"):
+            print(f"\n{GPU_LABELS.get(n, n)}, host time in the intercept: {split}")
     sys.stdout.flush()
 
 
@@ -888,7 +953,8 @@ def main(argv=None):
     ap.add_argument("--gpu-profile", action="store_true",
                     help="after each timed table of parts llada, llada_gap and llama, one run "
                          "of every variant under torch.profiler: kernel time, kernel launches, "
-                         "host syncs and copies per forward pass or decoding step")
+                         "host syncs and copies per forward pass or decoding step, and the host's time "
+                         "per masked call split into the intercept's parts")
     ap.add_argument("--gpu-smoke-cpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.repeats is None:

@@ -5,8 +5,14 @@ and sampler sections once, in seconds, and checks that it printed a ratio for ev
 that our sampler matched the reference algorithm (it asserts the same tokens itself).
 """
 
+import re
 import sys
 from pathlib import Path
+
+import torch
+
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -59,6 +65,12 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 5
+    # and, per masked variant, the host's time per call split into the intercept's parts
+    splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
+    assert len(splits) == 2 * 5 + 4 * 4  # (c) x 4 and (d) for LLaDA; (c) x 4 for Llama
+    assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
+                         r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
+               for line in splits)
 
 
 def test_gpu_flag_runs_only_the_gpu_section_by_default(monkeypatch):
@@ -182,3 +194,36 @@ def test_gpu_profile_names_what_the_masked_variant_adds_on_the_device():
     step = bench_masking.per_unit(c, 2, minus=alone)
     assert step["copies"] == 0.5 and step["device"]["gemm"] == (2, 250.0)
     assert step["device"]["Memcpy HtoD (Pageable -> Device)"] == (2, 2.0)
+
+
+def test_host_parts_split_a_call_and_leave_the_package_as_it_was():
+    """The profile's host split: per intercepted call, each part's time and what the parts
+    leave over, from the ranges :func:`host_parts_recorded` opens; the functions it wraps
+    are the package's own again after the block."""
+    from lm_eval_sinkmask import compiled_tail, intercept
+
+    before = {name: getattr(owner, attr) for name, (owner, attr) in
+              bench_masking.HOST_PARTS.items()}
+    selector = compiled_tail.selector
+    model = bench_masking.wide_model(32, 2, 2, torch.float32, torch.device("cpu"))
+    ids = torch.randint(5, 2000, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def run_one(_):
+        with torch.inference_mode(), SinkMasker(SinkMaskConfig(top_k=2, eps=0.0)).attach(model):
+            for _ in range(3):
+                model(input_ids=ids)
+
+    prof = bench_masking.profiled(run_one, "c", torch.device("cpu"))
+    assert prof["host"]["call"][0] == 3 * 2  # passes x layers
+    for part in ("mask view", "detection", "selection", "output"):
+        count, us = prof["host"][part]
+        assert count >= 1 and us >= 0
+    assert all(getattr(owner, attr) is before[name]
+               for name, (owner, attr) in bench_masking.HOST_PARTS.items())
+    assert compiled_tail.selector is selector and intercept._Run.sdpa is before["call"]
+
+    per_call = {"host": {"call": (4, 4000.0), "detection": (4, 1200.0), "selection": (4, 800.0),
+                         "output": (2, 400.0), "mask view": (4, 100.0)}}
+    assert bench_masking.host_split(per_call) == (
+        "1,000 us a call = mask view 25 + detection 300 + output 100 + selection 200 + rest 375")
+    assert bench_masking.host_split({"host": {}}) is None
