@@ -918,6 +918,19 @@ def bench_op_counts(args):
                   f"| {c.outside_per_layer} | {c.extra_per_call} | {c.selection} "
                   f"| {c.per_pass_fixed} |")
     sys.stdout.flush()
+    print("\nThe host's time per layer of the same passes (process time, one thread, median of "
+          f"{args.repeats} interleaved runs of 20 passes or decoding steps): at these sizes "
+          "the arithmetic is negligible, so it is what the host spends per call, which a GPU "
+          "at batch 1 or in a decoding step waits on. The fused path as on CUDA (its Triton "
+          "launches stubbed), the selection eager.\n")
+    print("| call | path | unmasked us | masked us | added us | ratio |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for scenario in op_counts.SCENARIOS:
+        for path in op_counts.PATHS:
+            t = op_counts.host_time(scenario, path, repeats=args.repeats)
+            print(f"| {scenario} | {path} | {t.unmasked:,.0f} | {t.masked:,.0f} "
+                  f"| {t.added:,.0f} | {t.masked / t.unmasked:.2f} |")
+            sys.stdout.flush()
 
 
 def header(args):

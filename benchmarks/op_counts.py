@@ -188,14 +188,16 @@ def _count_last_pass(model, passes, config: SinkMaskConfig | None, rule: str,
     return PassCount(per_call, counter.counts["outside"])
 
 
-def _passes(scenario: str, layers: int = 3):
-    """(model, the pass callables, arm rule) of a scenario; the last pass is the counted one."""
+def _passes(scenario: str, layers: int = 3, passes: int = 3):
+    """(model, the pass callables, arm rule) of a scenario; the last pass is the counted one.
+    LLaDA: ``passes`` forward passes of one batch; Llama: a prefill, then ``passes - 1``
+    one-row decoding steps with the KV cache."""
     if scenario.startswith("llada"):
         model = _tiny("llada", layers)
         kw = _llada_inputs(int(scenario.split()[-1]))
-        return model, [lambda: model(**kw)] * 3, "all"
+        return model, [lambda: model(**kw)] * passes, "all"
     model = _tiny("llama", layers)
-    ids = torch.randint(5, 40, (1, 20), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(5, 40, (1, 17 + passes), generator=torch.Generator().manual_seed(0))
     state = {}
 
     def prefill():
@@ -206,7 +208,7 @@ def _passes(scenario: str, layers: int = 3):
             model(ids[:, t:t + 1], past_key_values=state["cache"], use_cache=True)
         return run
 
-    return model, [prefill, step(18), step(19)], scenario.split()[-1]
+    return model, [prefill, *(step(t) for t in range(18, 17 + passes))], scenario.split()[-1]
 
 
 def config_of(path: str) -> SinkMaskConfig:
@@ -272,3 +274,51 @@ def op_table(scenario: str, path: str) -> dict:
     outside = lambda c: collections.Counter({n: k for (ph, n), k in c.ops.items() if ph == "outside"})  # noqa: E731
     return {"call": masked.calls[1], "first_call": masked.calls[0] - masked.calls[1],
             "outside": outside(mc) - outside(pc)}
+
+
+@dataclass
+class HostTime:
+    """Process time per attention call of one scenario and path, unmasked and masked (us)."""
+
+    scenario: str
+    path: str
+    unmasked: float
+    masked: float
+
+    @property
+    def added(self) -> float:
+        return self.masked - self.unmasked
+
+
+def host_time(scenario: str, path: str, layers: int = 3, timed: int = 20,
+              repeats: int = 5) -> HostTime:
+    """The host's time per attention call, masked and unmasked: median over ``repeats``
+    interleaved runs of the process time of ``timed`` passes (LLaDA: the same pass again;
+    Llama: that many decoding steps, one key more each), per pass and layer.
+
+    Why: at these tiny sizes a call's arithmetic is negligible, so the time is what the host
+    spends per call (Python, dispatch); a GPU at batch 1 or in a decoding step waits on that,
+    not on kernels (benchmarks/results/gpu_h100.md: about 1 ms more host time per masked call
+    for 0.1 ms more GPU work). The fused path runs as on a GPU, its two Triton launches
+    stubbed; the selection is eager, as the CPU runs it. Times include the model's own work
+    per layer besides attention, the same masked or not."""
+    import statistics
+    import time
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for masked in (False, True):
+            model, passes, rule = _passes(scenario, layers, passes=2 + timed)
+            with torch.no_grad(), ExitStack() as stack:
+                if masked:
+                    if path == "fused":
+                        stack.enter_context(as_on_a_gpu(OpCounter()))
+                    stack.enter_context(SinkMasker(config_of(path), rule=rule).attach(model))
+                for run in passes[:2]:  # the prefill, or a first pass: detect=previous's sinks
+                    run()
+                start = time.process_time()
+                for run in passes[2:]:
+                    run()
+                times[masked].append((time.process_time() - start) / timed / layers * 1e6)
+    return HostTime(scenario, path, statistics.median(times[False]),
+                    statistics.median(times[True]))

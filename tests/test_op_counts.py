@@ -9,6 +9,7 @@ fuses into a few kernels there).
 """
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,34 @@ def test_the_counter_counts_launching_ops_only():
         with op_counts.in_phase(counter, "call"):
             y.sum()
     assert counter.counts == {"outside": 1, "call": 1}
+
+
+@pytest.mark.parametrize("scenario", ["llada batch 1", "llama decode all_rows"])
+def test_host_time_runs_the_timed_passes_masked_and_not(scenario, monkeypatch):
+    """The host-time proxy times the same passes with and without the intercept, and the
+    masked ones really mask (no timing is asserted: the numbers are the benchmark's)."""
+    masked_keys = []
+    attach = op_counts.SinkMasker.attach
+
+    def counting(self, model, *a, **kw):
+        with attach(self, model, *a, **kw) as stats:
+            yield stats
+        masked_keys.append(stats.keys_masked)
+
+    monkeypatch.setattr(op_counts.SinkMasker, "attach", contextmanager(counting))
+    t = op_counts.host_time(scenario, "fused", layers=2, timed=2, repeats=1)
+    assert t.unmasked > 0 and t.masked > 0 and t.added == t.masked - t.unmasked
+    assert len(masked_keys) == 1 and masked_keys[0] > 0
+
+
+def test_decoding_passes_are_a_prefill_and_one_row_steps():
+    model, passes, rule = op_counts._passes("llama decode last_row", layers=2, passes=5)
+    assert rule == "last_row" and len(passes) == 5
+    rows = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: rows.append(args[0].shape[1]), with_kwargs=True)
+    with torch.no_grad():
+        for run in passes:
+            run()
+    hook.remove()
+    assert rows == [18, 1, 1, 1, 1]
