@@ -316,6 +316,11 @@ def write_report(out: Path) -> dict[str, Any]:
              f"8B models. Accuracy in %, {spread}, greedy, project's block "
              "sampler (block 32, steps = gen_length).", ""]
     lines += _accuracy_lines(rows, cell, multi)
+    missing = missing_cells(rows, seeds or [None])
+    if missing:
+        lines += ["**Not in this folder yet** (the numbers above leave these cells out; run "
+                  "them with `--models`/`--tasks`, then redraw): " + "; ".join(missing) + ".",
+                  ""]
     gains = paired_gains(rows, per_document(records))
     if gains:
         lines += _gain_lines(gains, seeds) if multi else _single_gain_lines(gains)
@@ -335,6 +340,23 @@ def write_report(out: Path) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     draw(out, cell, stab, seeds if multi else None)
     return summary
+
+
+def missing_cells(rows: list[dict[str, Any]], seeds: list[int | None]) -> list[str]:
+    """The experiment's cells (every model, task and K, for each seed the folder holds) that
+    ``rows`` lack, grouped per model and task: 'model task K=1,5 (seed 2)'. Why: the work is
+    split over processes by ``--models``, and a report drawn before every process has run
+    would otherwise pass for a whole one (a model with no cell drops out of the tables)."""
+    have = {(r["model"], r["task"], r["k"], r["seed"]) for r in rows}
+    out = []
+    for name, (_, _, ks) in MODELS.items():
+        for task, short in TASKS.items():
+            for seed in seeds:
+                lacking = [k for k in ks if (name, task, k, seed) not in have]
+                if lacking:
+                    where = "" if seed is None else f" (seed {seed})"
+                    out.append(f"{name} {short} K={','.join(map(str, lacking))}{where}")
+    return out
 
 
 def _accuracy_lines(rows: list[dict[str, Any]], cell: dict, multi: bool) -> list[str]:
