@@ -270,7 +270,7 @@ def op_table(scenario: str, path: str) -> dict:
             result = _count_last_pass(model, passes, config, rule, counter)
         return result, counter
 
-    (masked, mc), (plain, pc) = counted(config_of(path)), counted(None)
+    (masked, mc), (_, pc) = counted(config_of(path)), counted(None)
     outside = lambda c: collections.Counter({n: k for (ph, n), k in c.ops.items() if ph == "outside"})  # noqa: E731
     return {"call": masked.calls[1], "first_call": masked.calls[0] - masked.calls[1],
             "outside": outside(mc) - outside(pc)}

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_masking  # noqa: E402
+import gpu_profile  # noqa: E402
 
 
 def test_quick_run_of_the_tiny_and_sampler_sections(capsys):
@@ -181,9 +182,9 @@ def test_gpu_profile_names_what_the_masked_variant_adds_on_the_device():
     c = {"kernel ms": 3.0, "launches": 20, "syncs": 0, "copies": 2,
          "device": {"gemm": (8, 1000.0), "flash_fwd": (4, 400.0), "row_lse_kernel": (4, 200.0),
                     "Memcpy HtoD (Pageable -> Device)": (8, 8.0), "triton_poi_" + "x" * 80: (4, 40.0)}}
-    per_a, per_c = bench_masking.per_unit(a, 4), bench_masking.per_unit(c, 4)
+    per_a, per_c = gpu_profile.per_unit(a, 4), gpu_profile.per_unit(c, 4)
     assert per_c["launches"] == 5 and per_c["device"]["row_lse_kernel"] == (1, 50.0)
-    added = bench_masking.added_on_device(per_c, per_a)
+    added = gpu_profile.added_on_device(per_c, per_a)
     assert added[0] == "2.0 x `Memcpy HtoD (Pageable -> Device)` (+2.0 us)"
     assert added[1] == "1.0 x `row_lse_kernel` (+50.0 us)"
     assert added[2].startswith("1.0 x `triton_poi_xxx") and "...` (+10.0 us)" in added[2]
@@ -191,7 +192,7 @@ def test_gpu_profile_names_what_the_masked_variant_adds_on_the_device():
     # a decoding step: the run with steps less the prefill-only run, per step
     alone = {"kernel ms": 1.0, "launches": 4, "syncs": 0, "copies": 1,
              "device": {"gemm": (4, 500.0), "Memcpy HtoD (Pageable -> Device)": (4, 4.0)}}
-    step = bench_masking.per_unit(c, 2, minus=alone)
+    step = gpu_profile.per_unit(c, 2, minus=alone)
     assert step["copies"] == 0.5 and step["device"]["gemm"] == (2, 250.0)
     assert step["device"]["Memcpy HtoD (Pageable -> Device)"] == (2, 2.0)
 
@@ -203,7 +204,7 @@ def test_host_parts_split_a_call_and_leave_the_package_as_it_was():
     from lm_eval_sinkmask import compiled_tail, intercept
 
     before = {name: getattr(owner, attr) for name, (owner, attr) in
-              bench_masking.HOST_PARTS.items()}
+              gpu_profile.HOST_PARTS.items()}
     selector = compiled_tail.selector
     model = bench_masking.wide_model(32, 2, 2, torch.float32, torch.device("cpu"))
     ids = torch.randint(5, 2000, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -213,17 +214,17 @@ def test_host_parts_split_a_call_and_leave_the_package_as_it_was():
             for _ in range(3):
                 model(input_ids=ids)
 
-    prof = bench_masking.profiled(run_one, "c", torch.device("cpu"))
+    prof = gpu_profile.profiled(run_one, "c", torch.device("cpu"))
     assert prof["host"]["call"][0] == 3 * 2  # passes x layers
     for part in ("mask view", "detection", "selection", "output"):
         count, us = prof["host"][part]
         assert count >= 1 and us >= 0
     assert all(getattr(owner, attr) is before[name]
-               for name, (owner, attr) in bench_masking.HOST_PARTS.items())
+               for name, (owner, attr) in gpu_profile.HOST_PARTS.items())
     assert compiled_tail.selector is selector and intercept._Run.sdpa is before["call"]
 
     per_call = {"host": {"call": (4, 4000.0), "detection": (4, 1200.0), "selection": (4, 800.0),
                          "output": (2, 400.0), "mask view": (4, 100.0)}}
-    assert bench_masking.host_split(per_call) == (
+    assert gpu_profile.host_split(per_call) == (
         "1,000 us a call = mask view 25 + detection 300 + output 100 + selection 200 + rest 375")
-    assert bench_masking.host_split({"host": {}}) is None
+    assert gpu_profile.host_split({"host": {}}) is None
