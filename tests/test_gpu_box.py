@@ -301,3 +301,29 @@ def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):
     assert (repo / "zoo_seeds/staged_seed0/llada/model.safetensors").is_file()
     assert (repo / "results/tiny/table.md").is_file() and not aside.exists()
     assert (repo / "results_next/tiny/table.md").is_file()
+
+
+@pytest.mark.parametrize("checks", ["1", "0"])
+def test_bench_call_runs_the_checks_unless_told_they_were_done(tmp_path, checks):
+    """bench_call.sh runs the CUDA tests and the bench's checks beside each other, then the
+    timings with their profiles; CHECKS=0 leaves the checks out (the package's cell code was
+    checked on an earlier call) and the timings get their time."""
+    bin_dir, site, out = tmp_path / "bin", tmp_path / "site", tmp_path / "out"
+    for folder in (bin_dir, site, out):
+        folder.mkdir()
+    (site / ".installed").touch()  # env.sh installs nothing
+    calls = tmp_path / "calls"
+    _stub(bin_dir / "python3", f'echo "$*" >> {calls}\n')
+    _stub(bin_dir / "nvidia-smi", "echo H100, 580\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_SITE=str(site),
+               OUT=str(out), CHECKS=checks)
+    subprocess.run(["tools/gpu_box/bench_call.sh", "300"], cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=60)
+    ran = calls.read_text()
+    assert ("-m pytest" in ran) == (checks == "1")
+    assert ("--gpu-parts mass,zoo" in ran) == (checks == "1")
+    assert "--gpu-parts llada,llada_gap --gpu-profile" in ran
+    assert "--gpu-parts llama --gpu-profile" in ran
+    summary = (out / "summary.txt").read_text()
+    assert ("skipped (CHECKS=0)" in summary) == (checks == "0")
+    assert "bench llama: exit 0" in summary
