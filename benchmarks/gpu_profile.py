@@ -91,9 +91,11 @@ def profiled(run_one, n, device) -> dict:
 
     def calls(names):
         return sum(e.count for e in events if e.key in names)
-    # the kernels' own events (an op's device time repeats its kernels')
+    # the kernels' own events (an op's device time repeats its kernels'), without the device
+    # side of our record_function ranges, which CUDA profiling adds under the same names
     on_device = {e.key: (e.count, e.self_device_time_total) for e in events
-                 if e.device_type == torch.autograd.DeviceType.CUDA}
+                 if e.device_type == torch.autograd.DeviceType.CUDA
+                 and not e.key.startswith(HOST_PREFIX)}
     kernel_us = sum(us for _, us in on_device.values())
     on_host = {e.key.removeprefix(HOST_PREFIX): (e.count, e.cpu_time_total) for e in events
                if e.key.startswith(HOST_PREFIX) and e.device_type == torch.autograd.DeviceType.CPU}
