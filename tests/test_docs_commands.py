@@ -36,9 +36,6 @@ OUR_MODULE = re.compile(r"lm_eval_sinkmask(\.[a-z_]+)*$")
 OUR_SCRIPT = re.compile(r"benchmarks/[a-z_]+\.py$")
 SHELL_SCRIPT = re.compile(r"(tools/gpu_box/[a-z_0-9]+|results/[a-z_0-9]+/reproduce)\.sh$")
 ENV_ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=")
-# what the docs may show besides our programs: set-up and test commands, shell built-ins
-NOT_CHECKED = {"pip", "pytest", "venv", "build", "mkdir", "touch", "export", "cd", "cp", "zcat",
-               "git", "tar", "cat", ".", "source"}
 INLINE = re.compile(r"`([^`\n]+)`")
 
 
