@@ -197,18 +197,19 @@ def _passes(scenario: str, layers: int = 3, passes: int = 3):
         kw = _llada_inputs(int(scenario.split()[-1]))
         return model, [lambda: model(**kw)] * passes, "all"
     model = _tiny("llama", layers)
-    ids = torch.randint(5, 40, (1, 17 + passes), generator=torch.Generator().manual_seed(0))
+    prompt = 18
+    ids = torch.randint(5, 40, (1, prompt + passes - 1), generator=torch.Generator().manual_seed(0))
     state = {}
 
     def prefill():
-        state["cache"] = model(ids[:, :18], use_cache=True).past_key_values
+        state["cache"] = model(ids[:, :prompt], use_cache=True).past_key_values
 
     def step(t):
         def run():
             model(ids[:, t:t + 1], past_key_values=state["cache"], use_cache=True)
         return run
 
-    return model, [prefill, *(step(t) for t in range(18, 17 + passes))], scenario.split()[-1]
+    return model, [prefill, *(step(t) for t in range(prompt, ids.shape[1]))], scenario.split()[-1]
 
 
 def config_of(path: str) -> SinkMaskConfig:

@@ -13,6 +13,7 @@ there only its program, subcommand and flag names are checked.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import re
@@ -233,19 +234,14 @@ def _check_lm_eval(args: list[str], whole: bool) -> None:
         assert task in _task_names(), f"lm_eval knows no task {task!r} in our task folder"
 
 
-_TASKS: set | None = None
-
-
-def _task_names() -> set:
+@functools.cache
+def _task_names() -> frozenset:
     """Our task folder's task names (lm-eval's own ~15,000 take 20 s to index; the docs
     show only ours)."""
-    global _TASKS
-    if _TASKS is None:
-        from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager
 
-        from lm_eval_sinkmask.tasks import TASKS_DIR
-        _TASKS = set(TaskManager(include_defaults=False, include_path=str(TASKS_DIR)).all_tasks)
-    return _TASKS
+    from lm_eval_sinkmask.tasks import TASKS_DIR
+    return frozenset(TaskManager(include_defaults=False, include_path=str(TASKS_DIR)).all_tasks)
 
 
 def test_the_docs_show_commands_of_every_kind():

@@ -315,8 +315,7 @@ def test_bench_call_runs_the_checks_unless_told_they_were_done(tmp_path, checks)
     calls = tmp_path / "calls"
     _stub(bin_dir / "python3", f'echo "$*" >> {calls}\n')
     _stub(bin_dir / "nvidia-smi", "echo H100, 580\n")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ZOO_SITE=str(site),
-               OUT=str(out), CHECKS=checks)
+    env = dict(_box_env(bin_dir, tmp_path / "run", site, out), CHECKS=checks)
     subprocess.run(["tools/gpu_box/bench_call.sh", "300"], cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=60)
     ran = calls.read_text()
