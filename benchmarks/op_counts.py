@@ -301,8 +301,9 @@ def host_time(scenario: str, path: str, layers: int = 3, timed: int = 20,
     spends per call (Python, dispatch); a GPU at batch 1 or in a decoding step waits on that,
     not on kernels (benchmarks/results/gpu_h100.md: about 1 ms more host time per masked call
     for 0.1 ms more GPU work). The fused path runs as on a GPU, its two Triton launches
-    stubbed; the selection is eager, as the CPU runs it. Times include the model's own work
-    per layer besides attention, the same masked or not."""
+    stubbed (so its column mass is never computed and which keys it masks is arbitrary: the
+    host's work per call is the same); the selection is eager, as the CPU runs it. Times
+    include the model's own work per layer besides attention, the same masked or not."""
     import statistics
     import time
 
