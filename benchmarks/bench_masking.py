@@ -531,7 +531,6 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
                     rows[n] = per_unit(both, steps, minus=alone)
                 profile_table(f"Llama decoding, arm_rule={rule}, batch {B}", rows,
                               "decoding step (prefill + steps - prefill) / steps", GPU_LABELS)
-    del model
 
 
 def same_on_cuda_and_cpu(device=torch.device("cuda")):
