@@ -256,13 +256,13 @@ def _travels(path: str) -> bool:
 def test_the_tracked_tree_leaves_room_for_the_wheels():
     """A GPU box reached by short commands takes a copy of at most 64 MiB, `.whl/` (about
     20 MiB) included: a tracked file that grows what travels past 44 MiB makes every call
-    fail. Room is left for seed 0 of the GPU zoo, which will grow the package by ~14 MiB."""
+    fail. The package's zoo (the GPU-trained seed 0, about 30 MiB) travels: the box imports it."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
     if listed.returncode:
         pytest.skip("not a git checkout")
     files = [REPO / p for p in listed.stdout.decode().split("\0") if p and _travels(p)]
     tracked = sum(f.stat().st_size for f in files if f.is_file())
-    assert tracked + 14 * 2**20 + 20 * 2**20 <= 64 * 2**20, f"travels: {tracked / 2**20:.1f} MiB"
+    assert tracked + 20 * 2**20 <= 64 * 2**20, f"travels: {tracked / 2**20:.1f} MiB"
 
 
 def test_aside_parks_what_the_box_never_reads_and_brings_it_back(tmp_path):

@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
-# The random-key control of the tiny-zoo Table 1: each column of results/tiny (arm, llada,
-# dream; arm_all_rows, the ARM under the all_rows query rule; llada_l2r, the LLaDA-style model
-# decoded left to right) masked at its top-K Eq. 3 sinks and, beside it, at as many keys per
-# (layer, head) and step drawn from the keys that are not sinks (*_random:
-# mask_target=random), over eight independent draws (--mask-seeds 0-7: every masked random
-# cell runs once per mask_seed; the table gives the mean and the spread across draws). A drop
-# that the sinks cause and the random keys do not is the sinks' doing, not the removal of any
-# k keys; the table's last section gives sinks minus random per column pair (--versus),
-# paired over the same problems within each draw. Same tasks, problems and settings as
-# results/tiny (first 64 test problems, greedy, one thread per process, the shipped seed-0
-# checkpoints). 290 cells: the 174 cells of the six DLM columns alone took 36 minutes on 2
-# cores (rerun from their empty folders under the current samplers, which cut a generation at
-# its first EOS; table.md, table.csv and versus.csv came out identical to the committed ones);
-# the ARM's 116 cells add a few minutes.
+# The random-key control of the tiny-zoo Table 1 on the zoo's seed 0 (the package's
+# checkpoints, zoo v2): each column of results/tiny (arm, llada, dream; arm_all_rows, the ARM
+# under the all_rows query rule; llada_l2r, the LLaDA-style model decoded left to right) masked
+# at its top-K Eq. 3 sinks and, beside it, at as many keys per (layer, head) and step drawn
+# from the keys that are not sinks (*_random: mask_target=random), over four independent draws
+# (--mask-seeds 0-3: every masked random cell runs once per mask_seed; the table gives the mean
+# and the spread across draws). A drop that the sinks cause and the random keys do not is the
+# sinks' doing, not the removal of any k keys; the table's last section gives sinks minus
+# random per column pair (--versus), paired over the same problems within each draw. First 64
+# test problems per task, greedy, one thread per process; 170 cells, about 50 minutes on 2
+# cores. results/seed1 and results/seed2 run the same grid on seeds 1 and 2.
 #
 #   results/control/reproduce.sh [OUT]      # OUT defaults to results/control (resumes)
 #
@@ -22,8 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-results/control}
 seeds=${SEEDS:-0}
-draws=${DRAWS:-0-7}
-title=${TITLE:-"Sinks vs random keys: accuracy under masking of the top-K Eq. 3 sinks and of as many non-sink keys, over eight draws (eps = 3)"}
+draws=${DRAWS:-0-3}
+title=${TITLE:-"Zoo v2 seed 0: accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)"}
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 sinkmask sweep \
   --models "arm=zoo:arm,arm_random=zoo:arm,llada=zoo:llada,llada_random=zoo:llada,dream=zoo:dream,dream_random=zoo:dream,arm_all_rows=zoo:arm,arm_all_rows_random=zoo:arm,llada_l2r=zoo:llada,llada_l2r_random=zoo:llada" \

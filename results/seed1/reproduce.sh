@@ -5,8 +5,7 @@
 # Eq. 3 sinks and at as many random non-sink keys; sinks minus random per column pair; first
 # 64 test problems per task, greedy, one thread per process) on the checkpoints zoo:NAME@1
 # (installed in zoo_seeds/), over four draws. Its sink columns are what
-# `SEEDS=1 results/tiny/reproduce.sh OUT` gives.
-# The reruns on the staged seed 0 (tools/gpu_box/rerun_on_staged_seed0.sh) start from these cells.
+# `SEEDS=1 PROBLEMS=64 results/tiny/reproduce.sh OUT` gives.
 #
 #   results/seed1/reproduce.sh [OUT]      # OUT defaults to results/seed1 (resumes)
 set -euo pipefail

@@ -1,34 +1,30 @@
 #!/usr/bin/env bash
-# The committed results that rest on the package's seed 0, made again on the staged GPU seed 0
-# (zoo.install --seeds 0 --stage) into results_next/, in the layout results/ takes when
-# `zoo.install --promote` moves the staged weights into the package:
+# The committed results that rest on the package's seed 0, made again on a staged seed 0
+# (zoo.install --seeds 0 --stage) into results_next/, in the layout of results/:
 #
 #   tools/gpu_box/rerun_on_staged_seed0.sh [STEP...]   # default: every step, in this order
 #
 # with the project's virtual environment active. Every step runs through with_staged_seed0.sh
-# (HEAD's code, the staged weights as zoo:NAME) over the seeds installed here (0 and those in
-# zoo_seeds/: 0,1,2 once all three are in), and resumes its folder: run it again after a
-# cut-off, and commit results_next/ as it grows (tests/test_committed_results.py holds it to
-# the staged weights). Costs on 2 cores, v2 models (zoo and mc measured on 2026-11-26 with seed
-# 1's checkpoints standing in for a staged seed 0, beside other work):
-#   sinks       results_next/tiny/sinks: the README's sink figures, one prompt per model (20 s)
-#   zoo         results_next/zoo: the report card of every installed seed. The other seeds'
-#               cells and traces come from results/zoo; seed 0's accuracy comes from the GPU
-#               box's cells copied into results_next/zoo/gpu_eval/cells/ at staging (else it is
-#               computed here on the whole splits: 10 min), its traces are made here (20 s)
-#   tiny        results_next/tiny: Table 1 over the seeds, first 48 problems per task (~25 min
-#               for three seeds: what CI reruns once the promotion sets SEEDS and PROBLEMS as
-#               defaults in results/tiny/reproduce.sh; PROBLEMS=2 for a trial)
-#   mc          results_next/mc: mini_mc beside random keys over the seeds, four draws (11 min
-#               a seed)
-#   control     results_next/control: Table 1's columns beside random keys over the seeds, four
-#               draws (~50 min a seed)
-#   sink_token  results_next/sink_token: llada against llada_sink over the seeds, whole test
-#               splits, one process per model side by side (~50 min a seed: seed 2's, 2026-11-26)
-# mc, control and sink_token start from the cells of the single-seed folders made before
-# (results/seed<S>_mc, results/seed<S>, results/sink_token_v2): a resumed sweep reuses a cell
-# whose request, weights, task and package code are today's, and makes again one whose code
-# has changed since.
+# (HEAD's code, the staged weights as zoo:NAME) over the seeds installed here, and resumes its
+# folder: run it again after a cut-off. RESULTS_NEXT moves the output folder (out of the
+# checkout, say, to commit only what the promotion keeps). Costs on 2 cores for the zoo v2
+# (measured on 2026-11-26/27 with seeds 1 and 2 installed):
+#   sinks       tiny/sinks: the README's sink figures, one prompt per model (20 s)
+#   zoo         zoo: the report card of every installed seed. The other seeds' cells and traces
+#               come from results/zoo; seed 0's accuracy comes from the GPU box's cells copied
+#               into results_next/zoo/gpu_eval/cells/ at staging (else it is computed here on
+#               the whole splits: 10 min), its traces are made here (20 s)
+#   tiny        tiny: Table 1 over the seeds, results/tiny/reproduce.sh's problems per cell
+#               (PROBLEMS overrides; ~14 minutes for three seeds at 12)
+#   mc          mc: mini_mc beside random keys over the seeds, four draws (11 min a seed; the
+#               other seeds' cells come from results/mc)
+#   control     control: Table 1's columns beside random keys on seed 0, four draws (~50 min;
+#               results/seed1 and results/seed2 hold the other seeds' grids)
+#   sink_token  sink_token: llada against llada_sink over the seeds, whole test splits, one
+#               process per model side by side (~50 min a seed; the other seeds' cells come
+#               from results/sink_token_v2)
+# A resumed sweep reuses a cell whose request, weights, task and package code are today's, and
+# makes again one whose code has changed since.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 root=$PWD next=${RESULTS_NEXT:-$PWD/results_next}
@@ -70,15 +66,12 @@ for step in "${steps[@]}"; do
       done
       $with python -m lm_eval_sinkmask.zoo.report --out "$next/zoo" --seeds 0 \
         --cells "$next/zoo/gpu_eval" $accuracy ;;
-    tiny) SEEDS=$seeds PROBLEMS=${PROBLEMS:-48} $with results/tiny/reproduce.sh "$next/tiny" ;;
+    tiny) SEEDS=$seeds $with results/tiny/reproduce.sh "$next/tiny" ;;
     mc)
-      prefill "$next/mc" results/seed*_mc
-      SEEDS=$seeds DRAWS=0-3 TITLE="Zoo v2, seeds $seeds: mini_mc accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)" \
-        $with results/mc/reproduce.sh "$next/mc" ;;
+      prefill "$next/mc" results/mc
+      SEEDS=$seeds $with results/mc/reproduce.sh "$next/mc" ;;
     control)
-      prefill "$next/control" results/seed[0-9]
-      SEEDS=$seeds DRAWS=0-3 TITLE="Zoo v2, seeds $seeds: accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)" \
-        $with results/control/reproduce.sh "$next/control" ;;
+      SEEDS=0 $with results/control/reproduce.sh "$next/control" ;;
     sink_token)
       prefill "$next/sink_token" results/sink_token_v2
       # one process per model, side by side (one thread each), then one that traces and
