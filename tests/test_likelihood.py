@@ -507,7 +507,7 @@ def test_zoo_dlms_rank_the_right_answer_above_wrong_ones(zoo_lms, name):
     wins = [(right[i] > lls[i, j]) for i in range(len(docs)) for j in range(4) if j != labels[i]]
     acc = float((lls.argmax(1) == labels).mean())
     print(f"{name}: right > wrong in {np.mean(wins):.2f} of pairs (chance 0.5), acc {acc:.2f} (chance 0.25)")
-    assert np.mean(wins) >= 0.65 and acc >= 0.4  # measured: llada 0.69 / 0.42, dream 0.92 / 0.75
+    assert np.mean(wins) >= 0.9 and acc >= 0.9  # measured: 1.00 / 1.00 for both (zoo v2 seed 0)
 
 
 @pytest.mark.parametrize("name", ["llada", "dream"])
@@ -526,5 +526,7 @@ def test_zoo_estimates_tighten_with_more_samples(zoo_lms, name):
                                           generator=likelihood.request_generator(s, ctx, cont)).value
                       for s in range(8)]
             spread[n] = float(np.std(values))
-    print(f"{name}: std over 8 seeds {spread}")  # measured: llada 0.97 -> 0.21, dream 1.56 -> 0.31
+    # measured on zoo v2 seed 0: llada 0.014 -> 0.002 nats, dream 9.5e-5 -> 2.1e-5 (the trained
+    # models are nearly certain of this answer, so the spread is small, but it still shrinks)
+    print(f"{name}: std over 8 seeds {spread}")
     assert spread[64] < 0.5 * spread[4]

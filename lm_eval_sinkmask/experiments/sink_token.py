@@ -1,6 +1,6 @@
 """Does one extra sink token help a diffusion LM? ("One Token Is Enough")
 
-    python -m lm_eval_sinkmask.experiments.sink_token --out results/sink_token   # installed seeds
+    python -m lm_eval_sinkmask.experiments.sink_token --limit-gsm 300   # installed seeds
 
 Compares the zoo's LLaDA-style baseline (``zoo:llada``) with the same recipe retrained with an
 extra sink token (``zoo:llada_sink``; the two differ in that token only), in every training
@@ -471,7 +471,9 @@ def _sink_panel(ax, stab: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="results/sink_token")
+    ap.add_argument("--out", default="results/sink_token_v2",
+                    help="the folder it resumes and reports into [%(default)s: the committed "
+                         "pairs of the zoo v2]")
     ap.add_argument("--limit-gsm", type=int, default=100, help="mini_gsm problems [%(default)s]")
     ap.add_argument("--limit-code", type=int, default=100, help="mini_code problems [%(default)s]")
     ap.add_argument("--tasks", default=",".join(TASKS), help="subset of the tasks to run now")
