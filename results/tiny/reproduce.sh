@@ -21,8 +21,8 @@ cd "$(dirname "$0")/../.."
 out=${1:-results/tiny}
 # problems per cell and seed: set so that CI stays in budget. PROBLEMS and SEEDS override both
 # for trial runs only (the committed table is made with the values here). On 2 cores the three
-# seeds took about 14 minutes at 12 problems (852 s in a fresh-clone CI) and a DLM cell about
-# 70 s at 32, so 12 it is: 36 problems per cell over the seeds. results/control (seed 0) and
+# seeds took 6.3 minutes at 12 problems in an idle fresh-clone CI (14 beside a sweep), and a DLM
+# cell about 70 s at 32: 12 it is, 36 problems per cell over the seeds. results/control (seed 0) and
 # results/seed1, results/seed2 run the same columns on 64 problems per seed.
 problems=${PROBLEMS:-12}
 seeds=${SEEDS:-0,1,2}
