@@ -15,7 +15,7 @@
 #               into results_next/zoo/gpu_eval/cells/ at staging (else it is computed here on
 #               the whole splits: 10 min), its traces are made here (20 s)
 #   tiny        tiny: Table 1 over the seeds, results/tiny/reproduce.sh's problems per cell
-#               (PROBLEMS overrides; ~14 minutes for three seeds at 12)
+#               (PROBLEMS overrides; 6-14 minutes for three seeds at 12, idle or beside a sweep)
 #   mc          mc: mini_mc beside random keys over the seeds, four draws (11 min a seed; the
 #               other seeds' cells come from results/mc)
 #   control     control: Table 1's columns beside random keys on seed 0, four draws (~50 min;
