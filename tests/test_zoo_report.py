@@ -54,10 +54,13 @@ def test_sink_summary_counts_pairs_tokens_and_positions():
     both = report.combine([s, s])
     assert both["generations"] == 2 and both["share_of_pairs_with_sink"] == 0.5
     assert both["top_tokens"] == [["<bos>", 0.8], ["<mask>", 0.2]]
-    assert both["share_range"] == [0.5, 0.5] and report.share_text(both) == "50% (50%-50%)"
+    assert both["share_range"] == [0.5, 0.5] and report.share_text(both) == "50% ± 0% (50%-50%)"
     three = report.combine([s, {**s, "pairs_with_sink": 1}, {**s, "pairs_with_sink": 4}])
     assert three["share_of_pairs_with_sink"] == (2 + 1 + 4) / 12
-    assert report.share_text(three) == "58% (25%-100%)"
+    # standard error over generations: sample sd (n - 1) / sqrt(n) of 0.5, 0.25, 1.0
+    assert three["share_stderr"] == pytest.approx(0.3819 / 3 ** 0.5, abs=1e-4)
+    assert report.share_text(three) == "58% ± 22% (25%-100%)"
+    assert report.combine([s])["share_stderr"] is None  # one generation: no spread to go on
     assert report.share_text({"share_of_pairs_with_sink": 0.5}) == "50%"  # a report made before
 
 
