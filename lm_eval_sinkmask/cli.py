@@ -85,7 +85,8 @@ def _table(a: argparse.Namespace) -> int:
 
     metrics = dict(m.split("=", 1) for m in (a.metric or []))
     pairs = None if a.versus is None else parse_versus(a.versus)
-    out = render(Path(a.folder), title=a.title, metrics=metrics, digits=a.digits, versus_pairs=pairs)
+    out = render(Path(a.folder), title=a.title, metrics=metrics, digits=a.digits, versus_pairs=pairs,
+                 pool=a.pool)
     print(out["markdown"].read_text())
     print("wrote " + ", ".join(str(p) for p in out.values()))
     return 0
@@ -199,7 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_sweep)
 
     t = sub.add_parser("table", help="Table 1 (Markdown, CSV, PNG) from a sweep folder")
-    t.add_argument("folder")
+    t.add_argument("folder", help="a sweep folder, or with --pool the folder for the pooled table")
+    t.add_argument("--pool", action="append", type=Path, metavar="DIR",
+                   help="sweep folders of one grid run on different training seeds (repeatable): "
+                        "one table over all their seeds, written into FOLDER, which remembers them")
     t.add_argument("--title", default=None)
     t.add_argument("--metric", action="append", metavar="TASK=METRIC",
                    help="override a task's metric, e.g. gsm8k_sinkmask=exact_match,flexible-extract")

@@ -8,7 +8,9 @@ here runs a model; the same folder always renders the same Markdown and CSV.
 A sweep over several training seeds (``sweep --seeds``) or several draws of the random-key
 control (``sweep --mask-seeds``) shows in each cell the mean over those runs, the spread across
 them and the mean lm-eval standard error, and the drop from K=0 computed run by run
-(:mod:`seed_stats`); with one run per cell the table is the plain one above.
+(:mod:`seed_stats`); with one run per cell the table is the plain one above. Sweeps of one
+grid run on different seeds into separate folders make one such table together
+(``sinkmask table OUT --pool A --pool B``), their cells read where they lie.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,37 +74,98 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     """(grid, entries, made_from_zoo) of a sweep folder: every finished cell of the grid's
     seeds, with ``metrics`` (task -> metric) in place of a cell's primary metric. A folder
     whose cells are not one experiment (other inputs, package versions or settings) is
-    refused: its table would put two experiments' numbers side by side."""
-    folder = Path(folder)
+    refused: its table would put two experiments' numbers side by side. The folder of a pooled
+    table (``render(..., pool=...)``) gives the pooled cells of the sweep folders it names."""
+    sources = pooled_sources(folder)
+    if sources is not None:
+        grid, entries, zoo = load_pooled(sources, metrics)
+        title = json.loads((Path(folder) / POOLED).read_text()).get("title")
+        return ({**grid, "title": title} if title else grid), entries, zoo
+    read = _read(Path(folder), metrics)
+    _check_one_experiment([read], "this folder is")
+    return read.grid, read.entries, read.zoo
+
+
+def load_pooled(folders: list[Path], metrics: dict[str, str] | None = None
+                ) -> tuple[dict, list[Entry], bool]:
+    """(grid, entries, made_from_zoo) of several sweep folders that ran one grid on different
+    training seeds (say one folder per seed, swept on different days or machines), read where
+    they lie: one table over all their seeds, as if a single ``sweep --seeds`` had made them.
+
+    Refused unless every folder is a ``--seeds`` sweep of the same grid (models and their
+    model_args, tasks, K, eps, limit, random-key draws) over seeds no other folder has, and
+    unless their cells are one experiment together (one checkpoint per model and seed, one
+    version of each task, of this package's code and of the libraries that move a number)."""
+    reads = [_read(Path(f), metrics) for f in folders]
+    first = reads[0]
+    seeds: list[int] = []
+    for r in reads:
+        if not r.grid.get("seeds"):
+            raise ValueError(f"{r.folder} is not a sweep over training seeds (no --seeds): "
+                             "pooling folders is for one grid run on different seeds")
+        differ = sorted(k for k in set(first.grid) | set(r.grid) if k not in ("seeds", "title")
+                        and first.grid.get(k) != r.grid.get(k))
+        if differ:
+            raise ValueError(f"{r.folder} ran another grid than {first.folder} "
+                             f"({', '.join(differ)} differ), so their cells are not one table")
+        again = sorted(set(seeds) & set(r.grid["seeds"]))
+        if again:
+            raise ValueError(f"training seed(s) {again} of {r.folder} are also in another folder: "
+                             "a seed's cells must come from one folder")
+        seeds += r.grid["seeds"]
+    _check_one_experiment(reads, "these folders are")
+    titles = {r.grid.get("title") for r in reads}
+    grid = {**first.grid, "seeds": sorted(seeds)}
+    grid.pop("title", None)
+    if len(titles) == 1 and None not in titles:  # a title naming one folder's seed is dropped
+        grid["title"] = titles.pop()
+    return grid, [e for r in reads for e in r.entries], any(r.zoo for r in reads)
+
+
+@dataclass
+class _Folder:
+    """What :func:`_read` found in one sweep folder, before the checks across its cells."""
+    folder: Path
+    grid: dict
+    entries: list[Entry]
+    zoo: bool
+    requests: list[dict]
+    versions: list[dict | None]
+    runs: list[dict | None]
+
+
+def _read(folder: Path, metrics: dict[str, str] | None) -> _Folder:
     grid = json.loads(sweep_json(folder).read_text())
     seeds = grid.get("seeds")
-    entries: list[Entry] = []
-    requests, versions, runs = [], [], []
-    zoo = False
-    cells = folder / "cells"
-    for record_path in cell_records(cells):  # any depth: seed and draw folders
+    read = _Folder(folder, grid, [], False, [], [], [])
+    for record_path in cell_records(folder / "cells"):  # any depth: seed and draw folders
         record = json.loads(record_path.read_text())
         req = record["request"]
-        requests.append(req)
-        versions.append(record.get("versions"))
-        runs.append(record.get("run"))
+        read.requests.append(req)
+        read.versions.append(record.get("versions"))
+        read.runs.append(record.get("run"))
         if seeds is not None and req.get("checkpoint_seed") not in seeds:
             continue
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
         wanted = (metrics or {}).get(req["task"])
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
-        zoo |= is_zoo(record)
-        entries.append(entry_of(record, measured=(metric, value, stderr),
-                                per_doc=paired.read_per_document(record_path.parent, req["task"],
-                                                                 metric, value)))
-    check_one_input_each(entries)
-    check_one_version_each(versions)
-    mixed = mixed_settings(requests)
+        read.zoo |= is_zoo(record)
+        read.entries.append(entry_of(record, measured=(metric, value, stderr),
+                                     per_doc=paired.read_per_document(record_path.parent,
+                                                                      req["task"], metric, value)))
+    return read
+
+
+def _check_one_experiment(reads: list[_Folder], scope: str) -> None:
+    """The checks that make a table one experiment, over the cells of every folder read."""
+    check_one_input_each([e for r in reads for e in r.entries], scope)
+    check_one_version_each([v for r in reads for v in r.versions], scope)
+    mixed = mixed_settings([q for r in reads for q in r.requests])
     if mixed:
-        raise ValueError("\n".join(mixed) + "\nso this folder is not one table")
-    warn_mixed_runs(folder, runs)
-    return grid, entries, zoo
+        raise ValueError("\n".join(mixed) + f"\nso {scope} not one table")
+    for r in reads:
+        warn_mixed_runs(r.folder, r.runs)
 
 
 def entry_of(record: dict, kind: str | None = None, measured: tuple | None = None,
@@ -127,7 +191,7 @@ def recorded_inputs(record: dict) -> dict[str, str | tuple | None]:
             "task_code": task.get("code"), "package_code": inputs.get("package_code")}
 
 
-def check_one_input_each(entries: list[Entry]) -> None:
+def check_one_input_each(entries: list[Entry], scope: str = "this folder is") -> None:
     """One checkpoint per (model, seed), one task version (and code) per task and one version of
     lm-eval-sinkmask's code: a folder whose cells disagree (filled by hand from two runs, or
     swept again after a code change into a copy) would give a table of two experiments."""
@@ -145,21 +209,21 @@ def check_one_input_each(entries: list[Entry]) -> None:
         if len(found) > 1:
             at = "" if seed is None else f" seed {seed}"
             raise ValueError(f"the cells disagree on the {what} {name}{at}: {sorted(map(str, found))}; "
-                             "they come from different runs, so this folder is not one table")
+                             f"they come from different runs, so {scope} not one table")
 
 
 # the packages whose version can change a cell's number (python's cannot, by itself)
 NUMBER_PACKAGES = ("lm_eval", "transformers", "torch", "lm-eval-sinkmask")
 
 
-def check_one_version_each(versions: list[dict | None]) -> None:
+def check_one_version_each(versions: list[dict | None], scope: str = "this folder is") -> None:
     """One version of each package in ``NUMBER_PACKAGES`` across the cells (those that record
     them): a sweep extended after an upgrade would give drops between two libraries' numbers."""
     for package in NUMBER_PACKAGES:
         found = {v[package] for v in versions if v and v.get(package) is not None}
         if len(found) > 1:
             raise ValueError(f"the cells ran on different {package} versions {sorted(found)}; they "
-                             "come from different installs, so this folder is not one table")
+                             f"come from different installs, so {scope} not one table")
 
 
 def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
@@ -476,25 +540,51 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
+# a pooled table's folder: which sweep folders it reads (relative to it) and its title
+POOLED = "pooled.json"
+
+
 def render(folder: Path, title: str | None = None, metrics: dict[str, str] | None = None,
-           digits: int = 2, figure: bool = True, versus_pairs: list | None = None) -> dict[str, Path]:
+           digits: int = 2, figure: bool = True, versus_pairs: list | None = None,
+           pool: list[Path] | None = None) -> dict[str, Path]:
     """Write ``table.md``, ``table.csv`` and ``accuracy_vs_k.png`` into ``folder``, and
     ``versus.csv`` for the sweep's ``--versus`` pairs (``versus_pairs`` replaces them).
+
+    ``folder`` is a sweep folder, or, with ``pool``, the folder of one table over those sweep
+    folders' seeds (:func:`load_pooled`): it keeps their paths and the title in ``pooled.json``,
+    so rendering it again later needs only ``folder``.
 
     From the cells done so far: sweeps still running in ``folder`` add theirs as they finish.
     Renders hold the folder's lock, so two at once (sweeps sharing the folder ending together)
     do not interleave their writes, and the later one, which saw more cells, is the one kept."""
     folder = Path(folder)
-    sweep_json(folder)  # says what the folder lacks, before a lock file is made in it
+    if pool:
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder / "sweep.json").is_file():
+            raise ValueError(f"{folder} is a sweep folder: a pooled table goes into a folder of its own")
+        sources = [Path(os.path.relpath(Path(p).resolve(), folder.resolve())).as_posix()
+                   for p in pool]
+        (folder / POOLED).write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
+    if pooled_sources(folder) is None:
+        sweep_json(folder)  # says what the folder lacks, before a lock file is made in it
     with folder_locked(folder):
         return _render(folder, title, metrics, digits, figure, versus_pairs)
+
+
+def pooled_sources(folder: Path) -> list[Path] | None:
+    """The sweep folders a pooled table's folder reads, or None for a sweep folder."""
+    path = Path(folder) / POOLED
+    if not path.is_file():
+        return None
+    return [Path(folder) / p for p in json.loads(path.read_text())["sources"]]
 
 
 def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, digits: int,
             figure: bool, versus_pairs: list | None) -> dict[str, Path]:
     grid, entries, zoo = load(folder, metrics)
     if not entries:
-        raise SystemExit(f"no finished cells under {folder}/cells")
+        where = pooled_sources(folder) or [folder]
+        raise SystemExit(f"no finished cells under {', '.join(f'{p}/cells' for p in where)}")
     if versus_pairs is not None:
         check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
         grid = {**grid, "versus": versus_pairs}
@@ -511,4 +601,4 @@ def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, dig
     return out
 
 
-__all__ = ["render", "markdown", "csv_text", "load", "is_zoo"]
+__all__ = ["render", "markdown", "csv_text", "load", "load_pooled", "is_zoo"]

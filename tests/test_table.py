@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -420,3 +421,59 @@ def test_the_footer_names_draw_columns_only_where_headers_mark_them(draws, says)
 
     note = runs_note({"seeds": [0, 1], "mask_seeds": draws})
     assert says in note and f"mask_seed {draws[0]}" in note
+
+
+def _per_seed_folders(tmp_path: Path) -> list[Path]:
+    """write_seeded_sweep's grid swept one seed per folder (as on three days or machines)."""
+    whole = write_seeded_sweep(tmp_path / "whole")
+    grid = json.loads((whole / "sweep.json").read_text())
+    folders = []
+    for seed in range(3):
+        folder = tmp_path / f"seed{seed}"
+        (folder / "cells").mkdir(parents=True)
+        (folder / "sweep.json").write_text(json.dumps({**grid, "seeds": [seed],
+                                                       "title": f"Seed {seed} only"}))
+        for model in ("llada", "llama"):
+            src = whole / "cells" / model / f"seed{seed}"
+            if src.is_dir():
+                shutil.copytree(src, folder / "cells" / model / f"seed{seed}")
+        folders.append(folder)
+    return folders
+
+
+def test_sweeps_of_one_grid_on_different_seeds_pool_into_the_table_of_one_sweep(tmp_path):
+    folders = _per_seed_folders(tmp_path)
+    whole = table.render(tmp_path / "whole", figure=False)
+    out = tmp_path / "pooled"
+    pooled = table.render(out, figure=False, pool=folders)
+    # the per-folder titles name one seed each, so the pooled table takes the default title
+    assert pooled["markdown"].read_text() == whole["markdown"].read_text()
+    assert pooled["csv"].read_text() == whole["csv"].read_text()
+    # the folder remembers its sources (relative to itself) and a title given once
+    assert json.loads((out / table.POOLED).read_text())["sources"] == ["../seed0", "../seed1", "../seed2"]
+    assert main(["table", str(out), "--title", "Three seeds"] + [f"--pool={f}" for f in folders]) == 0
+    assert table.render(out, figure=False)["markdown"].read_text().startswith("# Three seeds [")
+
+
+def test_pooling_refuses_folders_that_are_not_one_grid_on_separate_seeds(tmp_path, capsys):
+    s0, s1, s2 = _per_seed_folders(tmp_path)
+    out = tmp_path / "pooled"
+    with pytest.raises(ValueError, match=r"training seed\(s\) \[1\]"):
+        table.render(out, figure=False, pool=[s0, s1, s1])
+    grid = json.loads((s2 / "sweep.json").read_text())
+    (s2 / "sweep.json").write_text(json.dumps({**grid, "ks": [0, 1, 5]}))
+    with pytest.raises(ValueError, match=r"seed2 ran another grid than .*seed0 \(ks differ\)"):
+        table.render(out, figure=False, pool=[s0, s1, s2])
+    (s2 / "sweep.json").write_text(json.dumps({**grid, "seeds": None}))
+    with pytest.raises(ValueError, match="not a sweep over training seeds"):
+        table.render(out, figure=False, pool=[s0, s1, s2])
+    (s2 / "sweep.json").write_text(json.dumps(grid))
+    # seed 1 swept again after a fix in the masking code: two experiments, not one table
+    _set_in_cells(s0, lambda r: r.setdefault("inputs", {}).update(package_code="sha256:" + "a" * 64))
+    _set_in_cells(s1, lambda r: r.setdefault("inputs", {}).update(package_code="sha256:" + "b" * 64))
+    with pytest.raises(ValueError, match="code of lm-eval-sinkmask.*these folders are not one table"):
+        table.render(out, figure=False, pool=[s0, s1, s2])
+    assert main(["table", str(out), "--pool", str(s0), "--pool", str(s1)]) == 2  # one line
+    assert "these folders are not one table" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="is a sweep folder"):
+        table.render(s2, figure=False, pool=[s0])
