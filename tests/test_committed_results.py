@@ -78,7 +78,7 @@ def test_every_committed_trace_ran_on_this_checkouts_checkpoint(path, where, dig
     assert meta.get("checkpoint") == digests.checkpoint(where(meta["model"]))
 
 
-@pytest.mark.parametrize("name", ["tiny", "mc", "control", "seed1", "seed2"])
+@pytest.mark.parametrize("name", ["tiny", "mc", "control", "seed1", "seed2", "control_seeds"])
 def test_every_committed_table_is_what_its_committed_cells_render(name):
     """The README quotes these tables: they must be what the current code makes of the cells
     (and their gzipped samples, which the paired standard errors come from)."""
