@@ -551,8 +551,8 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
     ``versus.csv`` for the sweep's ``--versus`` pairs (``versus_pairs`` replaces them).
 
     ``folder`` is a sweep folder, or, with ``pool``, the folder of one table over those sweep
-    folders' seeds (:func:`load_pooled`): it keeps their paths and the title in ``pooled.json``,
-    so rendering it again later needs only ``folder``.
+    folders' seeds (:func:`load_pooled`): it keeps their paths and the title in ``pooled.json``
+    (a title given once is kept), so rendering it again later needs only ``folder``.
 
     From the cells done so far: sweeps still running in ``folder`` add theirs as they finish.
     Renders hold the folder's lock, so two at once (sweeps sharing the folder ending together)
@@ -564,6 +564,8 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
             raise ValueError(f"{folder} is a sweep folder: a pooled table goes into a folder of its own")
         sources = [Path(os.path.relpath(Path(p).resolve(), folder.resolve())).as_posix()
                    for p in pool]
+        if title is None and (folder / POOLED).is_file():  # a title given once is kept
+            title = json.loads((folder / POOLED).read_text()).get("title")
         (folder / POOLED).write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
     if pooled_sources(folder) is None:
         sweep_json(folder)  # says what the folder lacks, before a lock file is made in it

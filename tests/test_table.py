@@ -453,6 +453,9 @@ def test_sweeps_of_one_grid_on_different_seeds_pool_into_the_table_of_one_sweep(
     assert json.loads((out / table.POOLED).read_text())["sources"] == ["../seed0", "../seed1", "../seed2"]
     assert main(["table", str(out), "--title", "Three seeds"] + [f"--pool={f}" for f in folders]) == 0
     assert table.render(out, figure=False)["markdown"].read_text().startswith("# Three seeds [")
+    # pooled again without a title: the one given before stays
+    assert main(["table", str(out)] + [f"--pool={f}" for f in folders]) == 0
+    assert (out / "table.md").read_text().startswith("# Three seeds [")
 
 
 def test_pooling_refuses_folders_that_are_not_one_grid_on_separate_seeds(tmp_path, capsys):
