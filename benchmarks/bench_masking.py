@@ -70,13 +70,15 @@ LABELS = {
 
 
 # the GPU section also times the detection backends against each other: the fused
-# path (default on CUDA) with the compiled selection, the same without compiling it, the
-# materialised path (the CPU's, and the GPU's before the fused path), and the same column mass
-# from two compiled FlexAttention calls (detect_backend=flex, compiled selection)
-GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_mat", "c_flex", "d")
+# path (default on CUDA) with the compiled selection, the same without compiling it or with
+# the one-launch Triton selection candidate (select_kernel.py), the materialised path (the
+# CPU's, and the GPU's before the fused path), and the same column mass from two compiled
+# FlexAttention calls (detect_backend=flex, compiled selection)
+GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_mat", "c_flex", "d")
 GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",
+    "c_kernel": "(c) fused, one-launch selection kernel (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
     "d": "(d) top_k=5 current, fused",
@@ -90,6 +92,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "b": base["b"],
         "c": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_eager": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
+        "c_kernel": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -99,13 +102,22 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
 
 
 @contextmanager
-def selection_compiled(on: bool):
-    """The fused path's compiled selection on or off (compiled_tail.ENABLED) for one run."""
-    old, compiled_tail.ENABLED = compiled_tail.ENABLED, on
+def selection_of(variant: str):
+    """The selection a variant's run uses on the fused path: compiled (the package's default
+    on CUDA), eager (``c_eager``: compiled_tail.ENABLED off) or the one-launch Triton kernel
+    (``c_kernel``: select_kernel's functions where compiled_tail would hand out its compiled
+    ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them)."""
+    old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
+    compiled_tail.ENABLED = variant != "c_eager"
+    if variant == "c_kernel":
+        import select_kernel
+
+        compiled_tail._COMPILED = select_kernel.select_and_count
+        compiled_tail._COMPILED_FROM_ROWS = select_kernel.select_and_count_from_rows
     try:
         yield
     finally:
-        compiled_tail.ENABLED = old
+        compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS = old
 
 
 def configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
@@ -250,7 +262,7 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
                 for _ in range(passes):
                     model(input_ids=ids, attention_mask=am)
                 return "-"
-            with selection_compiled(n != "c_eager"), SinkMasker(cfgs[n]).attach(model) as stats:
+            with selection_of(n), SinkMasker(cfgs[n]).attach(model) as stats:
                 for _ in range(passes):
                     model(input_ids=ids, attention_mask=am)
             return stats.keys_masked
@@ -324,6 +336,8 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
     med = None
     if "mass" in parts:
         run_part("mass", fused_mass_check, device, heads, S)
+    if "select" in parts:
+        run_part("select", selection_kernel_check, device, heads, S)
     if "llada" in parts:
         med = bench_llada(args, device, hidden, heads, S)
     if "llada_gap" in parts:
@@ -423,6 +437,46 @@ def fused_mass_check(device, H=32, S=700):
     sys.stdout.flush()
 
 
+def selection_kernel_check(device, H=32, S=700):
+    """The one-launch selection candidate against the package's eager selection on the 8B
+    shapes (masses of softmaxed random scores with planted sinks; padding; granularity head
+    and layer; the last_row and all_rows key counts): the same sinks and chosen keys, to the
+    key. It is timed as variant c_kernel only where this holds."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("selection kernel vs eager: not checked on the CPU (the kernel runs on CUDA, or "
+              "in Triton's interpreter: tests/test_select_kernel.py)")
+        return
+    import select_kernel
+    from lm_eval_sinkmask.metric import key_counts
+
+    g = torch.Generator(device=device).manual_seed(0)
+    B, n_q = 8, S
+    for what, rows_per_key in (("bidirectional, padded", None), ("causal rows (all_rows)", True),
+                               ("one row (last_row)", False)):
+        q_rows = 1 if rows_per_key is False else n_q
+        logits = torch.randn(B, H, q_rows, S, device=device, generator=g)
+        logits[..., torch.randint(0, S, (6,), device=device, generator=g)] += 5.0
+        key_valid = torch.ones(B, S, dtype=torch.bool, device=device)
+        key_valid[1:, :40] = False
+        visible = key_valid[:, None, None, :].expand(B, 1, q_rows, S)
+        if rows_per_key:
+            visible = visible & torch.ones(q_rows, S, dtype=torch.bool, device=device).tril()
+        attn = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+        mass = attn.sum(dim=-2)
+        rows = visible.sum(dim=-2).float()
+        for per_layer in (False, True):
+            counts = key_counts(rows, key_valid, per_layer=per_layer, dtype=mass.dtype)
+            ref = compiled_tail.select_and_count(mass, counts, eps=3.0, k=5, per_layer=per_layer)
+            got = select_kernel.select_and_count(mass, counts, eps=3.0, k=5, per_layer=per_layer)
+            same = all(torch.equal(a, b) for a, b in zip(got[1:3], ref[1:3]))
+            print(f"selection kernel vs eager, {what}, granularity "
+                  f"{'layer' if per_layer else 'head'}, B {B} H {H} S {S}: "
+                  f"{'same' if same else '**DIFFERENT**'} sinks and chosen keys "
+                  f"({int(ref[3])} sinks, {int(ref[4])} chosen; kernel {int(got[3])}, "
+                  f"{int(got[4])}); max |score diff| {(got[0] - ref[0]).abs().max().item():.1e}")
+    sys.stdout.flush()
+
+
 def gpu_peak_memory(model, args):
     """Extra peak memory of one masked pass over an unmasked one, per variant."""
     device = torch.device("cuda")
@@ -487,7 +541,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
     layers = 2 if args.quick else 4
     model = llama_model(layers, device, hidden, heads)
     steps = 16
-    variants = ["a", "c", "c_eager", "c_mat", "c_flex"]
+    variants = ["a", "c", "c_eager", "c_kernel", "c_mat", "c_flex"]
     for rule in ("last_row", "all_rows"):
         for B in (1, 8):
             ids = torch.randint(5, 2000, (B, P), generator=torch.Generator().manual_seed(1))
@@ -500,7 +554,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
                         if cfgs[n] is None:
                             generate_cached(model, ids, decode)
                             return "-"
-                        with selection_compiled(n != "c_eager"), \
+                        with selection_of(n), \
                                 SinkMasker(cfgs[n], rule=rule).attach(model) as stats:
                             generate_cached(model, ids, decode)
                         return stats.keys_masked
@@ -808,8 +862,9 @@ def main(argv=None):
     ap.add_argument("--only", default=None,
                     help="sections to run, e.g. 1,4 (default 1,2,3,4,5,6; with --gpu 3: the CPU "
                          "sections take longer than a lent GPU's 10-minute command)")
-    ap.add_argument("--gpu-parts", default="mass,llada,llada_gap,llada_kernels,llama,zoo",
-                    help="parts of section 3: mass (kernels vs reference), llada (8B-shaped "
+    ap.add_argument("--gpu-parts", default="mass,select,llada,llada_gap,llada_kernels,llama,zoo",
+                    help="parts of section 3: mass (kernels vs reference), select (the "
+                         "one-launch selection candidate vs the package's), llada (8B-shaped "
                          "forward, batch 8 and 1), llada_gap (batch 8 unpadded at S 700 and "
                          "1056, padded at 1056), llada_kernels (the same with the "
                          "memory-efficient kernel off, as LLaDA's code sets it), llama "

@@ -40,7 +40,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     out = capsys.readouterr().out
     for title in ("batch 8", "batch 1", "arm_rule=last_row, batch 1", "arm_rule=all_rows, batch 8"):
         assert title in out
-    for variant in ("(c) fused, eager selection", "(c) flex (two FlexAttention calls)"):
+    for variant in ("(c) fused, eager selection", "(c) flex (two FlexAttention calls)",
+                    "(c) fused, one-launch selection kernel (candidate)"):
         # four LLaDA tables (two under LLaDA's own kernel switch), four Llama decoding tables
         assert out.count(variant) == 8
     for variant in ("(c) top_k=5 previous, fused", "(c) materialized"):
@@ -49,6 +50,7 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
         assert title in out
     assert "fused kernels vs torch reference" in out
     assert "flex (two FlexAttention calls) vs torch reference" in out
+    assert "selection kernel vs eager: not checked on the CPU" in out
     for name in ("fused", "flex"):
         assert f"CUDA {name} detection vs CUDA materialized: tokens the same, masked keys the " \
                "same in every one of the" in out
@@ -65,10 +67,10 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert len(titles) == 2 + 4  # llada at batch 8 and 1; Llama's two rules at batch 1 and 8
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 5
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 8 + 4 * 6
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 5 + 4 * 4  # (c) x 4 and (d) for LLaDA; (c) x 4 for Llama
+    assert len(splits) == 2 * 6 + 4 * 5  # (c) x 5 and (d) for LLaDA; (c) x 5 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)

@@ -8,7 +8,8 @@
 # returns within BUDGET_S seconds (default 560) of its start, the wheels' install included,
 # and leaves in $OUT one file per step (at most 8 files come back from a call):
 # - cuda_tests.log, bench_checks.md: the CUDA tests of the fused and flex detection paths and
-#   the bench's parts mass and zoo (kernels vs reference, CUDA vs CPU tokens), side by side:
+#   the bench's parts mass, select and zoo (kernels vs reference, the one-launch selection
+#   candidate vs the package's selection, CUDA vs CPU tokens), side by side:
 #   they compare and time nothing. CHECKS=0 leaves them out, for the timings' sake, when the
 #   package's cell code (provenance.package_code_digest) is the one an earlier call checked;
 # - then the timings, alone on the GPU, most needed first (the LLaDA shape's ratios), each cut
@@ -46,7 +47,7 @@ else
     step "cuda tests" 0 timeout "$checks_budget" python3 -m pytest -q -p no:cacheprovider -rs \
         tests/test_fused_mass.py tests/test_flex_mass.py \
         -k "cuda and (test_fused_mass or detection_masks)" > "$out/cuda_tests.log" 2>&1 &
-    step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,zoo \
+    step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,select,zoo \
         > "$out/bench_checks.md" 2>&1 &
     wait
 fi
@@ -59,6 +60,6 @@ step "bench llada_kernels" 5 "${bench[@]}" --gpu-parts llada_kernels \
     > "$out/bench_llada_kernels.md" 2>&1
 
 # the call returns only the last 12,000 characters of its output: the tables, then the verdicts
-grep -h "^|\|^#\|FAILED\|DIFFER\|decode the same\|max |mass" "$out"/bench_*.md | cut -c1-220
+grep -h "^|\|^#\|FAILED\|DIFFER\|decode the same\|max |mass\|^selection kernel" "$out"/bench_*.md | cut -c1-220
 tail -n 3 "$out/cuda_tests.log"
 cat "$summary"
