@@ -50,7 +50,8 @@ def _sweep(a: argparse.Namespace) -> int:
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
-        _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2, versus=None))
+        _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2, versus=None,
+                                  pool=None))
     return 0
 
 
