@@ -103,7 +103,6 @@ def _model_results():
 
     from lm_eval_sinkmask import fused_mass
     from lm_eval_sinkmask.config import SinkMaskConfig
-    from lm_eval_sinkmask.families import FAMILIES
     from lm_eval_sinkmask.intercept import SinkMasker
     from tests import tiny
 
@@ -115,28 +114,8 @@ def _model_results():
         return real(*args)
 
     fused_mass._triton_column_mass = counted
-    ids = torch.randint(5, 40, (2, 9), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(2, 9, dtype=torch.long)
-    mask[1, :3] = 0
-
-    def cached(model):
-        def run():
-            out = model(ids[:, :5], use_cache=True)
-            for t in range(5, 9):
-                out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
-        return run
-
     for case in MODEL_CASES:
-        kind = case.split("_")[0]
-        model = tiny.build(kind).eval()
-        rule = "all"
-        if kind == "llama":
-            rule, run = case.split("_")[1] + "_" + case.split("_")[2], cached(model)
-        else:
-            kwargs = {"input_ids": ids, "attention_mask": mask}
-            if kind == "dream":
-                kwargs = FAMILIES["dream"].model_inputs(ids, mask)
-            run = lambda m=model, kw=kwargs: m(**kw)  # noqa: E731
+        model, rule, run = tiny.intercept_case(case)
         events = {}
         for backend in ("fused", "materialized"):
             used.clear()

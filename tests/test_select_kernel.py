@@ -137,7 +137,6 @@ def _model_results():
     import select_kernel
     from lm_eval_sinkmask import compiled_tail
     from lm_eval_sinkmask.config import SinkMaskConfig
-    from lm_eval_sinkmask.families import FAMILIES
     from lm_eval_sinkmask.intercept import SinkMasker
     from tests import tiny
 
@@ -153,29 +152,9 @@ def _model_results():
         return counting(select_kernel.select_and_count_from_rows if from_rows
                         else select_kernel.select_and_count)
 
-    ids = torch.randint(5, 40, (2, 9), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(2, 9, dtype=torch.long)
-    mask[1, :3] = 0
-
-    def cached(model):
-        def run():
-            out = model(ids[:, :5], use_cache=True)
-            for t in range(5, 9):
-                out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
-        return run
-
     package_selector = compiled_tail.selector
     for case in MODEL_CASES:
-        kind = case.split("_")[0]
-        model = tiny.build(kind).eval()
-        rule = "all"
-        if kind == "llama":
-            rule, run = "_".join(case.split("_")[1:3]), cached(model)
-        else:
-            kwargs = {"input_ids": ids, "attention_mask": mask}
-            if kind == "dream":
-                kwargs = FAMILIES["dream"].model_inputs(ids, mask)
-            run = lambda m=model, kw=kwargs: m(**kw)  # noqa: E731
+        model, rule, run = tiny.intercept_case(case)
         granularity = "layer" if case.endswith("per_layer") else "head"
         events = {}
         for which, chooser in (("kernel", kernel_selector), ("package", package_selector)):

@@ -89,6 +89,30 @@ class CausalWhenPaddedLlada(TinyLladaModel):
         return super().forward(input_ids, attention_mask=attention_bias, **kwargs)
 
 
+def intercept_case(case: str):
+    """(model, ARM rule, run) of a model-level check of the intercept: for ``llada...`` and
+    ``dream...`` one forward pass of a batch of two, one of them left-padded; for
+    ``llama_<last_row|all_rows>...`` a prefill of five tokens, then four one-token steps with
+    the KV cache. The Triton checks run their paths on these and compare every call."""
+    from lm_eval_sinkmask.families import FAMILIES
+
+    kind = case.split("_")[0]
+    model = build(kind).eval()
+    ids = torch.randint(5, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    if kind == "llama":
+        def run():
+            out = model(ids[:, :5], use_cache=True)
+            for t in range(5, 9):
+                out = model(ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+        return model, "_".join(case.split("_")[1:3]), run
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if kind == "dream":
+        kwargs = FAMILIES["dream"].model_inputs(ids, mask)
+    return model, "all", lambda: model(**kwargs)
+
+
 def save(kind: str, path: Path, seed: int = 0) -> Path:
     path = Path(path)
     build(kind, seed).save_pretrained(path)
