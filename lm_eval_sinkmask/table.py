@@ -30,6 +30,8 @@ from .sweep_plan import cell_records, check_pairs, mixed_settings, task_limits
 from .text_format import fixed, signed_with_se
 
 ZOO_NOTE = "tiny zoo: test-bed checkpoints of a few million parameters, not the paper's 7-8B models"
+# in a pooled table's folder: the sweep folders it reads (relative to it) and its title
+POOLED = "pooled.json"
 
 
 @dataclass(frozen=True)
@@ -538,10 +540,6 @@ def _wrap(text: str, width: int) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width))
-
-
-# a pooled table's folder: which sweep folders it reads (relative to it) and its title
-POOLED = "pooled.json"
 
 
 def render(folder: Path, title: str | None = None, metrics: dict[str, str] | None = None,
