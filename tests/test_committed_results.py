@@ -95,3 +95,17 @@ def test_every_committed_table_is_what_its_committed_cells_render(name):
     if comparisons:
         assert table.write_csv(versus.FIELDS, versus.csv_rows(comparisons)) == (
             folder / "versus.csv").read_text()
+
+
+def test_the_committed_zoo_report_is_what_its_cells_and_traces_render(monkeypatch):
+    """results/zoo/report.md judges the zoo's bars: it must be what the current report code
+    makes of the committed accuracy cells and sink traces (read from the root, as its
+    regenerate line runs)."""
+    from lm_eval_sinkmask.zoo import ZOO_NAMES, report
+
+    monkeypatch.chdir(ROOT)
+    out = Path("results/zoo")
+    cells = [Path(c) for c in json.loads((out / "report.json").read_text())["cells_read"]]
+    built = report.read_report(out, list(ZOO_NAMES), cells)
+    assert report.markdown(built) == (out / "report.md").read_text()
+    assert report.report_json(built) == (out / "report.json").read_text()

@@ -624,17 +624,27 @@ def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
-    """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
+def read_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
+    """The report of what ``out`` (and the ``cells`` folders) hold, as ``report.json`` keeps it."""
     acc = read_accuracy([out, *cells])
     sinks = read_sinks(out, models)
     report = build_report(acc, sinks, models)
     report["cells_read"] = [str(c) for c in cells]  # for the report's regenerate line
     report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
                                  for (label, seed), v in sinks.items()}
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
+    """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
+    report = read_report(out, models, cells)
+    (out / "report.json").write_text(report_json(report))
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def report_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=1) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
