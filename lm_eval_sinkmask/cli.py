@@ -50,8 +50,9 @@ def _sweep(a: argparse.Namespace) -> int:
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
     if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
-        _table(argparse.Namespace(folder=a.out, title=a.title, metric=None, digits=2, versus=None,
-                                  pool=None))
+        # the table command's own arguments, so that each of its options keeps its default
+        _table(build_parser().parse_args(
+            ["table", str(a.out)] + ([f"--title={a.title}"] if a.title is not None else [])))
     return 0
 
 
