@@ -78,11 +78,10 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     whose cells are not one experiment (other inputs, package versions or settings) is
     refused: its table would put two experiments' numbers side by side. The folder of a pooled
     table (``render(..., pool=...)``) gives the pooled cells of the sweep folders it names."""
-    sources = pooled_sources(folder)
-    if sources is not None:
-        grid, entries, zoo = load_pooled(sources, metrics)
-        title = json.loads((Path(folder) / POOLED).read_text()).get("title")
-        return ({**grid, "title": title} if title else grid), entries, zoo
+    pooled = _pooled(folder)
+    if pooled is not None:
+        grid, entries, zoo = load_pooled(pooled_sources(folder), metrics)
+        return ({**grid, "title": pooled["title"]} if pooled.get("title") else grid), entries, zoo
     read = _read(Path(folder), metrics)
     _check_one_experiment([read], "this folder is")
     return read.grid, read.entries, read.zoo
@@ -562,8 +561,8 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
             raise ValueError(f"{folder} is a sweep folder: a pooled table goes into a folder of its own")
         sources = [Path(os.path.relpath(Path(p).resolve(), folder.resolve())).as_posix()
                    for p in pool]
-        if title is None and (folder / POOLED).is_file():  # a title given once is kept
-            title = json.loads((folder / POOLED).read_text()).get("title")
+        if title is None:  # a title given once is kept
+            title = (_pooled(folder) or {}).get("title")
         (folder / POOLED).write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
     if pooled_sources(folder) is None:
         sweep_json(folder)  # says what the folder lacks, before a lock file is made in it
@@ -571,12 +570,16 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
         return _render(folder, title, metrics, digits, figure, versus_pairs)
 
 
+def _pooled(folder: Path) -> dict | None:
+    """A pooled table's ``pooled.json`` (its sources and title), or None for a sweep folder."""
+    path = Path(folder) / POOLED
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def pooled_sources(folder: Path) -> list[Path] | None:
     """The sweep folders a pooled table's folder reads, or None for a sweep folder."""
-    path = Path(folder) / POOLED
-    if not path.is_file():
-        return None
-    return [Path(folder) / p for p in json.loads(path.read_text())["sources"]]
+    pooled = _pooled(folder)
+    return None if pooled is None else [Path(folder) / p for p in pooled["sources"]]
 
 
 def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, digits: int,
