@@ -451,15 +451,15 @@ def selection_kernel_check(device, H=32, S=700):
 
     g = torch.Generator(device=device).manual_seed(0)
     B, n_q = 8, S
-    for what, rows_per_key in (("bidirectional, padded", None), ("causal rows (all_rows)", True),
-                               ("one row (last_row)", False)):
-        q_rows = 1 if rows_per_key is False else n_q
+    for what, q_rows, causal in (("bidirectional, padded", n_q, False),
+                                 ("causal rows (all_rows)", n_q, True),
+                                 ("one row (last_row)", 1, False)):
         logits = torch.randn(B, H, q_rows, S, device=device, generator=g)
         logits[..., torch.randint(0, S, (6,), device=device, generator=g)] += 5.0
         key_valid = torch.ones(B, S, dtype=torch.bool, device=device)
         key_valid[1:, :40] = False
         visible = key_valid[:, None, None, :].expand(B, 1, q_rows, S)
-        if rows_per_key:
+        if causal:
             visible = visible & torch.ones(q_rows, S, dtype=torch.bool, device=device).tril()
         attn = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
         mass = attn.sum(dim=-2)
