@@ -14,11 +14,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.interpreted import interpreted_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,12 +36,7 @@ MODEL_CASES = ["llada", "dream", "llama_last_row_kv_cache", "llama_all_rows_kv_c
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}",
-               OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    return interpreted_results(__file__, ROOT / "benchmarks")
 
 
 @pytest.mark.parametrize("case", UNIT_CASES)
