@@ -1,0 +1,293 @@
+"""A one-row attention call (a decoding step) masked in one Triton launch: a candidate.
+
+Why: in a KV-cached decoding step each attention call has one query row, and the masked call
+costs about twice the unmasked one on an H100 in wall time and 1.35x in GPU kernel time
+(benchmarks/results/gpu_h100.md), almost all of it small launches: the fused path's two
+detection kernels, the selection, the output mask and a second SDPA call. Cutting host time
+alone cannot meet a 1.3 bar when the GPU itself does 1.35x the work. With one query row the
+whole call fits in one program per (batch element, head): the row's logits over all keys
+(its probabilities are the column mass, as the last_row rule reads it; under all_rows they
+are added to the layer's history), the Eq. 3 counts, scores, sinks and top-k, and the
+attention output with the blocked keys removed. K and V are read once each, as by the
+unmasked call: one launch and one memset per call, against 26 (last_row) or 45 (all_rows)
+torch ops of the package's fused path (``bench_masking.py`` section 6).
+
+This lives beside the benchmarks, not in the package: ``bench_masking.py --gpu`` times it as
+variant ``c_decode`` in its decoding section and checks that it masks the same keys and
+decodes the same tokens (``--gpu-parts decode``); only a measured gain on a GPU would move it
+into the intercept. ``tests/test_decode_kernel.py`` runs it in Triton's interpreter on the
+CPU against the package's intercept.
+
+Scope (anything else goes through the package's path, call by call): one query row; a mask
+that does not depend on the row (none, key padding, a float bias), whose rows have no head
+axis; granularity=head; mask_target=sinks; no extra sink token; up to :data:`MAX_KEYS` keys.
+Same arithmetic as the package in float32, not always the same bits (the dot products and
+sums run in another order), so a key within an ulp or so of the threshold can fall the other
+way; the checks compare chosen keys and tokens.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask.attention_view import Detection, Scores
+from lm_eval_sinkmask.fused_mass import triton_runs_on
+
+MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows use the package
+BLOCK_N = 64  # keys per tile of the two passes over K and V
+NAME = "decode_kernel"  # the detection counter's name for calls made here
+
+
+@triton.jit
+def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
+                   OUT, SCRATCH, SCORES, SINKS, CHOSEN, NEW_MASS, NEW_ROWS, COUNTS,
+                   s_qb, s_qh, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+                   s_mb, s_mh, s_mn, s_wb, s_rb, s_rn, s_xb, s_xn, s_hb, s_hh, s_hn, s_gb, s_gn,
+                   s_pb, s_ph, s_pn, s_ob, s_oh, s_od,
+                   H, GROUP, n_k, n_old, n_prev, head_dim, v_dim, scale, hidden_below, eps,
+                   HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, HISTORY: tl.constexpr,
+                   HAS_PREV: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """One (batch element, head): logits, column mass, Eq. 3 selection, masked output."""
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    hk = h // GROUP
+    row = SCRATCH + pid * n_k
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_d * s_qd, mask=offs_d < head_dim,
+                other=0.0).to(tl.float32)
+
+    # pass 1 over K: the row's scaled logits, -inf where the mask hides the key
+    for n0 in range(0, n_k, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < n_k
+        kt = tl.load(K + b * s_kb + hk * s_kh + offs_n[:, None] * s_kn + offs_d[None, :] * s_kd,
+                     mask=n_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+        s = tl.sum(kt.to(tl.float32) * q[None, :], axis=1) * scale
+        visible = n_ok
+        if HAS_MASK:
+            mv = tl.load(M + b * s_mb + h * s_mh + offs_n * s_mn, mask=n_ok, other=0)
+            if MASK_BOOL:
+                visible = visible & (mv != 0)
+            else:
+                mv = mv.to(tl.float32)
+                visible = visible & (mv > hidden_below)
+                s = s + mv
+        tl.store(row + offs_n, tl.where(visible, s, float("-inf")), mask=n_ok)
+    tl.debug_barrier()
+
+    # the whole row: its probabilities are the column mass of the call's one row
+    offs = tl.arange(0, BLOCK)
+    in_k = offs < n_k
+    logits = tl.load(row + offs, mask=in_k, other=float("-inf"))
+    top = tl.max(logits, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # a row that sees no key: mass 0
+    e = tl.exp(logits - top)
+    total_e = tl.sum(e, axis=0)
+    mass = e / tl.where(total_e > 0, total_e, 1.0) * tl.load(W + b * s_wb)
+    rows = tl.load(ROWS + b * s_rb + offs * s_rn, mask=in_k, other=0)
+    if HISTORY:  # all_rows under a KV cache: this row added to the rows of earlier steps
+        old = offs < n_old
+        mass = tl.load(OLD_MASS + b * s_hb + h * s_hh + offs * s_hn, mask=old, other=0.0) + mass
+        rows = tl.load(OLD_ROWS + b * s_gb + offs * s_gn, mask=old, other=0) + rows
+        tl.store(NEW_MASS + pid * n_k + offs, mass, mask=in_k)
+        if h == 0:
+            tl.store(NEW_ROWS + b * n_k + offs, rows, mask=in_k)
+
+    # Eq. 3 counts (metric.key_counts), scores (metric._share_scores) and sinks
+    seen = (tl.load(VALID + b * s_xb + offs * s_xn, mask=in_k, other=0) != 0) & (rows > 0)
+    n_keys = tl.sum(seen.to(tl.float32), axis=0) + tl.zeros([BLOCK], tl.float32)  # |K|, per lane
+    others = tl.maximum(n_keys - 1.0, 1.0)
+    scores = tl.where(seen, n_keys * mass / tl.maximum(rows, 1).to(tl.float32), 0.0)
+    total = tl.sum(scores, axis=0)
+    sinks = seen & (n_keys > 1.0) & (scores > (total - scores) / others + eps)
+
+    # top-k by repeated argmax, ties to the lower position (metric.top_k_sinks' stable sort)
+    ranked = tl.where(sinks, scores, float("-inf"))
+    chosen = offs < 0
+    for _ in tl.static_range(TOP_K):
+        at = tl.argmax(ranked, axis=0, tie_break_left=True)
+        hit = (offs == at) & (ranked > float("-inf"))
+        chosen = chosen | hit
+        ranked = tl.where(hit, float("-inf"), ranked)
+
+    out = pid * n_k + offs
+    tl.store(SCORES + out, scores, mask=in_k)
+    tl.store(SINKS + out, sinks, mask=in_k)
+    tl.store(CHOSEN + out, chosen, mask=in_k)
+    tl.atomic_add(COUNTS, tl.sum(sinks.to(tl.int64), axis=0))
+    tl.atomic_add(COUNTS + 1, tl.sum(chosen.to(tl.int64), axis=0))
+
+    # the output: blocked keys (last pass's choice, or this one's) leave the softmax, unless
+    # they are every key the row sees (it then keeps its scores, as the package does)
+    if HAS_PREV:
+        blocked = tl.load(PREV + b * s_pb + h * s_ph + offs * s_pn, mask=offs < n_prev,
+                          other=0) != 0
+    else:
+        blocked = chosen
+    visible = logits > float("-inf")
+    keeps = tl.sum((visible & ~blocked).to(tl.int32), axis=0) + tl.zeros([BLOCK], tl.int32) > 0
+    kept = tl.where(blocked & keeps, float("-inf"), logits)
+    top = tl.max(kept, axis=0)
+    e = tl.exp(kept - tl.where(top == float("-inf"), 0.0, top))
+    total_e = tl.sum(e, axis=0)
+    p = e / tl.where(total_e > 0, total_e, 1.0)
+    if HAS_MASK and not MASK_BOOL:  # a row that sees no key: SDPA's output under a float mask,
+        p = tl.where(total_e > 0, p, 1.0 / n_k)  # whose finfo.min terms make it uniform
+    tl.debug_barrier()  # every lane has read the logits before they are overwritten
+    tl.store(row + offs, p, mask=in_k)
+    tl.debug_barrier()
+
+    # pass 2 over V: the weighted sum of the kept keys' values
+    offs_dv = tl.arange(0, BLOCK_DV)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for n0 in range(0, n_k, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < n_k
+        p = tl.load(row + offs_n, mask=n_ok, other=0.0)
+        vt = tl.load(V + b * s_vb + hk * s_vh + offs_n[:, None] * s_vn + offs_dv[None, :] * s_vd,
+                     mask=n_ok[:, None] & (offs_dv[None, :] < v_dim), other=0.0)
+        acc += tl.sum(p[:, None] * vt.to(tl.float32), axis=0)
+    tl.store(OUT + b * s_ob + h * s_oh + offs_dv * s_od, acc.to(OUT.dtype.element_ty),
+             mask=offs_dv < v_dim)
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | None,
+                  history: Detection | None):
+    """One one-row call's (output [B, H, 1, Dv], scores, sinks, chosen [B, H, Sk], number of
+    sinks, number chosen, Detection of the history or None) in one launch.
+
+    previous: bool [B, H, S'] with S' <= Sk, the keys to remove (last pass's choice; keys past
+    S' are new and stay), or None to remove this call's own choice. history (all_rows):
+    the column mass [B, H, Sk - 1] and rows [B, 1, Sk - 1] of the layer's earlier steps, or
+    None under last_row; with it the call also returns the updated history."""
+    q, k_, v, mask = sc.query, sc.key, sc.value, sc.mask
+    B, H, _, D = q.shape
+    n_k, dv = k_.shape[-2], v.shape[-1]
+    dev = q.device
+    scale = sc.scale if sc.scale is not None else D ** -0.5
+    m = mask.attn_mask
+    if m is not None:
+        m = m.expand(B, H, 1, n_k)
+        hidden_below = 0.0 if m.dtype == torch.bool else float(torch.finfo(m.dtype).min) / 2
+        if m.dtype == torch.bool:
+            m = m.view(torch.uint8)
+        m_strides = (m.stride(0), m.stride(1), m.stride(3))
+    else:
+        m, m_strides, hidden_below = q, (0, 0, 0), 0.0  # never read
+    rows = mask.rows.expand(B, 1, n_k)
+    weight = mask.qw[:, 0, 0, 0]  # the row's weight in Q: 1, or 0 for a padding row
+    valid = mask.key_valid.view(torch.uint8)
+    out = torch.empty(B, H, 1, dv, device=dev, dtype=q.dtype)
+    scratch = torch.empty(B * H, n_k, device=dev, dtype=torch.float32)
+    scores = torch.empty(B, H, n_k, device=dev, dtype=torch.float32)
+    sinks = torch.empty(B, H, n_k, device=dev, dtype=torch.bool)
+    chosen = torch.empty_like(sinks)
+    tally = torch.zeros(2, device=dev, dtype=torch.int64)
+    if history is not None:
+        old_mass, old_rows = history.mass, history.rows.expand(B, 1, history.rows.shape[-1])
+        new_mass = torch.empty(B, H, n_k, device=dev, dtype=torch.float32)
+        new_rows = torch.empty(B, 1, n_k, device=dev, dtype=rows.dtype)
+        n_old = old_mass.shape[-1]
+    else:
+        old_mass, old_rows, new_mass, new_rows, n_old = scores, rows, scores, rows, 0  # unread
+    prev = previous.view(torch.uint8) if previous is not None else sinks  # unread if None
+    n_prev = previous.shape[-1] if previous is not None else 0
+    _decode_kernel[(B * H,)](
+        q, k_, v, m, weight, rows, valid, old_mass, old_rows, prev,
+        out, scratch, scores, sinks, chosen, new_mass, new_rows, tally,
+        q.stride(0), q.stride(1), q.stride(3), *k_.stride(), *v.stride(), *m_strides, weight.stride(0),
+        rows.stride(0), rows.stride(2), valid.stride(0), valid.stride(1),
+        old_mass.stride(0), old_mass.stride(1), old_mass.stride(2),
+        old_rows.stride(0), old_rows.stride(2), *_head_strides(prev, H),
+        out.stride(0), out.stride(1), out.stride(3),
+        H, H // k_.shape[1], n_k, n_old, n_prev, D, dv, float(scale), hidden_below, float(eps),
+        HAS_MASK=mask.attn_mask is not None, MASK_BOOL=mask.attn_mask is not None
+        and mask.attn_mask.dtype == torch.bool, HISTORY=history is not None,
+        HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=_pow2(n_k),
+        BLOCK_N=BLOCK_N, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(dv), num_warps=4)
+    new = Detection(new_mass, new_rows) if history is not None else None
+    return out, scores, sinks, chosen, tally[0], tally[1], new
+
+
+def _head_strides(t: torch.Tensor, H: int) -> tuple[int, int, int]:
+    """(batch, head, key) strides of [B, H or 1, S'], 0 along a broadcast head axis."""
+    return t.stride(0), (t.stride(1) if t.shape[1] == H else 0), t.stride(2)
+
+
+def handles(run, a: dict) -> bool:
+    """Whether this call is in the kernel's scope (see the module docstring); the mask is
+    checked once its view is made (:func:`decide`)."""
+    cfg, q = run.config, a["query"]
+    return (q.shape[-2] == 1 and a["key"].shape[-2] <= MAX_KEYS and triton_runs_on(q.device)
+            and cfg.granularity == "head" and cfg.mask_target == "sinks"
+            and not (cfg.sink_token == "exclude" and run.masker.extra_keys is not None)
+            and run.masker.rule in ("last_row", "all_rows")
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32))
+
+
+def decide(run, layer: int, a: dict, chunk: int):
+    """``_Run._decide`` for a one-row call in scope: the same decision (keys blocked, this
+    pass's sinks and choice, the masked output) from :func:`masked_decode`, with the run's
+    state (last pass's choice, the all_rows history, the stats) kept as the package keeps
+    it. None where the mask is out of scope."""
+    query, key = a["query"], a["key"]
+    mask = run._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0], 1,
+                          key.shape[-2], query.device, chunk)
+    if not mask.key_only or mask.rows.shape[1] != 1:
+        return None
+    sc = Scores(query, key, a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
+    previous, n_previous = None, None
+    kept = run.previous.get(layer) if run.config.detect == "previous" else None
+    if kept is not None and kept.keys.shape[0] == sc.batch and kept.keys.shape[-1] <= sc.n_k:
+        previous, n_previous = kept.keys, kept.count
+    history = None
+    if run.masker.rule == "all_rows":
+        old = run.history.get(layer)
+        if old is not None and old.mass.shape[:2] == (sc.batch, sc.heads) \
+                and old.mass.shape[-1] + 1 == sc.n_k:
+            history = old
+        else:  # start over, as _Run._with_history does: no rows before this one
+            history = Detection(query.new_zeros(sc.batch, sc.heads, 0, dtype=torch.float32),
+                                mask.rows.new_zeros(sc.batch, 1, 0))
+    out, scores, sinks, chosen, n_sinks, n_chosen, new = masked_decode(
+        sc, eps=run.config.eps, k=run.config.top_k, previous=previous, history=history)
+    run.stats.count_detection(NAME)
+    if new is not None:
+        run.history[layer] = new
+    run.previous[layer] = intercept._Chosen(chosen, n_chosen)
+    if previous is None:
+        blocked, n_blocked = chosen, n_chosen
+    else:
+        blocked = F.pad(previous, (0, sc.n_k - previous.shape[-1]), value=False) \
+            if run.masker.observers else previous  # observers read it key by key
+        n_blocked = n_previous
+    return intercept._Decision(sc, blocked, False, out, scores, sinks, chosen, n_sinks, n_blocked)
+
+
+@contextmanager
+def installed():
+    """Within the block, every intercepted one-row call in scope is decided by the kernel;
+    the others, and every call where it is not in scope, by the package as before."""
+    package_decide = intercept._Run._decide
+
+    def _decide(run, layer, a, chunk):
+        d = decide(run, layer, a, chunk) if handles(run, a) else None
+        return package_decide(run, layer, a, chunk) if d is None else d
+
+    intercept._Run._decide = _decide
+    try:
+        yield
+    finally:
+        intercept._Run._decide = package_decide
