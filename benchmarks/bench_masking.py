@@ -73,12 +73,14 @@ LABELS = {
 # path (default on CUDA) with the compiled selection, the same without compiling it or with
 # the one-launch Triton selection candidate (select_kernel.py), the materialised path (the
 # CPU's, and the GPU's before the fused path), and the same column mass from two compiled
-# FlexAttention calls (detect_backend=flex, compiled selection)
+# FlexAttention calls (detect_backend=flex, compiled selection); decoding steps also time the
+# one-launch decoding-step candidate (decode_kernel.py, c_decode), which only one-row calls take
 GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_mat", "c_flex", "d")
 GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",
     "c_kernel": "(c) fused, one-launch selection kernel (candidate)",
+    "c_decode": "(c) one-launch decoding step (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
     "d": "(d) top_k=5 current, fused",
@@ -93,6 +95,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "c": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_eager": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_kernel": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
+        "c_decode": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -102,11 +105,13 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
 
 
 @contextmanager
-def selection_of(variant: str):
-    """The selection a variant's run uses on the fused path: compiled (the package's default
-    on CUDA), eager (``c_eager``: compiled_tail.ENABLED off) or the one-launch Triton kernel
+def candidate_of(variant: str):
+    """What a variant runs besides the package's defaults on the fused path: the selection
+    eager (``c_eager``: compiled_tail.ENABLED off), the one-launch Triton selection
     (``c_kernel``: select_kernel's functions where compiled_tail would hand out its compiled
-    ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them)."""
+    ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them), or
+    the one-launch decoding step (``c_decode``: decode_kernel installed; calls out of its
+    scope, such as a prefill, run the package's fused path)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -115,7 +120,13 @@ def selection_of(variant: str):
         compiled_tail._COMPILED = select_kernel.select_and_count
         compiled_tail._COMPILED_FROM_ROWS = select_kernel.select_and_count_from_rows
     try:
-        yield
+        if variant == "c_decode":
+            import decode_kernel
+
+            with decode_kernel.installed():
+                yield
+        else:
+            yield
     finally:
         compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS = old
 
@@ -262,7 +273,7 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
                 for _ in range(passes):
                     model(input_ids=ids, attention_mask=am)
                 return "-"
-            with selection_of(n), SinkMasker(cfgs[n]).attach(model) as stats:
+            with candidate_of(n), SinkMasker(cfgs[n]).attach(model) as stats:
                 for _ in range(passes):
                     model(input_ids=ids, attention_mask=am)
             return stats.keys_masked
@@ -338,6 +349,8 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
         run_part("mass", fused_mass_check, device, heads, S)
     if "select" in parts:
         run_part("select", selection_kernel_check, device, heads, S)
+    if "decode" in parts:
+        run_part("decode", decode_kernel_check, device, hidden, heads, P)
     if "llada" in parts:
         med = bench_llada(args, device, hidden, heads, S)
     if "llada_gap" in parts:
@@ -477,6 +490,64 @@ def selection_kernel_check(device, H=32, S=700):
     sys.stdout.flush()
 
 
+def decode_kernel_check(device, hidden=4096, heads=32, P=800):
+    """The one-launch decoding-step candidate against the package's fused path, through
+    transformers' generate: on the zoo's ARM checkpoint (float32) and on a 2-layer 8B-shaped
+    Llama (bf16, random weights), left-padded prompts, both ARM rules. Call by call the same
+    keys masked, and the same tokens; it is timed as variant c_decode only where this holds.
+    (bf16 outputs may differ in their last bit, so a random model's near-tied tokens can
+    differ there; the calls are then compared up to the first differing token.)"""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("decoding-step kernel vs fused: not checked on the CPU (the kernel runs on CUDA, "
+              "or in Triton's interpreter: tests/test_decode_kernel.py)")
+        return
+    from transformers import AutoModelForCausalLM
+
+    import decode_kernel
+    from lm_eval_sinkmask.zoo import checkpoint_path
+
+    zoo_arm = AutoModelForCausalLM.from_pretrained(checkpoint_path("arm"),
+                                                  attn_implementation="sdpa").to(device).eval()
+    for what, model, length in (("zoo arm checkpoint, float32", zoo_arm, 40),
+                                (f"8B-shaped Llama, 2 layers, bf16, prompt {P}",
+                                 llama_model(2, device, hidden, heads), P)):
+        vocab = min(model.config.vocab_size, 2000)
+        ids = torch.randint(5, vocab, (4, length), generator=torch.Generator().manual_seed(2))
+        mask = torch.ones_like(ids)
+        mask[1, :length // 4] = 0
+        mask[3, :3] = 0
+        ids, mask = ids.to(device), mask.to(device)
+        for rule in ("last_row", "all_rows"):
+            runs = {}
+            for variant in ("c", "c_decode"):
+                calls = []
+                cfg = SinkMaskConfig(top_k=5, eps=0.0, detect_backend="fused")
+                with torch.inference_mode(), candidate_of(variant), SinkMasker(
+                        cfg, rule=rule, observers=[lambda e: calls.append(e.blocked.cpu())]
+                ).attach(model) as stats:
+                    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16,
+                                         do_sample=False, use_cache=True, eos_token_id=None,
+                                         pad_token_id=0)
+                runs[variant] = (out[:, length:].cpu(), calls, stats)
+            (ref, ref_calls, ref_stats), (got, got_calls, got_stats) = runs["c"], runs["c_decode"]
+            steps = ref.shape[1]  # one forward pass per new token
+            n = int((ref == got).all(dim=0).long().cumprod(0).sum())  # leading steps alike
+            # the pass that made the first differing token still saw the same inputs
+            upto = min(len(ref_calls) // steps * (n + 1), len(ref_calls))
+            layers = len(ref_calls) // steps
+            differs = [i for i, (a, b) in enumerate(zip(got_calls[:upto], ref_calls[:upto]))
+                       if not torch.equal(a.expand_as(b), b)]
+            keys = (f"the same in the first {upto} calls" if not differs else
+                    f"**DIFFERENT** from call {differs[0]} (pass {differs[0] // layers}, layer "
+                    f"{differs[0] % layers}) on, {len(differs)} of the first {upto} calls")
+            print(f"decoding-step kernel vs fused, {what}, arm_rule={rule}, batch 4 (two rows "
+                  f"left-padded), 16 tokens: tokens {'the same' if n == steps else f'the same for {n} steps, then **DIFFERENT**'}"
+                  f"; masked keys {keys}; kernel took {got_stats.detection.get(decode_kernel.NAME, 0)} of "
+                  f"{len(got_calls)} calls; keys masked {got_stats.keys_masked} vs "
+                  f"{ref_stats.keys_masked}")
+    sys.stdout.flush()
+
+
 def gpu_peak_memory(model, args):
     """Extra peak memory of one masked pass over an unmasked one, per variant."""
     device = torch.device("cuda")
@@ -541,7 +612,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
     layers = 2 if args.quick else 4
     model = llama_model(layers, device, hidden, heads)
     steps = 16
-    variants = ["a", "c", "c_eager", "c_kernel", "c_mat", "c_flex"]
+    variants = ["a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex"]
     for rule in ("last_row", "all_rows"):
         for B in (1, 8):
             ids = torch.randint(5, 2000, (B, P), generator=torch.Generator().manual_seed(1))
@@ -554,7 +625,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
                         if cfgs[n] is None:
                             generate_cached(model, ids, decode)
                             return "-"
-                        with selection_of(n), \
+                        with candidate_of(n), \
                                 SinkMasker(cfgs[n], rule=rule).attach(model) as stats:
                             generate_cached(model, ids, decode)
                         return stats.keys_masked
@@ -862,9 +933,10 @@ def main(argv=None):
     ap.add_argument("--only", default=None,
                     help="sections to run, e.g. 1,4 (default 1,2,3,4,5,6; with --gpu 3: the CPU "
                          "sections take longer than a lent GPU's 10-minute command)")
-    ap.add_argument("--gpu-parts", default="mass,select,llada,llada_gap,llada_kernels,llama,zoo",
+    ap.add_argument("--gpu-parts", default="mass,select,decode,llada,llada_gap,llada_kernels,llama,zoo",
                     help="parts of section 3: mass (kernels vs reference), select (the "
-                         "one-launch selection candidate vs the package's), llada (8B-shaped "
+                         "one-launch selection candidate vs the package's), decode (the "
+                         "one-launch decoding-step candidate vs the fused path), llada (8B-shaped "
                          "forward, batch 8 and 1), llada_gap (batch 8 unpadded at S 700 and "
                          "1056, padded at 1056), llada_kernels (the same with the "
                          "memory-efficient kernel off, as LLaDA's code sets it), llama "

@@ -148,7 +148,7 @@ esac
                        check=True, capture_output=True, timeout=60)
     finally:
         os.kill(int((run / "gpu_zoo.pid").read_text()), signal.SIGKILL)
-    assert "benchmarks/bench_masking.py --gpu --gpu-parts mass,select,zoo" in (
+    assert "benchmarks/bench_masking.py --gpu --gpu-parts mass,select,decode,zoo" in (
         run / "bench_checks.log").read_text()
     listed = subprocess.run(["tar", "tzf", str(out / "logs.tgz")], capture_output=True,
                             text=True, check=True).stdout.split()
@@ -320,7 +320,7 @@ def test_bench_call_runs_the_checks_unless_told_they_were_done(tmp_path, checks)
                    capture_output=True, timeout=60)
     ran = calls.read_text()
     assert ("-m pytest" in ran) == (checks == "1")
-    assert ("--gpu-parts mass,select,zoo" in ran) == (checks == "1")
+    assert ("--gpu-parts mass,select,decode,zoo" in ran) == (checks == "1")
     assert "--gpu-parts llada,llada_gap --gpu-profile" in ran
     assert "--gpu-parts llama --gpu-profile" in ran
     summary = (out / "summary.txt").read_text()

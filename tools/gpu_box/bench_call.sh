@@ -47,7 +47,7 @@ else
     step "cuda tests" 0 timeout "$checks_budget" python3 -m pytest -q -p no:cacheprovider -rs \
         tests/test_fused_mass.py tests/test_flex_mass.py \
         -k "cuda and (test_fused_mass or detection_masks)" > "$out/cuda_tests.log" 2>&1 &
-    step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,select,zoo \
+    step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,select,decode,zoo \
         > "$out/bench_checks.md" 2>&1 &
     wait
 fi

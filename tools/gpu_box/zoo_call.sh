@@ -64,7 +64,7 @@ start_tests() {
     # the bench's parts that time nothing (kernels vs reference; the zoo checkpoint's tokens
     # and masked keys, CUDA against CPU): beside the training, so that the device time after
     # it goes to the timings alone
-    start bench_checks python3 benchmarks/bench_masking.py --gpu --gpu-parts mass,select,zoo
+    start bench_checks python3 benchmarks/bench_masking.py --gpu --gpu-parts mass,select,decode,zoo
 }
 
 if [ ! -f $run/DONE ] && ! alive $run/gpu_zoo.pid; then
