@@ -888,7 +888,7 @@ def bench_op_counts(args):
           "| of which selection | per pass |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for scenario in op_counts.SCENARIOS:
-        for path in op_counts.PATHS:
+        for path in op_counts.paths(scenario):
             c = op_counts.compare(scenario, path)
             print(f"| {scenario} | {path} | {c.unmasked_call} | {c.masked_call} "
                   f"| {c.outside_per_layer} | {c.extra_per_call} | {c.selection} "
@@ -902,7 +902,7 @@ def bench_op_counts(args):
     print("| call | path | unmasked us | masked us | added us | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for scenario in op_counts.SCENARIOS:
-        for path in op_counts.PATHS:
+        for path in op_counts.paths(scenario):
             t = op_counts.host_time(scenario, path, repeats=args.repeats)
             print(f"| {scenario} | {path} | {t.unmasked:,.0f} | {t.masked:,.0f} "
                   f"| {t.added:,.0f} | {t.masked / t.unmasked:.2f} |")

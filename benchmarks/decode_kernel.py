@@ -35,9 +35,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask import fused_mass, intercept
 from lm_eval_sinkmask.attention_view import Detection, Scores
-from lm_eval_sinkmask.fused_mass import triton_runs_on
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows use the package
 BLOCK_N = 64  # keys per tile of the two passes over K and V
@@ -160,7 +159,9 @@ def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
 
 
 def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
+    """The power of two at or above ``n``, at least 16 (a block size); in Python, because
+    ``triton.next_power_of_2`` is a JIT function whose call costs microseconds per launch."""
+    return max(16, 1 << (n - 1).bit_length())
 
 
 def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | None,
@@ -193,7 +194,7 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
     scratch = torch.empty(B * H, n_k, device=dev, dtype=torch.float32)
     scores = torch.empty(B, H, n_k, device=dev, dtype=torch.float32)
     sinks = torch.empty(B, H, n_k, device=dev, dtype=torch.bool)
-    chosen = torch.empty_like(sinks)
+    chosen = torch.empty(B, H, n_k, device=dev, dtype=torch.bool)
     tally = torch.zeros(2, device=dev, dtype=torch.int64)
     if history is not None:
         old_mass, old_rows = history.mass, history.rows.expand(B, 1, history.rows.shape[-1])
@@ -230,7 +231,8 @@ def handles(run, a: dict) -> bool:
     """Whether this call is in the kernel's scope (see the module docstring); the mask is
     checked once its view is made (:func:`decide`)."""
     cfg, q = run.config, a["query"]
-    return (q.shape[-2] == 1 and a["key"].shape[-2] <= MAX_KEYS and triton_runs_on(q.device)
+    return (q.shape[-2] == 1 and a["key"].shape[-2] <= MAX_KEYS
+            and fused_mass.triton_runs_on(q.device)
             and cfg.granularity == "head" and cfg.mask_target == "sinks"
             and not (cfg.sink_token == "exclude" and run.masker.extra_keys is not None)
             and run.masker.rule in ("last_row", "all_rows")

@@ -19,9 +19,11 @@ What is counted, per scenario (the tiny models of tests/tiny.py, CPU):
   depths, split into a part per layer (the model handling the masked output differently)
   and a part per pass (the hooks that open and close a pass).
 
-Paths: ``materialized`` (the CPU's: detection and output from float32 probabilities) and
+Paths: ``materialized`` (the CPU's: detection and output from float32 probabilities),
 ``fused`` (the CUDA default, as a GPU runs it: the output from the model's SDPA kernel with the
-sinks hidden, the column mass from two Triton kernel launches, which here are only counted).
+sinks hidden, the column mass from two Triton kernel launches, which here are only counted)
+and, for decoding steps, ``decode`` (the fused path with the one-launch decoding-step
+candidate of decode_kernel.py installed, its launch counted as one).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from lm_eval_sinkmask import compiled_tail, fused_mass, intercept  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 
-PATHS = ("materialized", "fused")
+PATHS = ("materialized", "fused", "decode")
 SCENARIOS = ("llada batch 1", "llada batch 8", "llama decode last_row", "llama decode all_rows")
 
 
@@ -94,10 +96,26 @@ class _CountedKernel:
         return lambda *args, **kwargs: self.counter.count(f"triton.{self.name}")
 
 
+def paths(scenario: str) -> tuple[str, ...]:
+    """The paths a scenario is counted on: ``decode`` only where calls have one query row
+    (elsewhere it is the fused path), and only where Triton is installed."""
+    import importlib.util
+
+    one_row = scenario.startswith("llama") and importlib.util.find_spec("triton") is not None
+    return PATHS if one_row else PATHS[:2]
+
+
+def path_on_cpu(path: str, counter: OpCounter):
+    """The block in which a masked run takes ``path``: the fused ones as on a GPU."""
+    return as_on_a_gpu(counter, decode=path == "decode") if path != "materialized" \
+        else nullcontext()
+
+
 @contextmanager
-def as_on_a_gpu(counter: OpCounter):
+def as_on_a_gpu(counter: OpCounter, decode: bool = False):
     """The intercept's choices as on CUDA, on CPU tensors: the masked output from the model's
-    SDPA kernel, and the fused path's Triton launches counted instead of run."""
+    SDPA kernel, and the fused path's Triton launches counted instead of run; with
+    ``decode``, the decoding-step candidate installed, its launch counted instead of run."""
     kernels = types.SimpleNamespace(row_lse_kernel=_CountedKernel(counter, "row_lse_kernel"),
                                     column_mass_kernel=_CountedKernel(counter, "column_mass_kernel"))
     saved = (intercept._output_from_scores, fused_mass.triton_runs_on, fused_mass._kernels)
@@ -105,7 +123,18 @@ def as_on_a_gpu(counter: OpCounter):
     fused_mass.triton_runs_on = lambda device: True
     fused_mass._kernels = lambda: kernels
     try:
-        yield
+        if decode:
+            import decode_kernel
+
+            kernel, decode_kernel._decode_kernel = (decode_kernel._decode_kernel,
+                                                    _CountedKernel(counter, "decode_kernel"))
+            try:
+                with decode_kernel.installed():
+                    yield
+            finally:
+                decode_kernel._decode_kernel = kernel
+        else:
+            yield
     finally:
         intercept._output_from_scores, fused_mass.triton_runs_on, fused_mass._kernels = saved
 
@@ -214,7 +243,8 @@ def _passes(scenario: str, layers: int = 3, passes: int = 3):
 
 def config_of(path: str) -> SinkMaskConfig:
     """top_k 5 with detect=previous, eps 0: every layer of a random-init model then masks."""
-    return SinkMaskConfig(top_k=5, eps=0.0, detect="previous", detect_backend=path)
+    backend = "fused" if path == "decode" else path
+    return SinkMaskConfig(top_k=5, eps=0.0, detect="previous", detect_backend=backend)
 
 
 @dataclass
@@ -250,7 +280,7 @@ def compare(scenario: str, path: str, layers=(2, 3)) -> Comparison:
         for masked in (False, True):
             counter = OpCounter()
             model, passes, rule = _passes(scenario, n)
-            with as_on_a_gpu(counter) if path == "fused" and masked else nullcontext():
+            with path_on_cpu(path, counter) if masked else nullcontext():
                 counts[n, masked] = _count_last_pass(model, passes, config_of(path) if masked
                                                      else None, rule, counter)
     outside = {n: counts[n, True].outside - counts[n, False].outside for n in layers}
@@ -267,7 +297,7 @@ def op_table(scenario: str, path: str) -> dict:
     def counted(config):
         counter = OpCounter()
         model, passes, rule = _passes(scenario)
-        with as_on_a_gpu(counter) if path == "fused" and config else nullcontext():
+        with path_on_cpu(path, counter) if config else nullcontext():
             result = _count_last_pass(model, passes, config, rule, counter)
         return result, counter
 
@@ -313,8 +343,7 @@ def host_time(scenario: str, path: str, layers: int = 3, timed: int = 20,
             model, passes, rule = _passes(scenario, layers, passes=2 + timed)
             with torch.no_grad(), ExitStack() as stack:
                 if masked:
-                    if path == "fused":
-                        stack.enter_context(as_on_a_gpu(OpCounter()))
+                    stack.enter_context(path_on_cpu(path, OpCounter()))
                     stack.enter_context(SinkMasker(config_of(path), rule=rule).attach(model))
                 for run in passes[:2]:  # the prefill, or a first pass: detect=previous's sinks
                     run()
