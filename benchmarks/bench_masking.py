@@ -898,7 +898,8 @@ def bench_op_counts(args):
           f"{args.repeats} interleaved runs of 20 passes or decoding steps): at these sizes "
           "the arithmetic is negligible, so it is what the host spends per call, which a GPU "
           "at batch 1 or in a decoding step waits on. The fused path as on CUDA (its Triton "
-          "launches stubbed), the selection eager.\n")
+          "launches stubbed), the selection eager; decode: the decoding-step candidate "
+          "(decode_kernel.py), its launch stubbed.\n")
     print("| call | path | unmasked us | masked us | added us | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for scenario in op_counts.SCENARIOS:
