@@ -28,15 +28,13 @@ way; the checks compare chosen keys and tokens.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lm_eval_sinkmask import fused_mass, intercept
+import taken_calls
 from lm_eval_sinkmask.attention_view import Detection, Scores
+from select_kernel import top_k_of
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows use the package
 BLOCK_N = 64  # keys per tile of the two passes over K and V
@@ -108,14 +106,7 @@ def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
     total = tl.sum(scores, axis=0)
     sinks = seen & (n_keys > 1.0) & (scores > (total - scores) / others + eps)
 
-    # top-k by repeated argmax, ties to the lower position (metric.top_k_sinks' stable sort)
-    ranked = tl.where(sinks, scores, float("-inf"))
-    chosen = offs < 0
-    for _ in tl.static_range(TOP_K):
-        at = tl.argmax(ranked, axis=0, tie_break_left=True)
-        hit = (offs == at) & (ranked > float("-inf"))
-        chosen = chosen | hit
-        ranked = tl.where(hit, float("-inf"), ranked)
+    chosen = top_k_of(scores, sinks, offs, TOP_K)
 
     out = pid * n_k + offs
     tl.store(SCORES + out, scores, mask=in_k)
@@ -230,13 +221,8 @@ def _head_strides(t: torch.Tensor, H: int) -> tuple[int, int, int]:
 def handles(run, a: dict) -> bool:
     """Whether this call is in the kernel's scope (see the module docstring); the mask is
     checked once its view is made (:func:`decide`)."""
-    cfg, q = run.config, a["query"]
-    return (q.shape[-2] == 1 and a["key"].shape[-2] <= MAX_KEYS
-            and fused_mass.triton_runs_on(q.device)
-            and cfg.granularity == "head" and cfg.mask_target == "sinks"
-            and not (cfg.sink_token == "exclude" and run.masker.extra_keys is not None)
-            and run.masker.rule in ("last_row", "all_rows")
-            and q.dtype in (torch.float16, torch.bfloat16, torch.float32))
+    return (a["query"].shape[-2] == 1 and taken_calls.in_scope(run, a, MAX_KEYS)
+            and run.config.granularity == "head" and run.masker.rule in ("last_row", "all_rows"))
 
 
 def decide(run, layer: int, a: dict, chunk: int):
@@ -244,16 +230,11 @@ def decide(run, layer: int, a: dict, chunk: int):
     pass's sinks and choice, the masked output) from :func:`masked_decode`, with the run's
     state (last pass's choice, the all_rows history, the stats) kept as the package keeps
     it. None where the mask is out of scope."""
-    query, key = a["query"], a["key"]
-    mask = run._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0], 1,
-                          key.shape[-2], query.device, chunk)
-    if not mask.key_only or mask.rows.shape[1] != 1:
+    mask = taken_calls.key_only_view(run, a, chunk)
+    if mask is None:
         return None
-    sc = Scores(query, key, a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
-    previous, n_previous = None, None
-    kept = run.previous.get(layer) if run.config.detect == "previous" else None
-    if kept is not None and kept.keys.shape[0] == sc.batch and kept.keys.shape[-1] <= sc.n_k:
-        previous, n_previous = kept.keys, kept.count
+    sc = taken_calls.scores_of(a, mask)
+    previous, n_previous = taken_calls.previous_choice(run, layer, sc)
     history = None
     if run.masker.rule == "all_rows":
         old = run.history.get(layer)
@@ -261,35 +242,16 @@ def decide(run, layer: int, a: dict, chunk: int):
                 and old.mass.shape[-1] + 1 == sc.n_k:
             history = old
         else:  # start over, as _Run._with_history does: no rows before this one
-            history = Detection(query.new_zeros(sc.batch, sc.heads, 0, dtype=torch.float32),
+            history = Detection(sc.query.new_zeros(sc.batch, sc.heads, 0, dtype=torch.float32),
                                 mask.rows.new_zeros(sc.batch, 1, 0))
-    out, scores, sinks, chosen, n_sinks, n_chosen, new = masked_decode(
-        sc, eps=run.config.eps, k=run.config.top_k, previous=previous, history=history)
-    run.stats.count_detection(NAME)
+    out, *selected, new = masked_decode(sc, eps=run.config.eps, k=run.config.top_k,
+                                        previous=previous, history=history)
     if new is not None:
         run.history[layer] = new
-    run.previous[layer] = intercept._Chosen(chosen, n_chosen)
-    if previous is None:
-        blocked, n_blocked = chosen, n_chosen
-    else:
-        blocked = F.pad(previous, (0, sc.n_k - previous.shape[-1]), value=False) \
-            if run.masker.observers else previous  # observers read it key by key
-        n_blocked = n_previous
-    return intercept._Decision(sc, blocked, False, out, scores, sinks, chosen, n_sinks, n_blocked)
+    return taken_calls.decision(run, layer, sc, out, selected, previous, n_previous, NAME)
 
 
-@contextmanager
 def installed():
-    """Within the block, every intercepted one-row call in scope is decided by the kernel;
-    the others, and every call where it is not in scope, by the package as before."""
-    package_decide = intercept._Run._decide
-
-    def _decide(run, layer, a, chunk):
-        d = decide(run, layer, a, chunk) if handles(run, a) else None
-        return package_decide(run, layer, a, chunk) if d is None else d
-
-    intercept._Run._decide = _decide
-    try:
-        yield
-    finally:
-        intercept._Run._decide = package_decide
+    """A block within which every intercepted one-row call in scope is decided by the
+    kernel; the others, and every call where it is not in scope, by the package as before."""
+    return taken_calls.taken_by(handles, decide)

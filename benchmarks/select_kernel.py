@@ -26,19 +26,39 @@ import torch
 import triton
 import triton.language as tl
 
-from lm_eval_sinkmask import compiled_tail
+import taken_calls
+from lm_eval_sinkmask import compiled_tail, intercept
 from lm_eval_sinkmask.metric import KeyCounts, key_counts
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows stay eager
 
 
 @triton.jit
+def top_k_of(scores, sinks, offs, K: tl.constexpr):
+    """The top-K sinks of one row by repeated argmax: the largest remaining sink, ties to the
+    lower position (as :func:`metric.top_k_sinks`' stable descending sort); a row with fewer
+    than K sinks chooses all of them."""
+    ranked = tl.where(sinks, scores, float("-inf"))
+    chosen = offs < 0
+    for _ in tl.static_range(K):
+        at = tl.argmax(ranked, axis=0, tie_break_left=True)
+        hit = (offs == at) & (ranked > float("-inf"))  # -inf left: no sink to choose
+        chosen = chosen | hit
+        ranked = tl.where(hit, float("-inf"), ranked)
+    return chosen
+
+
+@triton.jit
 def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CHOSEN, COUNTS,
-                   H, H_OUT, n_k, eps,
+                   BLOCKED, M, BIAS,
+                   H, H_OUT, n_k, n_blocked, eps, hidden_below,
                    s_mb, s_mh, s_mn, s_ub, s_uh, s_un, s_rb, s_rh, s_rn, s_sb, s_sn,
-                   s_nb, s_ob,
-                   K: tl.constexpr, PER_LAYER: tl.constexpr, BLOCK: tl.constexpr):
-    """One (batch element, head) row: scores, Eq. 3 sinks and the top-K of them."""
+                   s_nb, s_ob, s_bb, s_bh, s_bn, s_Mb, s_Mh, s_Mn,
+                   K: tl.constexpr, PER_LAYER: tl.constexpr, BLOCK: tl.constexpr,
+                   WRITE_BIAS: tl.constexpr, HAS_BLOCKED: tl.constexpr,
+                   HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr):
+    """One (batch element, head) row: scores, Eq. 3 sinks and the top-K of them; with
+    WRITE_BIAS also the row's additive mask for the masked output (see :func:`_output_bias`)."""
     pid = tl.program_id(0)
     b = pid // H_OUT
     h = pid % H_OUT
@@ -61,15 +81,7 @@ def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CH
     total = tl.sum(scores, axis=0)
     sinks = several & (scores > (total - scores) / others + eps)
 
-    # top-K by repeated argmax: the largest remaining sink, ties to the lower position (as a
-    # stable descending sort); a row with fewer than K sinks chooses all of them
-    ranked = tl.where(sinks, scores, float("-inf"))
-    chosen = offs < 0
-    for _ in tl.static_range(K):
-        at = tl.argmax(ranked, axis=0, tie_break_left=True)
-        hit = (offs == at) & (ranked > float("-inf"))  # -inf left: no sink to choose
-        chosen = chosen | hit
-        ranked = tl.where(hit, float("-inf"), ranked)
+    chosen = top_k_of(scores, sinks, offs, K)
 
     out = pid * n_k + offs
     tl.store(SCORES + out, scores, mask=in_k)
@@ -77,6 +89,38 @@ def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CH
     tl.store(CHOSEN + out, chosen, mask=in_k)
     tl.atomic_add(COUNTS, tl.sum(sinks.to(tl.int64), axis=0))
     tl.atomic_add(COUNTS + 1, tl.sum(chosen.to(tl.int64), axis=0))
+    if WRITE_BIAS:
+        if HAS_BLOCKED:  # last pass's choice; keys past n_blocked are new and stay
+            blocked = tl.load(BLOCKED + b * s_bb + h * s_bh + offs * s_bn,
+                              mask=offs < n_blocked, other=0) != 0
+        else:
+            blocked = chosen
+        bias = _output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
+                            BLOCK, HAS_MASK, MASK_BOOL)
+        tl.store(BIAS + out, bias.to(BIAS.dtype.element_ty), mask=in_k)
+
+
+@triton.jit
+def _output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
+                 BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr):
+    """The additive mask of a call whose model mask does not depend on the query row: the
+    model's own (its float values, or 0 / -inf for a bool mask) with the blocked keys
+    hidden, unless they are every key the row sees (it then keeps its scores), as the
+    package's output mask does; a float mask hides them with its dtype's minimum, as there."""
+    visible = in_k
+    model = tl.zeros([BLOCK], tl.float32)
+    if HAS_MASK:
+        mv = tl.load(M + b * s_Mb + h * s_Mh + offs * s_Mn, mask=in_k, other=0)
+        if MASK_BOOL:
+            visible = visible & (mv != 0)
+        else:
+            model = mv.to(tl.float32)
+            visible = visible & (model > hidden_below)
+    keeps = tl.sum((visible & ~blocked).to(tl.int32), axis=0) + tl.zeros([BLOCK], tl.int32) > 0
+    drop = blocked & keeps
+    if HAS_MASK and not MASK_BOOL:
+        return tl.where(drop, hidden_below * 2, model)  # hidden_below is finfo.min / 2
+    return tl.where(drop | ~visible, float("-inf"), 0.0)
 
 
 def select_and_count(mass: torch.Tensor, counts: KeyCounts, *, eps: float, k: int,
@@ -86,22 +130,55 @@ def select_and_count(mass: torch.Tensor, counts: KeyCounts, *, eps: float, k: in
     B, H, n_k = mass.shape
     if n_k > MAX_KEYS or mass.dtype != torch.float32:
         return compiled_tail.select_and_count(mass, counts, eps=eps, k=k, per_layer=per_layer)
+    return _launch(mass, counts, eps, k, per_layer)[:5]
+
+
+def _launch(mass, counts: KeyCounts, eps, k, per_layer, blocked=None, model_mask=None,
+            bias_dtype=None):
+    """The kernel over mass [B, H, Sk]: (scores, sinks, chosen, number of sinks, number
+    chosen, output bias [B, H or 1, Sk] or None). With ``bias_dtype`` it also writes the
+    additive output mask hiding ``blocked`` [B, H or 1, S' <= Sk] (or, None, this call's own
+    choice) under ``model_mask`` (None, or bool/float broadcastable to [B, H or 1, 1, Sk])."""
+    B, H, n_k = mass.shape
+    dev = mass.device
     h_out = 1 if per_layer else H
     unseen = counts.unseen.expand(B, h_out, n_k)
     rows = counts.rows.expand(B, h_out, n_k)
-    scores = torch.empty(B, h_out, n_k, device=mass.device, dtype=mass.dtype)
-    sinks = torch.empty(B, h_out, n_k, device=mass.device, dtype=torch.bool)
-    chosen = torch.empty_like(sinks)
-    tally = torch.zeros(2, device=mass.device, dtype=torch.int64)
+    scores = torch.empty(B, h_out, n_k, device=dev, dtype=mass.dtype)
+    sinks = torch.empty(B, h_out, n_k, device=dev, dtype=torch.bool)
+    chosen = torch.empty(B, h_out, n_k, device=dev, dtype=torch.bool)
+    tally = torch.zeros(2, device=dev, dtype=torch.int64)
+    bias = None if bias_dtype is None else torch.empty(B, h_out, n_k, device=dev, dtype=bias_dtype)
+    m, hidden_below = _key_mask(model_mask, B, h_out, n_k)
+    if m is None:
+        m = mass  # never read
+    blk = blocked.expand(B, h_out, blocked.shape[-1]) if blocked is not None else sinks
+    if blk.dtype == torch.bool:
+        blk = blk.view(torch.uint8)
     _select_kernel[(B * h_out,)](
         mass, unseen, rows, counts.n_keys, counts.others, counts.several,
-        scores, sinks, chosen, tally,
-        H, h_out, n_k, float(eps),
+        scores, sinks, chosen, tally, blk, m, scores if bias is None else bias,
+        H, h_out, n_k, blk.shape[-1] if blocked is not None else 0, float(eps), hidden_below,
         *mass.stride(), *unseen.stride(), *rows.stride(),
         counts.several.stride(0), counts.several.stride(2),
-        counts.n_keys.stride(0), counts.others.stride(0),
-        K=max(int(k), 0), PER_LAYER=bool(per_layer), BLOCK=triton.next_power_of_2(n_k))
-    return scores, sinks, chosen, tally[0], tally[1]
+        counts.n_keys.stride(0), counts.others.stride(0), *blk.stride(),
+        m.stride(0), m.stride(1), m.stride(-1),
+        K=max(int(k), 0), PER_LAYER=bool(per_layer), BLOCK=max(16, 1 << (n_k - 1).bit_length()),
+        WRITE_BIAS=bias is not None, HAS_BLOCKED=blocked is not None,
+        HAS_MASK=model_mask is not None,
+        MASK_BOOL=model_mask is not None and model_mask.dtype == torch.bool)
+    return scores, sinks, chosen, tally[0], tally[1], bias
+
+
+def _key_mask(mask, B, h_out, n_k):
+    """(tensor [B, H or 1, Sk] to read, the hidden_below threshold) of a key-only model mask
+    [B or 1, 1, 1, Sk], or (None, 0.0) where there is none."""
+    if mask is None:
+        return None, 0.0
+    m = mask.expand(B, h_out, 1, n_k)[:, :, 0]
+    if mask.dtype == torch.bool:
+        return m.view(torch.uint8), 0.0
+    return m, float(torch.finfo(mask.dtype).min) / 2
 
 
 def select_and_count_from_rows(mass, rows, key_valid, *, eps, k, per_layer):
@@ -109,3 +186,46 @@ def select_and_count_from_rows(mass, rows, key_valid, *, eps, k, per_layer):
     (eager, as the package makes them), then the one-launch selection."""
     counts = key_counts(rows, key_valid, per_layer=per_layer, dtype=mass.dtype)
     return select_and_count(mass, counts, eps=eps, k=k, per_layer=per_layer)
+
+
+# -- the call path (variant c_call): detection, the selection and the output mask -------------
+
+CALL_NAME = "fused+select_kernel"  # the detection counter's name for calls taken here
+
+
+def handles_call(run, a: dict) -> bool:
+    """Whether a call of several query rows is in the call path's scope: one whose mask does
+    not depend on the row (a DLM's; checked once its view is made), either granularity,
+    under a rule whose row counts the pass's mask gives (not all_rows)."""
+    return (a["query"].shape[-2] > 1 and taken_calls.in_scope(run, a, MAX_KEYS)
+            and run.masker.rule != "all_rows")
+
+
+def decide_call(run, layer: int, a: dict, chunk: int):
+    """``_Run._decide`` for a call in scope, in five launches: the fused path's two detection
+    kernels, a memset and the selection kernel, which also writes the output's additive mask
+    (last pass's choice hidden under the model's own mask), and the model's SDPA given that
+    mask. The package's fused path makes the same mask and output from about 20 more ops."""
+    mask = taken_calls.key_only_view(run, a, chunk)
+    if mask is None:
+        return None
+    sc = taken_calls.scores_of(a, mask)
+    det = intercept._column_mass_detection(sc, "fused", checked=False)
+    previous, n_previous = taken_calls.previous_choice(run, layer, sc)
+    per_layer = run.config.granularity == "layer"
+    given = mask.attn_mask
+    *selected, bias = _launch(
+        det.mass, mask.key_counts(per_layer, det.mass.dtype), run.config.eps,
+        run.config.top_k, per_layer, blocked=previous, model_mask=given,
+        bias_dtype=sc.dtype if given is None or given.dtype == torch.bool else given.dtype)
+    kw = {"scale": a.get("scale")}
+    if a.get("enable_gqa"):
+        kw["enable_gqa"] = True
+    out = run.original(sc.query, sc.key, sc.value, attn_mask=bias[:, :, None, :], **kw)
+    return taken_calls.decision(run, layer, sc, out, selected, previous, n_previous, CALL_NAME)
+
+
+def call_path_installed():
+    """A block within which every intercepted call in the call path's scope is decided by
+    :func:`decide_call`; the others by the package as before."""
+    return taken_calls.taken_by(handles_call, decide_call)

@@ -1,4 +1,6 @@
-"""Run a test file as a child process under Triton's interpreter and read its results.
+"""Run a test file as a child process under Triton's interpreter and read its results; and,
+in that child, run the same passes through the intercept with and without a candidate kernel
+of benchmarks/ and compare them call by call.
 
 ``TRITON_INTERPRET=1`` must be set before Triton compiles anything, so the Triton checks run
 their cases in one child (the test file run as a script), which prints one JSON line per case.
@@ -24,3 +26,70 @@ def interpreted_results(script: str, *paths: Path) -> dict[str, dict]:
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+
+
+def compared_with_the_package(case: str, installed, name: str, model, rule: str, detect: str,
+                              run, *, top_k: int, eps: float, tol: float, takes,
+                              granularity: str = "head") -> dict:
+    """``run`` (the model's passes, returning its final logits) through the intercept as the
+    package runs on the CPU, then within ``installed()`` (a candidate taking some calls, its
+    detections counted under ``name``), compared: every call's sinks, chosen and blocked
+    keys, the stats, the scores (relative to max(|score|, 1); over all calls and over the
+    first layer's, whose inputs are the same both ways), the logits (within ``tol``) and
+    their argmax. ``takes(query)``: whether the candidate should take a call."""
+    import torch
+
+    cfg = dict(top_k=top_k, eps=eps, detect=detect, granularity=granularity)
+    package = _intercepted(model, rule, cfg, run, None, takes)
+    kernel = _intercepted(model, rule, cfg, run, installed, takes)
+    (pe, ps, pl, n_taken), (ke, ks, kl, _) = package, kernel
+    same = len(pe) == len(ke)
+    pairs = list(zip(pe, ke))
+    return {
+        "case": case, "calls": len(pe), "taken_calls": n_taken,
+        "kernel_calls": ks.detection.get(name, 0),
+        "blocked": int(sum(int(e.blocked.sum()) for e in pe)),
+        "same_sinks": same and all(torch.equal(a.sinks, b.sinks) for a, b in pairs),
+        "same_chosen": same and all(torch.equal(a.chosen, b.chosen) for a, b in pairs),
+        "same_blocked": same and all(torch.equal(a.blocked.expand_as(b.blocked), b.blocked)
+                                     for a, b in pairs),
+        "first_layer_same_chosen": same and all(torch.equal(a.chosen, b.chosen)
+                                                for a, b in pairs if a.layer == 0),
+        "same_stats": (ps.sinks_detected, ps.keys_masked) == (ks.sinks_detected, ks.keys_masked),
+        "scores_max_diff": max(_score_diff(a, b) for a, b in pairs),
+        "first_layer_scores_max_diff": max(_score_diff(a, b) for a, b in pairs if a.layer == 0),
+        "output_max_diff": float((pl - kl).abs().max()), "output_tol": tol,
+        "same_tokens": bool(torch.equal(pl.argmax(-1), kl.argmax(-1))),
+    }
+
+
+def _intercepted(model, rule, cfg: dict, run, installed, takes):
+    """(events, stats, final logits, calls the candidate should take) of ``run`` through the
+    intercept, within ``installed()`` where given."""
+    from contextlib import nullcontext
+
+    import torch
+    import torch.nn.functional as F
+
+    from lm_eval_sinkmask.config import SinkMaskConfig
+    from lm_eval_sinkmask.intercept import SinkMasker
+
+    events, taken = [], []
+    with torch.no_grad(), (installed() if installed else nullcontext()), \
+            SinkMasker(SinkMaskConfig(**cfg), rule=rule, observers=[events.append]).attach(model) as stats:
+        intercepted = F.scaled_dot_product_attention
+
+        def counted(query, *args, **kwargs):
+            taken.append(takes(query))
+            return intercepted(query, *args, **kwargs)
+
+        F.scaled_dot_product_attention = counted
+        try:
+            logits = run()
+        finally:
+            F.scaled_dot_product_attention = intercepted
+    return events, stats, logits, sum(taken)
+
+
+def _score_diff(a, b) -> float:
+    return float(((a.scores - b.scores).abs() / a.scores.abs().clamp(min=1)).max())

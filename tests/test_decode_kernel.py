@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.interpreted import interpreted_results
+from tests.interpreted import compared_with_the_package, interpreted_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def interpreted():
 @pytest.mark.parametrize("case", MODEL_CASES + SYNTHETIC_CASES)
 def test_the_kernel_decides_what_the_package_decides(interpreted, case):
     r = interpreted[case]
-    assert r["kernel_calls"] == r["one_row_calls"] > 0, r  # every one-row call took the kernel
+    assert r["kernel_calls"] == r["taken_calls"] > 0, r  # every one-row call took the kernel
     assert r["same_sinks"] and r["same_chosen"] and r["same_blocked"] and r["same_stats"], r
     # relative to max(|score|, 1); the first layer's calls see the same inputs both ways
     assert r["first_layer_scores_max_diff"] <= 1e-5, r
@@ -150,63 +150,9 @@ def _synthetic_case(name: str):
     return model, "last_row", "current" if name.endswith("current") else "previous", model
 
 
-def _run(model, rule, detect, run, top_k, eps, kernel: bool):
-    """(events, stats, final logits, one-row calls) of ``run`` through the intercept, with
-    the kernel installed or as the package runs on the CPU."""
-    from contextlib import nullcontext
-
-    import torch
-    import torch.nn.functional as F
-
-    import decode_kernel
-    from lm_eval_sinkmask.config import SinkMaskConfig
-    from lm_eval_sinkmask.intercept import SinkMasker
-
-    events, one_row = [], []
-    cfg = SinkMaskConfig(top_k=top_k, eps=eps, detect=detect)
-    with torch.no_grad(), (decode_kernel.installed() if kernel else nullcontext()), \
-            SinkMasker(cfg, rule=rule, observers=[events.append]).attach(model) as stats:
-        intercepted = F.scaled_dot_product_attention
-
-        def counted(query, *args, **kwargs):
-            one_row.append(query.shape[-2] == 1)
-            return intercepted(query, *args, **kwargs)
-
-        F.scaled_dot_product_attention = counted
-        try:
-            logits = run()
-        finally:
-            F.scaled_dot_product_attention = intercepted
-    return events, stats, logits, sum(one_row)
-
-
-def _compare(name, package, kernel, tol):
-    import torch
-
-    (pe, ps, pl, n_one_row), (ke, ks, kl, _) = package, kernel
-    same = len(pe) == len(ke)
-    pairs = list(zip(pe, ke))
-    return {
-        "case": name, "calls": len(pe), "one_row_calls": n_one_row,
-        "kernel_calls": ks.detection.get("decode_kernel", 0),
-        "blocked": int(sum(int(e.blocked.sum()) for e in pe)),
-        "same_sinks": same and all(torch.equal(a.sinks, b.sinks) for a, b in pairs),
-        "same_chosen": same and all(torch.equal(a.chosen, b.chosen) for a, b in pairs),
-        "same_blocked": same and all(torch.equal(a.blocked.expand_as(b.blocked), b.blocked)
-                                     for a, b in pairs),
-        "same_stats": (ps.sinks_detected, ps.keys_masked) == (ks.sinks_detected, ks.keys_masked),
-        "scores_max_diff": max(_score_diff(a, b) for a, b in pairs),
-        "first_layer_scores_max_diff": max(_score_diff(a, b) for a, b in pairs if a.layer == 0),
-        "output_max_diff": float((pl - kl).abs().max()), "output_tol": tol,
-        "same_tokens": bool(torch.equal(pl.argmax(-1), kl.argmax(-1))),
-    }
-
-
-def _score_diff(a, b) -> float:
-    return float(((a.scores - b.scores).abs() / a.scores.abs().clamp(min=1)).max())
-
-
 def _results():
+    import decode_kernel
+
     for name in MODEL_CASES + SYNTHETIC_CASES:
         if name in MODEL_CASES:
             model, rule, detect, run = _model_case(name)
@@ -218,9 +164,9 @@ def _results():
         # eps < 0 admits keys below the others' mean: every key a sink, so element 2 of
         # all_visible_blocked has each key it sees blocked, and keeps its scores
         eps = -10.0 if name == "all_visible_blocked" else 0.0
-        package = _run(model, rule, detect, run, top_k, eps, kernel=False)
-        kernel = _run(model, rule, detect, run, top_k, eps, kernel=True)
-        yield _compare(name, package, kernel, tol)
+        yield compared_with_the_package(name, decode_kernel.installed, decode_kernel.NAME,
+                                        model, rule, detect, run, top_k=top_k, eps=eps,
+                                        tol=tol, takes=lambda query: query.shape[-2] == 1)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ UNIT_CASES = ["bidirectional_padded", "causal_rows", "per_head_rows", "per_layer
               "one_valid_key"]
 MODEL_CASES = ["llada", "dream", "llama_last_row_kv_cache", "llama_all_rows_kv_cache",
                "llada_per_layer"]
+# the call path (variant c_call): the kernel also writes the output's mask, the model's SDPA
+# makes the output; three passes of a batch of three (LLaDA's two of them left-padded, its
+# bias a float mask; Dream unpadded, with GQA)
+CALL_CASES = ["call_llada", "call_dream", "call_llada_per_layer", "call_llada_current",
+              "call_llada_bf16", "call_dream_per_row_mask"]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +60,28 @@ def test_the_intercept_masks_the_same_keys_with_the_kernel(interpreted, case):
     r = interpreted[case]
     assert r["kernel_calls"] == r["calls"] > 0 and r["blocked"] > 0, r
     assert r["same_sinks"] and r["same_chosen"], r
+
+
+@pytest.mark.parametrize("case", [c for c in CALL_CASES if c != "call_dream_per_row_mask"])
+def test_the_call_path_decides_what_the_package_decides(interpreted, case):
+    r = interpreted[case]
+    assert r["kernel_calls"] == r["taken_calls"] == r["calls"] > 0, r  # it took every call
+    assert r["same_sinks"] and r["same_stats"] and r["first_layer_same_chosen"], r
+    assert r["first_layer_scores_max_diff"] <= 1e-5, r
+    if case.endswith("bf16"):  # later layers' inputs differ by the rounding of the earlier
+        # outputs (here the package's comes from float32 probabilities, the kernel's from
+        # SDPA), enough to flip a near-tie among bf16 logits in the top-k
+        assert r["scores_max_diff"] <= 1e-3, r
+    else:
+        assert r["same_chosen"] and r["same_blocked"] and r["scores_max_diff"] <= 1e-5, r
+    assert r["output_max_diff"] <= r["output_tol"] and r["same_tokens"], r
+    assert r["blocked"] > 0, r
+
+
+def test_the_call_path_leaves_a_per_row_mask_to_the_package(interpreted):
+    """Dream's padded mask hides pad query rows too (it depends on the row): not in scope."""
+    r = interpreted["call_dream_per_row_mask"]
+    assert r["kernel_calls"] == 0 < r["calls"] and r["output_max_diff"] == 0.0, r
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -172,9 +199,42 @@ def _model_results():
                "same_chosen": all(torch.equal(a.chosen, b.chosen) for a, b in zip(kz, pz))}
 
 
+def _call_results():
+    import torch
+
+    import select_kernel
+    from lm_eval_sinkmask.families import FAMILIES
+    from tests import tiny
+    from tests.interpreted import compared_with_the_package
+
+    for case in CALL_CASES:
+        kind = case.split("_")[1]
+        model = tiny.build(kind)
+        if case.endswith("bf16"):
+            model = model.to(torch.bfloat16)
+        ids = torch.randint(5, 40, (3, 11), generator=torch.Generator().manual_seed(4))
+        mask = torch.ones(3, 11, dtype=torch.long)
+        if kind == "llada" or case.endswith("per_row_mask"):  # tiny dream's padding mask
+            mask[1, :3] = 0                                   # depends on the row
+            mask[2, :1] = 0
+        kwargs = FAMILIES["dream"].model_inputs(ids, mask) if kind == "dream" else \
+            {"input_ids": ids, "attention_mask": mask}
+
+        def run(model=model, kwargs=kwargs):
+            for _ in range(2):
+                model(**kwargs)
+            return model(**kwargs).logits.float()
+
+        yield compared_with_the_package(
+            case, select_kernel.call_path_installed, select_kernel.CALL_NAME, model, "all",
+            "current" if case.endswith("current") else "previous", run, top_k=2, eps=0.0,
+            tol=3e-2 if case.endswith("bf16") else 1e-4, takes=lambda query: True,
+            granularity="layer" if case.endswith("per_layer") else "head")
+
+
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    for result in [*_unit_results(), *_model_results()]:
+    for result in [*_unit_results(), *_model_results(), *_call_results()]:
         print(json.dumps(result), flush=True)
