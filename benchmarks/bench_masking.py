@@ -75,12 +75,17 @@ LABELS = {
 # CPU's, and the GPU's before the fused path), and the same column mass from two compiled
 # FlexAttention calls (detect_backend=flex, compiled selection); decoding steps also time the
 # one-launch decoding-step candidate (decode_kernel.py, c_decode), which only one-row calls take
-GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_mat", "c_flex", "d")
+GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_mat", "c_flex", "d")
+DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
+# timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md): left out by
+# default so that a lent GPU's minutes go to the candidates (--gpu-skip '' times them again)
+GPU_SKIP = "c_mat,c_flex"
 GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",
     "c_kernel": "(c) fused, one-launch selection kernel (candidate)",
     "c_decode": "(c) one-launch decoding step (candidate)",
+    "c_call": "(c) fused, selection kernel writes the output mask (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
     "d": "(d) top_k=5 current, fused",
@@ -96,6 +101,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "c_eager": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_kernel": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_decode": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
+        "c_call": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -111,7 +117,8 @@ def candidate_of(variant: str):
     (``c_kernel``: select_kernel's functions where compiled_tail would hand out its compiled
     ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them), or
     the one-launch decoding step (``c_decode``: decode_kernel installed; calls out of its
-    scope, such as a prefill, run the package's fused path)."""
+    scope, such as a prefill, run the package's fused path), or the call path (``c_call``:
+    select_kernel's, which also writes the output mask, for calls of several rows)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -124,6 +131,11 @@ def candidate_of(variant: str):
             import decode_kernel
 
             with decode_kernel.installed():
+                yield
+        elif variant == "c_call":
+            import select_kernel
+
+            with select_kernel.call_path_installed():
                 yield
         else:
             yield
@@ -381,6 +393,12 @@ def lladas_kernels():
         yield
 
 
+def timed(variants, args) -> tuple:
+    """``variants`` less those ``--gpu-skip`` names."""
+    skip = set(filter(None, getattr(args, "gpu_skip", GPU_SKIP).split(",")))
+    return tuple(n for n in variants if n not in skip)
+
+
 def bench_llada(args, device, hidden, heads, S, condition="", memory=True):
     """Part llada: the 8B-shaped LLaDA config's forward at batch 8 and 1 (and its peak
     memory); returns batch 8's medians."""
@@ -393,7 +411,7 @@ def bench_llada(args, device, hidden, heads, S, condition="", memory=True):
     for B in (8, 1) if model is not None else ():
         m = run_part(f"llada batch {B}", bench_forward,
                      f"3. 8B-shaped LLaDA config on {name}, batch {B}{condition}", model, B, S,
-                     4, args, device, True, GPU_VARIANTS)
+                     4, args, device, True, timed(GPU_VARIANTS, args))
         med = med or m
     if memory and device.type == "cuda" and model is not None:
         run_part("llada peak memory", gpu_peak_memory, model, args)
@@ -553,7 +571,9 @@ def gpu_peak_memory(model, args):
     device = torch.device("cuda")
     ids = torch.randint(5, 2000, (8, 700), device=device)
     peaks = {}
-    for n, cfg in gpu_configs(0.0, args.chunk).items():
+    cfgs = gpu_configs(0.0, args.chunk)
+    for n in timed(GPU_VARIANTS, args):
+        cfg = cfgs[n]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         with torch.inference_mode():
@@ -561,7 +581,7 @@ def gpu_peak_memory(model, args):
                 model(input_ids=ids)
                 model(input_ids=ids)
             else:
-                with SinkMasker(cfg).attach(model):
+                with candidate_of(n), SinkMasker(cfg).attach(model):
                     model(input_ids=ids)
                     model(input_ids=ids)
         torch.cuda.synchronize()
@@ -612,7 +632,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
     layers = 2 if args.quick else 4
     model = llama_model(layers, device, hidden, heads)
     steps = 16
-    variants = ["a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex"]
+    variants = timed(DECODING_VARIANTS, args)
     for rule in ("last_row", "all_rows"):
         for B in (1, 8):
             ids = torch.randint(5, 2000, (B, P), generator=torch.Generator().manual_seed(1))
@@ -942,6 +962,9 @@ def main(argv=None):
                          "1056, padded at 1056), llada_kernels (the same with the "
                          "memory-efficient kernel off, as LLaDA's code sets it), llama "
                          "(decoding steps), zoo (same tokens)")
+    ap.add_argument("--gpu-skip", default=GPU_SKIP,
+                    help="variants left out of section 3's timings (default: the materialized "
+                         "and flex paths, timed on both cards already; '' times every one)")
     ap.add_argument("--gpu-profile", action="store_true",
                     help="after each timed table of parts llada, llada_gap and llama, one run "
                          "of every variant under torch.profiler: kernel time, kernel launches, "

@@ -22,8 +22,9 @@ What is counted, per scenario (the tiny models of tests/tiny.py, CPU):
 Paths: ``materialized`` (the CPU's: detection and output from float32 probabilities),
 ``fused`` (the CUDA default, as a GPU runs it: the output from the model's SDPA kernel with the
 sinks hidden, the column mass from two Triton kernel launches, which here are only counted)
-and, for decoding steps, ``decode`` (the fused path with the one-launch decoding-step
-candidate of decode_kernel.py installed, its launch counted as one).
+and two candidates, their launches counted: for decoding steps ``decode`` (the one-launch
+decoding step of decode_kernel.py), for the LLaDA calls ``call`` (select_kernel.py's call
+path: the fused detection, then one launch for the selection and the output mask).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from lm_eval_sinkmask import compiled_tail, fused_mass, intercept  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 
-PATHS = ("materialized", "fused", "decode")
+PATHS = ("materialized", "fused", "decode", "call")
+CANDIDATES = {"decode": ("decode_kernel", "_decode_kernel", "installed"),
+              "call": ("select_kernel", "_select_kernel", "call_path_installed")}
 SCENARIOS = ("llada batch 1", "llada batch 8", "llama decode last_row", "llama decode all_rows")
 
 
@@ -97,25 +100,28 @@ class _CountedKernel:
 
 
 def paths(scenario: str) -> tuple[str, ...]:
-    """The paths a scenario is counted on: ``decode`` only where calls have one query row
-    (elsewhere it is the fused path), and only where Triton is installed."""
+    """The paths a scenario is counted on: a candidate only where it takes the calls
+    (``decode`` one-row calls, ``call`` the LLaDA calls; elsewhere either is the fused path),
+    and only where Triton is installed."""
     import importlib.util
 
-    one_row = scenario.startswith("llama") and importlib.util.find_spec("triton") is not None
-    return PATHS if one_row else PATHS[:2]
+    if importlib.util.find_spec("triton") is None:
+        return PATHS[:2]
+    return (*PATHS[:2], "decode" if scenario.startswith("llama") else "call")
 
 
 def path_on_cpu(path: str, counter: OpCounter):
     """The block in which a masked run takes ``path``: the fused ones as on a GPU."""
-    return as_on_a_gpu(counter, decode=path == "decode") if path != "materialized" \
+    return as_on_a_gpu(counter, CANDIDATES.get(path)) if path != "materialized" \
         else nullcontext()
 
 
 @contextmanager
-def as_on_a_gpu(counter: OpCounter, decode: bool = False):
+def as_on_a_gpu(counter: OpCounter, candidate: tuple[str, str, str] | None = None):
     """The intercept's choices as on CUDA, on CPU tensors: the masked output from the model's
-    SDPA kernel, and the fused path's Triton launches counted instead of run; with
-    ``decode``, the decoding-step candidate installed, its launch counted instead of run."""
+    SDPA kernel, and the fused path's Triton launches counted instead of run; with a
+    ``candidate`` (module, kernel, installer; :data:`CANDIDATES`), it installed, its kernel's
+    launch counted instead of run."""
     kernels = types.SimpleNamespace(row_lse_kernel=_CountedKernel(counter, "row_lse_kernel"),
                                     column_mass_kernel=_CountedKernel(counter, "column_mass_kernel"))
     saved = (intercept._output_from_scores, fused_mass.triton_runs_on, fused_mass._kernels)
@@ -123,16 +129,18 @@ def as_on_a_gpu(counter: OpCounter, decode: bool = False):
     fused_mass.triton_runs_on = lambda device: True
     fused_mass._kernels = lambda: kernels
     try:
-        if decode:
-            import decode_kernel
+        if candidate is not None:
+            import importlib
 
-            kernel, decode_kernel._decode_kernel = (decode_kernel._decode_kernel,
-                                                    _CountedKernel(counter, "decode_kernel"))
+            module_name, kernel_name, installer = candidate
+            module = importlib.import_module(module_name)
+            kernel = getattr(module, kernel_name)
+            setattr(module, kernel_name, _CountedKernel(counter, module_name))
             try:
-                with decode_kernel.installed():
+                with getattr(module, installer)():
                     yield
             finally:
-                decode_kernel._decode_kernel = kernel
+                setattr(module, kernel_name, kernel)
         else:
             yield
     finally:
@@ -243,7 +251,7 @@ def _passes(scenario: str, layers: int = 3, passes: int = 3):
 
 def config_of(path: str) -> SinkMaskConfig:
     """top_k 5 with detect=previous, eps 0: every layer of a random-init model then masks."""
-    backend = "fused" if path == "decode" else path
+    backend = "fused" if path in CANDIDATES else path
     return SinkMaskConfig(top_k=5, eps=0.0, detect="previous", detect_backend=backend)
 
 

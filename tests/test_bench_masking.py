@@ -34,9 +34,10 @@ def test_quick_run_of_the_tiny_and_sampler_sections(capsys):
 def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     """Section 3 (--gpu) runs only where a GPU is lent; its code runs here on the CPU at
     toy sizes (the fused path takes its torch fallback), so a GPU run fails on nothing but the
-    GPU. The zoo part must find the fused, flex and materialised paths masking the same keys."""
+    GPU. The zoo part must find the fused, flex and materialised paths masking the same keys.
+    Every variant is timed (``--gpu-skip ''``), the two left out by default included."""
     bench_masking.main(["--quick", "--only", "3", "--repeats", "1", "--no-header",
-                        "--gpu-smoke-cpu"])
+                        "--gpu-smoke-cpu", "--gpu-skip", ""])
     out = capsys.readouterr().out
     for title in ("batch 8", "batch 1", "arm_rule=last_row, batch 1", "arm_rule=all_rows, batch 8"):
         assert title in out
@@ -44,6 +45,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
                     "(c) fused, one-launch selection kernel (candidate)"):
         # four LLaDA tables (two under LLaDA's own kernel switch), four Llama decoding tables
         assert out.count(variant) == 8
+    assert out.count("(c) fused, selection kernel writes the output mask (candidate)") == 4
+    assert out.count("(c) one-launch decoding step (candidate)") == 4  # the Llama tables
     for variant in ("(c) top_k=5 previous, fused", "(c) materialized"):
         assert out.count(variant) == 8 + 3  # and the three tables of part llada_gap
     for title in ("batch 8, S 40, no padding", "batch 8, S 60, no padding", "batch 8, S 60, padded"):
@@ -67,10 +70,11 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert len(titles) == 2 + 4  # llada at batch 8 and 1; Llama's two rules at batch 1 and 8
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 8 + 4 * 7
+    # every variant but the two --gpu-skip leaves out by default (materialized, flex)
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 5
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 6 + 4 * 6  # (c) x 5 and (d) for LLaDA; (c) x 6 for Llama
+    assert len(splits) == 2 * 5 + 4 * 4  # (c) x 4 and (d) for LLaDA; (c) x 4 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)
@@ -121,7 +125,7 @@ def test_a_failing_backend_loses_no_other_part(monkeypatch, capsys):
 
     monkeypatch.setattr(flex_mass, "flex_column_mass", broken)
     bench_masking.main(["--quick", "--only", "3", "--repeats", "1", "--no-header",
-                        "--gpu-smoke-cpu"])
+                        "--gpu-smoke-cpu", "--gpu-skip", ""])
     out = capsys.readouterr().out
     assert "part mass FAILED" in out and "flex broken here" in out
     assert out.count("(c) top_k=5 previous, fused") == 8 + 3  # with part llada_gap's tables

@@ -34,6 +34,9 @@ BOUNDS = {
     # the one-launch decoding-step candidate (benchmarks/decode_kernel.py)
     ("llama decode last_row", "decode"): (2, 6),
     ("llama decode all_rows", "decode"): (2, 6),
+    # the call path of benchmarks/select_kernel.py
+    ("llada batch 1", "call"): (4, 18),
+    ("llada batch 8", "call"): (4, 20),
 }
 
 
@@ -42,7 +45,7 @@ def test_a_masked_call_adds_no_more_ops_than_pinned(scenario, path):
     c = op_counts.compare(scenario, path)
     per_layer, per_pass = BOUNDS[scenario, path]
     assert c.unmasked_call >= 1  # both calls were seen and counted
-    assert c.selection > 0 or path == "decode"  # (the candidate selects inside its kernel)
+    assert c.selection > 0 or path in ("decode", "call")  # (they select inside a kernel)
     assert c.outside_per_layer == 0  # the model handles a masked output as an unmasked one
     assert c.extra_per_call <= per_layer, c
     assert c.per_pass_fixed <= per_pass, c
@@ -64,6 +67,16 @@ def test_the_decoding_step_candidate_is_one_launch_and_a_memset():
         ops = op_counts.op_table(f"llama decode {rule}", "decode")["call"]
         assert {name: n for (_, name), n in ops.items()} == {"triton.decode_kernel": 1,
                                                              "aten::zeros": 1}
+
+
+@pytest.mark.skipif(op_counts.paths("llada batch 1")[-1] != "call",
+                    reason="Triton is not installed: no call path to count")
+def test_the_call_path_is_detection_a_memset_the_selection_and_sdpa():
+    ops = op_counts.op_table("llada batch 8", "call")["call"]
+    names = {name: n for (_, name), n in ops.items()}
+    assert names.pop("triton.row_lse_kernel") == names.pop("triton.column_mass_kernel") == 1
+    assert names.pop("triton.select_kernel") == names.pop("aten::zeros") == 1
+    assert [n for n in names if "scaled_dot_product" in n] and sum(names.values()) == 1, names
 
 
 def test_the_counter_counts_launching_ops_only():
@@ -100,6 +113,8 @@ def test_host_time_runs_the_timed_passes_masked_and_not(scenario, path, monkeypa
     assert stats.attention_calls > 0
     if path == "decode":  # the prefill's two calls on the fused path, the steps' in the kernel
         assert stats.detection == {"fused": 2, "decode_kernel": stats.attention_calls - 2}
+    elif path == "call":
+        assert stats.detection == {"fused+select_kernel": stats.attention_calls}
     else:
         assert stats.detection == {path: stats.attention_calls}
     if path == "materialized":
