@@ -680,21 +680,23 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
 
 def same_on_cuda_and_cpu(device=torch.device("cuda")):
     """The zoo checkpoint decoded on the CPU (materialised path, output from its own scores),
-    on CUDA with the materialised path (fused SDPA output) and on CUDA with the fused
-    detection path: the tokens, the number of masked keys and, call by call, the masked keys
-    themselves must agree."""
+    on CUDA with the materialised path (fused SDPA output), and on CUDA with the fused and
+    flex detection paths and the call path candidate (select_kernel.py, variant c_call): the
+    tokens, the number of masked keys and, call by call, the masked keys themselves must
+    agree."""
     model, what, eps = tiny_model()
     mask_id = mask_id_of(model)
     ids, pmask = prompts(4, 40, model.config.vocab_size, mask_id)
     runs = {}
     accel = device.type  # "cpu" only in the smoke run
     for dev, backend in (("cpu", "auto"), (accel, "materialized"), (accel, "fused"),
-                         (accel, "flex")):
+                         (accel, "flex"), (accel, "call")):
         model = model.to(dev)
         blocked = []
-        cfg = SinkMaskConfig(top_k=5, eps=eps, detect_backend=backend)
+        cfg = SinkMaskConfig(top_k=5, eps=eps,
+                             detect_backend="fused" if backend == "call" else backend)
         try:
-            with torch.inference_mode(), SinkMasker(
+            with torch.inference_mode(), candidate_of("c_call" if backend == "call" else "c"), SinkMasker(
                     cfg, observers=[lambda e: blocked.append(e.blocked.cpu())]).attach(model) as stats:
                 tokens = generate_block(model_fn_of(model), ids.to(dev), pmask.to(dev),
                                         mask_id=mask_id, gen_length=32, steps=32,
@@ -711,7 +713,7 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
     print(f"\n{what}, top_k 5, detect=previous, 32 tokens x batch 4: CUDA and CPU "
           f"{'decode the same tokens' if same else 'DIFFER'} (keys masked: CPU "
           f"{cpu[1]}, CUDA {mat[1]})")
-    for name in ("fused", "flex"):
+    for name in ("fused", "flex", "call"):
         if (accel, name) not in runs:
             continue
         other = runs[(accel, name)]
@@ -919,7 +921,8 @@ def bench_op_counts(args):
           "the arithmetic is negligible, so it is what the host spends per call, which a GPU "
           "at batch 1 or in a decoding step waits on. The fused path as on CUDA (its Triton "
           "launches stubbed), the selection eager; decode: the decoding-step candidate "
-          "(decode_kernel.py), its launch stubbed.\n")
+          "(decode_kernel.py), call: the call path (select_kernel.py), their launches "
+          "stubbed.\n")
     print("| call | path | unmasked us | masked us | added us | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for scenario in op_counts.SCENARIOS:
