@@ -185,9 +185,17 @@ def table(title, med, tokens, extra, note=""):
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     labels = LABELS if set(med) <= set(VARIANTS) else GPU_LABELS
     for n in med:
-        print(f"| {labels[n]} | {med[n]:.3f} | {tokens / med[n]:,.0f} | {med[n] / med['a']:.3f} "
-              f"| {best[n] / best['a']:.3f} | {extra.get(n, '-')} |")
+        print(f"| {labels[n]} | {med[n]:.3f} | {_per(tokens, med[n], ',.0f')} "
+              f"| {_per(med[n], med['a'], '.3f')} | {_per(best[n], best['a'], '.3f')} "
+              f"| {extra.get(n, '-')} |")
     sys.stdout.flush()
+
+
+def _per(x: float, y: float, spec: str) -> str:
+    """x / y formatted, or "n/a" where y is 0: a time below the clock's resolution (a
+    decoding step's time is a difference of two timings, clamped at 0; the CPU smoke run's
+    steps take microseconds)."""
+    return format(x / y, spec) if y > 0 else "n/a"
 
 
 # -- 1. tiny model through the real sampler --------------------------------------------------

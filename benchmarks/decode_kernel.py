@@ -34,7 +34,7 @@ import triton.language as tl
 
 import taken_calls
 from lm_eval_sinkmask.attention_view import Detection, Scores
-from select_kernel import top_k_of
+from select_kernel import key_mask, store_selection, top_k_of
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows use the package
 BLOCK_N = 64  # keys per tile of the two passes over K and V
@@ -71,12 +71,8 @@ def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
         visible = n_ok
         if HAS_MASK:
             mv = tl.load(M + b * s_mb + h * s_mh + offs_n * s_mn, mask=n_ok, other=0)
-            if MASK_BOOL:
-                visible = visible & (mv != 0)
-            else:
-                mv = mv.to(tl.float32)
-                visible = visible & (mv > hidden_below)
-                s = s + mv
+            visible, term = key_mask(mv, visible, hidden_below, MASK_BOOL)
+            s = s + term
         tl.store(row + offs_n, tl.where(visible, s, float("-inf")), mask=n_ok)
     tl.debug_barrier()
 
@@ -108,12 +104,8 @@ def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
 
     chosen = top_k_of(scores, sinks, offs, TOP_K)
 
-    out = pid * n_k + offs
-    tl.store(SCORES + out, scores, mask=in_k)
-    tl.store(SINKS + out, sinks, mask=in_k)
-    tl.store(CHOSEN + out, chosen, mask=in_k)
-    tl.atomic_add(COUNTS, tl.sum(sinks.to(tl.int64), axis=0))
-    tl.atomic_add(COUNTS + 1, tl.sum(chosen.to(tl.int64), axis=0))
+    store_selection(SCORES, SINKS, CHOSEN, COUNTS, pid * n_k + offs, in_k, scores, sinks,
+                    chosen)
 
     # the output: blocked keys (last pass's choice, or this one's) leave the softmax, unless
     # they are every key the row sees (it then keeps its scores, as the package does)

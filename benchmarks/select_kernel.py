@@ -49,6 +49,27 @@ def top_k_of(scores, sinks, offs, K: tl.constexpr):
 
 
 @triton.jit
+def store_selection(SCORES, SINKS, CHOSEN, COUNTS, out, in_k, scores, sinks, chosen):
+    """A row's scores, sinks and chosen keys stored at ``out``, and both counts added."""
+    tl.store(SCORES + out, scores, mask=in_k)
+    tl.store(SINKS + out, sinks, mask=in_k)
+    tl.store(CHOSEN + out, chosen, mask=in_k)
+    tl.atomic_add(COUNTS, tl.sum(sinks.to(tl.int64), axis=0))
+    tl.atomic_add(COUNTS + 1, tl.sum(chosen.to(tl.int64), axis=0))
+
+
+@triton.jit
+def key_mask(mv, visible, hidden_below, MASK_BOOL: tl.constexpr):
+    """(visibility, float term to add to the scores) of a model mask's loaded values: a bool
+    mask hides where false and adds nothing; a float one hides at or below ``hidden_below``
+    (half its dtype's minimum) and adds its values."""
+    if MASK_BOOL:
+        return visible & (mv != 0), tl.zeros(mv.shape, tl.float32)
+    term = mv.to(tl.float32)
+    return visible & (term > hidden_below), term
+
+
+@triton.jit
 def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CHOSEN, COUNTS,
                    BLOCKED, M, BIAS,
                    H, H_OUT, n_k, n_blocked, eps, hidden_below,
@@ -84,11 +105,7 @@ def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CH
     chosen = top_k_of(scores, sinks, offs, K)
 
     out = pid * n_k + offs
-    tl.store(SCORES + out, scores, mask=in_k)
-    tl.store(SINKS + out, sinks, mask=in_k)
-    tl.store(CHOSEN + out, chosen, mask=in_k)
-    tl.atomic_add(COUNTS, tl.sum(sinks.to(tl.int64), axis=0))
-    tl.atomic_add(COUNTS + 1, tl.sum(chosen.to(tl.int64), axis=0))
+    store_selection(SCORES, SINKS, CHOSEN, COUNTS, out, in_k, scores, sinks, chosen)
     if WRITE_BIAS:
         if HAS_BLOCKED:  # last pass's choice; keys past n_blocked are new and stay
             blocked = tl.load(BLOCKED + b * s_bb + h * s_bh + offs * s_bn,
@@ -111,11 +128,7 @@ def _output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
     model = tl.zeros([BLOCK], tl.float32)
     if HAS_MASK:
         mv = tl.load(M + b * s_Mb + h * s_Mh + offs * s_Mn, mask=in_k, other=0)
-        if MASK_BOOL:
-            visible = visible & (mv != 0)
-        else:
-            model = mv.to(tl.float32)
-            visible = visible & (model > hidden_below)
+        visible, model = key_mask(mv, visible, hidden_below, MASK_BOOL)
     keeps = tl.sum((visible & ~blocked).to(tl.int32), axis=0) + tl.zeros([BLOCK], tl.int32) > 0
     drop = blocked & keeps
     if HAS_MASK and not MASK_BOOL:
