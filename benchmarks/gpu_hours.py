@@ -46,7 +46,7 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -237,6 +237,21 @@ def masker(kind: str, chunk: int, backend: str = "auto") -> SinkMasker:
     return SinkMasker(cfg, rule="last_row" if kind == "llama" else "all")
 
 
+def candidates(args):
+    """With ``--candidates``, a block in which the top_k=5 runs take the benchmarks' candidate
+    kernels where they apply (decode_kernel for one-row decoding steps, select_kernel's call
+    path for the DLMs' calls): what a cell would cost if they moved into the package."""
+    if not args.candidates:
+        return nullcontext()
+    import decode_kernel
+    import select_kernel
+
+    stack = ExitStack()
+    stack.enter_context(select_kernel.call_path_installed())
+    stack.enter_context(decode_kernel.installed())
+    return stack
+
+
 def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
     """Median seconds per forward, (a) unmasked and (c) top_k=5, at this depth."""
     ids, _ = prompts(batch, seq, model.config.vocab_size, model.config.vocab_size - 1,
@@ -250,7 +265,7 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
                 for _ in range(passes):
                     model(input_ids=ids)
                 return 0
-            with masker(kind, args.chunk, args.detect_backend).attach(model) as stats:
+            with candidates(args), masker(kind, args.chunk, args.detect_backend).attach(model) as stats:
                 for _ in range(passes):
                     model(input_ids=ids)
             return stats.keys_masked
@@ -273,7 +288,8 @@ def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
                 if n == "a":
                     generate_cached(model, ids, decode)
                     return 0
-                with masker("llama", args.chunk, args.detect_backend).attach(model) as stats:
+                with candidates(args), \
+                        masker("llama", args.chunk, args.detect_backend).attach(model) as stats:
                     generate_cached(model, ids, decode)
                 return stats.keys_masked
         return run_one
@@ -326,7 +342,8 @@ def render(rows: list[dict], device_name: str, on_gpu: bool, args) -> str:
         lines += ["", "**CPU run: every time below was measured on a CPU. These numbers are NOT "
                   "GPU estimates**; they check the pipeline and the arithmetic only. Run this "
                   "script on a CUDA machine for the GPU-hours.", ""]
-    lines += [f"Device: {device_name}; dtype {args.dtype}; detect_backend {args.detect_backend}; "
+    lines += [f"Device: {device_name}; dtype {args.dtype}; detect_backend {args.detect_backend}"
+              f"{' with the candidate kernels (--candidates)' if args.candidates else ''}; "
               f"layer counts timed {args.layers} "
               f"(fitted to the full depth); {args.repeats} interleaved repeats, medians.", "",
               f"| model | task | batch | prompt+gen tokens | s/step unmasked | s/step top_k=5 "
@@ -383,6 +400,9 @@ def main(argv=None, timer=None) -> dict:
     ap.add_argument("--chunk", type=int, default=SinkMaskConfig().query_chunk, help="query_chunk")
     ap.add_argument("--detect-backend", default="auto", choices=DETECT_BACKENDS,
                     help="detect_backend of the top_k=5 runs [%(default)s: fused on CUDA]")
+    ap.add_argument("--candidates", action="store_true",
+                    help="top_k=5 runs with the candidate kernels of benchmarks/ installed "
+                         "(decode_kernel, select_kernel's call path) where they apply")
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny shapes, short sequences")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="also write the rows and settings here")
@@ -437,6 +457,7 @@ def main(argv=None, timer=None) -> dict:
     text = render(rows, device_name, on_gpu, args)
     print(text)
     result = {"device": device_name, "on_gpu": on_gpu, "quick": args.quick,
+              "detect_backend": args.detect_backend, "candidates": args.candidates,
               "prompt_tokens": plen, "gen_tokens": gens, "layers": layer_counts,
               "timings": [asdict(t) for t in timings], "rows": rows}
     if args.json:

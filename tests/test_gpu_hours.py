@@ -10,6 +10,7 @@ import math
 import re
 import shlex
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,39 @@ def test_cpu_smoke_run(tmp_path, capsys):
         if r["model"] != "llama":
             assert r["hours"][5] == pytest.approx(r["step_c"] * r["gen"] * 660 / 3600)
     assert "CPU numbers are NOT GPU estimates" in capsys.readouterr().out
+
+
+def test_candidates_are_installed_around_the_masked_runs_only(monkeypatch):
+    """--candidates: every top_k=5 run inside both candidates' blocks, no unmasked run."""
+    import decode_kernel
+    import select_kernel
+
+    from lm_eval_sinkmask.intercept import SinkMasker
+
+    inside, masked = [], []
+    for module, name in ((select_kernel, "call_path_installed"), (decode_kernel, "installed")):
+        real = getattr(module, name)
+
+        @contextmanager
+        def watched(real=real, name=name):
+            inside.append(name)
+            with real():
+                yield
+            inside.remove(name)
+        monkeypatch.setattr(module, name, watched)
+    attach = SinkMasker.attach
+
+    @contextmanager
+    def seen(self, model, *a, **kw):
+        masked.append(sorted(inside))
+        with attach(self, model, *a, **kw) as stats:
+            yield stats
+    monkeypatch.setattr(SinkMasker, "attach", seen)
+    out = gpu_hours.main(["--device", "cpu", "--quick", "--models", "llada,llama",
+                          "--tasks", "gsm8k_sinkmask", "--batch", "2", "--candidates"])
+    assert out["candidates"] and masked
+    assert all(m == ["call_path_installed", "installed"] for m in masked), masked
+    assert inside == []
 
 
 # -- the recipe's commands --------------------------------------------------------------------
