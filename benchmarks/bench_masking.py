@@ -566,10 +566,12 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
             keys = (f"the same in the first {upto} calls" if not differs else
                     f"**DIFFERENT** from call {differs[0]} (pass {differs[0] // layers}, layer "
                     f"{differs[0] % layers}) on, {len(differs)} of the first {upto} calls")
+            tokens = ("the same" if n == steps
+                      else f"the same for {n} steps, then **DIFFERENT**")
+            taken = got_stats.detection.get(decode_kernel.NAME, 0)
             print(f"decoding-step kernel vs fused, {what}, arm_rule={rule}, batch 4 (two rows "
-                  f"left-padded), 16 tokens: tokens {'the same' if n == steps else f'the same for {n} steps, then **DIFFERENT**'}"
-                  f"; masked keys {keys}; kernel took {got_stats.detection.get(decode_kernel.NAME, 0)} of "
-                  f"{len(got_calls)} calls; keys masked {got_stats.keys_masked} vs "
+                  f"left-padded), 16 tokens: tokens {tokens}; masked keys {keys}; kernel took "
+                  f"{taken} of {len(got_calls)} calls; keys masked {got_stats.keys_masked} vs "
                   f"{ref_stats.keys_masked}")
     sys.stdout.flush()
 
@@ -704,8 +706,10 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
         cfg = SinkMaskConfig(top_k=5, eps=eps,
                              detect_backend="fused" if backend == "call" else backend)
         try:
-            with torch.inference_mode(), candidate_of("c_call" if backend == "call" else "c"), SinkMasker(
-                    cfg, observers=[lambda e: blocked.append(e.blocked.cpu())]).attach(model) as stats:
+            masker = SinkMasker(cfg, observers=[lambda e: blocked.append(e.blocked.cpu())])
+            with torch.inference_mode(), \
+                    candidate_of("c_call" if backend == "call" else "c"), \
+                    masker.attach(model) as stats:
                 tokens = generate_block(model_fn_of(model), ids.to(dev), pmask.to(dev),
                                         mask_id=mask_id, gen_length=32, steps=32,
                                         block_length=16, variant="invariant")

@@ -34,7 +34,7 @@ import triton.language as tl
 
 import taken_calls
 from lm_eval_sinkmask.attention_view import Detection, Scores
-from select_kernel import key_mask, store_selection, top_k_of
+from select_kernel import key_mask, key_mask_view, store_selection, top_k_of
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows use the package
 BLOCK_N = 64  # keys per tile of the two passes over K and V
@@ -133,10 +133,10 @@ def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
     for n0 in range(0, n_k, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < n_k
-        p = tl.load(row + offs_n, mask=n_ok, other=0.0)
+        w = tl.load(row + offs_n, mask=n_ok, other=0.0)
         vt = tl.load(V + b * s_vb + hk * s_vh + offs_n[:, None] * s_vn + offs_dv[None, :] * s_vd,
                      mask=n_ok[:, None] & (offs_dv[None, :] < v_dim), other=0.0)
-        acc += tl.sum(p[:, None] * vt.to(tl.float32), axis=0)
+        acc += tl.sum(w[:, None] * vt.to(tl.float32), axis=0)
     tl.store(OUT + b * s_ob + h * s_oh + offs_dv * s_od, acc.to(OUT.dtype.element_ty),
              mask=offs_dv < v_dim)
 
@@ -161,15 +161,9 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
     n_k, dv = k_.shape[-2], v.shape[-1]
     dev = q.device
     scale = sc.scale if sc.scale is not None else D ** -0.5
-    m = mask.attn_mask
-    if m is not None:
-        m = m.expand(B, H, 1, n_k)
-        hidden_below = 0.0 if m.dtype == torch.bool else float(torch.finfo(m.dtype).min) / 2
-        if m.dtype == torch.bool:
-            m = m.view(torch.uint8)
-        m_strides = (m.stride(0), m.stride(1), m.stride(3))
-    else:
-        m, m_strides, hidden_below = q, (0, 0, 0), 0.0  # never read
+    m, hidden_below = key_mask_view(mask.attn_mask, B, H, n_k)
+    if m is None:
+        m = q[:, :, 0]  # never read
     rows = mask.rows.expand(B, 1, n_k)
     weight = mask.qw[:, 0, 0, 0]  # the row's weight in Q: 1, or 0 for a padding row
     valid = mask.key_valid.view(torch.uint8)
@@ -191,8 +185,8 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
     _decode_kernel[(B * H,)](
         q, k_, v, m, weight, rows, valid, old_mass, old_rows, prev,
         out, scratch, scores, sinks, chosen, new_mass, new_rows, tally,
-        q.stride(0), q.stride(1), q.stride(3), *k_.stride(), *v.stride(), *m_strides, weight.stride(0),
-        rows.stride(0), rows.stride(2), valid.stride(0), valid.stride(1),
+        q.stride(0), q.stride(1), q.stride(3), *k_.stride(), *v.stride(), *m.stride(),
+        weight.stride(0), rows.stride(0), rows.stride(2), valid.stride(0), valid.stride(1),
         old_mass.stride(0), old_mass.stride(1), old_mass.stride(2),
         old_rows.stride(0), old_rows.stride(2), *_head_strides(prev, H),
         out.stride(0), out.stride(1), out.stride(3),

@@ -265,7 +265,8 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
                 for _ in range(passes):
                     model(input_ids=ids)
                 return 0
-            with candidates(args), masker(kind, args.chunk, args.detect_backend).attach(model) as stats:
+            with candidates(args), \
+                    masker(kind, args.chunk, args.detect_backend).attach(model) as stats:
                 for _ in range(passes):
                     model(input_ids=ids)
             return stats.keys_masked

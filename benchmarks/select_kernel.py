@@ -162,7 +162,7 @@ def _launch(mass, counts: KeyCounts, eps, k, per_layer, blocked=None, model_mask
     chosen = torch.empty(B, h_out, n_k, device=dev, dtype=torch.bool)
     tally = torch.zeros(2, device=dev, dtype=torch.int64)
     bias = None if bias_dtype is None else torch.empty(B, h_out, n_k, device=dev, dtype=bias_dtype)
-    m, hidden_below = _key_mask(model_mask, B, h_out, n_k)
+    m, hidden_below = key_mask_view(model_mask, B, h_out, n_k)
     if m is None:
         m = mass  # never read
     blk = blocked.expand(B, h_out, blocked.shape[-1]) if blocked is not None else sinks
@@ -183,7 +183,7 @@ def _launch(mass, counts: KeyCounts, eps, k, per_layer, blocked=None, model_mask
     return scores, sinks, chosen, tally[0], tally[1], bias
 
 
-def _key_mask(mask, B, h_out, n_k):
+def key_mask_view(mask, B, h_out, n_k):
     """(tensor [B, H or 1, Sk] to read, the hidden_below threshold) of a key-only model mask
     [B or 1, 1, 1, Sk], or (None, 0.0) where there is none."""
     if mask is None:

@@ -75,8 +75,9 @@ def _intercepted(model, rule, cfg: dict, run, installed, takes):
     from lm_eval_sinkmask.intercept import SinkMasker
 
     events, taken = [], []
+    masker = SinkMasker(SinkMaskConfig(**cfg), rule=rule, observers=[events.append])
     with torch.no_grad(), (installed() if installed else nullcontext()), \
-            SinkMasker(SinkMaskConfig(**cfg), rule=rule, observers=[events.append]).attach(model) as stats:
+            masker.attach(model) as stats:
         intercepted = F.scaled_dot_product_attention
 
         def counted(query, *args, **kwargs):

@@ -90,8 +90,8 @@ def test_the_counter_counts_launching_ops_only():
     assert counter.counts == {"outside": 1, "call": 1}
 
 
-@pytest.mark.parametrize("scenario,path", [(s, p) for s in ("llada batch 1", "llama decode all_rows")
-                                           for p in op_counts.paths(s)])
+@pytest.mark.parametrize("scenario,path", [
+    (s, p) for s in ("llada batch 1", "llama decode all_rows") for p in op_counts.paths(s)])
 def test_host_time_runs_the_timed_passes_masked_and_not(scenario, path, monkeypatch):
     """The host-time proxy times the same passes with and without the intercept (no timing
     is asserted: the numbers are the benchmark's). The masked run detects on the path asked

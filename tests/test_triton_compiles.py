@@ -1,0 +1,186 @@
+"""Every Triton kernel, the package's and the candidates' beside the benchmarks, compiled
+ahead of time for an H100 (sm_90) and an A100 (sm_80) on this CPU machine: Triton's compiler
+down to PTX and the ptxas its wheel ships, no GPU.
+
+Why: the interpreter that checks the kernels' arithmetic here (test_fused_mass_triton,
+test_select_kernel, test_decode_kernel) runs them as numpy and accepts programs the compiler
+rejects (types of scalars against blocks, pointer types, constexpr use). A kernel that fails
+to compile would cost a lent GPU's few minutes; here it fails in CI. Each kernel is compiled
+with the very arguments its Python wrapper passes (captured from a call on CPU tensors), in the
+variants the benchmarks run: bf16, fp16 and fp32 inputs, float, bool and no masks, with and
+without the optional inputs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton is not installed, so no kernel was compiled "
+                "(pip install -e '.[test]' installs it on Linux x86-64)", allow_module_level=True)
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+    pytest.skip("this Triton wheel ships no ptxas: the kernels were NOT compiled",
+                allow_module_level=True)
+
+ARCHES = (90, 80)
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+         torch.uint8: "u8", torch.bool: "i1", torch.int64: "i64", torch.int32: "i32"}
+
+
+class _Captured:
+    """Stands in for a JIT kernel: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+def _compile(fn, args, kwargs, arch: int):
+    """``fn`` compiled for sm_``arch`` with the argument types of one call."""
+    signature, constants, options = {}, {}, {}
+    for name, a in zip(fn.arg_names, args):
+        if isinstance(a, torch.Tensor):
+            signature[name] = "*" + TYPES[a.dtype]
+        elif isinstance(a, bool):
+            signature[name] = "i1"
+        elif isinstance(a, int):
+            signature[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+        elif isinstance(a, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{name}: {type(a).__name__}")
+    for name, value in kwargs.items():
+        if name in ("num_warps", "num_stages"):
+            options[name] = value
+        else:
+            signature[name], constants[name] = "constexpr", value
+    return triton.compile(ASTSource(fn, signature, constants),
+                          target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _calls(module, name: str, call):
+    """The kernel ``module.name``'s launches made by ``call()``, recorded, not run."""
+    captured = _Captured(getattr(module, name))
+    saved = getattr(module, name)
+    setattr(module, name, captured)
+    try:
+        call()
+    finally:
+        setattr(module, name, saved)
+    return [(captured.fn, args, kwargs) for args, kwargs in captured.calls]
+
+
+# S above one key tile (64) and not a power of two: a row's block (128) and a tile differ in
+# shape, as at real lengths (the interpreter accepted a kernel whose types only clash then)
+B, H, S, D = 2, 4, 100, 64
+
+
+def _mask(kind: str, dtype):
+    if kind == "none":
+        return None
+    keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    keep[1, ..., :5] = False
+    if kind == "bool":
+        return keep
+    return torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+def _fused_mass_launches(dtype, mask, causal):
+    from lm_eval_sinkmask import fused_mass
+
+    kernels = fused_mass._kernels()
+    q = torch.randn(B, H, S, D, dtype=dtype)
+    k = torch.randn(B, H // 2 if causal else H, S, D, dtype=dtype)
+    spy = types.SimpleNamespace(row_lse_kernel=_Captured(kernels.row_lse_kernel),
+                                column_mass_kernel=_Captured(kernels.column_mass_kernel))
+    saved = fused_mass._kernels
+    fused_mass._kernels = lambda: spy
+    try:
+        fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, causal, 0, 0)
+    finally:
+        fused_mass._kernels = saved
+    return [(c.fn, args, kwargs) for c in (spy.row_lse_kernel, spy.column_mass_kernel)
+            for args, kwargs in c.calls]
+
+
+def _selection_launches(dtype, mask_kind, per_layer, bias):
+    import select_kernel
+    from lm_eval_sinkmask.metric import key_counts
+
+    counts = key_counts(torch.full((B, 1, S), 7.0), torch.ones(B, S, dtype=torch.bool),
+                        per_layer=per_layer)
+    h_out = 1 if per_layer else H
+    kw = {}
+    if bias:
+        kw = dict(blocked=torch.zeros(B, h_out, S - 1, dtype=torch.bool),
+                  model_mask=_mask(mask_kind, dtype), bias_dtype=dtype)
+    return _calls(select_kernel, "_select_kernel", lambda: select_kernel._launch(
+        torch.rand(B, H, S), counts, 3.0, 5, per_layer, **kw))
+
+
+def _decode_launches(dtype, mask_kind, previous, history, gqa):
+    import decode_kernel
+    from lm_eval_sinkmask.attention_view import Detection
+
+    kv = H // 2 if gqa else H
+    mask = types.SimpleNamespace(
+        attn_mask=_mask(mask_kind, dtype), rows=torch.ones(B, 1, S, dtype=torch.long),
+        qw=torch.ones(B, 1, 1, 1), key_valid=torch.ones(B, S, dtype=torch.bool))
+    sc = types.SimpleNamespace(query=torch.randn(B, H, 1, D, dtype=dtype),
+                               key=torch.randn(B, kv, S, D, dtype=dtype),
+                               value=torch.randn(B, kv, S, D, dtype=dtype), mask=mask, scale=None)
+    prev = torch.zeros(B, H, S - 1, dtype=torch.bool) if previous else None
+    old = Detection(torch.rand(B, H, S - 1), torch.ones(B, 1, S - 1, dtype=torch.long)) \
+        if history else None
+    return _calls(decode_kernel, "_decode_kernel", lambda: decode_kernel.masked_decode(
+        sc, eps=3.0, k=5, previous=prev, history=old))
+
+
+CASES = {
+    "fused mass, bf16, LLaDA's float bias": lambda: _fused_mass_launches(
+        torch.bfloat16, _mask("float", torch.bfloat16), False),
+    "fused mass, fp16, bool mask": lambda: _fused_mass_launches(
+        torch.float16, _mask("bool", torch.float16), False),
+    "fused mass, fp32, causal, GQA": lambda: _fused_mass_launches(torch.float32, None, True),
+    "selection (c_kernel)": lambda: _selection_launches(torch.float32, "none", False, False),
+    "selection, granularity layer": lambda: _selection_launches(torch.float32, "none", True,
+                                                                False),
+    "call path (c_call), bf16 float bias": lambda: _selection_launches(torch.bfloat16, "float",
+                                                                      False, True),
+    "call path, fp16 bool mask, layer": lambda: _selection_launches(torch.float16, "bool", True,
+                                                                   True),
+    "call path, no mask": lambda: _selection_launches(torch.bfloat16, "none", False, True),
+    "decoding step (c_decode), bf16, float bias, last pass's keys, history, GQA":
+        lambda: _decode_launches(torch.bfloat16, "float", True, True, True),
+    "decoding step, fp16, bool mask": lambda: _decode_launches(torch.float16, "bool", False,
+                                                               False, False),
+    "decoding step, fp32, no mask, last pass's keys": lambda: _decode_launches(
+        torch.float32, "none", True, False, False),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_kernel_compiles_for_the_gpu(case, arch):
+    launches = CASES[case]()
+    assert launches, "the wrapper launched no kernel"
+    for fn, args, kwargs in launches:
+        compiled = _compile(fn, args, kwargs, arch)
+        assert compiled.asm.get("cubin"), f"{fn.__name__}: no cubin for sm_{arch}"
