@@ -41,7 +41,7 @@ import re
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -75,7 +75,7 @@ LABELS = {
 # CPU's, and the GPU's before the fused path), and the same column mass from two compiled
 # FlexAttention calls (detect_backend=flex, compiled selection); decoding steps also time the
 # one-launch decoding-step candidate (decode_kernel.py, c_decode), which only one-row calls take
-GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_mat", "c_flex", "d")
+GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_w8", "c_mat", "c_flex", "d")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md): left out by
 # default so that a lent GPU's minutes go to the candidates (--gpu-skip '' times them again)
@@ -86,6 +86,7 @@ GPU_LABELS = dict(LABELS, **{
     "c_kernel": "(c) fused, one-launch selection kernel (candidate)",
     "c_decode": "(c) one-launch decoding step (candidate)",
     "c_call": "(c) fused, selection kernel writes the output mask (candidate)",
+    "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
     "d": "(d) top_k=5 current, fused",
@@ -102,6 +103,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "c_kernel": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_decode": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_call": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
+        "c_w8": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -115,10 +117,11 @@ def candidate_of(variant: str):
     """What a variant runs besides the package's defaults on the fused path: the selection
     eager (``c_eager``: compiled_tail.ENABLED off), the one-launch Triton selection
     (``c_kernel``: select_kernel's functions where compiled_tail would hand out its compiled
-    ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them), or
-    the one-launch decoding step (``c_decode``: decode_kernel installed; calls out of its
-    scope, such as a prefill, run the package's fused path), or the call path (``c_call``:
-    select_kernel's, which also writes the output mask, for calls of several rows)."""
+    ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them), the
+    one-launch decoding step (``c_decode``: decode_kernel installed; calls out of its scope,
+    such as a prefill, run the package's fused path), the call path (``c_call``:
+    select_kernel's, which also writes the output mask, for calls of several rows), or the
+    detection kernels launched with 8 warps (``c_w8``: :func:`detection_warps`)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -127,20 +130,51 @@ def candidate_of(variant: str):
         compiled_tail._COMPILED = select_kernel.select_and_count
         compiled_tail._COMPILED_FROM_ROWS = select_kernel.select_and_count_from_rows
     try:
-        if variant == "c_decode":
-            import decode_kernel
+        with ExitStack() as stack:
+            if variant == "c_decode":
+                import decode_kernel
 
-            with decode_kernel.installed():
-                yield
-        elif variant == "c_call":
-            import select_kernel
+                stack.enter_context(decode_kernel.installed())
+            elif variant == "c_call":
+                import select_kernel
 
-            with select_kernel.call_path_installed():
-                yield
-        else:
+                stack.enter_context(select_kernel.call_path_installed())
+            elif variant == "c_w8":
+                stack.enter_context(detection_warps(8))
             yield
     finally:
         compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS = old
+
+
+@contextmanager
+def detection_warps(n: int):
+    """The fused path's two detection kernels launched with ``n`` warps instead of the
+    package's 4. Why: compiled for sm_90 at head size 128 in bf16, the row log-sum-exp kernel
+    uses 255 registers and spills 408 bytes of stack per thread with 4 warps, none with 8
+    (benchmarks/README.md, "Compiled for the GPU without one")."""
+    import types
+
+    from lm_eval_sinkmask import fused_mass
+
+    kernels = fused_mass._kernels()
+
+    class Warps:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+            return lambda *args, **kwargs: launch(*args, **dict(kwargs, num_warps=n))
+
+    saved = fused_mass._kernels
+    if kernels is not None:
+        spy = types.SimpleNamespace(row_lse_kernel=Warps(kernels.row_lse_kernel),
+                                    column_mass_kernel=Warps(kernels.column_mass_kernel))
+        fused_mass._kernels = lambda: spy
+    try:
+        yield
+    finally:
+        fused_mass._kernels = saved
 
 
 def configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
@@ -443,7 +477,7 @@ def bench_llada_gap(args, device, hidden, heads, S):
         run_part(f"llada_gap S {length}", bench_forward,
                  f"3. 8B-shaped LLaDA config on {name}, batch 8, S {length}, "
                  f"{'padded' if padded else 'no padding'}", model, 8, length, 4, args, device,
-                 padded, ("a", "c", "c_mat"))
+                 padded, timed(("a", "c", "c_w8", "c_mat"), args))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -47,6 +47,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
         assert out.count(variant) == 8
     assert out.count("(c) fused, selection kernel writes the output mask (candidate)") == 4
     assert out.count("(c) one-launch decoding step (candidate)") == 4  # the Llama tables
+    # the LLaDA tables and part llada_gap's
+    assert out.count("(c) fused, detection kernels with 8 warps (candidate)") == 4 + 3
     for variant in ("(c) top_k=5 previous, fused", "(c) materialized"):
         assert out.count(variant) == 8 + 3  # and the three tables of part llada_gap
     for title in ("batch 8, S 40, no padding", "batch 8, S 60, no padding", "batch 8, S 60, padded"):
@@ -71,10 +73,10 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     # every variant but the two --gpu-skip leaves out by default (materialized, flex)
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 5
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 8 + 4 * 5
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 5 + 4 * 4  # (c) x 4 and (d) for LLaDA; (c) x 4 for Llama
+    assert len(splits) == 2 * 6 + 4 * 4  # (c) x 5 and (d) for LLaDA; (c) x 4 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)
@@ -234,3 +236,29 @@ def test_host_parts_split_a_call_and_leave_the_package_as_it_was():
     assert gpu_profile.host_split(per_call) == (
         "1,000 us a call = mask view 25 + detection 300 + output 100 + selection 200 + rest 375")
     assert gpu_profile.host_split({"host": {}}) is None
+
+
+def test_variant_c_w8_launches_both_detection_kernels_with_8_warps(monkeypatch):
+    """c_w8 (candidate): the fused path's own launches, the number of warps alone changed."""
+    import types
+
+    from lm_eval_sinkmask import fused_mass
+
+    launched = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((self.name, grid, args, kwargs))
+
+    monkeypatch.setattr(fused_mass, "_kernels", lambda: types.SimpleNamespace(
+        row_lse_kernel=Kernel("row_lse"), column_mass_kernel=Kernel("column_mass")))
+    with bench_masking.candidate_of("c_w8"):
+        kernels = fused_mass._kernels()
+        kernels.row_lse_kernel[(3, 4)](1, 2, BLOCK_M=64, num_warps=4)
+        kernels.column_mass_kernel[(5, 4)](1, 2, BLOCK_N=64, num_warps=4)
+    assert launched == [("row_lse", (3, 4), (1, 2), {"BLOCK_M": 64, "num_warps": 8}),
+                        ("column_mass", (5, 4), (1, 2), {"BLOCK_N": 64, "num_warps": 8})]
+    assert fused_mass._kernels().row_lse_kernel.name == "row_lse"  # restored: 4 warps again

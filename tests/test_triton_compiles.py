@@ -159,6 +159,9 @@ CASES = {
     "fused mass, fp16, bool mask": lambda: _fused_mass_launches(
         torch.float16, _mask("bool", torch.float16), False),
     "fused mass, fp32, causal, GQA": lambda: _fused_mass_launches(torch.float32, None, True),
+    "fused mass, bf16, 8 warps (c_w8)": lambda: [
+        (fn, args, dict(kwargs, num_warps=8)) for fn, args, kwargs in _fused_mass_launches(
+            torch.bfloat16, _mask("float", torch.bfloat16), False)],
     "selection (c_kernel)": lambda: _selection_launches(torch.float32, "none", False, False),
     "selection, granularity layer": lambda: _selection_launches(torch.float32, "none", True,
                                                                 False),
