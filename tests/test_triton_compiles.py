@@ -102,7 +102,7 @@ def _mask(kind: str, dtype):
     return torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
 
 
-def _fused_mass_launches(dtype, mask, causal):
+def _fused_mass_launches(dtype, mask, causal, first_row=0):
     from lm_eval_sinkmask import fused_mass
 
     kernels = fused_mass._kernels()
@@ -113,7 +113,8 @@ def _fused_mass_launches(dtype, mask, causal):
     saved = fused_mass._kernels
     fused_mass._kernels = lambda: spy
     try:
-        fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, causal, 0, 0)
+        fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, causal, 0,
+                                       first_row)
     finally:
         fused_mass._kernels = saved
     return [(c.fn, args, kwargs) for c in (spy.row_lse_kernel, spy.column_mass_kernel)
@@ -159,6 +160,8 @@ CASES = {
     "fused mass, fp16, bool mask": lambda: _fused_mass_launches(
         torch.float16, _mask("bool", torch.float16), False),
     "fused mass, fp32, causal, GQA": lambda: _fused_mass_launches(torch.float32, None, True),
+    "fused mass, bf16, causal, last row only (16-row tiles)": lambda: _fused_mass_launches(
+        torch.bfloat16, None, True, first_row=S - 1),
     "fused mass, bf16, 8 warps (c_w8)": lambda: [
         (fn, args, dict(kwargs, num_warps=8)) for fn, args, kwargs in _fused_mass_launches(
             torch.bfloat16, _mask("float", torch.bfloat16), False)],
