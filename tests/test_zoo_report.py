@@ -48,11 +48,14 @@ def test_sink_summary_counts_pairs_tokens_and_positions():
     s = report.sink_summary(n_sinks, top_pos, is_sink,
                             lambda t, p: "<mask>" if (t, p) == (0, 7) else tokens[p], 5)
     assert s["pairs"] == 4 and s["pairs_with_sink"] == 2
+    assert s["share_by_layer"] == [0.5, 0.5]  # layer 0: head 0 of 2; layer 1: head 1 of 2
     assert s["mean_sinks_per_pair"] == (1 + 0.5 + 0 + 3) / 4
     assert s["tokens"] == {"<bos>": 4, "<mask>": 1}
     assert s["positions"] == {"0 (BOS)": 4, "answer +2": 1}
     both = report.combine([s, s])
     assert both["generations"] == 2 and both["share_of_pairs_with_sink"] == 0.5
+    assert report.combine([s, {**s, "share_by_layer": [1.0, 0.0]}])["share_by_layer"] == [0.75, 0.25]
+    assert report.combine([s, {**s, "share_by_layer": None}])["share_by_layer"] is None
     assert both["top_tokens"] == [["<bos>", 0.8], ["<mask>", 0.2]]
     assert both["share_range"] == [0.5, 0.5] and report.share_text(both) == "50% ± 0% (50%-50%)"
     three = report.combine([s, {**s, "pairs_with_sink": 1}, {**s, "pairs_with_sink": 4}])

@@ -94,6 +94,8 @@ def sink_summary(n_sinks: np.ndarray, top_pos: np.ndarray, is_sink: np.ndarray,
         "mean_sinks_per_pair": float(per_pair.mean()),
         "pairs": int(per_pair.size),
         "pairs_with_sink": int((per_pair >= 1).sum()),
+        # per layer, first to last: the share of its heads with at least one sink on average
+        "share_by_layer": [float(x) for x in (per_pair >= 1).mean(axis=1)],
         "tokens": tokens,
         "positions": positions,
     }
@@ -116,6 +118,7 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
         pooled = value_norm_summary(np.concatenate([v[0] for v in values]),
                                     np.concatenate([v[1] for v in values]), values[0][2])
     shares = [s["pairs_with_sink"] / s["pairs"] for s in summaries]
+    by_layer = [s.get("share_by_layer") for s in summaries]
     return {
         "generations": len(summaries),
         "mean_sinks_per_pair": float(np.mean([s["mean_sinks_per_pair"] for s in summaries])),
@@ -124,6 +127,9 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
         "share_stderr": _stderr(shares),
         # the lowest and highest generation's share: how much the mean rests on the prompts traced
         "share_range": [float(min(shares)), float(max(shares))],
+        # where the pairs with a sink sit: the mean over generations, layer by layer
+        "share_by_layer": ([float(x) for x in np.mean(by_layer, axis=0)]
+                           if all(b is not None for b in by_layer) else None),
         "top_tokens": share(tokens),
         "top_positions": share(positions),
         "value_norms": pooled,
@@ -568,20 +574,26 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
         "and highest generation's share). Tokens and positions: how often each is among the sinks "
         "(of the 5 top-scoring keys recorded per step, layer and head), pooled over the "
         "generations; positions count back from the prompt's end (`Answer:` ends it) or "
-        "forward into the answer.",
+        "forward into the answer. By layer: the share of each layer's heads with a sink, "
+        "first layer to last, in percent.",
         "",
         "| model (query rule) | seed | generations | sinks per pair | pairs with a sink | "
-        "most common sink tokens | most common sink positions |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "by layer | most common sink tokens | most common sink positions |",
+        "|---|---:|---:|---:|---:|---|---|---|",
     ]
     for c in checkpoints:
         for label, s in c["sinks"].items():
             lines.append(f"| {label} | {c['seed']} | {s['generations']} | "
                          f"{s['mean_sinks_per_pair']:.2f} | {share_text(s)} | "
+                         f"{_by_layer_text(s.get('share_by_layer'))} | "
                          f"{fmt(s['top_tokens'])} | {fmt(s['top_positions'])} |")
     lines += value_norm_section({f"{label} seed {c['seed']}": s for c in checkpoints
                                  for label, s in c["sinks"].items()})
     return lines
+
+
+def _by_layer_text(shares: list[float] | None) -> str:
+    return "-" if shares is None else " ".join(f"{x:.0%}".rstrip("%") for x in shares)
 
 
 def share_text(sinks: dict[str, Any]) -> str:
