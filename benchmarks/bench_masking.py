@@ -70,11 +70,12 @@ LABELS = {
 
 
 # the GPU section also times the detection backends against each other: the fused
-# path (default on CUDA) with the compiled selection, the same without compiling it or with
-# the one-launch Triton selection candidate (select_kernel.py), the materialised path (the
-# CPU's, and the GPU's before the fused path), and the same column mass from two compiled
-# FlexAttention calls (detect_backend=flex, compiled selection); decoding steps also time the
-# one-launch decoding-step candidate (decode_kernel.py, c_decode), which only one-row calls take
+# path (default on CUDA) with the compiled selection, the same without compiling it, and the
+# candidates, each on the fused path with one part replaced (candidate_of): the one-launch
+# selection (c_kernel), the same kernel writing the output mask (c_call, calls of several
+# rows), the detection kernels with 8 warps (c_w8) and, in decoding steps, the one-launch
+# decoding step (c_decode); then the materialised path (the CPU's, and the GPU's before the
+# fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
 GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_w8", "c_mat", "c_flex", "d")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md): left out by
@@ -95,15 +96,12 @@ GPU_LABELS = dict(LABELS, **{
 
 def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
     base = configs(eps, chunk)
+    # (c) and the variants that differ from it only in code (candidate_of), not in settings
+    fused = SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused")
     return {
         "a": None,
         "b": base["b"],
-        "c": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
-        "c_eager": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
-        "c_kernel": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
-        "c_decode": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
-        "c_call": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
-        "c_w8": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused"),
+        **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_w8")},
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -592,9 +590,9 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
             (ref, ref_calls, ref_stats), (got, got_calls, got_stats) = runs["c"], runs["c_decode"]
             steps = ref.shape[1]  # one forward pass per new token
             n = int((ref == got).all(dim=0).long().cumprod(0).sum())  # leading steps alike
+            layers = len(ref_calls) // steps  # calls per forward pass
             # the pass that made the first differing token still saw the same inputs
-            upto = min(len(ref_calls) // steps * (n + 1), len(ref_calls))
-            layers = len(ref_calls) // steps
+            upto = min(layers * (n + 1), len(ref_calls))
             differs = [i for i, (a, b) in enumerate(zip(got_calls[:upto], ref_calls[:upto]))
                        if not torch.equal(a.expand_as(b), b)]
             keys = (f"the same in the first {upto} calls" if not differs else
