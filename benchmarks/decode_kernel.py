@@ -34,7 +34,8 @@ import triton.language as tl
 
 import taken_calls
 from lm_eval_sinkmask.attention_view import Detection, Scores
-from select_kernel import key_mask, key_mask_view, store_selection, top_k_of
+from select_kernel import (block_of, keeps_some, key_mask, key_mask_view, store_selection,
+                           top_k_of)
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows use the package
 BLOCK_N = 64  # keys per tile of the two passes over K and V
@@ -115,8 +116,7 @@ def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
     else:
         blocked = chosen
     visible = logits > float("-inf")
-    keeps = tl.sum((visible & ~blocked).to(tl.int32), axis=0) + tl.zeros([BLOCK], tl.int32) > 0
-    kept = tl.where(blocked & keeps, float("-inf"), logits)
+    kept = tl.where(blocked & keeps_some(visible, blocked, BLOCK), float("-inf"), logits)
     top = tl.max(kept, axis=0)
     e = tl.exp(kept - tl.where(top == float("-inf"), 0.0, top))
     total_e = tl.sum(e, axis=0)
@@ -139,12 +139,6 @@ def _decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
         acc += tl.sum(w[:, None] * vt.to(tl.float32), axis=0)
     tl.store(OUT + b * s_ob + h * s_oh + offs_dv * s_od, acc.to(OUT.dtype.element_ty),
              mask=offs_dv < v_dim)
-
-
-def _pow2(n: int) -> int:
-    """The power of two at or above ``n``, at least 16 (a block size); in Python, because
-    ``triton.next_power_of_2`` is a JIT function whose call costs microseconds per launch."""
-    return max(16, 1 << (n - 1).bit_length())
 
 
 def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | None,
@@ -193,8 +187,8 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
         H, H // k_.shape[1], n_k, n_old, n_prev, D, dv, float(scale), hidden_below, float(eps),
         HAS_MASK=mask.attn_mask is not None, MASK_BOOL=mask.attn_mask is not None
         and mask.attn_mask.dtype == torch.bool, HISTORY=history is not None,
-        HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=_pow2(n_k),
-        BLOCK_N=BLOCK_N, BLOCK_D=_pow2(D), BLOCK_DV=_pow2(dv), num_warps=4)
+        HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=block_of(n_k),
+        BLOCK_N=BLOCK_N, BLOCK_D=block_of(D), BLOCK_DV=block_of(dv), num_warps=4)
     new = Detection(new_mass, new_rows) if history is not None else None
     return out, scores, sinks, chosen, tally[0], tally[1], new
 

@@ -49,6 +49,20 @@ def top_k_of(scores, sinks, offs, K: tl.constexpr):
 
 
 @triton.jit
+def keeps_some(visible, blocked, BLOCK: tl.constexpr):
+    """Whether the row still sees a key once the blocked keys leave it, on every lane: where
+    it does not, the package keeps the row's scores (removes nothing)."""
+    return tl.sum((visible & ~blocked).to(tl.int32), axis=0) + tl.zeros([BLOCK], tl.int32) > 0
+
+
+def block_of(n: int) -> int:
+    """The power of two at or above ``n``, at least 16: a block holding ``n`` elements. In
+    Python, because ``triton.next_power_of_2`` is a JIT function whose call costs
+    microseconds per launch."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
+@triton.jit
 def store_selection(SCORES, SINKS, CHOSEN, COUNTS, out, in_k, scores, sinks, chosen):
     """A row's scores, sinks and chosen keys stored at ``out``, and both counts added."""
     tl.store(SCORES + out, scores, mask=in_k)
@@ -129,8 +143,7 @@ def _output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
     if HAS_MASK:
         mv = tl.load(M + b * s_Mb + h * s_Mh + offs * s_Mn, mask=in_k, other=0)
         visible, model = key_mask(mv, visible, hidden_below, MASK_BOOL)
-    keeps = tl.sum((visible & ~blocked).to(tl.int32), axis=0) + tl.zeros([BLOCK], tl.int32) > 0
-    drop = blocked & keeps
+    drop = blocked & keeps_some(visible, blocked, BLOCK)
     if HAS_MASK and not MASK_BOOL:
         return tl.where(drop, hidden_below * 2, model)  # hidden_below is finfo.min / 2
     return tl.where(drop | ~visible, float("-inf"), 0.0)
@@ -176,7 +189,7 @@ def _launch(mass, counts: KeyCounts, eps, k, per_layer, blocked=None, model_mask
         counts.several.stride(0), counts.several.stride(2),
         counts.n_keys.stride(0), counts.others.stride(0), *blk.stride(),
         m.stride(0), m.stride(1), m.stride(-1),
-        K=max(int(k), 0), PER_LAYER=bool(per_layer), BLOCK=max(16, 1 << (n_k - 1).bit_length()),
+        K=max(int(k), 0), PER_LAYER=bool(per_layer), BLOCK=block_of(n_k),
         WRITE_BIAS=bias is not None, HAS_BLOCKED=blocked is not None,
         HAS_MASK=model_mask is not None,
         MASK_BOOL=model_mask is not None and model_mask.dtype == torch.bool)
