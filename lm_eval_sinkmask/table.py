@@ -80,7 +80,7 @@ def load(folder: Path, metrics: dict[str, str] | None = None) -> tuple[dict, lis
     table (``render(..., pool=...)``) gives the pooled cells of the sweep folders it names."""
     pooled = _pooled(folder)
     if pooled is not None:
-        grid, entries, zoo = load_pooled(pooled_sources(folder), metrics)
+        grid, entries, zoo = load_pooled(_sources(folder, pooled), metrics)
         return ({**grid, "title": pooled["title"]} if pooled.get("title") else grid), entries, zoo
     read = _read(Path(folder), metrics)
     _check_one_experiment([read], "this folder is")
@@ -579,7 +579,11 @@ def _pooled(folder: Path) -> dict | None:
 def pooled_sources(folder: Path) -> list[Path] | None:
     """The sweep folders a pooled table's folder reads, or None for a sweep folder."""
     pooled = _pooled(folder)
-    return None if pooled is None else [Path(folder) / p for p in pooled["sources"]]
+    return None if pooled is None else _sources(folder, pooled)
+
+
+def _sources(folder: Path, pooled: dict) -> list[Path]:
+    return [Path(folder) / p for p in pooled["sources"]]
 
 
 def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, digits: int,
