@@ -93,7 +93,7 @@ def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CH
                    WRITE_BIAS: tl.constexpr, HAS_BLOCKED: tl.constexpr,
                    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr):
     """One (batch element, head) row: scores, Eq. 3 sinks and the top-K of them; with
-    WRITE_BIAS also the row's additive mask for the masked output (see :func:`_output_bias`)."""
+    WRITE_BIAS also the row's additive mask for the masked output (see :func:`output_bias`)."""
     pid = tl.program_id(0)
     b = pid // H_OUT
     h = pid % H_OUT
@@ -126,27 +126,28 @@ def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CH
                               mask=offs < n_blocked, other=0) != 0
         else:
             blocked = chosen
-        bias = _output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
-                            BLOCK, HAS_MASK, MASK_BOOL)
+        _, bias = output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
+                              BLOCK, HAS_MASK, MASK_BOOL)
         tl.store(BIAS + out, bias.to(BIAS.dtype.element_ty), mask=in_k)
 
 
 @triton.jit
-def _output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
-                 BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr):
-    """The additive mask of a call whose model mask does not depend on the query row: the
-    model's own (its float values, or 0 / -inf for a bool mask) with the blocked keys
-    hidden, unless they are every key the row sees (it then keeps its scores), as the
-    package's output mask does; a float mask hides them with its dtype's minimum, as there."""
+def output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
+                BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr):
+    """(keys hidden beyond the model's mask, the additive mask) of a call whose model mask
+    does not depend on the query row: the model's own (its float values, or 0 / -inf for a
+    bool mask) with the blocked keys hidden, unless they are every key the row sees (it then
+    keeps its scores), as the package's output mask does; a float mask hides them with its
+    dtype's minimum, as there."""
     visible = in_k
     model = tl.zeros([BLOCK], tl.float32)
     if HAS_MASK:
         mv = tl.load(M + b * s_Mb + h * s_Mh + offs * s_Mn, mask=in_k, other=0)
         visible, model = key_mask(mv, visible, hidden_below, MASK_BOOL)
     drop = blocked & keeps_some(visible, blocked, BLOCK)
-    if HAS_MASK and not MASK_BOOL:
-        return tl.where(drop, hidden_below * 2, model)  # hidden_below is finfo.min / 2
-    return tl.where(drop | ~visible, float("-inf"), 0.0)
+    if HAS_MASK and not MASK_BOOL:  # hidden_below is finfo.min / 2
+        return drop & visible, tl.where(drop, hidden_below * 2, model)
+    return drop & visible, tl.where(drop | ~visible, float("-inf"), 0.0)
 
 
 def select_and_count(mass: torch.Tensor, counts: KeyCounts, *, eps: float, k: int,

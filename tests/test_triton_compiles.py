@@ -3,12 +3,12 @@ ahead of time for an H100 (sm_90) and an A100 (sm_80) on this CPU machine: Trito
 down to PTX and the ptxas its wheel ships, no GPU.
 
 Why: the interpreter that checks the kernels' arithmetic here (test_fused_mass_triton,
-test_select_kernel, test_decode_kernel) runs them as numpy and accepts programs the compiler
-rejects (types of scalars against blocks, pointer types, constexpr use). A kernel that fails
-to compile would cost a lent GPU's few minutes; here it fails in CI. Each kernel is compiled
-with the very arguments its Python wrapper passes (captured from a call on CPU tensors), in the
-variants the benchmarks run: bf16, fp16 and fp32 inputs, float, bool and no masks, with and
-without the optional inputs.
+test_select_kernel, test_decode_kernel, test_lse_reuse) runs them as numpy and accepts
+programs the compiler rejects (types of scalars against blocks, pointer types, constexpr
+use). A kernel that fails to compile would cost a lent GPU's few minutes; here it fails in
+CI. Each kernel is compiled with the very arguments its Python wrapper passes (captured from a
+call on CPU tensors), in the variants the benchmarks run: bf16, fp16 and fp32 inputs, float,
+bool and no masks, with and without the optional inputs.
 """
 
 from __future__ import annotations
@@ -154,6 +154,34 @@ def _decode_launches(dtype, mask_kind, previous, history, gqa):
         sc, eps=3.0, k=5, previous=prev, history=old))
 
 
+def _lse_reuse_launches(dtype, mask_kind, per_layer):
+    """lse_reuse's two kernels: the output mask and hidden keys, and the log-sum-exp fix,
+    launched where the fused path launches its row log-sum-exp kernel (its column-mass
+    kernel, unchanged, is compiled by the fused mass cases)."""
+    import lse_reuse
+    from lm_eval_sinkmask import fused_mass
+
+    h_out = 1 if per_layer else H
+    mask = _mask(mask_kind, dtype)
+    previous = torch.zeros(B, h_out, S, dtype=torch.bool)
+    prep = _calls(lse_reuse, "_prep_kernel",
+                  lambda: lse_reuse.prepared(previous, mask, B, h_out, S, dtype, 5))
+    q, k = torch.randn(B, H, S, D, dtype=dtype), torch.randn(B, H, S, D, dtype=dtype)
+    lse_out = torch.zeros(B, H, 128)[..., :S]  # rows padded to a multiple of 32, as on CUDA
+    idx = torch.full((B, h_out, 16), -1, dtype=torch.int32)
+    spy = types.SimpleNamespace(row_lse_kernel=None, column_mass_kernel=_Captured(None))
+    saved = fused_mass._kernels
+    fused_mass._kernels = lambda: spy
+
+    def detection():
+        with lse_reuse._row_lse_from(lse_out, idx):
+            fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, False, 0, 0)
+    try:
+        return prep + _calls(lse_reuse, "_lse_fix_kernel", detection)
+    finally:
+        fused_mass._kernels = saved
+
+
 CASES = {
     "fused mass, bf16, LLaDA's float bias": lambda: _fused_mass_launches(
         torch.bfloat16, _mask("float", torch.bfloat16), False),
@@ -179,6 +207,11 @@ CASES = {
                                                                False, False),
     "decoding step, fp32, no mask, last pass's keys": lambda: _decode_launches(
         torch.float32, "none", True, False, False),
+    "log-sum-exp reuse (c_lse), bf16 float bias": lambda: _lse_reuse_launches(
+        torch.bfloat16, "float", False),
+    "log-sum-exp reuse, fp16 bool mask, layer": lambda: _lse_reuse_launches(
+        torch.float16, "bool", True),
+    "log-sum-exp reuse, fp32 no mask": lambda: _lse_reuse_launches(torch.float32, "none", False),
 }
 
 
