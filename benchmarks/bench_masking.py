@@ -73,10 +73,12 @@ LABELS = {
 # path (default on CUDA) with the compiled selection, the same without compiling it, and the
 # candidates, each on the fused path with one part replaced (candidate_of): the one-launch
 # selection (c_kernel), the same kernel writing the output mask (c_call, calls of several
-# rows), the detection kernels with 8 warps (c_w8) and, in decoding steps, the one-launch
+# rows), the row log-sum-exp taken from the masked output's (c_lse, calls of several rows),
+# the detection kernels with 8 warps (c_w8) and, in decoding steps, the one-launch
 # decoding step (c_decode); then the materialised path (the CPU's, and the GPU's before the
 # fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
-GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_w8", "c_mat", "c_flex", "d")
+GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_mat",
+                "c_flex", "d")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md): left out by
 # default so that a lent GPU's minutes go to the candidates (--gpu-skip '' times them again)
@@ -87,6 +89,7 @@ GPU_LABELS = dict(LABELS, **{
     "c_kernel": "(c) fused, one-launch selection kernel (candidate)",
     "c_decode": "(c) one-launch decoding step (candidate)",
     "c_call": "(c) fused, selection kernel writes the output mask (candidate)",
+    "c_lse": "(c) fused, row log-sum-exp from the masked output (candidate)",
     "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
@@ -101,7 +104,8 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
     return {
         "a": None,
         "b": base["b"],
-        **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_w8")},
+        **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_lse",
+                              "c_w8")},
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -118,8 +122,10 @@ def candidate_of(variant: str):
     ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them), the
     one-launch decoding step (``c_decode``: decode_kernel installed; calls out of its scope,
     such as a prefill, run the package's fused path), the call path (``c_call``:
-    select_kernel's, which also writes the output mask, for calls of several rows), or the
-    detection kernels launched with 8 warps (``c_w8``: :func:`detection_warps`)."""
+    select_kernel's, which also writes the output mask, for calls of several rows), the row
+    log-sum-exp from the masked output (``c_lse``: lse_reuse's, calls of several rows after
+    the first pass), or the detection kernels launched with 8 warps (``c_w8``:
+    :func:`detection_warps`)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -137,6 +143,10 @@ def candidate_of(variant: str):
                 import select_kernel
 
                 stack.enter_context(select_kernel.call_path_installed())
+            elif variant == "c_lse":
+                import lse_reuse
+
+                stack.enter_context(lse_reuse.installed())
             elif variant == "c_w8":
                 stack.enter_context(detection_warps(8))
             yield
@@ -475,7 +485,7 @@ def bench_llada_gap(args, device, hidden, heads, S):
         run_part(f"llada_gap S {length}", bench_forward,
                  f"3. 8B-shaped LLaDA config on {name}, batch 8, S {length}, "
                  f"{'padded' if padded else 'no padding'}", model, 8, length, 4, args, device,
-                 padded, timed(("a", "c", "c_w8", "c_mat"), args))
+                 padded, timed(("a", "c", "c_lse", "c_w8", "c_mat"), args))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -723,24 +733,25 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
 def same_on_cuda_and_cpu(device=torch.device("cuda")):
     """The zoo checkpoint decoded on the CPU (materialised path, output from its own scores),
     on CUDA with the materialised path (fused SDPA output), and on CUDA with the fused and
-    flex detection paths and the call path candidate (select_kernel.py, variant c_call): the
-    tokens, the number of masked keys and, call by call, the masked keys themselves must
+    flex detection paths and the candidates for a DLM's calls (variants c_call and c_lse):
+    the tokens, the number of masked keys and, call by call, the masked keys themselves must
     agree."""
     model, what, eps = tiny_model()
     mask_id = mask_id_of(model)
     ids, pmask = prompts(4, 40, model.config.vocab_size, mask_id)
     runs = {}
     accel = device.type  # "cpu" only in the smoke run
+    candidate = {"call": "c_call", "lse": "c_lse"}
     for dev, backend in (("cpu", "auto"), (accel, "materialized"), (accel, "fused"),
-                         (accel, "flex"), (accel, "call")):
+                         (accel, "flex"), (accel, "call"), (accel, "lse")):
         model = model.to(dev)
         blocked = []
         cfg = SinkMaskConfig(top_k=5, eps=eps,
-                             detect_backend="fused" if backend == "call" else backend)
+                             detect_backend="fused" if backend in candidate else backend)
         try:
             masker = SinkMasker(cfg, observers=[lambda e: blocked.append(e.blocked.cpu())])
             with torch.inference_mode(), \
-                    candidate_of("c_call" if backend == "call" else "c"), \
+                    candidate_of(candidate.get(backend, "c")), \
                     masker.attach(model) as stats:
                 tokens = generate_block(model_fn_of(model), ids.to(dev), pmask.to(dev),
                                         mask_id=mask_id, gen_length=32, steps=32,
@@ -757,7 +768,7 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
     print(f"\n{what}, top_k 5, detect=previous, 32 tokens x batch 4: CUDA and CPU "
           f"{'decode the same tokens' if same else 'DIFFER'} (keys masked: CPU "
           f"{cpu[1]}, CUDA {mat[1]})")
-    for name in ("fused", "flex", "call"):
+    for name in ("fused", "flex", "call", "lse"):
         if (accel, name) not in runs:
             continue
         other = runs[(accel, name)]

@@ -48,9 +48,15 @@ from lm_eval_sinkmask import compiled_tail, fused_mass, intercept  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 
-PATHS = ("materialized", "fused", "decode", "call")
-CANDIDATES = {"decode": ("decode_kernel", "_decode_kernel", "installed"),
-              "call": ("select_kernel", "_select_kernel", "call_path_installed")}
+PATHS = ("materialized", "fused", "decode", "call", "lse")
+# path: (module, the block it installs, the Triton kernels it launches as (module, name))
+CANDIDATES = {
+    "decode": ("decode_kernel", "installed", (("decode_kernel", "_decode_kernel"),)),
+    "call": ("select_kernel", "call_path_installed", (("select_kernel", "_select_kernel"),)),
+    "lse": ("lse_reuse", "installed", (("lse_reuse", "_prep_kernel"),
+                                       ("lse_reuse", "_lse_fix_kernel"),
+                                       ("select_kernel", "_select_kernel"))),
+}
 SCENARIOS = ("llada batch 1", "llada batch 8", "llama decode last_row", "llama decode all_rows")
 
 
@@ -101,13 +107,13 @@ class _CountedKernel:
 
 def paths(scenario: str) -> tuple[str, ...]:
     """The paths a scenario is counted on: a candidate only where it takes the calls
-    (``decode`` one-row calls, ``call`` the LLaDA calls; elsewhere either is the fused path),
-    and only where Triton is installed."""
+    (``decode`` one-row calls, ``call`` and ``lse`` the LLaDA calls; elsewhere each is the
+    fused path), and only where Triton is installed."""
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
         return PATHS[:2]
-    return (*PATHS[:2], "decode" if scenario.startswith("llama") else "call")
+    return (*PATHS[:2], *(("decode",) if scenario.startswith("llama") else ("call", "lse")))
 
 
 def path_on_cpu(path: str, counter: OpCounter):
@@ -117,11 +123,11 @@ def path_on_cpu(path: str, counter: OpCounter):
 
 
 @contextmanager
-def as_on_a_gpu(counter: OpCounter, candidate: tuple[str, str, str] | None = None):
+def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None):
     """The intercept's choices as on CUDA, on CPU tensors: the masked output from the model's
     SDPA kernel, and the fused path's Triton launches counted instead of run; with a
-    ``candidate`` (module, kernel, installer; :data:`CANDIDATES`), it installed, its kernel's
-    launch counted instead of run."""
+    ``candidate`` (module, installer, kernels; :data:`CANDIDATES`), it installed, its kernels'
+    launches counted instead of run."""
     kernels = types.SimpleNamespace(row_lse_kernel=_CountedKernel(counter, "row_lse_kernel"),
                                     column_mass_kernel=_CountedKernel(counter, "column_mass_kernel"))
     saved = (intercept._output_from_scores, fused_mass.triton_runs_on, fused_mass._kernels)
@@ -132,19 +138,29 @@ def as_on_a_gpu(counter: OpCounter, candidate: tuple[str, str, str] | None = Non
         if candidate is not None:
             import importlib
 
-            module_name, kernel_name, installer = candidate
-            module = importlib.import_module(module_name)
-            kernel = getattr(module, kernel_name)
-            setattr(module, kernel_name, _CountedKernel(counter, module_name))
-            try:
-                with getattr(module, installer)():
-                    yield
-            finally:
-                setattr(module, kernel_name, kernel)
+            module_name, installer, launched = candidate
+            with ExitStack() as stack:
+                for where, name in launched:
+                    stack.enter_context(_counted_instead(counter, importlib.import_module(where),
+                                                         name))
+                stack.enter_context(getattr(importlib.import_module(module_name), installer)())
+                yield
         else:
             yield
     finally:
         intercept._output_from_scores, fused_mass.triton_runs_on, fused_mass._kernels = saved
+
+
+@contextmanager
+def _counted_instead(counter: OpCounter, module, name: str):
+    """A block within which the Triton kernel ``module.name`` counts its launches under
+    its name (without the leading underscore) instead of running."""
+    kernel = getattr(module, name)
+    setattr(module, name, _CountedKernel(counter, name.lstrip("_")))
+    try:
+        yield
+    finally:
+        setattr(module, name, kernel)
 
 
 @contextmanager

@@ -46,6 +46,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
         # four LLaDA tables (two under LLaDA's own kernel switch), four Llama decoding tables
         assert out.count(variant) == 8
     assert out.count("(c) fused, selection kernel writes the output mask (candidate)") == 4
+    # the LLaDA tables and part llada_gap's
+    assert out.count("(c) fused, row log-sum-exp from the masked output (candidate)") == 4 + 3
     assert out.count("(c) one-launch decoding step (candidate)") == 4  # the Llama tables
     # the LLaDA tables and part llada_gap's
     assert out.count("(c) fused, detection kernels with 8 warps (candidate)") == 4 + 3
@@ -73,10 +75,10 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     # every variant but the two --gpu-skip leaves out by default (materialized, flex)
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 8 + 4 * 5
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 9 + 4 * 5
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 6 + 4 * 4  # (c) x 5 and (d) for LLaDA; (c) x 4 for Llama
+    assert len(splits) == 2 * 7 + 4 * 4  # (c) x 6 and (d) for LLaDA; (c) x 4 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)

@@ -5,8 +5,9 @@ intercept's small ops, one kernel each, so their number is pinned here: a change
 ops to every call (or to every forward pass) fails until the bound is raised on purpose.
 Counted on CPU tiny models, for the CPU's materialised path and for the fused path as CUDA
 runs it (its two Triton kernel launches counted, the selection eager: compiled on CUDA, it
-fuses into a few kernels there), and for decoding steps with the one-launch candidate of
-benchmarks/decode_kernel.py (its launch counted).
+fuses into a few kernels there), and for the candidates beside the benchmarks (their launches
+counted): decoding steps with decode_kernel.py, LLaDA calls with select_kernel.py's call path
+and with lse_reuse.py.
 """
 
 import sys
@@ -37,6 +38,9 @@ BOUNDS = {
     # the call path of benchmarks/select_kernel.py
     ("llada batch 1", "call"): (4, 18),
     ("llada batch 8", "call"): (4, 20),
+    # the log-sum-exp reuse of benchmarks/lse_reuse.py
+    ("llada batch 1", "lse"): (5, 18),
+    ("llada batch 8", "lse"): (5, 20),
 }
 
 
@@ -45,7 +49,7 @@ def test_a_masked_call_adds_no_more_ops_than_pinned(scenario, path):
     c = op_counts.compare(scenario, path)
     per_layer, per_pass = BOUNDS[scenario, path]
     assert c.unmasked_call >= 1  # both calls were seen and counted
-    assert c.selection > 0 or path in ("decode", "call")  # (they select inside a kernel)
+    assert c.selection > 0 or path in ("decode", "call", "lse")  # (they select in a kernel)
     assert c.outside_per_layer == 0  # the model handles a masked output as an unmasked one
     assert c.extra_per_call <= per_layer, c
     assert c.per_pass_fixed <= per_pass, c
@@ -69,13 +73,27 @@ def test_the_decoding_step_candidate_is_one_launch_and_a_memset():
                                                              "aten::zeros": 1}
 
 
-@pytest.mark.skipif(op_counts.paths("llada batch 1")[-1] != "call",
+@pytest.mark.skipif("call" not in op_counts.paths("llada batch 1"),
                     reason="Triton is not installed: no call path to count")
 def test_the_call_path_is_detection_a_memset_the_selection_and_sdpa():
     ops = op_counts.op_table("llada batch 8", "call")["call"]
     names = {name: n for (_, name), n in ops.items()}
     assert names.pop("triton.row_lse_kernel") == names.pop("triton.column_mass_kernel") == 1
     assert names.pop("triton.select_kernel") == names.pop("aten::zeros") == 1
+    assert [n for n in names if "scaled_dot_product" in n] and sum(names.values()) == 1, names
+
+
+@pytest.mark.skipif("lse" not in op_counts.paths("llada batch 1"),
+                    reason="Triton is not installed: no log-sum-exp reuse to count")
+def test_the_lse_reuse_replaces_sdpa_and_the_row_lse_pass():
+    """The output mask, the output with its log-sum-exp (in place of the model's SDPA), the
+    fix in place of the row log-sum-exp pass, the column mass, a memset and the selection."""
+    ops = op_counts.op_table("llada batch 8", "lse")["call"]
+    names = {name: n for (_, name), n in ops.items()}
+    assert "triton.row_lse_kernel" not in names and "aten::_softmax" not in names
+    assert names.pop("triton.prep_kernel") == names.pop("triton.lse_fix_kernel") == 1
+    assert names.pop("triton.column_mass_kernel") == names.pop("triton.select_kernel") == 1
+    assert names.pop("aten::zeros") == 1
     assert [n for n in names if "scaled_dot_product" in n] and sum(names.values()) == 1, names
 
 
@@ -115,6 +133,8 @@ def test_host_time_runs_the_timed_passes_masked_and_not(scenario, path, monkeypa
         assert stats.detection == {"fused": 2, "decode_kernel": stats.attention_calls - 2}
     elif path == "call":
         assert stats.detection == {"fused+select_kernel": stats.attention_calls}
+    elif path == "lse":  # the first pass's two calls mask their own choice: the fused path
+        assert stats.detection == {"fused": 2, "fused+lse_reuse": stats.attention_calls - 2}
     else:
         assert stats.detection == {path: stats.attention_calls}
     if path == "materialized":
