@@ -515,7 +515,36 @@ def fused_mass_check(device, H=32, S=700):
         flex = flex_mass.flex_column_mass(q, kk, w, **kw)
         print(f"flex (two FlexAttention calls) vs torch reference, {name}: max |mass diff| "
               f"{(flex - ref).abs().max().item():.2e}")
+        if name == "LLaDA bias":
+            lse_reuse_check(q, k, w, bias, ref)
     sys.stdout.flush()
+
+
+def lse_reuse_check(q, k, w, bias, ref):
+    """The log-sum-exp reuse candidate's column mass (the output's log-sum-exp from the
+    memory-efficient kernel with 5 keys per head hidden, then the fix) against the torch
+    reference ``ref`` of the unmasked attention, on the 8B shapes: where the CPU cannot
+    check it, that the CUDA kernel's log-sum-exp is laid out and scaled as assumed."""
+    from lm_eval_sinkmask import fused_mass
+
+    device = q.device
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("log-sum-exp reuse (c_lse) vs torch reference: not checked on the CPU (the "
+              "kernels run on CUDA, or in Triton's interpreter: tests/test_lse_reuse.py)")
+        return
+    import lse_reuse
+
+    B, H, S, _ = q.shape
+    g = torch.Generator(device=device).manual_seed(1)
+    previous = torch.zeros(B, H, S, dtype=torch.bool, device=device)
+    previous.scatter_(-1, torch.randint(40, S, (B, H, 5), device=device, generator=g), True)
+    output_mask, hidden = lse_reuse.prepared(previous, bias, B, H, S, q.dtype, 5)
+    _, lse = lse_reuse.output_with_lse(q, k, k, output_mask, None)
+    with lse_reuse._row_lse_from(lse, hidden):
+        got = fused_mass.column_mass(q, k, w, mask=bias, use_triton=True)
+    print(f"log-sum-exp reuse (c_lse) vs torch reference, LLaDA bias, "
+          f"{int((hidden >= 0).sum())} keys hidden: max |mass diff| "
+          f"{(got - ref).abs().max().item():.2e}")
 
 
 def selection_kernel_check(device, H=32, S=700):
@@ -976,8 +1005,8 @@ def bench_op_counts(args):
           "the arithmetic is negligible, so it is what the host spends per call, which a GPU "
           "at batch 1 or in a decoding step waits on. The fused path as on CUDA (its Triton "
           "launches stubbed), the selection eager; decode: the decoding-step candidate "
-          "(decode_kernel.py), call: the call path (select_kernel.py), their launches "
-          "stubbed.\n")
+          "(decode_kernel.py), call: the call path (select_kernel.py), lse: the row "
+          "log-sum-exp from the masked output (lse_reuse.py), their launches stubbed.\n")
     print("| call | path | unmasked us | masked us | added us | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for scenario in op_counts.SCENARIOS:

@@ -239,15 +239,19 @@ def masker(kind: str, chunk: int, backend: str = "auto") -> SinkMasker:
 
 def candidates(args):
     """With ``--candidates``, a block in which the top_k=5 runs take the benchmarks' candidate
-    kernels where they apply (decode_kernel for one-row decoding steps, select_kernel's call
-    path for the DLMs' calls): what a cell would cost if they moved into the package."""
+    kernels where they apply (decode_kernel for one-row decoding steps; for the DLMs' calls
+    lse_reuse, which takes those with last pass's choice in hand, and select_kernel's call
+    path for the rest, the first pass's): what a cell would cost if they moved into the
+    package."""
     if not args.candidates:
         return nullcontext()
     import decode_kernel
+    import lse_reuse
     import select_kernel
 
     stack = ExitStack()
     stack.enter_context(select_kernel.call_path_installed())
+    stack.enter_context(lse_reuse.installed())  # installed last: asked first
     stack.enter_context(decode_kernel.installed())
     return stack
 
@@ -403,7 +407,8 @@ def main(argv=None, timer=None) -> dict:
                     help="detect_backend of the top_k=5 runs [%(default)s: fused on CUDA]")
     ap.add_argument("--candidates", action="store_true",
                     help="top_k=5 runs with the candidate kernels of benchmarks/ installed "
-                         "(decode_kernel, select_kernel's call path) where they apply")
+                         "(decode_kernel, lse_reuse, select_kernel's call path) where they "
+                         "apply")
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny shapes, short sequences")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="also write the rows and settings here")

@@ -41,6 +41,7 @@ counts from the pass's mask (not all_rows); top_k >= 1; SDPA allowed that kernel
 from __future__ import annotations
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -53,6 +54,10 @@ from select_kernel import MAX_KEYS, block_of, key_mask_view, output_bias, select
 
 NAME = "fused+lse_reuse"  # the detection counter's name for calls taken here
 BIAS_ALIGN = 8  # the memory-efficient kernel reads its mask in rows aligned to 8 elements
+# the kernels SDPA runs for a masked call that also return the rows' log-sum-exp (the
+# overloads themselves: a call through the packet costs the host a lookup each time)
+_EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 @triton.jit
@@ -143,10 +148,9 @@ class _FixLaunch:
 def _row_lse_from(lse_out: torch.Tensor, idx: torch.Tensor):
     """A block within which the fused path's column mass takes its row log-sum-exp from
     ``lse_out`` and the hidden keys ``idx`` instead of a pass over all keys."""
-    kernels = fused_mass._kernels()
     saved = fused_mass._kernels
-    fix = type("Kernels", (), {"row_lse_kernel": _FixLaunch(lse_out, idx),
-                               "column_mass_kernel": kernels.column_mass_kernel})
+    fix = SimpleNamespace(row_lse_kernel=_FixLaunch(lse_out, idx),
+                          column_mass_kernel=saved().column_mass_kernel)
     fused_mass._kernels = lambda: fix
     try:
         yield
@@ -181,11 +185,9 @@ def output_with_lse(q, k, v, bias, scale):
     B, H, n_q, _ = q.shape
     mask = bias[:, :, None, :].expand(B, H, n_q, k.shape[-2])
     if q.device.type == "cuda":
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, mask, True, 0.0, False, scale=scale)[:2]
+        out, lse = _EFFICIENT(q, k, v, mask, True, 0.0, False, scale=scale)[:2]
     else:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+        out, lse = _CPU_FLASH(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
     return out, lse[..., :n_q]  # CUDA pads the rows to a multiple of 32
 
 

@@ -58,6 +58,7 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     assert "fused kernels vs torch reference" in out
     assert "flex (two FlexAttention calls) vs torch reference" in out
     assert "selection kernel vs eager: not checked on the CPU" in out
+    assert "log-sum-exp reuse (c_lse) vs torch reference: not checked on the CPU" in out
     for name in ("fused", "flex"):
         assert f"CUDA {name} detection vs CUDA materialized: tokens the same, masked keys the " \
                "same in every one of the" in out
