@@ -80,9 +80,10 @@ LABELS = {
 GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_mat",
                 "c_flex", "d")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
-# timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md): left out by
-# default so that a lent GPU's minutes go to the candidates (--gpu-skip '' times them again)
-GPU_SKIP = "c_mat,c_flex"
+# timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md; the eager
+# selection and detect=current within 0.03 of (c) each time): left out by default so that a
+# lent GPU's minutes go to the candidates (--gpu-skip '' times them again)
+GPU_SKIP = "c_mat,c_flex,c_eager,d"
 GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",
@@ -1051,7 +1052,8 @@ def main(argv=None):
                          "(decoding steps), zoo (same tokens)")
     ap.add_argument("--gpu-skip", default=GPU_SKIP,
                     help="variants left out of section 3's timings (default: the materialized "
-                         "and flex paths, timed on both cards already; '' times every one)")
+                         "and flex paths, the eager selection and (d), timed on both cards "
+                         "already; '' times every one)")
     ap.add_argument("--gpu-profile", action="store_true",
                     help="after each timed table of parts llada, llada_gap and llama, one run "
                          "of every variant under torch.profiler: kernel time, kernel launches, "
