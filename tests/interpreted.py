@@ -28,6 +28,34 @@ def interpreted_results(script: str, *paths: Path) -> dict[str, dict]:
     return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
 
 
+def tiny_dlm_passes(kind: str, *, bf16: bool = False, padded: bool = False, passes: int = 3):
+    """(model, run: () -> final logits) of ``passes`` forward passes of the tiny ``kind``
+    DLM ("llada" or "dream") over one batch of three, two of them left-padded where
+    ``padded``: the candidates' model cases for calls of several rows."""
+    import torch
+
+    from lm_eval_sinkmask.families import FAMILIES
+    from tests import tiny
+
+    model = tiny.build(kind)
+    if bf16:
+        model = model.to(torch.bfloat16)
+    ids = torch.randint(5, 40, (3, 11), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(3, 11, dtype=torch.long)
+    if padded:
+        mask[1, :3] = 0
+        mask[2, :1] = 0
+    kwargs = FAMILIES["dream"].model_inputs(ids, mask) if kind == "dream" else \
+        {"input_ids": ids, "attention_mask": mask}
+
+    def run():
+        for _ in range(passes - 1):
+            model(**kwargs)
+        return model(**kwargs).logits.float()
+
+    return model, run
+
+
 def compared_with_the_package(case: str, installed, name: str, model, rule: str, detect: str,
                               run, *, top_k: int, eps: float, tol: float, takes,
                               granularity: str = "head") -> dict:

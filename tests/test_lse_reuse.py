@@ -78,30 +78,19 @@ def test_calls_out_of_scope_stay_with_the_package(interpreted, case):
 
 def _model_case(name: str):
     """(model, detect, run: () -> final logits) of PASSES passes of a tiny DLM over a batch
-    of three, two of them left-padded."""
+    of three (LLaDA's left-padded), with SDPA's kernel turned off for ``..._kernel_off``."""
     import torch
 
-    from lm_eval_sinkmask.families import FAMILIES
-    from tests import tiny
+    from tests.interpreted import tiny_dlm_passes
 
     kind = name.split("_")[0]
-    model = tiny.build(kind)
-    if name.endswith("bf16"):
-        model = model.to(torch.bfloat16)
-    ids = torch.randint(5, 40, (3, 11), generator=torch.Generator().manual_seed(4))
-    mask = torch.ones(3, 11, dtype=torch.long)
-    if kind == "llada":
-        mask[1, :3] = 0
-        mask[2, :1] = 0
-    kwargs = FAMILIES["dream"].model_inputs(ids, mask) if kind == "dream" else \
-        {"input_ids": ids, "attention_mask": mask}
+    model, passes = tiny_dlm_passes(kind, bf16=name.endswith("bf16"), padded=kind == "llada",
+                                    passes=PASSES)
 
     def run():
         torch.backends.cuda.enable_flash_sdp(not name.endswith("kernel_off"))
         try:
-            for _ in range(PASSES - 1):
-                model(**kwargs)
-            return model(**kwargs).logits.float()
+            return passes()
         finally:
             torch.backends.cuda.enable_flash_sdp(True)
 

@@ -200,31 +200,14 @@ def _model_results():
 
 
 def _call_results():
-    import torch
-
     import select_kernel
-    from lm_eval_sinkmask.families import FAMILIES
-    from tests import tiny
-    from tests.interpreted import compared_with_the_package
+    from tests.interpreted import compared_with_the_package, tiny_dlm_passes
 
     for case in CALL_CASES:
         kind = case.split("_")[1]
-        model = tiny.build(kind)
-        if case.endswith("bf16"):
-            model = model.to(torch.bfloat16)
-        ids = torch.randint(5, 40, (3, 11), generator=torch.Generator().manual_seed(4))
-        mask = torch.ones(3, 11, dtype=torch.long)
-        if kind == "llada" or case.endswith("per_row_mask"):  # tiny dream's padding mask
-            mask[1, :3] = 0                                   # depends on the row
-            mask[2, :1] = 0
-        kwargs = FAMILIES["dream"].model_inputs(ids, mask) if kind == "dream" else \
-            {"input_ids": ids, "attention_mask": mask}
-
-        def run(model=model, kwargs=kwargs):
-            for _ in range(2):
-                model(**kwargs)
-            return model(**kwargs).logits.float()
-
+        # tiny dream's padding mask depends on the row
+        model, run = tiny_dlm_passes(kind, bf16=case.endswith("bf16"), padded=kind == "llada"
+                                     or case.endswith("per_row_mask"))
         yield compared_with_the_package(
             case, select_kernel.call_path_installed, select_kernel.CALL_NAME, model, "all",
             "current" if case.endswith("current") else "previous", run, top_k=2, eps=0.0,
