@@ -211,12 +211,12 @@ def handles(run, a: dict) -> bool:
 def decide(run, layer: int, a: dict, chunk: int):
     """``_Run._decide`` for a call in scope: the masked output first, its log-sum-exp made
     whole, the column mass and the selection; None (the package decides) where it is not."""
-    previous, n_previous = None, None
     mask = taken_calls.key_only_view(run, a, chunk)
-    if mask is not None:
-        sc = taken_calls.scores_of(a, mask)
-        previous, n_previous = taken_calls.previous_choice(run, layer, sc)
-    given = None if mask is None else mask.attn_mask
+    if mask is None:
+        return None
+    sc = taken_calls.scores_of(a, mask)
+    previous, n_previous = taken_calls.previous_choice(run, layer, sc)
+    given = mask.attn_mask
     if previous is None or (given is not None and given.dtype not in (torch.bool, sc.dtype)):
         return None
     cfg = run.config
