@@ -28,6 +28,16 @@ def interpreted_results(script: str, *paths: Path) -> dict[str, dict]:
     return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
 
 
+def print_results(*cases) -> None:
+    """The child's side of :func:`interpreted_results` (a test file run as a script): each
+    result of the ``cases`` iterables printed as one JSON line, under the interpreter only."""
+    import itertools
+
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run it through interpreted_results"
+    for result in itertools.chain(*cases):
+        print(json.dumps(result), flush=True)
+
+
 def tiny_dlm_passes(kind: str, *, bf16: bool = False, padded: bool = False, passes: int = 3):
     """(model, run: () -> final logits) of ``passes`` forward passes of the tiny ``kind``
     DLM ("llada" or "dream") over one batch of three, two of them left-padded where

@@ -15,14 +15,11 @@ top_k above the keys, and a row whose every visible key is blocked.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.interpreted import compared_with_the_package, interpreted_results
+from tests.interpreted import compared_with_the_package, interpreted_results, print_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,8 +167,4 @@ def _results():
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    for result in _results():
-        print(json.dumps(result), flush=True)
+    print_results(_results())

@@ -11,17 +11,10 @@ in numpy, a few seconds in all.
 from __future__ import annotations
 
 import importlib.util
-import itertools
-import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.interpreted import interpreted_results
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.interpreted import interpreted_results, print_results
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("Triton is not installed, so the fused-mass kernels were NOT checked "
@@ -130,10 +123,7 @@ def _model_results():
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    sys.path.insert(0, str(ROOT))
     from lm_eval_sinkmask import fused_mass as _fm
 
     assert _fm.triton_runs_on(__import__("torch").device("cpu")), "Triton did not load"
-    for result in itertools.chain(_unit_results(), _model_results()):
-        print(json.dumps(result), flush=True)
+    print_results(_unit_results(), _model_results())

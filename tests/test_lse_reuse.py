@@ -19,14 +19,11 @@ kernel off (as LLaDA-8B's code turns off the memory-efficient one; on the CPU, f
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.interpreted import compared_with_the_package, interpreted_results
+from tests.interpreted import compared_with_the_package, interpreted_results, print_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,8 +184,4 @@ def _results():
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    for result in _results():
-        print(json.dumps(result), flush=True)
+    print_results(_results())

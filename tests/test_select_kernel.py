@@ -12,14 +12,11 @@ selection and compare every call's sinks and chosen keys.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.interpreted import interpreted_results
+from tests.interpreted import interpreted_results, print_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,8 +213,4 @@ def _call_results():
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    for result in [*_unit_results(), *_model_results(), *_call_results()]:
-        print(json.dumps(result), flush=True)
+    print_results(_unit_results(), _model_results(), _call_results())
