@@ -159,7 +159,7 @@ def candidate_of(variant: str):
 def detection_warps(n: int):
     """The fused path's two detection kernels launched with ``n`` warps instead of the
     package's 4. Why: compiled for sm_90 at head size 128 in bf16, the row log-sum-exp kernel
-    uses 255 registers and spills 408 bytes of stack per thread with 4 warps, none with 8
+    uses 254 registers and spills 40 bytes of stack per thread with 4 warps, none with 8
     (benchmarks/README.md, "Compiled for the GPU without one")."""
     import types
 
