@@ -90,7 +90,8 @@ GPU_LABELS = dict(LABELS, **{
     "c_kernel": "(c) fused, one-launch selection kernel (candidate)",
     "c_decode": "(c) one-launch decoding step (candidate)",
     "c_call": "(c) fused, selection kernel writes the output mask (candidate)",
-    "c_lse": "(c) fused, row log-sum-exp from the masked output (candidate)",
+    "c_lse": "(c) row log-sum-exp from the masked output, first pass on the call path "
+             "(candidates)",
     "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
@@ -125,8 +126,9 @@ def candidate_of(variant: str):
     such as a prefill, run the package's fused path), the call path (``c_call``:
     select_kernel's, which also writes the output mask, for calls of several rows), the row
     log-sum-exp from the masked output (``c_lse``: lse_reuse's, calls of several rows after
-    the first pass), or the detection kernels launched with 8 warps (``c_w8``:
-    :func:`detection_warps`)."""
+    the first pass; the first pass's, which mask their own choice, on the call path: the two
+    as the package would adopt them), or the detection kernels launched with 8 warps
+    (``c_w8``: :func:`detection_warps`)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -140,14 +142,14 @@ def candidate_of(variant: str):
                 import decode_kernel
 
                 stack.enter_context(decode_kernel.installed())
-            elif variant == "c_call":
+            elif variant in ("c_call", "c_lse"):
                 import select_kernel
 
                 stack.enter_context(select_kernel.call_path_installed())
-            elif variant == "c_lse":
-                import lse_reuse
+                if variant == "c_lse":  # installed last: asked first
+                    import lse_reuse
 
-                stack.enter_context(lse_reuse.installed())
+                    stack.enter_context(lse_reuse.installed())
             elif variant == "c_w8":
                 stack.enter_context(detection_warps(8))
             yield

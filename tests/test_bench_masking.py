@@ -47,7 +47,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
         assert out.count(variant) == 8
     assert out.count("(c) fused, selection kernel writes the output mask (candidate)") == 4
     # the LLaDA tables and part llada_gap's
-    assert out.count("(c) fused, row log-sum-exp from the masked output (candidate)") == 4 + 3
+    assert out.count("(c) row log-sum-exp from the masked output, first pass on the call path "
+                     "(candidates)") == 4 + 3
     assert out.count("(c) one-launch decoding step (candidate)") == 4  # the Llama tables
     # the LLaDA tables and part llada_gap's
     assert out.count("(c) fused, detection kernels with 8 warps (candidate)") == 4 + 3
