@@ -142,14 +142,14 @@ def candidate_of(variant: str):
                 import decode_kernel
 
                 stack.enter_context(decode_kernel.installed())
-            elif variant in ("c_call", "c_lse"):
+            elif variant == "c_call":
                 import select_kernel
 
                 stack.enter_context(select_kernel.call_path_installed())
-                if variant == "c_lse":  # installed last: asked first
-                    import lse_reuse
+            elif variant == "c_lse":
+                import lse_reuse
 
-                    stack.enter_context(lse_reuse.installed())
+                stack.enter_context(lse_reuse.with_call_path())
             elif variant == "c_w8":
                 stack.enter_context(detection_warps(8))
             yield

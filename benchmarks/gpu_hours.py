@@ -247,11 +247,9 @@ def candidates(args):
         return nullcontext()
     import decode_kernel
     import lse_reuse
-    import select_kernel
 
     stack = ExitStack()
-    stack.enter_context(select_kernel.call_path_installed())
-    stack.enter_context(lse_reuse.installed())  # installed last: asked first
+    stack.enter_context(lse_reuse.with_call_path())
     stack.enter_context(decode_kernel.installed())
     return stack
 

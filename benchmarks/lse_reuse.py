@@ -235,3 +235,14 @@ def installed():
     """A block within which every intercepted call in scope is decided by :func:`decide`;
     the others by the package as before."""
     return taken_calls.taken_by(handles, decide)
+
+
+@contextmanager
+def with_call_path():
+    """:func:`installed`, and select_kernel's call path for the DLM calls it leaves (each
+    block's first pass, which masks its own choice): the two as the package would adopt
+    them. The block entered last is asked first."""
+    import select_kernel
+
+    with select_kernel.call_path_installed(), installed():
+        yield
