@@ -50,10 +50,10 @@ import triton.language as tl
 import taken_calls
 from lm_eval_sinkmask import fused_mass, intercept
 from lm_eval_sinkmask._mass_kernels import _scores_tile
-from select_kernel import MAX_KEYS, block_of, key_mask_view, output_bias, select_and_count
+from select_kernel import (MAX_KEYS, block_of, key_mask_view, output_bias, output_mask_buffer,
+                           select_and_count)
 
 NAME = "fused+lse_reuse"  # the detection counter's name for calls taken here
-BIAS_ALIGN = 8  # the memory-efficient kernel reads its mask in rows aligned to 8 elements
 # the kernels SDPA runs for a masked call that also return the rows' log-sum-exp (the
 # overloads themselves: a call through the packet costs the host a lookup each time)
 _EFFICIENT = torch.ops.aten._scaled_dot_product_efficient_attention.default
@@ -163,8 +163,7 @@ def prepared(previous: torch.Tensor, model_mask, B: int, h_out: int, n_k: int, d
     memory-efficient kernel; positions [B, H or 1, KP] int32 of the keys it hides beyond
     ``model_mask``, -1 past them) from last pass's choice ``previous`` [B, H or 1, S' <= Sk]."""
     dev = previous.device
-    bias = torch.empty(B, h_out, -(-n_k // BIAS_ALIGN) * BIAS_ALIGN, device=dev,
-                       dtype=dtype)[..., :n_k]
+    bias = output_mask_buffer(B, h_out, n_k, dtype, dev)
     kp = block_of(k)
     idx = torch.empty(B, h_out, kp, device=dev, dtype=torch.int32)
     m, hidden_below = key_mask_view(model_mask, B, h_out, n_k)

@@ -31,6 +31,7 @@ from lm_eval_sinkmask import compiled_tail, intercept
 from lm_eval_sinkmask.metric import KeyCounts, key_counts
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows stay eager
+BIAS_ALIGN = 8  # CUDA's memory-efficient attention reads its mask in rows aligned to 8
 
 
 @triton.jit
@@ -88,7 +89,7 @@ def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CH
                    BLOCKED, M, BIAS,
                    H, H_OUT, n_k, n_blocked, eps, hidden_below,
                    s_mb, s_mh, s_mn, s_ub, s_uh, s_un, s_rb, s_rh, s_rn, s_sb, s_sn,
-                   s_nb, s_ob, s_bb, s_bh, s_bn, s_Mb, s_Mh, s_Mn,
+                   s_nb, s_ob, s_bb, s_bh, s_bn, s_Mb, s_Mh, s_Mn, s_Br,
                    K: tl.constexpr, PER_LAYER: tl.constexpr, BLOCK: tl.constexpr,
                    WRITE_BIAS: tl.constexpr, HAS_BLOCKED: tl.constexpr,
                    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr):
@@ -128,7 +129,7 @@ def _select_kernel(MASS, UNSEEN, ROWS, NKEYS, OTHERS, SEVERAL, SCORES, SINKS, CH
             blocked = chosen
         _, bias = output_bias(M, b, h, offs, in_k, blocked, hidden_below, s_Mb, s_Mh, s_Mn,
                               BLOCK, HAS_MASK, MASK_BOOL)
-        tl.store(BIAS + out, bias.to(BIAS.dtype.element_ty), mask=in_k)
+        tl.store(BIAS + pid * s_Br + offs, bias.to(BIAS.dtype.element_ty), mask=in_k)
 
 
 @triton.jit
@@ -175,7 +176,7 @@ def _launch(mass, counts: KeyCounts, eps, k, per_layer, blocked=None, model_mask
     sinks = torch.empty(B, h_out, n_k, device=dev, dtype=torch.bool)
     chosen = torch.empty(B, h_out, n_k, device=dev, dtype=torch.bool)
     tally = torch.zeros(2, device=dev, dtype=torch.int64)
-    bias = None if bias_dtype is None else torch.empty(B, h_out, n_k, device=dev, dtype=bias_dtype)
+    bias = None if bias_dtype is None else output_mask_buffer(B, h_out, n_k, bias_dtype, dev)
     m, hidden_below = key_mask_view(model_mask, B, h_out, n_k)
     if m is None:
         m = mass  # never read
@@ -189,12 +190,20 @@ def _launch(mass, counts: KeyCounts, eps, k, per_layer, blocked=None, model_mask
         *mass.stride(), *unseen.stride(), *rows.stride(),
         counts.several.stride(0), counts.several.stride(2),
         counts.n_keys.stride(0), counts.others.stride(0), *blk.stride(),
-        m.stride(0), m.stride(1), m.stride(-1),
+        m.stride(0), m.stride(1), m.stride(-1), n_k if bias is None else bias.stride(1),
         K=max(int(k), 0), PER_LAYER=bool(per_layer), BLOCK=block_of(n_k),
         WRITE_BIAS=bias is not None, HAS_BLOCKED=blocked is not None,
         HAS_MASK=model_mask is not None,
         MASK_BOOL=model_mask is not None and model_mask.dtype == torch.bool)
     return scores, sinks, chosen, tally[0], tally[1], bias
+
+
+def output_mask_buffer(B: int, h_out: int, n_k: int, dtype, device) -> torch.Tensor:
+    """An uninitialised additive output mask [B, H or 1, Sk] whose rows start at multiples
+    of :data:`BIAS_ALIGN` elements: CUDA's memory-efficient attention takes it as it is, where
+    SDPA would otherwise copy an unaligned mask into a padded one on every call."""
+    row = -(-n_k // BIAS_ALIGN) * BIAS_ALIGN
+    return torch.empty(B, h_out, row, device=device, dtype=dtype)[..., :n_k]
 
 
 def key_mask_view(mask, B, h_out, n_k):
