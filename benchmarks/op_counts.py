@@ -35,6 +35,7 @@ import types
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -128,39 +129,23 @@ def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None):
     SDPA kernel, and the fused path's Triton launches counted instead of run; with a
     ``candidate`` (module, installer, kernels; :data:`CANDIDATES`), it installed, its kernels'
     launches counted instead of run."""
+    import importlib
+
     kernels = types.SimpleNamespace(row_lse_kernel=_CountedKernel(counter, "row_lse_kernel"),
                                     column_mass_kernel=_CountedKernel(counter, "column_mass_kernel"))
-    saved = (intercept._output_from_scores, fused_mass.triton_runs_on, fused_mass._kernels)
-    intercept._output_from_scores = lambda device: False
-    fused_mass.triton_runs_on = lambda device: True
-    fused_mass._kernels = lambda: kernels
-    try:
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(intercept, "_output_from_scores",
+                                              lambda device: False))
+        stack.enter_context(mock.patch.object(fused_mass, "triton_runs_on", lambda device: True))
+        stack.enter_context(mock.patch.object(fused_mass, "_kernels", lambda: kernels))
         if candidate is not None:
-            import importlib
-
             module_name, installer, launched = candidate
-            with ExitStack() as stack:
-                for where, name in launched:
-                    stack.enter_context(_counted_instead(counter, importlib.import_module(where),
-                                                         name))
-                stack.enter_context(getattr(importlib.import_module(module_name), installer)())
-                yield
-        else:
-            yield
-    finally:
-        intercept._output_from_scores, fused_mass.triton_runs_on, fused_mass._kernels = saved
-
-
-@contextmanager
-def _counted_instead(counter: OpCounter, module, name: str):
-    """A block within which the Triton kernel ``module.name`` counts its launches under
-    its name (without the leading underscore) instead of running."""
-    kernel = getattr(module, name)
-    setattr(module, name, _CountedKernel(counter, name.lstrip("_")))
-    try:
+            for where, name in launched:  # counted under its name, less the underscore
+                counted = _CountedKernel(counter, name.lstrip("_"))
+                stack.enter_context(mock.patch.object(importlib.import_module(where), name,
+                                                      counted))
+            stack.enter_context(getattr(importlib.import_module(module_name), installer)())
         yield
-    finally:
-        setattr(module, name, kernel)
 
 
 @contextmanager

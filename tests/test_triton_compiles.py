@@ -18,6 +18,7 @@ import importlib.util
 import sys
 import types
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -101,12 +102,8 @@ def _compile_unspecialized(fn, args, kwargs, arch: int):
 def _calls(module, name: str, call):
     """The kernel ``module.name``'s launches made by ``call()``, recorded, not run."""
     captured = _Captured(getattr(module, name))
-    saved = getattr(module, name)
-    setattr(module, name, captured)
-    try:
+    with mock.patch.object(module, name, captured):
         call()
-    finally:
-        setattr(module, name, saved)
     return [(captured.fn, args, kwargs) for args, kwargs in captured.calls]
 
 
@@ -133,13 +130,9 @@ def _fused_mass_launches(dtype, mask, causal, first_row=0):
     k = torch.randn(B, H // 2 if causal else H, S, D, dtype=dtype)
     spy = types.SimpleNamespace(row_lse_kernel=_Captured(kernels.row_lse_kernel),
                                 column_mass_kernel=_Captured(kernels.column_mass_kernel))
-    saved = fused_mass._kernels
-    fused_mass._kernels = lambda: spy
-    try:
+    with mock.patch.object(fused_mass, "_kernels", lambda: spy):
         fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, causal, 0,
                                        first_row)
-    finally:
-        fused_mass._kernels = saved
     return [(c.fn, args, kwargs) for c in (spy.row_lse_kernel, spy.column_mass_kernel)
             for args, kwargs in c.calls]
 
@@ -193,16 +186,12 @@ def _lse_reuse_launches(dtype, mask_kind, per_layer):
     lse_out = torch.zeros(B, H, 128)[..., :S]  # rows padded to a multiple of 32, as on CUDA
     idx = torch.full((B, h_out, 16), -1, dtype=torch.int32)
     spy = types.SimpleNamespace(row_lse_kernel=None, column_mass_kernel=_Captured(None))
-    saved = fused_mass._kernels
-    fused_mass._kernels = lambda: spy
 
     def detection():
         with lse_reuse._row_lse_from(lse_out, idx):
             fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, False, 0, 0)
-    try:
+    with mock.patch.object(fused_mass, "_kernels", lambda: spy):
         return prep + _calls(lse_reuse, "_lse_fix_kernel", detection)
-    finally:
-        fused_mass._kernels = saved
 
 
 CASES = {
