@@ -22,9 +22,11 @@ What is counted, per scenario (the tiny models of tests/tiny.py, CPU):
 Paths: ``materialized`` (the CPU's: detection and output from float32 probabilities),
 ``fused`` (the CUDA default, as a GPU runs it: the output from the model's SDPA kernel with the
 sinks hidden, the column mass from two Triton kernel launches, which here are only counted)
-and two candidates, their launches counted: for decoding steps ``decode`` (the one-launch
+and three candidates, their launches counted: for decoding steps ``decode`` (the one-launch
 decoding step of decode_kernel.py), for the LLaDA calls ``call`` (select_kernel.py's call
-path: the fused detection, then one launch for the selection and the output mask).
+path: the fused detection, then one launch for the selection and the output mask) and ``lse``
+(lse_reuse.py: the row log-sum-exp from the masked output's, then the column mass and the
+selection).
 """
 
 from __future__ import annotations

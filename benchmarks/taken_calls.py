@@ -1,8 +1,8 @@
 """How a candidate kernel takes over some of the intercept's attention calls.
 
-The candidates beside the benchmarks (decode_kernel.py, select_kernel.py's call path) each
-make one call's whole decision (the keys it blocks, this pass's sinks and choice, the masked
-output) in fewer launches than the package. This module holds what they share: last pass's
+The candidates beside the benchmarks (decode_kernel.py, select_kernel.py's call path,
+lse_reuse.py) each make one call's whole decision (the keys it blocks, this pass's sinks and
+choice, the masked output) in fewer launches than the package. This module holds what they share: last pass's
 choice as the package keeps it, the decision assembled with the run's state updated as the
 package updates it, and a block within which :class:`intercept._Run` asks a candidate first
 and the package for every call the candidate does not take.
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask import fused_mass, intercept
 from lm_eval_sinkmask.attention_view import MaskView, Scores
 
 
@@ -23,8 +23,6 @@ def in_scope(run, a: dict, max_keys: int) -> bool:
     """What every candidate needs of a call and its run: the fused kernels can run on its
     device, at most ``max_keys`` keys (a row's keys are held in registers), the sinks
     themselves masked (not the random control), no extra sink token to leave out."""
-    from lm_eval_sinkmask import fused_mass
-
     cfg, q = run.config, a["query"]
     return (a["key"].shape[-2] <= max_keys and fused_mass.triton_runs_on(q.device)
             and cfg.mask_target == "sinks"
