@@ -622,7 +622,8 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
                 calls = []
                 cfg = SinkMaskConfig(top_k=5, eps=0.0, detect_backend="fused")
                 with torch.inference_mode(), candidate_of(variant), SinkMasker(
-                        cfg, rule=rule, observers=[lambda e: calls.append(e.blocked.cpu())]
+                        cfg, rule=rule, observers=[lambda e: calls.append(
+                            (e.blocked.cpu(), e.scores.float().cpu(), e.chosen.cpu()))]
                 ).attach(model) as stats:
                     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16,
                                          do_sample=False, use_cache=True, eos_token_id=None,
@@ -635,18 +636,47 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
             # the pass that made the first differing token still saw the same inputs
             upto = min(layers * (n + 1), len(ref_calls))
             differs = [i for i, (a, b) in enumerate(zip(got_calls[:upto], ref_calls[:upto]))
-                       if not torch.equal(a.expand_as(b), b)]
+                       if not torch.equal(a[0].expand_as(b[0]), b[0])]
             keys = (f"the same in the first {upto} calls" if not differs else
                     f"**DIFFERENT** from call {differs[0]} (pass {differs[0] // layers}, layer "
                     f"{differs[0] % layers}) on, {len(differs)} of the first {upto} calls")
             tokens = ("the same" if n == steps
                       else f"the same for {n} steps, then **DIFFERENT**")
+            if differs or n < steps:
+                keys += "; " + choice_margin([c[1:] for c in ref_calls[:upto]],
+                                             [c[1:] for c in got_calls[:upto]], cfg.top_k)
             taken = got_stats.detection.get(decode_kernel.NAME, 0)
             print(f"decoding-step kernel vs fused, {what}, arm_rule={rule}, batch 4 (two rows "
                   f"left-padded), 16 tokens: tokens {tokens}; masked keys {keys}; kernel took "
                   f"{taken} of {len(got_calls)} calls; keys masked {got_stats.keys_masked} vs "
                   f"{ref_stats.keys_masked}")
     sys.stdout.flush()
+
+
+def choice_margin(a, b, top_k: int) -> str:
+    """Why two runs' choices first differ, from their calls' (Eq. 3 scores, chosen) pairs: at
+    the first call where the chosen keys differ, where each key that one run chose stands in
+    the other run's score order (its rank among the visible keys, and how far below the k-th
+    score it lies), beside the largest score difference between the runs on that call. Ranks
+    just past top_k and gaps within the score difference are ties broken the other way; a
+    distant rank is an error."""
+    for i, ((sa, ca), (sb, cb)) in enumerate(zip(a, b)):
+        if torch.equal(ca, cb):
+            continue
+        worst_rank, worst_gap = 0, 0.0
+        for scores, mine, theirs in ((sa, ca, cb), (sb, cb, ca)):
+            order = scores.argsort(dim=-1, descending=True).argsort(dim=-1) + 1  # 1 = first
+            kth = scores.sort(dim=-1, descending=True).values[..., top_k - 1:top_k]
+            only = theirs & ~mine  # chosen by the other run alone
+            if not only.any():
+                continue
+            worst_rank = max(worst_rank, int(order[only].max()))
+            worst_gap = max(worst_gap, float((kth.expand_as(scores) - scores)[only].max()))
+        diff = float((sa - sb).abs().max())
+        return (f"first differing choice at call {i}: the keys one run alone chose rank at "
+                f"most {worst_rank} in the other's scores, at most {worst_gap:.2g} below its "
+                f"top_k-th (largest score difference between the runs there {diff:.2g})")
+    return "the chosen keys never differ"
 
 
 def gpu_peak_memory(model, args):

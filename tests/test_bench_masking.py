@@ -267,3 +267,22 @@ def test_variant_c_w8_launches_both_detection_kernels_with_8_warps(monkeypatch):
     assert launched == [("row_lse", (3, 4), (1, 2), {"BLOCK_M": 64, "num_warps": 8}),
                         ("column_mass", (5, 4), (1, 2), {"BLOCK_N": 64, "num_warps": 8})]
     assert fused_mass._kernels().row_lse_kernel.name == "row_lse"  # restored: 4 warps again
+
+
+def test_choice_margin_tells_a_near_tie_from_a_distant_choice():
+    """The decoding check's verdict on two runs whose chosen keys differ: a key the other run
+    chose just past top_k within the score difference is a tie; one from far down is not."""
+    scores = torch.tensor([[[5.0, 4.0, 3.0, 2.0001, 2.0, 1.0, 0.5]]])
+    chosen = torch.tensor([[[True, True, True, True, False, False, False]]])
+    tie = scores.clone()
+    tie[..., 4] = 2.0002  # the 4th and 5th swap: a difference of 2e-4
+    tie_chosen = torch.tensor([[[True, True, True, False, True, False, False]]])
+    line = bench_masking.choice_margin([(scores, chosen)] * 2, [(scores, chosen), (tie, tie_chosen)],
+                                       top_k=4)
+    assert line.startswith("first differing choice at call 1")
+    assert "rank at most 5 " in line and "0.0001 below" in line and "there 0.0002" in line
+    far_chosen = torch.tensor([[[True, True, True, False, False, False, True]]])
+    line = bench_masking.choice_margin([(scores, chosen)], [(scores, far_chosen)], top_k=4)
+    assert "rank at most 7 " in line and "1.5 below" in line
+    assert bench_masking.choice_margin([(scores, chosen)], [(scores, chosen)], 4) == \
+        "the chosen keys never differ"
