@@ -74,11 +74,12 @@ LABELS = {
 # candidates, each on the fused path with one part replaced (candidate_of): the one-launch
 # selection (c_kernel), the same kernel writing the output mask (c_call, calls of several
 # rows), the row log-sum-exp taken from the masked output's (c_lse, calls of several rows),
-# the detection kernels with 8 warps (c_w8) and, in decoding steps, the one-launch
+# the detection kernels with 8 warps (c_w8) or reading a row-free mask as one row of keys
+# (c_row) and, in decoding steps, the one-launch
 # decoding step (c_decode); then the materialised path (the CPU's, and the GPU's before the
 # fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
-GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_mat",
-                "c_flex", "d")
+GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_row",
+                "c_mat", "c_flex", "d")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md; the eager
 # selection and detect=current within 0.03 of (c) each time): left out by default so that a
@@ -93,6 +94,7 @@ GPU_LABELS = dict(LABELS, **{
     "c_lse": "(c) row log-sum-exp from the masked output, first pass on the call path "
              "(candidates)",
     "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
+    "c_row": "(c) fused, padding mask read as one row of keys (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
     "d": "(d) top_k=5 current, fused",
@@ -107,7 +109,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "a": None,
         "b": base["b"],
         **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_lse",
-                              "c_w8")},
+                              "c_w8", "c_row")},
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -127,8 +129,9 @@ def candidate_of(variant: str):
     select_kernel's, which also writes the output mask, for calls of several rows), the row
     log-sum-exp from the masked output (``c_lse``: lse_reuse's, calls of several rows after
     the first pass; the first pass's, which mask their own choice, on the call path: the two
-    as the package would adopt them), or the detection kernels launched with 8 warps
-    (``c_w8``: :func:`detection_warps`)."""
+    as the package would adopt them), the detection kernels launched with 8 warps
+    (``c_w8``: :func:`detection_warps`), or reading a mask that is the same for every row as
+    one row of keys (``c_row``: key_row_mask's edit of the package's kernels)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -152,6 +155,10 @@ def candidate_of(variant: str):
                 stack.enter_context(lse_reuse.with_call_path())
             elif variant == "c_w8":
                 stack.enter_context(detection_warps(8))
+            elif variant == "c_row":
+                import key_row_mask
+
+                stack.enter_context(key_row_mask.installed())
             yield
     finally:
         compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS = old
@@ -487,7 +494,7 @@ def bench_llada_gap(args, device, hidden, heads, S):
         run_part(f"llada_gap S {length}", bench_forward,
                  f"3. 8B-shaped LLaDA config on {name}, batch 8, S {length}, "
                  f"{'padded' if padded else 'no padding'}", model, 8, length, 4, args, device,
-                 padded, timed(("a", "c", "c_lse", "c_w8", "c_mat"), args))
+                 padded, timed(("a", "c", "c_lse", "c_w8", "c_row", "c_mat"), args))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -794,7 +801,8 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
 def same_on_cuda_and_cpu(device=torch.device("cuda")):
     """The zoo checkpoint decoded on the CPU (materialised path, output from its own scores),
     on CUDA with the materialised path (fused SDPA output), and on CUDA with the fused and
-    flex detection paths and the candidates for a DLM's calls (variants c_call and c_lse):
+    flex detection paths and the candidates for a DLM's calls (variants c_call, c_lse and
+    c_row):
     the tokens, the number of masked keys and, call by call, the masked keys themselves must
     agree."""
     model, what, eps = tiny_model()
@@ -802,9 +810,9 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
     ids, pmask = prompts(4, 40, model.config.vocab_size, mask_id)
     runs = {}
     accel = device.type  # "cpu" only in the smoke run
-    candidate = {"call": "c_call", "lse": "c_lse"}
+    candidate = {"call": "c_call", "lse": "c_lse", "row": "c_row"}
     for dev, backend in (("cpu", "auto"), (accel, "materialized"), (accel, "fused"),
-                         (accel, "flex"), (accel, "call"), (accel, "lse")):
+                         (accel, "flex"), *((accel, name) for name in candidate)):
         model = model.to(dev)
         blocked = []
         cfg = SinkMaskConfig(top_k=5, eps=eps,
@@ -829,7 +837,7 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
     print(f"\n{what}, top_k 5, detect=previous, 32 tokens x batch 4: CUDA and CPU "
           f"{'decode the same tokens' if same else 'DIFFER'} (keys masked: CPU "
           f"{cpu[1]}, CUDA {mat[1]})")
-    for name in ("fused", "flex", "call", "lse"):
+    for name in ("fused", "flex", *candidate):
         if (accel, name) not in runs:
             continue
         other = runs[(accel, name)]

@@ -68,16 +68,18 @@ def tiny_dlm_passes(kind: str, *, bf16: bool = False, padded: bool = False, pass
 
 def compared_with_the_package(case: str, installed, name: str, model, rule: str, detect: str,
                               run, *, top_k: int, eps: float, tol: float, takes,
-                              granularity: str = "head") -> dict:
+                              granularity: str = "head", backend: str = "auto") -> dict:
     """``run`` (the model's passes, returning its final logits) through the intercept as the
     package runs on the CPU, then within ``installed()`` (a candidate taking some calls, its
     detections counted under ``name``), compared: every call's sinks, chosen and blocked
     keys, the stats, the scores (relative to max(|score|, 1); over all calls and over the
     first layer's, whose inputs are the same both ways), the logits (within ``tol``) and
-    their argmax. ``takes(query)``: whether the candidate should take a call."""
+    their argmax. ``takes(query)``: whether the candidate should take a call. ``backend``:
+    the package's detect_backend both ways ("fused" for a candidate of the fused kernels)."""
     import torch
 
-    cfg = dict(top_k=top_k, eps=eps, detect=detect, granularity=granularity)
+    cfg = dict(top_k=top_k, eps=eps, detect=detect, granularity=granularity,
+               detect_backend=backend)
     package = _intercepted(model, rule, cfg, run, None, takes)
     kernel = _intercepted(model, rule, cfg, run, installed, takes)
     (pe, ps, pl, n_taken), (ke, ks, kl, _) = package, kernel

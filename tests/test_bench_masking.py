@@ -77,11 +77,11 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     # every variant but those --gpu-skip leaves out by default (materialized, flex, the
-    # eager selection, (d)): LLaDA a, b, c and four candidates; Llama a, c and two
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 4
+    # eager selection, (d)): LLaDA a, b, c and five candidates; Llama a, c and two
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 8 + 4 * 4
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 5 + 4 * 3  # (c) x 5 for LLaDA; (c) x 3 for Llama
+    assert len(splits) == 2 * 6 + 4 * 3  # (c) x 6 for LLaDA; (c) x 3 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)
@@ -286,3 +286,34 @@ def test_choice_margin_tells_a_near_tie_from_a_distant_choice():
     assert "rank at most 7 " in line and "1.5 below" in line
     assert bench_masking.choice_margin([(scores, chosen)], [(scores, chosen)], 4) == \
         "the chosen keys never differ"
+
+
+def test_variant_c_row_launches_the_edited_kernels_with_the_row_flag(monkeypatch):
+    """c_row (candidate): the fused path's launches go to key_row_mask's edited kernels, with
+    MASK_ROWS false for a mask whose stride along the rows is 0 and true otherwise."""
+    import types
+
+    import key_row_mask
+    from lm_eval_sinkmask import fused_mass
+
+    launched = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((self.name, kwargs["MASK_ROWS"]))
+
+    monkeypatch.setattr(fused_mass, "_kernels", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(key_row_mask, "kernels", lambda: types.SimpleNamespace(
+        row_lse_kernel=Kernel("row_lse"), column_mass_kernel=Kernel("column_mass")))
+    row_free = torch.zeros(2, 1, 1, 9).expand(2, 4, 6, 9)
+    per_row = torch.zeros(2, 1, 6, 9).expand(2, 4, 6, 9)
+    with bench_masking.candidate_of("c_row"):
+        for mask in (row_free, per_row):
+            fused_mass._kernels().row_lse_kernel[(1, 8)](None, None, mask, HAS_MASK=True)
+            fused_mass._kernels().column_mass_kernel[(1, 8)](None, None, mask, HAS_MASK=True)
+    assert launched == [("row_lse", False), ("column_mass", False),
+                        ("row_lse", True), ("column_mass", True)]
+    assert isinstance(fused_mass._kernels(), types.SimpleNamespace)  # restored

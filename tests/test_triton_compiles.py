@@ -194,6 +194,21 @@ def _lse_reuse_launches(dtype, mask_kind, per_layer):
         return prep + _calls(lse_reuse, "_lse_fix_kernel", detection)
 
 
+def _key_row_launches(dtype, mask, causal=False):
+    """key_row_mask's edited detection kernels, launched (with their MASK_ROWS flag) where the
+    fused path launches the package's."""
+    import key_row_mask
+    from lm_eval_sinkmask import fused_mass
+
+    edited = key_row_mask.kernels()
+    names = ("row_lse_kernel", "column_mass_kernel")
+    captured = {n: _Captured(getattr(edited, n)) for n in names}
+    q, k = torch.randn(B, H, S, D, dtype=dtype), torch.randn(B, H, S, D, dtype=dtype)
+    with mock.patch.multiple(edited, **captured), key_row_mask.installed():
+        fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, causal, 0, 0)
+    return [(captured[n].fn, args, kwargs) for n in names for args, kwargs in captured[n].calls]
+
+
 CASES = {
     "fused mass, bf16, LLaDA's float bias": lambda: _fused_mass_launches(
         torch.bfloat16, _mask("float", torch.bfloat16), False),
@@ -205,6 +220,12 @@ CASES = {
     "fused mass, bf16, 8 warps (c_w8)": lambda: [
         (fn, args, dict(kwargs, num_warps=8)) for fn, args, kwargs in _fused_mass_launches(
             torch.bfloat16, _mask("float", torch.bfloat16), False)],
+    "padding mask as one row of keys (c_row), bf16 float bias": lambda: _key_row_launches(
+        torch.bfloat16, _mask("float", torch.bfloat16)),
+    "padding mask as one row of keys, fp16 bool mask, causal": lambda: _key_row_launches(
+        torch.float16, _mask("bool", torch.float16), causal=True),
+    "padding mask as one row of keys, per-row mask": lambda: _key_row_launches(
+        torch.bfloat16, _mask("float", torch.bfloat16).expand(B, 1, S, S).contiguous()),
     "selection (c_kernel)": lambda: _selection_launches(torch.float32, "none", False, False),
     "selection, granularity layer": lambda: _selection_launches(torch.float32, "none", True,
                                                                 False),
