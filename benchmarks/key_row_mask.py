@@ -11,8 +11,8 @@ warp shuffles) against 71, none and 1,184 when the tile is loaded as one row of 
 broadcast (tests/test_triton_compiles.py compiles both).
 
 The candidate is the package's own kernel file with :data:`EDITS` applied (a ``MASK_ROWS``
-flag: false for a mask whose stride along the rows is 0, which then loads one vector of keys
-per tile), loaded as a module of its own and launched where ``fused_mass`` launches its
+flag: false for a mask whose stride along the rows is 0 or that has one row, as in a decoding
+step, which then loads one vector of keys per tile), loaded as a module of its own and launched where ``fused_mass`` launches its
 kernels, with the flag set from the mask it is given. The values read are the same, so the
 mass is the same to the bit; ``tests/test_key_row_mask.py`` holds it to that in Triton's
 interpreter, and ``bench_masking.py --gpu`` times it as variant ``c_row``. Adopting it is
@@ -92,7 +92,8 @@ LAUNCHES: collections.Counter = collections.Counter()
 class _WithRowFlag:
     """Launches an edited kernel as fused_mass launches the package's, adding ``MASK_ROWS``
     from the mask argument (the third: the expanded [B, H, Sq, Sk] view, or Q when there is
-    no mask, which is then never read)."""
+    no mask, which is then never read): false where the mask has one query row (a decoding
+    step's call) or a stride of 0 along them."""
 
     def __init__(self, kernel, name: str):
         self.kernel, self.name = kernel, name
@@ -101,7 +102,7 @@ class _WithRowFlag:
         launch = self.kernel[grid]
 
         def launched(*args, **flags):
-            rows = args[2].stride(2) != 0
+            rows = args[2].shape[2] > 1 and args[2].stride(2) != 0
             LAUNCHES[self.name, flags["HAS_MASK"], rows] += 1
             return launch(*args, **flags, MASK_ROWS=rows)
 

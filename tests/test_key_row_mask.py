@@ -62,6 +62,12 @@ def test_same_mass_to_the_bit_on_every_mask_form(interpreted, case, variant):
     assert r["one_row_load"] == (case in ROW_FREE), r
 
 
+@pytest.mark.parametrize("variant", ["mha_fp32", "gqa_bf16"])
+def test_a_decoding_steps_one_row_mask_is_read_as_one_row(interpreted, variant):
+    r = interpreted[f"one_row/{variant}"]
+    assert r["same"] and r["launches"] == 2 and r["one_row_load"], r
+
+
 @pytest.mark.parametrize("case", MODEL_CASES)
 def test_the_intercept_decides_what_the_package_decides(interpreted, case):
     r = interpreted[case]
@@ -97,14 +103,26 @@ def _unit_results():
         w = (torch.rand(B, Sq, generator=g) > 0.2).float()
         for name in CASES:
             kw = dict(cases[name], scale=D ** -0.5, block_m=16, block_n=16)
-            package = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
-            key_row_mask.LAUNCHES.clear()
-            with key_row_mask.installed():
-                got = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
-            launches = dict(key_row_mask.LAUNCHES)
-            yield {"case": f"{name}/{variant}", "same": bool(torch.equal(package, got)),
-                   "launches": sum(launches.values()),
-                   "one_row_load": any(has and not rows for (_, has, rows) in launches)}
+            yield same_mass(f"{name}/{variant}", q, k, w, kw)
+        # a decoding step: one query row, whose mask is one row whatever its strides
+        last = {"mask": cases["float_per_row_with_dead_row"]["mask"][:, :, -1:], "scale": 0.2,
+                "is_causal": True, "causal_offset": Sk - 1}
+        yield same_mass(f"one_row/{variant}", q[:, :, -1:], k, w[:, -1:], last)
+
+
+def same_mass(case, q, k, w, kw):
+    import torch
+
+    from lm_eval_sinkmask import fused_mass
+
+    package = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
+    key_row_mask.LAUNCHES.clear()
+    with key_row_mask.installed():
+        got = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
+    launches = dict(key_row_mask.LAUNCHES)
+    return {"case": case, "same": bool(torch.equal(package, got)),
+            "launches": sum(launches.values()),
+            "one_row_load": any(has and not rows for (_, has, rows) in launches)}
 
 
 def _model_results():

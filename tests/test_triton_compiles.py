@@ -194,18 +194,21 @@ def _lse_reuse_launches(dtype, mask_kind, per_layer):
         return prep + _calls(lse_reuse, "_lse_fix_kernel", detection)
 
 
-def _key_row_launches(dtype, mask, causal=False):
+def _key_row_launches(dtype, mask, causal=False, rows=S):
     """key_row_mask's edited detection kernels, launched (with their MASK_ROWS flag) where the
-    fused path launches the package's."""
+    fused path launches the package's, for ``rows`` query rows (the last ones)."""
     import key_row_mask
     from lm_eval_sinkmask import fused_mass
 
     edited = key_row_mask.kernels()
     names = ("row_lse_kernel", "column_mass_kernel")
     captured = {n: _Captured(getattr(edited, n)) for n in names}
-    q, k = torch.randn(B, H, S, D, dtype=dtype), torch.randn(B, H, S, D, dtype=dtype)
+    q, k = torch.randn(B, H, rows, D, dtype=dtype), torch.randn(B, H, S, D, dtype=dtype)
+    if mask is not None:
+        mask = mask[..., -rows:, :]
     with mock.patch.multiple(edited, **captured), key_row_mask.installed():
-        fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, causal, 0, 0)
+        fused_mass._triton_column_mass(q, k, torch.ones(B, rows), D ** -0.5, mask, causal,
+                                       S - rows, 0)
     return [(captured[n].fn, args, kwargs) for n in names for args, kwargs in captured[n].calls]
 
 
@@ -226,6 +229,9 @@ CASES = {
         torch.float16, _mask("bool", torch.float16), causal=True),
     "padding mask as one row of keys, per-row mask": lambda: _key_row_launches(
         torch.bfloat16, _mask("float", torch.bfloat16).expand(B, 1, S, S).contiguous()),
+    "padding mask as one row of keys, a decoding step's one row": lambda: _key_row_launches(
+        torch.bfloat16, _mask("float", torch.bfloat16).expand(B, 1, S, S).contiguous(),
+        causal=True, rows=1),
     "selection (c_kernel)": lambda: _selection_launches(torch.float32, "none", False, False),
     "selection, granularity layer": lambda: _selection_launches(torch.float32, "none", True,
                                                                 False),
