@@ -82,9 +82,12 @@ GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8",
                 "c_mat", "c_flex", "d")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md; the eager
-# selection and detect=current within 0.03 of (c) each time): left out by default so that a
-# lent GPU's minutes go to the candidates (--gpu-skip '' times them again)
-GPU_SKIP = "c_mat,c_flex,c_eager,d"
+# selection and detect=current within 0.03 of (c) each time), and the candidates c_lse and
+# c_w8, timed on an H200 (results/gpu_h200_candidates.md: c_lse's output kernel costs more
+# than the row pass it saves except where c_row's one-row mask load removes that cost, and
+# c_w8's gain was the spill of that same tile load): left out by default so that a lent
+# GPU's minutes go to the open candidates (--gpu-skip '' times them again)
+GPU_SKIP = "c_mat,c_flex,c_eager,d,c_lse,c_w8"
 GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",

@@ -77,11 +77,12 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     # every variant but those --gpu-skip leaves out by default (materialized, flex, the
-    # eager selection, (d)): LLaDA a, b, c and five candidates; Llama a, c and two
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 8 + 4 * 4
+    # eager selection, (d), c_lse, c_w8): LLaDA a, b, c and three candidates; Llama a, c and
+    # two
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 6 + 4 * 4
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 6 + 4 * 3  # (c) x 6 for LLaDA; (c) x 3 for Llama
+    assert len(splits) == 2 * 4 + 4 * 3  # (c) x 4 for LLaDA; (c) x 3 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)

@@ -98,13 +98,13 @@ def test_cpu_smoke_run(tmp_path, capsys):
 def test_candidates_are_installed_around_the_masked_runs_only(monkeypatch):
     """--candidates: every top_k=5 run inside the three candidates' blocks, no unmasked run."""
     import decode_kernel
-    import lse_reuse
+    import key_row_mask
     import select_kernel
 
     from lm_eval_sinkmask.intercept import SinkMasker
 
     inside, masked = [], []
-    for module, name in ((select_kernel, "call_path_installed"), (lse_reuse, "installed"),
+    for module, name in ((select_kernel, "call_path_installed"), (key_row_mask, "installed"),
                          (decode_kernel, "installed")):
         real = getattr(module, name)
 
