@@ -78,13 +78,21 @@ def test_the_intercept_decides_what_the_package_decides(interpreted, case):
     assert (r["one_row_launches"] > 0) == (case == "llada"), r
 
 
+def test_under_the_call_path_too(interpreted):
+    """As gpu_hours --candidates stacks them: the call path's detection on the edited kernels,
+    against the package on the CPU (its own selection, so scores to float32 rounding)."""
+    r = interpreted["llada_call_path"]
+    assert r["kernel_calls"] == r["calls"] > 0 and r["one_row_launches"] > 0, r
+    assert r["same_sinks"] and r["same_chosen"] and r["same_blocked"] and r["same_stats"], r
+    assert r["scores_max_diff"] <= 1e-5 and r["same_tokens"], r
+
+
 # -- the child process ------------------------------------------------------------------------
 
 
 def _unit_results():
     import torch
 
-    from lm_eval_sinkmask import fused_mass
     from tests.test_fused_mass import _unit_cases
 
     B, H, Sq, Sk, D = 2, 2, 20, 40, 24
@@ -134,9 +142,35 @@ def _model_results():
         r = compared_with_the_package(kind, key_row_mask.installed, "fused", model, "all",
                                       "previous", run, top_k=2, eps=0.0, tol=0.0,
                                       takes=lambda query: True, backend="fused")
-        r["one_row_launches"] = sum(n for (_, has, rows), n in key_row_mask.LAUNCHES.items()
-                                    if has and not rows)
+        r["one_row_launches"] = one_row_launches()
         yield r
+    yield _under_the_call_path()
+
+
+def _under_the_call_path():
+    from contextlib import ExitStack, contextmanager
+
+    import select_kernel
+    from tests.interpreted import tiny_dlm_passes
+
+    @contextmanager
+    def both():
+        with ExitStack() as stack:
+            stack.enter_context(key_row_mask.installed())
+            stack.enter_context(select_kernel.call_path_installed())
+            yield
+
+    model, run = tiny_dlm_passes("llada", padded=True)
+    key_row_mask.LAUNCHES.clear()
+    r = compared_with_the_package("llada_call_path", both, select_kernel.CALL_NAME, model, "all",
+                                  "previous", run, top_k=2, eps=0.0, tol=1e-4,
+                                  takes=lambda query: True)
+    r["one_row_launches"] = one_row_launches()
+    return r
+
+
+def one_row_launches() -> int:
+    return sum(n for (_, has, rows), n in key_row_mask.LAUNCHES.items() if has and not rows)
 
 
 if __name__ == "__main__":
