@@ -167,34 +167,22 @@ def candidate_of(variant: str):
         compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS = old
 
 
-@contextmanager
 def detection_warps(n: int):
     """The fused path's two detection kernels launched with ``n`` warps instead of the
     package's 4. Why: compiled for sm_90 at head size 128 in bf16, the row log-sum-exp kernel
     uses 254 registers and spills 40 bytes of stack per thread with 4 warps, none with 8
     (benchmarks/README.md, "Compiled for the GPU without one")."""
-    import types
-    from unittest import mock
-
-    from lm_eval_sinkmask import fused_mass
-
-    kernels = fused_mass._kernels()
-    if kernels is None:  # no Triton: nothing launches
-        yield
-        return
+    import taken_calls
 
     class Warps:
-        def __init__(self, kernel):
+        def __init__(self, kernel, _name):
             self.kernel = kernel
 
         def __getitem__(self, grid):
             launch = self.kernel[grid]
             return lambda *args, **kwargs: launch(*args, **dict(kwargs, num_warps=n))
 
-    spy = types.SimpleNamespace(row_lse_kernel=Warps(kernels.row_lse_kernel),
-                                column_mass_kernel=Warps(kernels.column_mass_kernel))
-    with mock.patch.object(fused_mass, "_kernels", lambda: spy):
-        yield
+    return taken_calls.detection_kernels_through(Warps)
 
 
 def configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:

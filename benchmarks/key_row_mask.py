@@ -28,11 +28,9 @@ import importlib.util
 import sys
 import tempfile
 import types
-from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
-from lm_eval_sinkmask import fused_mass
+import taken_calls
 
 NAME = "_mass_kernels_key_row"
 
@@ -109,15 +107,8 @@ class _WithRowFlag:
         return launched
 
 
-@contextmanager
 def installed():
     """fused_mass's detection on the edited kernels for the duration (nothing changes where
     fused_mass has no Triton to launch)."""
-    if fused_mass._kernels() is None:
-        yield
-        return
-    edited = kernels()
-    spy = types.SimpleNamespace(**{name: _WithRowFlag(getattr(edited, name), name)
-                                   for name in ("row_lse_kernel", "column_mass_kernel")})
-    with mock.patch.object(fused_mass, "_kernels", lambda: spy):
-        yield
+    return taken_calls.detection_kernels_through(
+        lambda _, name: _WithRowFlag(getattr(kernels(), name), name))

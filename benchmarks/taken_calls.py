@@ -5,12 +5,16 @@ lse_reuse.py) each make one call's whole decision (the keys it blocks, this pass
 choice, the masked output) in fewer launches than the package. This module holds what they share: last pass's
 choice as the package keeps it, the decision assembled with the run's state updated as the
 package updates it, and a block within which :class:`intercept._Run` asks a candidate first
-and the package for every call the candidate does not take.
+and the package for every call the candidate does not take. The candidates that change only
+how the fused path's two detection kernels are launched (bench_masking's ``c_w8``,
+key_row_mask.py) share :func:`detection_kernels_through`.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -90,3 +94,18 @@ def taken_by(handles, decide):
         yield
     finally:
         intercept._Run._decide = package_decide
+
+
+@contextmanager
+def detection_kernels_through(wrap):
+    """A block within which fused_mass launches each of its two detection kernels through
+    ``wrap(kernel, name)``, an object indexed by the grid as the kernel is (nothing changes
+    where fused_mass has no Triton to launch)."""
+    kernels = fused_mass._kernels()
+    if kernels is None:
+        yield
+        return
+    spy = SimpleNamespace(**{name: wrap(getattr(kernels, name), name)
+                             for name in ("row_lse_kernel", "column_mass_kernel")})
+    with mock.patch.object(fused_mass, "_kernels", lambda: spy):
+        yield
