@@ -18,7 +18,11 @@ resume reuses a done cell only when they still match:
   samplers, likelihood, the zoo's modeling, the sweep itself ...), each by its syntax tree, so
   a comment, a docstring or a reflowed line changes nothing and a code change does. Left out,
   by name: the modules no cell imports (:data:`NOT_CELL_CODE`: reports, figures, the CLI,
-  zoo training), so polishing a table does not invalidate a sweep.
+  zoo training), so polishing a table does not invalidate a sweep. Beside it, the code an
+  unmasked cell's number can come from (:func:`unmasked_code_digest`): less the modules that
+  only a masked attention call runs (:data:`MASKING_ONLY`: detection, Eq. 3, its kernels) and
+  those that keep the record (:data:`RECORD_KEEPING`), so that a faster detection kernel
+  leaves the unmasked baselines that reports read (the zoo's report card) standing.
 
 A done cell that predates a digest is not compared on it. Hashing runs at about 1.5 GB/s: a
 few milliseconds for the zoo, about 10 s for an 8B model in bf16, once per checkpoint per
@@ -54,6 +58,16 @@ NOT_CELL_CODE = (
     "zoo.batches", "zoo.pool", "zoo.gpu_zoo", "zoo.quick_eval", "zoo.save_checkpoint",
     "zoo.sink_embedding", "zoo.tokenizer",
 )
+# Modules whose code runs only inside a masked attention call (top_k > 0): detection (the
+# materialised sweep, the fused kernels, FlexAttention), the Eq. 3 selection and the masked
+# output's pieces. An unmasked cell runs the intercept up to its test of top_k, which hands the
+# call to the model's own attention, so no number of it comes from these (tests run unmasked
+# cells of every family and check; their module level only defines and imports).
+MASKING_ONLY = ("attention_view", "chunked_attention", "compiled_tail", "flex_mass", "fused_mass",
+                "_mass_kernels", "metric")
+# Modules that record what a cell ran on, claim its folder and write its files: they decide
+# whether a cell is reused and where it lies, never a number in it.
+RECORD_KEEPING = ("provenance", "cell_claims", "atomic_write")
 
 
 def file_sha256(path: Path) -> str:
@@ -205,20 +219,35 @@ def _only_a_string(node: Any) -> bool:
             and isinstance(node.value.value, str))
 
 
-def package_code_digest(root: Path = PACKAGE_ROOT) -> str:
+def package_code_digest(root: Path = PACKAGE_ROOT, leave_out: tuple[str, ...] = ()) -> str:
     """sha256 over (relative name, sha256 of its :func:`syntax_text`) of every :func:`code_files`
-    module below ``root``: the code a cell runs, wherever the package lies."""
+    module below ``root`` but those named in ``leave_out``: the code a cell runs, wherever the
+    package lies."""
     digest = hashlib.sha256()
     for path in code_files(root):
+        if module_name(path, root) in leave_out:
+            continue
         tree = hashlib.sha256(syntax_text(path.read_text(encoding="utf-8")).encode()).hexdigest()
         digest.update(f"{path.relative_to(root).as_posix()}\0{tree}\n".encode())
     return "sha256:" + digest.hexdigest()
+
+
+def unmasked_code_digest(root: Path = PACKAGE_ROOT) -> str:
+    """:func:`package_code_digest` of the modules an unmasked cell's number can come from: all
+    of them but :data:`MASKING_ONLY` and :data:`RECORD_KEEPING`."""
+    return package_code_digest(root, MASKING_ONLY + RECORD_KEEPING)
 
 
 @functools.cache
 def installed_code_digest() -> str:
     """:func:`package_code_digest` of this package, once per process."""
     return package_code_digest()
+
+
+@functools.cache
+def installed_unmasked_code_digest() -> str:
+    """:func:`unmasked_code_digest` of this package, once per process."""
+    return unmasked_code_digest()
 
 
 class InputDigests:
@@ -241,14 +270,17 @@ class InputDigests:
 
     def for_cell(self, path: str, task: str, revision: str | None = None) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint(path, revision), "task": self.task(task),
-                "package_code": installed_code_digest()}
+                "package_code": installed_code_digest(),
+                "unmasked_code": installed_unmasked_code_digest()}
 
 
-def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
+def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any],
+                   unmasked: bool = False) -> list[str]:
     """What differs between a done cell's recorded inputs and today's, in words; [] when the
     cell may be reused. A checkpoint that cannot be read here (None) is not compared, nor the
     task's code or the package code where the done cell predates its digest (or ``now`` has
-    none)."""
+    none). ``unmasked`` (a top_k=0 cell, read where only its number matters): the package code
+    is compared on ``unmasked_code`` where both record it."""
     if done is None:
         return ["the cell records no input digests (made by an older lm-eval-sinkmask)"]
     out = []
@@ -260,8 +292,11 @@ def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any]) -> list[str
             out.append(f"task {key} {old_task.get(key)} -> {new_task.get(key)}")
     if "code" in old_task and old_task["code"] != new_task.get("code"):
         out.append(f"task code {old_task['code']} -> {new_task.get('code')}")
-    old_code, new_code = done.get("package_code"), now.get("package_code")
+    key = "unmasked_code" if unmasked and done.get("unmasked_code") and now.get("unmasked_code") \
+        else "package_code"
+    old_code, new_code = done.get(key), now.get(key)
     if old_code is not None and new_code is not None and old_code != new_code:
-        out.append(f"package code {old_code} -> {new_code} (lm-eval-sinkmask's code changed since "
+        what = "the code of an unmasked run" if key == "unmasked_code" else "package code"
+        out.append(f"{what} {old_code} -> {new_code} (lm-eval-sinkmask's code changed since "
                    "this cell ran)")
     return out

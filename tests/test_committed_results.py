@@ -109,3 +109,25 @@ def test_the_committed_zoo_report_is_what_its_cells_and_traces_render(monkeypatc
     built = report.read_report(out, list(ZOO_NAMES), cells)
     assert report.markdown(built) == (out / "report.md").read_text()
     assert report.report_json(built) == (out / "report.json").read_text()
+
+
+def test_an_edit_of_the_detection_kernels_leaves_the_zoo_reports_unmasked_cells_standing(
+        monkeypatch, package_copy):
+    """The report's accuracy cells are unmasked: they ran no detection code, so a faster kernel
+    must not drop them from the report card (which would take remaking them all), while an
+    edit of the code they did run must."""
+    from lm_eval_sinkmask import provenance
+    from lm_eval_sinkmask.zoo import report
+
+    monkeypatch.chdir(ROOT)
+    cells = [Path(c) for c in json.loads(Path("results/zoo/report.json").read_text())["cells_read"]]
+    now = report.read_accuracy(cells)
+    assert sum(len(tasks) for tasks in now.values()) == 24  # 12 checkpoints x 2 tasks
+    monkeypatch.setattr(provenance, "installed_code_digest",
+                        lambda: provenance.package_code_digest(package_copy))
+    monkeypatch.setattr(provenance, "installed_unmasked_code_digest",
+                        lambda: provenance.unmasked_code_digest(package_copy))
+    for edited, stands in (("_mass_kernels", True), ("intercept", False)):
+        path = package_copy / f"{edited}.py"
+        path.write_text(path.read_text() + "\nEDITED = True\n")
+        assert report.read_accuracy(cells) == (now if stands else {}), edited

@@ -10,9 +10,11 @@ import sys
 import pytest
 
 from lm_eval_sinkmask import provenance
-from lm_eval_sinkmask.provenance import (NOT_CELL_CODE, PACKAGE_ROOT, InputDigests, changed_inputs,
-                                         code_files, installed_code_digest, module_name,
-                                         not_cell_code, package_code_digest, syntax_text)
+from lm_eval_sinkmask.provenance import (MASKING_ONLY, NOT_CELL_CODE, PACKAGE_ROOT, RECORD_KEEPING,
+                                         InputDigests, changed_inputs, code_files,
+                                         installed_code_digest, installed_unmasked_code_digest,
+                                         module_name, not_cell_code, package_code_digest,
+                                         syntax_text, unmasked_code_digest)
 from lm_eval_sinkmask.tasks import TASKS_DIR
 
 
@@ -60,6 +62,40 @@ def test_an_edit_of_an_excluded_module_does_not_change_the_digest(package_copy):
     assert package_code_digest(package_copy) != base
 
 
+def _edit(root, name: str) -> None:
+    path = root.joinpath(*name.split(".")).with_suffix(".py")
+    path.write_text(path.read_text() + "\nEDITED = True\n")
+
+
+def test_an_unmasked_runs_code_leaves_out_only_the_masking_and_record_keeping_modules(package_copy):
+    full, unmasked = package_code_digest(package_copy), unmasked_code_digest(package_copy)
+    assert (full, unmasked) == (installed_code_digest(), installed_unmasked_code_digest())
+    assert full != unmasked
+    for name in MASKING_ONLY + RECORD_KEEPING:  # a faster kernel, a new record field
+        _edit(package_copy, name)
+    assert package_code_digest(package_copy) != full
+    assert unmasked_code_digest(package_copy) == unmasked
+    for name in ("intercept", "masking_stats", "samplers.block", "dlm_model", "sweep"):
+        before = unmasked_code_digest(package_copy)  # what an unmasked cell does run
+        _edit(package_copy, name)
+        assert unmasked_code_digest(package_copy) != before, name
+
+
+def test_the_masking_only_modules_exist_and_only_define_when_imported():
+    """An unmasked cell imports them (the intercept does) but calls nothing in them; importing
+    them must then change nothing either: module level holds only imports, definitions and
+    constants, no call made for its effect."""
+    modules = {module_name(p, PACKAGE_ROOT) for p in code_files(PACKAGE_ROOT)}
+    assert set(MASKING_ONLY + RECORD_KEEPING) <= modules
+    for name in MASKING_ONLY:
+        tree = ast.parse(PACKAGE_ROOT.joinpath(name + ".py").read_text())
+        for node in tree.body:
+            assert isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef,
+                                     ast.Assign, ast.AnnAssign, ast.Expr)), (name, node.lineno)
+            if isinstance(node, ast.Expr):  # a docstring, not a call
+                assert isinstance(node.value, ast.Constant), (name, node.lineno)
+
+
 def test_the_excluded_names_are_modules_and_the_cell_code_is_hashed():
     modules = {module_name(p, PACKAGE_ROOT) for p in PACKAGE_ROOT.rglob("*.py")}
     assert set(NOT_CELL_CODE) <= modules  # no stale name in the list
@@ -71,7 +107,8 @@ def test_the_excluded_names_are_modules_and_the_cell_code_is_hashed():
 
 def test_the_package_code_digest_is_computed_once_per_process(monkeypatch):
     calls = []
-    monkeypatch.setattr(provenance, "package_code_digest", lambda: calls.append(1) or "sha256:p")
+    monkeypatch.setattr(provenance, "package_code_digest",
+                        lambda root=PACKAGE_ROOT, leave_out=(): calls.append(leave_out) or "sha256:p")
     monkeypatch.setattr(provenance, "checkpoint_digest", lambda p, revision=None: "sha256:c")
     monkeypatch.setattr(provenance, "task_digest", lambda t: {"version": 1})
 
@@ -80,13 +117,15 @@ def test_the_package_code_digest_is_computed_once_per_process(monkeypatch):
             return {"tasks": {n: n for n in names}}
 
     installed_code_digest.cache_clear()
+    installed_unmasked_code_digest.cache_clear()
     try:
         digests = InputDigests(Manager())
         assert [digests.for_cell("/m", t)["package_code"] for t in ("a", "b")] == ["sha256:p"] * 2
-        assert InputDigests(Manager()).for_cell("/m", "a")["package_code"] == "sha256:p"
-        assert calls == [1]
-    finally:
-        installed_code_digest.cache_clear()  # the real digest again for the other tests
+        assert InputDigests(Manager()).for_cell("/m", "a")["unmasked_code"] == "sha256:p"
+        assert calls == [(), MASKING_ONLY + RECORD_KEEPING]  # each digest once
+    finally:  # the real digests again for the other tests
+        installed_code_digest.cache_clear()
+        installed_unmasked_code_digest.cache_clear()
 
 
 def test_a_changed_package_code_is_named_and_an_older_cell_is_not_compared():
@@ -99,6 +138,22 @@ def test_a_changed_package_code_is_named_and_an_older_cell_is_not_compared():
     older = {"checkpoint": "sha256:a", "task": task}  # made before the package code was recorded
     assert changed_inputs(older, {**done, "package_code": "sha256:new"}) == []
     assert changed_inputs(done, older) == []  # nothing to compare with
+
+
+def test_an_unmasked_cell_is_compared_on_the_code_an_unmasked_run_runs():
+    task = {"version": 1.0, "config": "sha256:c", "docs": "sha256:d"}
+    done = {"checkpoint": "sha256:a", "task": task, "package_code": "sha256:old",
+            "unmasked_code": "sha256:u"}
+    kernel_edit = {**done, "package_code": "sha256:new"}
+    assert changed_inputs(done, kernel_edit, unmasked=True) == []
+    assert changed_inputs(done, kernel_edit) != []  # a masked cell: any package code counts
+    sampler_edit = {**kernel_edit, "unmasked_code": "sha256:v"}
+    assert changed_inputs(done, sampler_edit, unmasked=True) == [
+        "the code of an unmasked run sha256:u -> sha256:v (lm-eval-sinkmask's code changed "
+        "since this cell ran)"]
+    older = {k: v for k, v in done.items() if k != "unmasked_code"}  # made before the field
+    assert changed_inputs(older, kernel_edit, unmasked=True) != []  # the whole package then
+    assert changed_inputs(older, done, unmasked=True) == []
 
 
 def test_the_task_folders_python_files_are_in_their_tasks_digests():
@@ -190,3 +245,46 @@ def test_a_sweep_cell_run_in_a_fresh_process_imports_no_excluded_module(tmp_path
     masked = [json.loads(p.read_text())["sinkmask"]["counters"]["keys_masked"]
               for p in (tmp_path / "out").rglob("cell.json")]
     assert len(masked) == 2 and all(n > 0 for n in masked)
+
+
+@pytest.mark.slow
+def test_unmasked_cells_of_every_family_run_no_masking_only_code(tmp_path):
+    """Why an unmasked cell is compared on :func:`provenance.unmasked_code_digest`: unmasked
+    cells of an ARM, a LLaDA, a Dream and a LLaDA with an extra sink token, generating and
+    scoring code, call no function of :data:`MASKING_ONLY`; the same cells masked do (the
+    profile sees them)."""
+    code = """if True:
+        import json, sys, threading
+        from pathlib import Path
+        from lm_eval_sinkmask import arm_model, code_eval, dlm_model, sandbox  # noqa: F401
+        from lm_eval_sinkmask.provenance import PACKAGE_ROOT, module_name
+        from lm_eval_sinkmask.sweep import run_sweep
+        from lm_eval_sinkmask.sweep_plan import ModelSpec, SweepPlan
+        ran = set()
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename.startswith(str(PACKAGE_ROOT)):
+                ran.add(frame.f_code.co_filename)
+        llada = "gen_length=16,block_length=16"
+        models = [ModelSpec("arm", "zoo:arm", "arm"), ModelSpec("llada", "zoo:llada", "dlm", llada),
+                  ModelSpec("dream", "zoo:dream", "dlm", "gen_length=16"),
+                  ModelSpec("sink", "zoo:llada_sink", "dlm", llada)]
+        out = {}
+        for k in (0, 1):
+            plan = SweepPlan(models=models, tasks=["mini_gsm_sinkmask", "mini_code_sinkmask"],
+                             ks=[k], out=Path(sys.argv[1]) / f"k{k}", limit=1, device="cpu",
+                             allow_code_execution=True)
+            ran.clear()
+            sys.setprofile(profile); threading.setprofile(profile)
+            assert run_sweep(plan, progress=False) == 8
+            sys.setprofile(None); threading.setprofile(None)
+            out[k] = sorted({module_name(Path(f), PACKAGE_ROOT) for f in ran})
+        print(json.dumps(out))
+    """
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ran = json.loads(run.stdout.splitlines()[-1])
+    unmasked, masked = set(ran["0"]), set(ran["1"])
+    assert {"intercept", "dlm_model", "arm_model", "samplers.block", "samplers.dream",
+            "sink_token", "sandbox"} <= unmasked  # the profile saw the cells' code
+    assert sorted(unmasked & set(MASKING_ONLY)) == []
+    assert {"attention_view", "chunked_attention", "compiled_tail", "metric"} <= masked

@@ -212,6 +212,7 @@ def test_a_resume_refuses_cells_made_by_other_package_code_and_not_another_batch
     [path] = (tmp_path / "out").rglob("cell.json")
     record = json.loads(path.read_text())
     assert record["inputs"]["package_code"] == provenance.installed_code_digest()
+    assert record["inputs"]["unmasked_code"] == provenance.installed_unmasked_code_digest()
     assert record["run"] == {"batch_size": 1, "device": "cpu"}
 
     monkeypatch.setattr(provenance, "installed_code_digest",

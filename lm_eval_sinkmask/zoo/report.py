@@ -233,7 +233,8 @@ def read_accuracy(folders: list[Path], current=None) -> dict[tuple[str, int], di
     checkpoint and task installed now, by this package's code: its recorded input digests must
     match ``current((name, seed), task)`` (default :func:`installed_inputs`), so cells of an
     earlier training of the same name, of an earlier task version, or made by other
-    lm-eval-sinkmask code (cells that record its digest), are left out and listed. When two
+    lm-eval-sinkmask code (cells that record its digest; for these unmasked cells, other code
+    than the detection's, :func:`provenance.unmasked_code_digest`), are left out and listed. When two
     folders hold the same (checkpoint, task), the one with more problems wins, then the
     earlier folder.
     """
@@ -251,7 +252,7 @@ def read_accuracy(folders: list[Path], current=None) -> dict[tuple[str, int], di
             if ckpt is None or req["task"] not in TASKS or set(args) - NEUTRAL_ARGS:
                 continue
             now = current(ckpt, req["task"])
-            if now is None or changed_inputs(r.get("inputs"), now):
+            if now is None or changed_inputs(r.get("inputs"), now, unmasked=True):
                 stale.append(str(path.parent))
                 continue
             new = {"metric": r["metric"], "value": r["value"], "stderr": r["stderr"],
