@@ -75,11 +75,14 @@ LABELS = {
 # selection (c_kernel), the same kernel writing the output mask (c_call, calls of several
 # rows), the row log-sum-exp taken from the masked output's (c_lse, calls of several rows),
 # the detection kernels with 8 warps (c_w8) or reading a row-free mask as one row of keys
-# (c_row) and, in decoding steps, the one-launch
+# (c_row), the masked pass replayed as one CUDA graph (c_graph, beside the unmasked pass
+# graphed the same way, a_graph) and, in decoding steps, the one-launch
 # decoding step (c_decode); then the materialised path (the CPU's, and the GPU's before the
 # fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
 GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_row",
-                "c_mat", "c_flex", "d")
+                "a_graph", "c_graph", "c_mat", "c_flex", "d")
+# captured once per timed shape (graphed_pass.GraphedPass), then only replayed: CUDA only
+GRAPHED = ("a_graph", "c_graph")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md; the eager
 # selection and detect=current within 0.03 of (c) each time), and the candidates c_lse and
@@ -98,6 +101,8 @@ GPU_LABELS = dict(LABELS, **{
              "(candidates)",
     "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
     "c_row": "(c) fused, padding mask read as one row of keys (candidate)",
+    "a_graph": "(a) unmasked, replayed as one CUDA graph",
+    "c_graph": "(c) fused, replayed as one CUDA graph (candidate)",
     "c_mat": "(c) materialized",
     "c_flex": "(c) flex (two FlexAttention calls)",
     "d": "(d) top_k=5 current, fused",
@@ -110,9 +115,10 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
     fused = SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="fused")
     return {
         "a": None,
+        "a_graph": None,
         "b": base["b"],
         **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_lse",
-                              "c_w8", "c_row")},
+                              "c_w8", "c_row", "c_graph")},
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -326,11 +332,22 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
     ids, mask = ids.to(device), mask.to(device)
     am = None if bool(mask.all()) else mask
     cfgs = configs(0.0, args.chunk) if variants == VARIANTS else gpu_configs(0.0, args.chunk)
+    if device.type != "cuda":
+        variants = tuple(n for n in variants if n not in GRAPHED)
+    graphs = {}
 
     def run_one(n):
         # several passes per attach block, as in one denoising run: detect=previous then uses
         # the single sweep (mask last pass's sinks, detect this pass's) after the first pass
         with torch.inference_mode():
+            if n in GRAPHED:  # captured at the first run (the warm-up), replayed as steps
+                if n not in graphs:
+                    import graphed_pass
+
+                    graphs[n] = graphed_pass.GraphedPass(model, ids, am, cfgs[n])
+                for _ in range(passes):
+                    graphs[n].step(ids)
+                return "-"
             if cfgs[n] is None:
                 for _ in range(passes):
                     model(input_ids=ids, attention_mask=am)
@@ -463,12 +480,54 @@ def bench_llada(args, device, hidden, heads, S, condition="", memory=True):
                      f"3. 8B-shaped LLaDA config on {name}, batch {B}{condition}", model, B, S,
                      4, args, device, True, timed(GPU_VARIANTS, args))
         med = med or m
+        if device.type == "cuda" and "c_graph" in timed(GPU_VARIANTS, args):
+            run_part(f"llada graph check batch {B}", graph_check, model, B, S, args, device)
     if memory and device.type == "cuda" and model is not None:
         run_part("llada peak memory", gpu_peak_memory, model, args)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return med
+
+
+def graph_check(model, B, S, args, device, capture=None, steps=3) -> list[str]:
+    """``c_graph`` against eager masked passes (the package's fused path) on the same canvases:
+    the warm-up prompts, then ``steps`` canvases with 5% of their tokens changed each, as
+    denoising steps change them. Replayed passes must give the eager passes' logits and each
+    layer's chosen keys. ``capture``: graphed_pass.cuda_graph, or a CPU stand-in (tests)."""
+    import graphed_pass
+
+    ids, mask = prompts(B, S, model.config.vocab_size, 2047, ragged=True, seed=1)
+    ids, mask = ids.to(device), mask.to(device)
+    am = None if bool(mask.all()) else mask
+    g = torch.Generator().manual_seed(2)
+    canvases, x = [], ids
+    for _ in range(steps):
+        x = x.clone()
+        changed = torch.randint(0, S, (max(1, S // 20),), generator=g)
+        x[:, changed] = torch.randint(5, 2000, (len(changed),), generator=g).to(device)
+        canvases.append(x)
+    cfg = gpu_configs(0.0, args.chunk)["c_graph"]
+    with torch.inference_mode():
+        graphed = graphed_pass.GraphedPass(model, ids, am, cfg,
+                                           capture=capture or graphed_pass.cuda_graph)
+        replayed = [(graphed.step(x).clone(), [k.clone() for k in graphed.chosen()])
+                    for x in canvases]
+        with SinkMasker(cfg).attach(model):
+            run = F.scaled_dot_product_attention.__self__
+            for _ in range(graphed.passes_run):
+                model(input_ids=ids, attention_mask=am)
+            eager = [(model(input_ids=x, attention_mask=am).logits.clone(),
+                      [run.previous[n].keys.clone() for n in sorted(run.previous)])
+                     for x in canvases]
+    logits = sum(torch.equal(a[0], b[0]) for a, b in zip(eager, replayed))
+    keys = sum(all(map(torch.equal, a[1], b[1])) for a, b in zip(eager, replayed))
+    diff = max((a[0].float() - b[0].float()).abs().max().item() for a, b in zip(eager, replayed))
+    line = (f"graph check, batch {B}: replayed masked passes vs eager ones on {steps} canvases "
+            f"(5% of the tokens changed per step): logits equal in {logits}/{steps}, chosen keys "
+            f"equal in {keys}/{steps} (largest logit difference {diff:.3g})")
+    print("\n" + line)
+    return [line]
 
 
 def bench_llada_gap(args, device, hidden, heads, S):
@@ -683,7 +742,7 @@ def gpu_peak_memory(model, args):
     ids = torch.randint(5, 2000, (8, 700), device=device)
     peaks = {}
     cfgs = gpu_configs(0.0, args.chunk)
-    for n in timed(GPU_VARIANTS, args):
+    for n in (n for n in timed(GPU_VARIANTS, args) if n not in GRAPHED):  # their (a), (c)'s
         cfg = cfgs[n]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

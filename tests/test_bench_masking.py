@@ -57,6 +57,7 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     for title in ("batch 8, S 40, no padding", "batch 8, S 60, no padding", "batch 8, S 60, padded"):
         assert title in out
     assert "fused kernels vs torch reference" in out
+    assert "replayed as one CUDA graph" not in out and "graph check" not in out  # CUDA only
     assert "flex (two FlexAttention calls) vs torch reference" in out
     assert "selection kernel vs eager: not checked on the CPU" in out
     assert "log-sum-exp reuse (c_lse) vs torch reference: not checked on the CPU" in out
@@ -319,3 +320,27 @@ def test_variant_c_row_launches_the_edited_kernels_with_the_row_flag(monkeypatch
     assert launched == [("row_lse", False), ("column_mass", False),
                         ("row_lse", True), ("column_mass", True)]
     assert fused_mass._kernels() is package  # restored
+
+
+def test_the_graph_check_compares_replayed_passes_with_eager_ones(monkeypatch):
+    """c_graph's check (part llada, on CUDA), run here with the CPU stand-in for capture
+    (tests/test_graphed_pass.py) on the accelerator's route: equal, and not equal once the
+    candidate's in-place update of the last choice is taken away."""
+    import argparse
+    from contextlib import nullcontext
+
+    import graphed_pass
+
+    from lm_eval_sinkmask import intercept
+    from tests.test_graphed_pass import recorded
+
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+    model = bench_masking.wide_model(64, 4, 2, torch.float32, torch.device("cpu"), 128)
+    args = argparse.Namespace(chunk=64)
+    for B in (2, 1):
+        [line] = bench_masking.graph_check(model, B, 40, args, torch.device("cpu"), recorded)
+        assert ("logits equal in 3/3, chosen keys equal in 3/3 (largest logit difference 0)"
+                in line), line
+    monkeypatch.setattr(graphed_pass, "previous_in_place", nullcontext)
+    [line] = bench_masking.graph_check(model, 2, 40, args, torch.device("cpu"), recorded)
+    assert "chosen keys equal in 3/3" not in line

@@ -1,0 +1,174 @@
+"""The CUDA-graph candidate (benchmarks/graphed_pass.py) on the CPU: its state handling, with a
+stand-in for graph capture.
+
+A CUDA graph replays the kernels of the captured pass on the memory they used and runs no
+Python. :func:`recorded` does the same with torch's operators: it records every operator of one
+pass with the tensors it read and wrote, and a replay calls them again, writing each result
+into the tensor the recording produced. Whatever a replayed pass depends on must then be in
+those tensors; a choice the intercept hands to the next pass by rebinding a Python name would
+be read stale. (Unlike a capture, the recording also runs the pass once; the eager reference
+takes one more pass to match.) The masked calls take the accelerator's route: the masked
+output from SDPA given the model's mask with the blocked keys hidden, no host-side question.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
+from tests import tiny
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import graphed_pass  # noqa: E402
+
+STEPS = 4
+
+
+class _Recording(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}, out))
+        return out
+
+
+def recorded(fn):
+    """The CPU stand-in for ``graphed_pass.cuda_graph``: (replay, the output it rewrites)."""
+    recording = _Recording()
+    with recording:
+        out = fn()
+
+    def replay():
+        for func, args, kwargs, was in recording.ops:
+            now = func(*args, **kwargs)
+            if func._schema.is_mutable or func.is_view:  # wrote its input, or is a view of it
+                continue
+            for old, new in zip(tree_flatten(was)[0], tree_flatten(now)[0]):
+                if isinstance(old, torch.Tensor):
+                    old.copy_(new)
+
+    return replay, out
+
+
+recorded.runs_the_pass = True
+
+
+@pytest.fixture
+def on_accelerator(monkeypatch):
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+
+
+def _steps(vocab: int, batch: int = 2, length: int = 12):
+    """A canvas and the canvases of the steps after it: a few tokens changed at each step, as
+    a denoising step unmasks some; the same shape throughout."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (batch, length), generator=gen)
+    steps = []
+    for _ in range(STEPS):
+        ids = ids.clone()
+        ids[:, torch.randint(0, length, (3,), generator=gen)] = torch.randint(
+            5, vocab, (3,), generator=gen)
+        steps.append(ids)
+    return steps[0], steps[1:]
+
+
+def _eager(model, config, first, later):
+    """Logits and each layer's choice after each of ``later``, after the passes on ``first``
+    that the graphed pass makes before its first replay (the warm-up and the recording)."""
+    out = []
+    with SinkMasker(config).attach(model):
+        run = F.scaled_dot_product_attention.__self__
+        for _ in range(graphed_pass.WARM_UP_PASSES + recorded.runs_the_pass):
+            model(input_ids=first)
+        for ids in later:
+            logits = model(input_ids=ids).logits.clone()
+            out.append((logits, [run.previous[n].keys.clone() for n in sorted(run.previous)]))
+    return out
+
+
+def _replayed(model, config, first, later):
+    g = graphed_pass.GraphedPass(model, first, None, config, capture=recorded)
+    assert g.passes_run == graphed_pass.WARM_UP_PASSES + 1
+    return [(g.step(ids).clone(), [k.clone() for k in g.chosen()]) for ids in later]
+
+
+def _same(a, b) -> list[bool]:
+    return [torch.equal(la, lb) and all(map(torch.equal, ka, kb))
+            for (la, ka), (lb, kb) in zip(a, b)]
+
+
+CONFIG = SinkMaskConfig(top_k=2, eps=0.0, detect="previous")
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_a_replayed_pass_on_new_tokens_is_the_eager_pass_logits_and_choices(kind, on_accelerator):
+    model = tiny.build(kind)
+    first, later = _steps(model.config.vocab_size)
+    sdpa = F.scaled_dot_product_attention
+    with torch.inference_mode():
+        eager = _eager(model, CONFIG, first, later)
+        replayed = _replayed(model, CONFIG, first, later)
+    assert _same(replayed, eager) == [True] * (STEPS - 1)
+    assert not all(_same(eager[1:], eager[:-1]))  # the steps chose other keys: a real test
+    assert F.scaled_dot_product_attention is sdpa  # the capture's attach block has ended
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_without_the_in_place_update_a_replay_masks_stale_keys(kind, on_accelerator, monkeypatch):
+    """Why :func:`graphed_pass.previous_in_place` exists, and that the stand-in sees it."""
+    model = tiny.build(kind)
+    first, later = _steps(model.config.vocab_size)
+    monkeypatch.setattr(graphed_pass, "previous_in_place", nullcontext)
+    with torch.inference_mode():
+        eager = _eager(model, CONFIG, first, later)
+        replayed = _replayed(model, CONFIG, first, later)
+    assert not all(_same(replayed, eager))
+
+
+def test_the_in_place_update_keeps_the_tensors_and_changes_no_result(on_accelerator):
+    model = tiny.build("llada")
+    first, later = _steps(model.config.vocab_size)
+    package_sdpa = intercept._Run.sdpa
+    with torch.inference_mode():
+        plain = _eager(model, CONFIG, first, later)
+        with graphed_pass.previous_in_place():
+            in_place = _eager(model, CONFIG, first, later)
+            with SinkMasker(CONFIG).attach(model):
+                run = F.scaled_dot_product_attention.__self__
+                model(input_ids=first)
+                held = {n: (c.keys, c.count) for n, c in run.previous.items()}
+                for ids in later:
+                    model(input_ids=ids)
+                    assert all(c.keys is held[n][0] and c.count is held[n][1]
+                               for n, c in run.previous.items())
+    assert all(_same(in_place, plain)) and len(held) == model.config.num_hidden_layers
+    assert intercept._Run.sdpa is package_sdpa
+
+
+def test_an_unmasked_pass_replays_the_models_own_logits():
+    model = tiny.build("llada")
+    first, later = _steps(model.config.vocab_size)
+    with torch.inference_mode():
+        g = graphed_pass.GraphedPass(model, first, None, None, capture=recorded)
+        for ids in later:
+            assert torch.equal(g.step(ids), model(input_ids=ids).logits)
+
+
+def test_cuda_graphs_need_cuda():
+    model = tiny.build("llada")
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        graphed_pass.GraphedPass(model, torch.zeros(1, 4, dtype=torch.long), None, CONFIG)
