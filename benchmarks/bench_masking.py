@@ -509,8 +509,7 @@ def graph_check(model, B, S, args, device, capture=None, steps=3) -> list[str]:
         canvases.append(x)
     cfg = gpu_configs(0.0, args.chunk)["c_graph"]
     with torch.inference_mode():
-        graphed = graphed_pass.GraphedPass(model, ids, am, cfg,
-                                           capture=capture or graphed_pass.cuda_graph)
+        graphed = graphed_pass.GraphedPass(model, ids, am, cfg, capture)
         replayed = [(graphed.step(x).clone(), [k.clone() for k in graphed.chosen()])
                     for x in canvases]
         with SinkMasker(cfg).attach(model):

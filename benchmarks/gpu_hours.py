@@ -263,6 +263,8 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
                      ragged=False, seed=1)
     ids = ids.to(device)
     passes = args.passes
+    if getattr(args, "graphs", False):
+        return time_graphed_dlm(model, kind, ids, args, device)
 
     def run_one(n):
         with torch.inference_mode():
@@ -279,6 +281,30 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
     run_one("c")  # warm-up of the masked path too (kernels, the compiled selection)
     med, extra = interleaved(run_one, ["a", "c"], args.repeats, device)
     return {n: s / passes for n, s in med.items()}, extra["c"]
+
+
+def time_graphed_dlm(model, kind, ids, args, device) -> tuple[dict, int]:
+    """:func:`time_dlm` with both steps replayed as CUDA graphs (``--graphs``;
+    benchmarks/graphed_pass.py): what a cell would cost if the sampler captured one pass per
+    generation and replayed it at every step, unmasked and masked alike. Keys masked: those of
+    the masked graph's eager warm-up passes (a replay is not counted)."""
+    import graphed_pass
+
+    graphs = {}
+    with torch.inference_mode():
+        graphs["a"] = graphed_pass.GraphedPass(model, ids, None, None)
+        with candidates(args):
+            graphs["c"] = graphed_pass.GraphedPass(
+                model, ids, None, masker(kind, args.chunk, args.detect_backend).config)
+
+    def run_one(n):
+        with torch.inference_mode():
+            for _ in range(args.passes):
+                graphs[n].step(ids)
+        return 0
+
+    med, _ = interleaved(run_one, ["a", "c"], args.repeats, device)
+    return {n: s / args.passes for n, s in med.items()}, graphs["c"].stats.keys_masked
 
 
 def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
@@ -349,7 +375,8 @@ def render(rows: list[dict], device_name: str, on_gpu: bool, args) -> str:
                   "GPU estimates**; they check the pipeline and the arithmetic only. Run this "
                   "script on a CUDA machine for the GPU-hours.", ""]
     lines += [f"Device: {device_name}; dtype {args.dtype}; detect_backend {args.detect_backend}"
-              f"{' with the candidate kernels (--candidates)' if args.candidates else ''}; "
+              f"{' with the candidate kernels (--candidates)' if args.candidates else ''}"
+              f"{'; DLM steps replayed as CUDA graphs (--graphs)' if args.graphs else ''}; "
               f"layer counts timed {args.layers} "
               f"(fitted to the full depth); {args.repeats} interleaved repeats, medians.", "",
               f"| model | task | batch | prompt+gen tokens | s/step unmasked | s/step top_k=5 "
@@ -410,6 +437,9 @@ def main(argv=None, timer=None) -> dict:
                     help="top_k=5 runs with the candidate kernels of benchmarks/ installed "
                          "(decode_kernel, select_kernel's call path, key_row_mask) where they "
                          "apply")
+    ap.add_argument("--graphs", action="store_true",
+                    help="DLM steps (unmasked and top_k=5) replayed as CUDA graphs, captured once "
+                         "per timed shape (benchmarks/graphed_pass.py); CUDA only")
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny shapes, short sequences")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="also write the rows and settings here")
@@ -417,6 +447,8 @@ def main(argv=None, timer=None) -> dict:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = device.type == "cuda"
+    if args.graphs and not on_gpu:
+        ap.error("--graphs replays CUDA graphs: it needs a CUDA device")
     if args.threads:
         torch.set_num_threads(args.threads)
     args.dtype = args.dtype or ("bfloat16" if on_gpu else "float32")
@@ -465,6 +497,7 @@ def main(argv=None, timer=None) -> dict:
     print(text)
     result = {"device": device_name, "on_gpu": on_gpu, "quick": args.quick,
               "detect_backend": args.detect_backend, "candidates": args.candidates,
+              "graphs": args.graphs,
               "prompt_tokens": plen, "gen_tokens": gens, "layers": layer_counts,
               "timings": [asdict(t) for t in timings], "rows": rows}
     if args.json:

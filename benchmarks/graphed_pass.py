@@ -72,17 +72,19 @@ def cuda_graph(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torc
 
 
 cuda_graph.runs_the_pass = False  # a stand-in that records by running sets it True
+cuda_graph.needs_cuda = True
 
 
 class GraphedPass:
     """One forward pass of ``model`` on static copies of ``ids`` and ``attention_mask``,
-    masked under ``config`` (None: unmasked), captured by ``capture`` (:func:`cuda_graph`)
+    masked under ``config`` (None: unmasked), captured by ``capture`` (default :func:`cuda_graph`)
     after :data:`WARM_UP_PASSES` eager passes, and replayed by :meth:`step`. ``passes_run``:
     the passes made before the first replay (the state an eager run has to match)."""
 
     def __init__(self, model, ids: torch.Tensor, attention_mask: torch.Tensor | None, config,
-                 capture=cuda_graph):
-        if capture is cuda_graph and ids.device.type != "cuda":
+                 capture=None):
+        capture = capture or cuda_graph
+        if getattr(capture, "needs_cuda", False) and ids.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the inputs are on {ids.device}")
         self.ids = ids.clone()
         self.mask = None if attention_mask is None else attention_mask.clone()

@@ -130,6 +130,40 @@ def test_candidates_are_installed_around_the_masked_runs_only(monkeypatch):
     assert inside == []
 
 
+def test_graphs_need_cuda_and_time_both_steps_as_replays(monkeypatch, capsys):
+    """--graphs: refused without CUDA; on CUDA, the unmasked and masked steps are each captured
+    once and replayed. The wiring runs here with the CPU stand-in for capture
+    (tests/test_graphed_pass.py) on the accelerator's route."""
+    import argparse
+
+    import graphed_pass
+
+    from lm_eval_sinkmask import intercept
+    from tests.test_graphed_pass import recorded
+
+    with pytest.raises(SystemExit):
+        gpu_hours.main(["--device", "cpu", "--quick", "--graphs"])
+    assert "--graphs replays CUDA graphs: it needs a CUDA device" in capsys.readouterr().err
+
+    monkeypatch.setattr(graphed_pass, "cuda_graph", recorded)
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+    made, steps = [], []
+    real, step = graphed_pass.GraphedPass.__init__, graphed_pass.GraphedPass.step
+    monkeypatch.setattr(graphed_pass.GraphedPass, "__init__",
+                        lambda self, *a, **kw: made.append(a[3]) or real(self, *a, **kw))
+    monkeypatch.setattr(graphed_pass.GraphedPass, "step",
+                        lambda self, ids=None: steps.append(self) or step(self, ids))
+    shape = gpu_hours.QUICK["llada"]
+    model = gpu_hours.build(shape, 1, torch.device("cpu"), torch.float32)
+    args = argparse.Namespace(graphs=True, passes=2, repeats=1, chunk=64, detect_backend="auto",
+                              candidates=False)
+    med, keys = gpu_hours.time_dlm(model, "llada", 2, 24, args, torch.device("cpu"))
+    assert sorted(med) == ["a", "c"] and all(v > 0 for v in med.values())
+    assert made[0] is None and made[1].top_k == 5 and len(made) == 2  # captured once each
+    # passes x (variants x repeats + the timing's warm-up run of (a)): replays only
+    assert len(steps) == 2 * (2 * 1 + 1) and keys > 0
+
+
 # -- the recipe's commands --------------------------------------------------------------------
 
 
