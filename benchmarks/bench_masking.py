@@ -81,7 +81,7 @@ LABELS = {
 # fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
 GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_row",
                 "a_graph", "c_graph", "c_mat", "c_flex", "d")
-# captured once per timed shape (graphed_pass.GraphedPass), then only replayed: CUDA only
+# captured once per timed shape (graphed_pass.captured), then only replayed: CUDA only
 GRAPHED = ("a_graph", "c_graph")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md; the eager
@@ -344,9 +344,9 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
                 if n not in graphs:
                     import graphed_pass
 
-                    graphs[n] = graphed_pass.GraphedPass(model, ids, am, cfgs[n])
+                    graphs[n] = graphed_pass.captured(model, ids, am, cfgs[n])
                 for _ in range(passes):
-                    graphs[n].step(ids)
+                    graphs[n](ids, am)
                 return "-"
             if cfgs[n] is None:
                 for _ in range(passes):
@@ -509,12 +509,13 @@ def graph_check(model, B, S, args, device, capture=None, steps=3) -> list[str]:
         canvases.append(x)
     cfg = gpu_configs(0.0, args.chunk)["c_graph"]
     with torch.inference_mode():
-        graphed = graphed_pass.GraphedPass(model, ids, am, cfg, capture)
-        replayed = [(graphed.step(x).clone(), [k.clone() for k in graphed.chosen()])
+        graphed = graphed_pass.captured(model, ids, am, cfg, capture)
+        before = graphed.passes_run  # the warm-up and the captured pass, on ``ids``
+        replayed = [(graphed(x, am).clone(), [k.clone() for k in graphed.chosen()])
                     for x in canvases]
         with SinkMasker(cfg).attach(model):
             run = F.scaled_dot_product_attention.__self__
-            for _ in range(graphed.passes_run):
+            for _ in range(before):
                 model(input_ids=ids, attention_mask=am)
             eager = [(model(input_ids=x, attention_mask=am).logits.clone(),
                       [run.previous[n].keys.clone() for n in sorted(run.previous)])
@@ -897,7 +898,32 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
               f"{'the same' if tokens_same else 'DIFFER'}, masked keys "
               f"{'the same in every one of the ' + str(len(mat[2])) + ' calls' if calls_same else 'DIFFER'}"
               f" (keys masked: {name} {other[1]}, materialized {mat[1]})")
+    if accel == "cuda":
+        run_part("zoo graph", graphed_generation_check, model, ids, pmask, mask_id, eps,
+                 mat[0], runs.get((accel, "fused"), (None,))[0])
     sys.stdout.flush()
+
+
+def graphed_generation_check(model, ids, pmask, mask_id, eps, materialized, fused, capture=None):
+    """c_graph through the sampler, as a sampler would use it (its first steps eager, then
+    one capture, then replays): the tokens of the eager paths (replays are not counted, so
+    there are no keys to compare call by call)."""
+    import graphed_pass
+
+    device = next(model.parameters()).device
+    cfg = SinkMaskConfig(top_k=5, eps=eps, detect_backend="fused")
+    with torch.inference_mode(), graphed_pass.GraphedForward(model, cfg, capture) as forward:
+        tokens = generate_block(
+            lambda x, mask: forward(x, None if bool(mask.all()) else mask),
+            ids.to(device), pmask.to(device), mask_id=mask_id, gen_length=32, steps=32,
+            block_length=16, variant="invariant").cpu()
+    verdict = lambda other: "not run" if other is None else (  # noqa: E731
+        "the same" if torch.equal(tokens, other) else "DIFFER")
+    line = (f"CUDA graph (c_graph, {forward.passes_run} passes, {graphed_pass.WARM_UP_PASSES} "
+            f"eager, then one capture) vs CUDA materialized: tokens {verdict(materialized)}; vs "
+            f"CUDA fused: tokens {verdict(fused)}")
+    print(line)
+    return line
 
 
 # -- 4. memory ------------------------------------------------------------------------------

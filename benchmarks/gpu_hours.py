@@ -292,15 +292,15 @@ def time_graphed_dlm(model, kind, ids, args, device) -> tuple[dict, int]:
 
     graphs = {}
     with torch.inference_mode():
-        graphs["a"] = graphed_pass.GraphedPass(model, ids, None, None)
+        graphs["a"] = graphed_pass.captured(model, ids, None, None)
         with candidates(args):
-            graphs["c"] = graphed_pass.GraphedPass(
+            graphs["c"] = graphed_pass.captured(
                 model, ids, None, masker(kind, args.chunk, args.detect_backend).config)
 
     def run_one(n):
         with torch.inference_mode():
             for _ in range(args.passes):
-                graphs[n].step(ids)
+                graphs[n](ids)
         return 0
 
     med, _ = interleaved(run_one, ["a", "c"], args.repeats, device)

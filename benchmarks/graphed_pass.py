@@ -35,7 +35,9 @@ import torch.nn.functional as F
 from lm_eval_sinkmask import intercept
 from lm_eval_sinkmask.intercept import SinkMasker
 
-WARM_UP_PASSES = 2  # the first detects this pass's sinks; the second is a steady-state pass
+# eager calls before the capture: the first detects its own sinks (detect=previous has no
+# last choice yet), the second is a steady-state pass; both compile what the capture then holds
+WARM_UP_PASSES = 2
 
 
 @contextmanager
@@ -75,51 +77,89 @@ cuda_graph.runs_the_pass = False  # a stand-in that records by running sets it T
 cuda_graph.needs_cuda = True
 
 
-class GraphedPass:
-    """One forward pass of ``model`` on static copies of ``ids`` and ``attention_mask``,
-    masked under ``config`` (None: unmasked), captured by ``capture`` (default :func:`cuda_graph`)
-    after :data:`WARM_UP_PASSES` eager passes, and replayed by :meth:`step`. ``passes_run``:
-    the passes made before the first replay (the state an eager run has to match)."""
+class GraphedForward:
+    """``model`` as a sampler calls it, ``forward(ids, attention_mask) -> logits``, masked under
+    ``config`` (None: unmasked): the first :data:`WARM_UP_PASSES` calls run eagerly (on a side
+    stream on CUDA, as capture wants), the next captures the pass on static copies of its
+    inputs (``capture``, default :func:`cuda_graph`) and replays it, and every later call copies
+    its inputs in and replays. One instance per shape, e.g. per generation: a DLM's canvas and
+    mask keep theirs through it. The masking (an attach block) is open from construction to
+    :meth:`close` (or the end of a ``with`` block); replays need no open block, eager calls do.
+    ``passes_run``: the passes made so far, eager, captured or replayed."""
 
-    def __init__(self, model, ids: torch.Tensor, attention_mask: torch.Tensor | None, config,
-                 capture=None):
-        capture = capture or cuda_graph
-        if getattr(capture, "needs_cuda", False) and ids.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device; the inputs are on {ids.device}")
-        self.ids = ids.clone()
-        self.mask = None if attention_mask is None else attention_mask.clone()
-        self.passes_run = WARM_UP_PASSES + getattr(capture, "runs_the_pass", False)
-        self._held = ExitStack()  # the attach block's state lives as long as the graph
-        self.run = None
+    def __init__(self, model, config, capture=None):
+        self.model, self.capture = model, capture or cuda_graph
+        self.passes_run = 0
+        self.ids = self.mask = self.logits = self._replay = None
+        self.run = self.stats = None
+        self._held = ExitStack()  # the attach block; its _Run outlives it, with the graph
         if config is not None:
             self._held.enter_context(previous_in_place())
             self.stats = self._held.enter_context(SinkMasker(config).attach(model))
             self.run = F.scaled_dot_product_attention.__self__  # the _Run of this block
+        self.open = True
 
-        def forward() -> torch.Tensor:
-            return model(input_ids=self.ids, attention_mask=self.mask).logits
+    def __enter__(self) -> GraphedForward:
+        return self
 
-        try:
-            warm = torch.cuda.Stream() if ids.device.type == "cuda" else None
-            with torch.cuda.stream(warm) if warm is not None else ExitStack():
-                for _ in range(WARM_UP_PASSES):  # kernels compiled, last choice in hand
-                    forward()
-            if warm is not None:
-                torch.cuda.current_stream().wait_stream(warm)
-            if config is not None:
-                self.stats.settle()  # nothing pending that the captured pass would settle
-            self._replay, self.logits = capture(forward)
-        finally:  # the capture holds what it needs; the model's SDPA is the package's again
-            self._held.close()
+    def __exit__(self, *exc) -> None:
+        self.close()
 
-    def step(self, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """One replayed pass, on new tokens if given (same shape); the logits tensor it wrote,
-        which the next step rewrites."""
-        if ids is not None:
+    def close(self) -> None:
+        """Ends the attach block: the model's SDPA is the package's again; replays go on."""
+        self.open = False
+        self._held.close()
+
+    def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        self.passes_run += 1
+        if self._replay is not None:
+            if ids.shape != self.ids.shape or (attention_mask is None) != (self.mask is None) or (
+                    attention_mask is not None and attention_mask.shape != self.mask.shape):
+                raise ValueError(f"a captured pass replays one shape: ids {tuple(self.ids.shape)}"
+                                 f", attention mask {'none' if self.mask is None else tuple(self.mask.shape)}")
             self.ids.copy_(ids)
-        self._replay()
+            if attention_mask is not None:
+                self.mask.copy_(attention_mask)
+            self._replay()
+            return self.logits
+        if getattr(self.capture, "needs_cuda", False) and ids.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the inputs are on {ids.device}")
+        if not self.open:
+            raise RuntimeError("the masking block is closed before the pass was captured")
+        self.ids = ids.clone()
+        self.mask = None if attention_mask is None else attention_mask.clone()
+        if self.passes_run <= WARM_UP_PASSES:
+            return self._eager()
+        if self.stats is not None:
+            self.stats.settle()  # nothing pending that the captured pass would settle
+        self._replay, self.logits = self.capture(self._forward)
+        if not getattr(self.capture, "runs_the_pass", False):
+            self._replay()  # capturing recorded the pass; this runs it
         return self.logits
+
+    def _forward(self) -> torch.Tensor:
+        return self.model(input_ids=self.ids, attention_mask=self.mask).logits
+
+    def _eager(self) -> torch.Tensor:
+        if self.ids.device.type != "cuda":
+            return self._forward()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            logits = self._forward()
+        torch.cuda.current_stream().wait_stream(side)
+        return logits
 
     def chosen(self) -> list[torch.Tensor]:
         """Each layer's keys chosen by the last pass (masked by the next), by layer."""
         return [self.run.previous[layer].keys for layer in sorted(self.run.previous)]
+
+
+def captured(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, config,
+             capture=None) -> GraphedForward:
+    """A :class:`GraphedForward` run on ``ids`` until its pass is captured (and run once), its
+    masking block closed: every later call is a replay (benchmarks time those)."""
+    with GraphedForward(model, config, capture) as forward:
+        for _ in range(WARM_UP_PASSES + 1):
+            forward(ids, attention_mask)
+    return forward

@@ -344,3 +344,25 @@ def test_the_graph_check_compares_replayed_passes_with_eager_ones(monkeypatch):
     monkeypatch.setattr(graphed_pass, "previous_in_place", nullcontext)
     [line] = bench_masking.graph_check(model, 2, 40, args, torch.device("cpu"), recorded)
     assert "chosen keys equal in 3/3" not in line
+
+
+def test_the_zoo_checkpoint_decodes_the_same_tokens_through_the_captured_pass(monkeypatch):
+    """Part zoo's c_graph line (CUDA only), run here with the CPU stand-in for capture on the
+    accelerator's route, against the eager fused path's tokens."""
+    from lm_eval_sinkmask import intercept
+    from lm_eval_sinkmask.samplers import generate_block
+    from tests.test_graphed_pass import recorded
+
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+    model, _, eps = bench_masking.tiny_model()
+    mask_id = bench_masking.mask_id_of(model)
+    ids, pmask = bench_masking.prompts(4, 40, model.config.vocab_size, mask_id)
+    cfg = SinkMaskConfig(top_k=5, eps=eps, detect_backend="fused")
+    with torch.inference_mode(), SinkMasker(cfg).attach(model) as stats:
+        eager = generate_block(bench_masking.model_fn_of(model), ids, pmask, mask_id=mask_id,
+                               gen_length=32, steps=32, block_length=16, variant="invariant")
+    assert stats.keys_masked > 0
+    line = bench_masking.graphed_generation_check(model, ids, pmask, mask_id, eps, eager, None,
+                                                  recorded)
+    assert line.startswith("CUDA graph (c_graph, 32 passes, 2 eager, then one capture) vs CUDA "
+                           "materialized: tokens the same; vs CUDA fused: tokens not run"), line

@@ -147,12 +147,12 @@ def test_graphs_need_cuda_and_time_both_steps_as_replays(monkeypatch, capsys):
 
     monkeypatch.setattr(graphed_pass, "cuda_graph", recorded)
     monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
-    made, steps = [], []
-    real, step = graphed_pass.GraphedPass.__init__, graphed_pass.GraphedPass.step
-    monkeypatch.setattr(graphed_pass.GraphedPass, "__init__",
-                        lambda self, *a, **kw: made.append(a[3]) or real(self, *a, **kw))
-    monkeypatch.setattr(graphed_pass.GraphedPass, "step",
-                        lambda self, ids=None: steps.append(self) or step(self, ids))
+    made, calls = [], []
+    real, call = graphed_pass.GraphedForward.__init__, graphed_pass.GraphedForward.__call__
+    monkeypatch.setattr(graphed_pass.GraphedForward, "__init__",
+                        lambda self, *a, **kw: made.append(a[1]) or real(self, *a, **kw))
+    monkeypatch.setattr(graphed_pass.GraphedForward, "__call__",
+                        lambda self, *a: calls.append(self._replay is not None) or call(self, *a))
     shape = gpu_hours.QUICK["llada"]
     model = gpu_hours.build(shape, 1, torch.device("cpu"), torch.float32)
     args = argparse.Namespace(graphs=True, passes=2, repeats=1, chunk=64, detect_backend="auto",
@@ -160,8 +160,10 @@ def test_graphs_need_cuda_and_time_both_steps_as_replays(monkeypatch, capsys):
     med, keys = gpu_hours.time_dlm(model, "llada", 2, 24, args, torch.device("cpu"))
     assert sorted(med) == ["a", "c"] and all(v > 0 for v in med.values())
     assert made[0] is None and made[1].top_k == 5 and len(made) == 2  # captured once each
-    # passes x (variants x repeats + the timing's warm-up run of (a)): replays only
-    assert len(steps) == 2 * (2 * 1 + 1) and keys > 0
+    # per variant the warm-up calls and the capture, then passes x (variants x repeats + the
+    # timing's warm-up run of (a)) replays
+    warm = graphed_pass.WARM_UP_PASSES + 1
+    assert calls == [False] * warm * 2 + [True] * 2 * (2 * 1 + 1) and keys > 0
 
 
 # -- the recipe's commands --------------------------------------------------------------------

@@ -6,9 +6,10 @@ Python. :func:`recorded` does the same with torch's operators: it records every 
 pass with the tensors it read and wrote, and a replay calls them again, writing each result
 into the tensor the recording produced. Whatever a replayed pass depends on must then be in
 those tensors; a choice the intercept hands to the next pass by rebinding a Python name would
-be read stale. (Unlike a capture, the recording also runs the pass once; the eager reference
-takes one more pass to match.) The masked calls take the accelerator's route: the masked
-output from SDPA given the model's mask with the blocked keys hidden, no host-side question.
+be read stale. (Unlike a capture, the recording also runs the pass, so the candidate does not
+replay it at once as it does after a capture.) The masked calls take the accelerator's route:
+the masked output from SDPA given the model's mask with the blocked keys hidden, no host-side
+question.
 """
 
 from __future__ import annotations
@@ -55,16 +56,22 @@ def recorded(fn):
     def replay():
         for func, args, kwargs, was in recording.ops:
             now = func(*args, **kwargs)
-            if func._schema.is_mutable or func.is_view:  # wrote its input, or is a view of it
+            if func._schema.is_mutable:  # it wrote its arguments, which later operators read
                 continue
             for old, new in zip(tree_flatten(was)[0], tree_flatten(now)[0]):
-                if isinstance(old, torch.Tensor):
+                # a view (of the recorded input) is already up to date; a reshape may copy
+                if isinstance(old, torch.Tensor) and not _same_memory(old, new):
                     old.copy_(new)
 
     return replay, out
 
 
 recorded.runs_the_pass = True
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and a.storage_offset() == b.storage_offset() and a.stride() == b.stride())
 
 
 @pytest.fixture
@@ -88,11 +95,12 @@ def _steps(vocab: int, batch: int = 2, length: int = 12):
 
 def _eager(model, config, first, later):
     """Logits and each layer's choice after each of ``later``, after the passes on ``first``
-    that the graphed pass makes before its first replay (the warm-up and the recording)."""
+    that ``graphed_pass.captured`` makes before its first replay (the warm-up and the captured
+    one)."""
     out = []
     with SinkMasker(config).attach(model):
         run = F.scaled_dot_product_attention.__self__
-        for _ in range(graphed_pass.WARM_UP_PASSES + recorded.runs_the_pass):
+        for _ in range(graphed_pass.WARM_UP_PASSES + 1):
             model(input_ids=first)
         for ids in later:
             logits = model(input_ids=ids).logits.clone()
@@ -101,9 +109,9 @@ def _eager(model, config, first, later):
 
 
 def _replayed(model, config, first, later):
-    g = graphed_pass.GraphedPass(model, first, None, config, capture=recorded)
-    assert g.passes_run == graphed_pass.WARM_UP_PASSES + 1
-    return [(g.step(ids).clone(), [k.clone() for k in g.chosen()]) for ids in later]
+    g = graphed_pass.captured(model, first, None, config, capture=recorded)
+    assert g.passes_run == graphed_pass.WARM_UP_PASSES + 1 and not g.open
+    return [(g(ids).clone(), [k.clone() for k in g.chosen()]) for ids in later]
 
 
 def _same(a, b) -> list[bool]:
@@ -163,12 +171,51 @@ def test_an_unmasked_pass_replays_the_models_own_logits():
     model = tiny.build("llada")
     first, later = _steps(model.config.vocab_size)
     with torch.inference_mode():
-        g = graphed_pass.GraphedPass(model, first, None, None, capture=recorded)
+        g = graphed_pass.captured(model, first, None, None, capture=recorded)
         for ids in later:
-            assert torch.equal(g.step(ids), model(input_ids=ids).logits)
+            assert torch.equal(g(ids), model(input_ids=ids).logits)
 
 
-def test_cuda_graphs_need_cuda():
+def test_cuda_graphs_need_cuda_and_a_capture_one_shape():
     model = tiny.build("llada")
-    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        graphed_pass.GraphedPass(model, torch.zeros(1, 4, dtype=torch.long), None, CONFIG)
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with graphed_pass.GraphedForward(model, CONFIG) as forward:
+        with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+            forward(ids)
+    with torch.inference_mode():
+        g = graphed_pass.captured(model, ids + 5, None, None, capture=recorded)
+        with pytest.raises(ValueError, match=r"replays one shape: ids \(1, 4\)"):
+            g(torch.zeros(1, 5, dtype=torch.long))
+        with pytest.raises(ValueError, match="attention mask none"):
+            g(ids, torch.ones(1, 4))
+        late = graphed_pass.GraphedForward(model, CONFIG, capture=recorded)
+        late.close()
+        with pytest.raises(RuntimeError, match="closed before the pass was captured"):
+            late(ids)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_a_sampler_decodes_the_same_tokens_through_the_captured_pass(kind, on_accelerator):
+    """As a sampler would use it: one per generation, its first calls the generation's own
+    first steps, then replays; padded prompts (a mask that stays through the generation)."""
+    from lm_eval_sinkmask.samplers import generate_block
+
+    model = tiny.build(kind)
+    mask_id = model.config.mask_token_id
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, model.config.vocab_size - 1, (2, 10), generator=gen)
+    pmask = torch.ones(2, 10, dtype=torch.long)
+    pmask[0, :3] = 0
+    settings = dict(mask_id=mask_id, gen_length=16, steps=16, block_length=8, variant="invariant")
+
+    def model_fn(forward):
+        return lambda x, mask: forward(x, mask)
+
+    with torch.inference_mode():
+        with SinkMasker(CONFIG).attach(model) as stats:
+            eager = generate_block(lambda x, mask: model(input_ids=x, attention_mask=mask).logits,
+                                   ids, pmask, **settings)
+        with graphed_pass.GraphedForward(model, CONFIG, capture=recorded) as forward:
+            graphed = generate_block(model_fn(forward), ids, pmask, **settings)
+    assert stats.keys_masked > 0 and forward.passes_run == stats.forward_passes == 16
+    assert torch.equal(graphed, eager)
