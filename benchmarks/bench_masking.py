@@ -80,7 +80,7 @@ LABELS = {
 # decoding step (c_decode); then the materialised path (the CPU's, and the GPU's before the
 # fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
 GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_row",
-                "a_graph", "c_graph", "c_mat", "c_flex", "d")
+                "c_stack", "a_graph", "c_graph", "c_mat", "c_flex", "d")
 # captured once per timed shape (graphed_pass.captured), then only replayed: CUDA only
 GRAPHED = ("a_graph", "c_graph")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
@@ -101,6 +101,8 @@ GPU_LABELS = dict(LABELS, **{
              "(candidates)",
     "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
     "c_row": "(c) fused, padding mask read as one row of keys (candidate)",
+    "c_stack": "(c) fused, the call path on kernels that read the padding mask as one row "
+               "(candidates, as gpu_hours --candidates stacks them)",
     "a_graph": "(a) unmasked, replayed as one CUDA graph",
     "c_graph": "(c) fused, replayed as one CUDA graph (candidate)",
     "c_mat": "(c) materialized",
@@ -118,7 +120,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "a_graph": None,
         "b": base["b"],
         **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_lse",
-                              "c_w8", "c_row", "c_graph")},
+                              "c_w8", "c_row", "c_stack", "c_graph")},
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -140,7 +142,8 @@ def candidate_of(variant: str):
     the first pass; the first pass's, which mask their own choice, on the call path: the two
     as the package would adopt them), the detection kernels launched with 8 warps
     (``c_w8``: :func:`detection_warps`), or reading a mask that is the same for every row as
-    one row of keys (``c_row``: key_row_mask's edit of the package's kernels)."""
+    one row of keys (``c_row``: key_row_mask's edit of the package's kernels), or the last
+    two together (``c_stack``: the call path's detection on key_row_mask's kernels)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -154,20 +157,20 @@ def candidate_of(variant: str):
                 import decode_kernel
 
                 stack.enter_context(decode_kernel.installed())
-            elif variant == "c_call":
-                import select_kernel
-
-                stack.enter_context(select_kernel.call_path_installed())
             elif variant == "c_lse":
                 import lse_reuse
 
                 stack.enter_context(lse_reuse.with_call_path())
             elif variant == "c_w8":
                 stack.enter_context(detection_warps(8))
-            elif variant == "c_row":
+            if variant in ("c_row", "c_stack"):  # the kernels first, as gpu_hours stacks them
                 import key_row_mask
 
                 stack.enter_context(key_row_mask.installed())
+            if variant in ("c_call", "c_stack"):
+                import select_kernel
+
+                stack.enter_context(select_kernel.call_path_installed())
             yield
     finally:
         compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS = old
@@ -544,7 +547,7 @@ def bench_llada_gap(args, device, hidden, heads, S):
         run_part(f"llada_gap S {length}", bench_forward,
                  f"3. 8B-shaped LLaDA config on {name}, batch 8, S {length}, "
                  f"{'padded' if padded else 'no padding'}", model, 8, length, 4, args, device,
-                 padded, timed(("a", "c", "c_lse", "c_w8", "c_row", "c_mat"), args))
+                 padded, timed(("a", "c", "c_lse", "c_w8", "c_row", "c_stack", "c_mat"), args))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -7,6 +7,7 @@ that our sampler matched the reference algorithm (it asserts the same tokens its
 
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -52,6 +53,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     assert out.count("(c) one-launch decoding step (candidate)") == 4  # the Llama tables
     # the LLaDA tables and part llada_gap's
     assert out.count("(c) fused, detection kernels with 8 warps (candidate)") == 4 + 3
+    assert out.count("(c) fused, the call path on kernels that read the padding mask as one "
+                     "row (candidates, as gpu_hours --candidates stacks them)") == 4 + 3
     for variant in ("(c) top_k=5 previous, fused", "(c) materialized"):
         assert out.count(variant) == 8 + 3  # and the three tables of part llada_gap
     for title in ("batch 8, S 40, no padding", "batch 8, S 60, no padding", "batch 8, S 60, padded"):
@@ -78,12 +81,12 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     # every variant but those --gpu-skip leaves out by default (materialized, flex, the
-    # eager selection, (d), c_lse, c_w8): LLaDA a, b, c and three candidates; Llama a, c and
-    # two
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 6 + 4 * 4
+    # eager selection, (d), c_lse, c_w8; the graphed ones run on CUDA only): LLaDA a, b, c
+    # and four candidates; Llama a, c and two
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 4
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 4 + 4 * 3  # (c) x 4 for LLaDA; (c) x 3 for Llama
+    assert len(splits) == 2 * 5 + 4 * 3  # (c) x 5 for LLaDA; (c) x 3 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)
@@ -320,6 +323,26 @@ def test_variant_c_row_launches_the_edited_kernels_with_the_row_flag(monkeypatch
     assert launched == [("row_lse", False), ("column_mass", False),
                         ("row_lse", True), ("column_mass", True)]
     assert fused_mass._kernels() is package  # restored
+
+
+def test_variant_c_stack_installs_the_row_kernels_then_the_call_path(monkeypatch):
+    import key_row_mask
+    import select_kernel
+
+    entered = []
+    for module, name in ((key_row_mask, "installed"), (select_kernel, "call_path_installed")):
+        monkeypatch.setattr(module, name, lambda name=name: _entered(entered, name))
+    for variant in ("c_row", "c_call", "c_stack"):
+        with bench_masking.candidate_of(variant):
+            entered.append("|")
+    assert entered == ["installed", "|", "call_path_installed", "|",
+                       "installed", "call_path_installed", "|"]
+
+
+@contextmanager
+def _entered(log, name):
+    log.append(name)
+    yield
 
 
 def test_the_graph_check_compares_replayed_passes_with_eager_ones(monkeypatch):
