@@ -88,9 +88,11 @@ DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_fl
 # selection and detect=current within 0.03 of (c) each time), and the candidates c_lse and
 # c_w8, timed on an H200 (results/gpu_h200_candidates.md: c_lse's output kernel costs more
 # than the row pass it saves except where c_row's one-row mask load removes that cost, and
-# c_w8's gain was the spill of that same tile load): left out by default so that a lent
-# GPU's minutes go to the open candidates (--gpu-skip '' times them again)
-GPU_SKIP = "c_mat,c_flex,c_eager,d,c_lse,c_w8"
+# c_w8's gain was the spill of that same tile load), and the one-launch selection c_kernel,
+# timed on both cards and contained in c_call (LLaDA) and c_decode (decoding steps), each
+# faster: left out by default so that a lent GPU's minutes go to the open candidates
+# (--gpu-skip '' times them again)
+GPU_SKIP = "c_mat,c_flex,c_eager,d,c_lse,c_w8,c_kernel"
 GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",

@@ -81,12 +81,12 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     assert sum("per decoding step" in t for t in titles) == 4
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     # every variant but those --gpu-skip leaves out by default (materialized, flex, the
-    # eager selection, (d), c_lse, c_w8; the graphed ones run on CUDA only): LLaDA a, b, c
-    # and four candidates; Llama a, c and two
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 7 + 4 * 4
+    # eager selection, (d), c_lse, c_w8, c_kernel; the graphed ones run on CUDA only): LLaDA
+    # a, b, c and three candidates; Llama a, c and one
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 6 + 4 * 3
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 5 + 4 * 3  # (c) x 5 for LLaDA; (c) x 3 for Llama
+    assert len(splits) == 2 * 4 + 4 * 2  # (c) x 4 for LLaDA; (c) x 2 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)
