@@ -355,7 +355,7 @@ def test_the_graph_check_compares_replayed_passes_with_eager_ones(monkeypatch):
     import graphed_pass
 
     from lm_eval_sinkmask import intercept
-    from tests.test_graphed_pass import recorded
+    from tests.recorded_graph import recorded
 
     monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
     model = bench_masking.wide_model(64, 4, 2, torch.float32, torch.device("cpu"), 128)
@@ -374,7 +374,7 @@ def test_the_zoo_checkpoint_decodes_the_same_tokens_through_the_captured_pass(mo
     accelerator's route, against the eager fused path's tokens."""
     from lm_eval_sinkmask import intercept
     from lm_eval_sinkmask.samplers import generate_block
-    from tests.test_graphed_pass import recorded
+    from tests.recorded_graph import recorded
 
     monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
     model, _, eps = bench_masking.tiny_model()

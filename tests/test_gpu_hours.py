@@ -139,7 +139,7 @@ def test_graphs_need_cuda_and_time_both_steps_as_replays(monkeypatch, capsys):
     import graphed_pass
 
     from lm_eval_sinkmask import intercept
-    from tests.test_graphed_pass import recorded
+    from tests.recorded_graph import recorded
 
     with pytest.raises(SystemExit):
         gpu_hours.main(["--device", "cpu", "--quick", "--graphs"])

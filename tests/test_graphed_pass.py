@@ -1,16 +1,12 @@
-"""The CUDA-graph candidate (benchmarks/graphed_pass.py) on the CPU: its state handling, with a
-stand-in for graph capture.
+"""The CUDA-graph candidate (benchmarks/graphed_pass.py) on the CPU: its state handling, with
+the stand-in for graph capture of tests/recorded_graph.py (it records torch's operators with
+their tensors and replays them, running no Python).
 
-A CUDA graph replays the kernels of the captured pass on the memory they used and runs no
-Python. :func:`recorded` does the same with torch's operators: it records every operator of one
-pass with the tensors it read and wrote, and a replay calls them again, writing each result
-into the tensor the recording produced. Whatever a replayed pass depends on must then be in
-those tensors; a choice the intercept hands to the next pass by rebinding a Python name would
-be read stale. (Unlike a capture, the recording also runs the pass, so the candidate does not
-replay it at once as it does after a capture.) The masked calls take the accelerator's route:
-the masked output from SDPA given the model's mask with the blocked keys hidden, no host-side
-question.
-"""
+Whatever a replayed pass depends on must then be in those tensors; a choice the intercept
+hands to the next pass by rebinding a Python name would be read stale. (Unlike a capture, the
+recording also runs the pass, so the candidate does not replay it at once as it does after a
+capture.) The masked calls take the accelerator's route: the masked output from SDPA given the
+model's mask with the blocked keys hidden, no host-side question."""
 
 from __future__ import annotations
 
@@ -21,57 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from lm_eval_sinkmask import intercept
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 from tests import tiny
+from tests.recorded_graph import recorded
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import graphed_pass  # noqa: E402
 
 STEPS = 4
-
-
-class _Recording(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops.append((func, args, kwargs or {}, out))
-        return out
-
-
-def recorded(fn):
-    """The CPU stand-in for ``graphed_pass.cuda_graph``: (replay, the output it rewrites)."""
-    recording = _Recording()
-    with recording:
-        out = fn()
-
-    def replay():
-        for func, args, kwargs, was in recording.ops:
-            now = func(*args, **kwargs)
-            if func._schema.is_mutable:  # it wrote its arguments, which later operators read
-                continue
-            for old, new in zip(tree_flatten(was)[0], tree_flatten(now)[0]):
-                # a view (of the recorded input) is already up to date; a reshape may copy
-                if isinstance(old, torch.Tensor) and not _same_memory(old, new):
-                    old.copy_(new)
-
-    return replay, out
-
-
-recorded.runs_the_pass = True
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and a.storage_offset() == b.storage_offset() and a.stride() == b.stride())
 
 
 @pytest.fixture

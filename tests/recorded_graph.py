@@ -1,0 +1,51 @@
+"""A CPU stand-in for CUDA-graph capture, for the tests of benchmarks/graphed_pass.py.
+
+A CUDA graph replays the kernels of the captured pass on the memory they used and runs no
+Python. :func:`recorded` does the same with torch's operators: it records every operator of one
+call with the tensors it read and wrote, and a replay calls them again, writing each result
+into the tensor the recording produced. Unlike a capture, the recording also runs the call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class _Recording(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}, out))
+        return out
+
+
+def recorded(fn):
+    """The CPU stand-in for ``graphed_pass.cuda_graph``: (replay, the output it rewrites)."""
+    recording = _Recording()
+    with recording:
+        out = fn()
+
+    def replay():
+        for func, args, kwargs, was in recording.ops:
+            now = func(*args, **kwargs)
+            if func._schema.is_mutable:  # it wrote its arguments, which later operators read
+                continue
+            for old, new in zip(tree_flatten(was)[0], tree_flatten(now)[0]):
+                # a view (of the recorded input) is already up to date; a reshape may copy
+                if isinstance(old, torch.Tensor) and not _same_memory(old, new):
+                    old.copy_(new)
+
+    return replay, out
+
+
+recorded.runs_the_pass = True
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and a.storage_offset() == b.storage_offset() and a.stride() == b.stride())
