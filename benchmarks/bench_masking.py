@@ -657,7 +657,9 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
     Llama (bf16, random weights), left-padded prompts, both ARM rules. Call by call the same
     keys masked, and the same tokens; it is timed as variant c_decode only where this holds.
     (bf16 outputs may differ in their last bit, so a random model's near-tied tokens can
-    differ there; the calls are then compared up to the first differing token.)"""
+    differ there; the calls are then compared up to the first differing token. The same
+    Llama in float32 follows: where bf16 differs and float32 does not, the difference is
+    bf16's rounding breaking near-ties, not the kernel choosing other keys.)"""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         print("decoding-step kernel vs fused: not checked on the CPU (the kernel runs on CUDA, "
               "or in Triton's interpreter: tests/test_decode_kernel.py)")
@@ -671,7 +673,9 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
                                                   attn_implementation="sdpa").to(device).eval()
     for what, model, length in (("zoo arm checkpoint, float32", zoo_arm, 40),
                                 (f"8B-shaped Llama, 2 layers, bf16, prompt {P}",
-                                 llama_model(2, device, hidden, heads), P)):
+                                 llama_model(2, device, hidden, heads), P),
+                                (f"the same Llama in float32, prompt {P}",
+                                 llama_model(2, device, hidden, heads, torch.float32), P)):
         vocab = min(model.config.vocab_size, 2000)
         ids = torch.randint(5, vocab, (4, length), generator=torch.Generator().manual_seed(2))
         mask = torch.ones_like(ids)
@@ -766,9 +770,10 @@ def gpu_peak_memory(model, args):
         for n in peaks))
 
 
-def llama_model(layers, device, hidden=4096, heads=32):
+def llama_model(layers, device, hidden=4096, heads=32, dtype=torch.bfloat16):
     """Llama-3.1-8B's attention and MLP shapes (d_model 4096, 32 heads, 8 KV heads, MLP
-    14336), a small vocabulary (the LM head is not what is measured), random bf16 weights."""
+    14336), a small vocabulary (the LM head is not what is measured), random weights in
+    ``dtype`` (the same draw whatever the dtype: bf16's are float32's rounded)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -778,7 +783,7 @@ def llama_model(layers, device, hidden=4096, heads=32):
     cfg._attn_implementation = "sdpa"
     with torch.device(device):
         model = LlamaForCausalLM(cfg)
-    return model.to(dtype=torch.bfloat16).eval()
+    return model.to(dtype=dtype).eval()
 
 
 def generate_cached(model, ids, decode: int):
