@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lm_eval_sinkmask import compiled_tail, fused_mass, intercept  # noqa: E402
+from lm_eval_sinkmask import attention_view, compiled_tail, fused_mass, intercept  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 
@@ -128,7 +128,8 @@ def path_on_cpu(path: str, counter: OpCounter):
 @contextmanager
 def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None):
     """The intercept's choices as on CUDA, on CPU tensors: the masked output from the model's
-    SDPA kernel, and the fused path's Triton launches counted instead of run; with a
+    SDPA kernel, no mask's values read on the host, and the fused path's Triton launches
+    counted instead of run; with a
     ``candidate`` (module, installer, kernels; :data:`CANDIDATES`), it installed, its kernels'
     launches counted instead of run."""
     import importlib
@@ -137,6 +138,8 @@ def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None):
                                     column_mass_kernel=_CountedKernel(counter, "column_mass_kernel"))
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(intercept, "_output_from_scores",
+                                              lambda device: False))
+        stack.enter_context(mock.patch.object(attention_view, "_host_reads_are_free",
                                               lambda device: False))
         stack.enter_context(mock.patch.object(fused_mass, "triton_runs_on", lambda device: True))
         stack.enter_context(mock.patch.object(fused_mass, "_kernels", lambda: kernels))

@@ -285,7 +285,20 @@ def _matmul_plus(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.
 
 
 def _rows_all_equal(mask: torch.Tensor) -> bool:
-    """Whether every query row of a 4-D mask is the same (a key-padding mask in 4-D form)."""
+    """Whether every query row of a 4-D mask is the same (a key-padding mask in 4-D form), so
+    that the cheaper key-only path applies. A mask expanded from one row says so by its
+    stride. One written out row by row is compared on a CPU only, where reading the answer
+    costs no device wait; on an accelerator it is taken as a mask per row (the same result
+    by the general path) rather than stall the device once per forward pass. The masks of
+    this package's families never have equal rows written out: Dream's and MMaDA's padded
+    masks hide the pad rows, Llama's are causal."""
     if mask.stride(-2) == 0:  # expanded from a single row
         return True
+    if not _host_reads_are_free(mask.device):
+        return False
     return bool((mask == mask[..., :1, :]).all())
+
+
+def _host_reads_are_free(device: torch.device) -> bool:
+    """Whether the host may read a tensor's values without waiting for a device: on a CPU."""
+    return device.type == "cpu"

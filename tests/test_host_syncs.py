@@ -64,6 +64,7 @@ def on_accelerator(monkeypatch):
     """The intercept's choices as on a GPU: the masked output from the fused kernel, and no
     host-side question that is free only on a CPU."""
     monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+    monkeypatch.setattr(attention_view, "_host_reads_are_free", lambda device: False)
 
 
 @pytest.mark.parametrize("detect", ["current", "previous"])
@@ -77,6 +78,32 @@ def test_masked_passes_make_no_host_sync_and_the_block_one_whatever_the_depth(ki
         assert per_pass == [{}] * 3, (layers, per_pass)
         assert dict(syncs) == {"tolist": 1}  # the end of the block settles them all at once
         assert stats.keys_masked > 0 and len(events) == 3 * layers
+
+
+@pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
+def test_padded_passes_as_the_package_feeds_them_make_no_host_sync(kind, syncs, on_accelerator):
+    """Left-padded prompts, each family's model inputs as the package builds them: LLaDA's key
+    mask, Dream's square mask that hides pad rows too, Llama's causal mask with padding
+    (transformers writes it out row by row). None of them may stall the device in a pass."""
+    from lm_eval_sinkmask.families import FAMILIES
+
+    model = model_with(kind, 2)
+    ids = torch.randint(5, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones(2, 12, dtype=torch.long)
+    valid[0, :4] = 0
+    if kind == "llama":
+        inputs, rule = {"input_ids": ids, "attention_mask": valid}, "last_row"
+    else:
+        inputs, rule = FAMILIES[kind].model_inputs(ids, valid), "all"
+    assert inputs.get("attention_mask") is not None
+    per_pass = []
+    with torch.no_grad(), SinkMasker(SinkMaskConfig(top_k=2, eps=0.0), rule=rule).attach(
+            model) as stats:
+        for _ in range(3):
+            syncs.clear()
+            model(**inputs)
+            per_pass.append(dict(syncs))
+    assert per_pass == [{}] * 3 and stats.keys_masked > 0
 
 
 @pytest.mark.parametrize("kind", ["llama", "llada", "dream"])
