@@ -351,7 +351,7 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
 
                     graphs[n] = graphed_pass.captured(model, ids, am, cfgs[n])
                 for _ in range(passes):
-                    graphs[n](ids, am)
+                    graphs[n](input_ids=ids, attention_mask=am)
                 return "-"
             if cfgs[n] is None:
                 for _ in range(passes):
@@ -516,7 +516,8 @@ def graph_check(model, B, S, args, device, capture=None, steps=3) -> list[str]:
     with torch.inference_mode():
         graphed = graphed_pass.captured(model, ids, am, cfg, capture)
         before = graphed.passes_run  # the warm-up and the captured pass, on ``ids``
-        replayed = [(graphed(x, am).clone(), [k.clone() for k in graphed.chosen()])
+        replayed = [(graphed(input_ids=x, attention_mask=am).clone(),
+                     [k.clone() for k in graphed.chosen()])
                     for x in canvases]
         with SinkMasker(cfg).attach(model):
             run = F.scaled_dot_product_attention.__self__
@@ -924,7 +925,8 @@ def graphed_generation_check(model, ids, pmask, mask_id, eps, materialized, fuse
     cfg = SinkMaskConfig(top_k=5, eps=eps, detect_backend="fused")
     with torch.inference_mode(), graphed_pass.GraphedForward(model, cfg, capture) as forward:
         tokens = generate_block(
-            lambda x, mask: forward(x, None if bool(mask.all()) else mask),
+            lambda x, mask: forward(input_ids=x,
+                                    attention_mask=None if bool(mask.all()) else mask),
             ids.to(device), pmask.to(device), mask_id=mask_id, gen_length=32, steps=32,
             block_length=16, variant="invariant").cpu()
     verdict = lambda other: "not run" if other is None else (  # noqa: E731

@@ -300,7 +300,7 @@ def time_graphed_dlm(model, kind, ids, args, device) -> tuple[dict, int]:
     def run_one(n):
         with torch.inference_mode():
             for _ in range(args.passes):
-                graphs[n](ids)
+                graphs[n](input_ids=ids)
         return 0
 
     med, _ = interleaved(run_one, ["a", "c"], args.repeats, device)

@@ -78,19 +78,22 @@ cuda_graph.needs_cuda = True
 
 
 class GraphedForward:
-    """``model`` as a sampler calls it, ``forward(ids, attention_mask) -> logits``, masked under
-    ``config`` (None: unmasked): the first :data:`WARM_UP_PASSES` calls run eagerly (on a side
-    stream on CUDA, as capture wants), the next captures the pass on static copies of its
-    inputs (``capture``, default :func:`cuda_graph`) and replays it, and every later call copies
-    its inputs in and replays. One instance per shape, e.g. per generation: a DLM's canvas and
-    mask keep theirs through it. The masking (an attach block) is open from construction to
-    :meth:`close` (or the end of a ``with`` block); replays need no open block, eager calls do.
-    ``passes_run``: the passes made so far, eager, captured or replayed."""
+    """``model`` as a sampler calls it, ``forward(**inputs) -> logits`` (the model's keyword
+    arguments: ``input_ids`` and whatever else the family passes, e.g. an attention mask and
+    position ids; tensors or None), masked under ``config`` (None: unmasked). The first
+    :data:`WARM_UP_PASSES` calls run eagerly (on a side stream on CUDA, as capture wants), the
+    next captures the pass on static copies of its inputs (``capture``, default
+    :func:`cuda_graph`) and replays it, and every later call copies its inputs in and replays.
+    One instance per shape, e.g. per generation: a DLM's canvas, mask and positions keep theirs
+    through it. The masking (an attach block) is open from construction to :meth:`close` (or
+    the end of a ``with`` block); replays need no open block, eager calls do. ``passes_run``:
+    the passes made so far, eager, captured or replayed."""
 
     def __init__(self, model, config, capture=None):
         self.model, self.capture = model, capture or cuda_graph
         self.passes_run = 0
-        self.ids = self.mask = self.logits = self._replay = None
+        self.inputs: dict[str, torch.Tensor | None] = {}
+        self.logits = self._replay = None
         self.run = self.stats = None
         self._held = ExitStack()  # the attach block; its _Run outlives it, with the graph
         if config is not None:
@@ -110,24 +113,18 @@ class GraphedForward:
         self.open = False
         self._held.close()
 
-    def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def __call__(self, **inputs: torch.Tensor | None) -> torch.Tensor:
         self.passes_run += 1
         if self._replay is not None:
-            if ids.shape != self.ids.shape or (attention_mask is None) != (self.mask is None) or (
-                    attention_mask is not None and attention_mask.shape != self.mask.shape):
-                raise ValueError(f"a captured pass replays one shape: ids {tuple(self.ids.shape)}"
-                                 f", attention mask {'none' if self.mask is None else tuple(self.mask.shape)}")
-            self.ids.copy_(ids)
-            if attention_mask is not None:
-                self.mask.copy_(attention_mask)
+            self._copy_in(inputs)
             self._replay()
             return self.logits
+        ids = inputs["input_ids"]
         if getattr(self.capture, "needs_cuda", False) and ids.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the inputs are on {ids.device}")
         if not self.open:
             raise RuntimeError("the masking block is closed before the pass was captured")
-        self.ids = ids.clone()
-        self.mask = None if attention_mask is None else attention_mask.clone()
+        self.inputs = {name: None if t is None else t.clone() for name, t in inputs.items()}
         if self.passes_run <= WARM_UP_PASSES:
             return self._eager()
         if self.stats is not None:
@@ -137,11 +134,24 @@ class GraphedForward:
             self._replay()  # capturing recorded the pass; this runs it
         return self.logits
 
+    def _copy_in(self, inputs: dict) -> None:
+        """The call's inputs into the captured ones, which must be of the same form (the same
+        tensors by name and shape; an input left out is one given as None)."""
+        def form(named):
+            return {name: tuple(t.shape) for name, t in named.items() if t is not None}
+
+        if form(inputs) != form(self.inputs):
+            raise ValueError(f"a captured pass replays inputs of one form, {form(self.inputs)}; "
+                             f"got {form(inputs)}")
+        for name, t in inputs.items():
+            if t is not None:
+                self.inputs[name].copy_(t)
+
     def _forward(self) -> torch.Tensor:
-        return self.model(input_ids=self.ids, attention_mask=self.mask).logits
+        return self.model(**self.inputs).logits
 
     def _eager(self) -> torch.Tensor:
-        if self.ids.device.type != "cuda":
+        if self.inputs["input_ids"].device.type != "cuda":
             return self._forward()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -157,9 +167,10 @@ class GraphedForward:
 
 def captured(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, config,
              capture=None) -> GraphedForward:
-    """A :class:`GraphedForward` run on ``ids`` until its pass is captured (and run once), its
-    masking block closed: every later call is a replay (benchmarks time those)."""
+    """A :class:`GraphedForward` run on ``input_ids=ids, attention_mask=attention_mask`` until
+    its pass is captured (and run once), its masking block closed: every later call is a
+    replay (benchmarks time those)."""
     with GraphedForward(model, config, capture) as forward:
         for _ in range(WARM_UP_PASSES + 1):
-            forward(ids, attention_mask)
+            forward(input_ids=ids, attention_mask=attention_mask)
     return forward

@@ -152,7 +152,7 @@ def test_graphs_need_cuda_and_time_both_steps_as_replays(monkeypatch, capsys):
     monkeypatch.setattr(graphed_pass.GraphedForward, "__init__",
                         lambda self, *a, **kw: made.append(a[1]) or real(self, *a, **kw))
     monkeypatch.setattr(graphed_pass.GraphedForward, "__call__",
-                        lambda self, *a: calls.append(self._replay is not None) or call(self, *a))
+                        lambda self, **kw: calls.append(self._replay is not None) or call(self, **kw))
     shape = gpu_hours.QUICK["llada"]
     model = gpu_hours.build(shape, 1, torch.device("cpu"), torch.float32)
     args = argparse.Namespace(graphs=True, passes=2, repeats=1, chunk=64, detect_backend="auto",

@@ -68,7 +68,7 @@ def _eager(model, config, first, later):
 def _replayed(model, config, first, later):
     g = graphed_pass.captured(model, first, None, config, capture=recorded)
     assert g.passes_run == graphed_pass.WARM_UP_PASSES + 1 and not g.open
-    return [(g(ids).clone(), [k.clone() for k in g.chosen()]) for ids in later]
+    return [(g(input_ids=ids).clone(), [k.clone() for k in g.chosen()]) for ids in later]
 
 
 def _same(a, b) -> list[bool]:
@@ -130,7 +130,7 @@ def test_an_unmasked_pass_replays_the_models_own_logits():
     with torch.inference_mode():
         g = graphed_pass.captured(model, first, None, None, capture=recorded)
         for ids in later:
-            assert torch.equal(g(ids), model(input_ids=ids).logits)
+            assert torch.equal(g(input_ids=ids), model(input_ids=ids).logits)
 
 
 def test_cuda_graphs_need_cuda_and_a_capture_one_shape():
@@ -138,41 +138,47 @@ def test_cuda_graphs_need_cuda_and_a_capture_one_shape():
     ids = torch.zeros(1, 4, dtype=torch.long)
     with graphed_pass.GraphedForward(model, CONFIG) as forward:
         with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-            forward(ids)
+            forward(input_ids=ids)
     with torch.inference_mode():
         g = graphed_pass.captured(model, ids + 5, None, None, capture=recorded)
-        with pytest.raises(ValueError, match=r"replays one shape: ids \(1, 4\)"):
-            g(torch.zeros(1, 5, dtype=torch.long))
-        with pytest.raises(ValueError, match="attention mask none"):
-            g(ids, torch.ones(1, 4))
+        with pytest.raises(ValueError, match=r"inputs of one form, \{'input_ids': \(1, 4\)\}; "
+                                             r"got \{'input_ids': \(1, 5\)\}"):
+            g(input_ids=torch.zeros(1, 5, dtype=torch.long), attention_mask=None)
+        with pytest.raises(ValueError, match="inputs of one form"):
+            g(input_ids=ids, attention_mask=torch.ones(1, 4))
         late = graphed_pass.GraphedForward(model, CONFIG, capture=recorded)
         late.close()
         with pytest.raises(RuntimeError, match="closed before the pass was captured"):
-            late(ids)
+            late(input_ids=ids)
 
 
 @pytest.mark.parametrize("kind", ["llada", "dream"])
 def test_a_sampler_decodes_the_same_tokens_through_the_captured_pass(kind, on_accelerator):
     """As a sampler would use it: one per generation, its first calls the generation's own
-    first steps, then replays; padded prompts (a mask that stays through the generation)."""
-    from lm_eval_sinkmask.samplers import generate_block
+    first steps, then replays; padded prompts, each family's inputs as the package builds
+    them (LLaDA's key mask; Dream's square mask and position ids), which stay through the
+    generation."""
+    from lm_eval_sinkmask.families import FAMILIES
+    from lm_eval_sinkmask.samplers import generate_block, generate_dream
 
     model = tiny.build(kind)
-    mask_id = model.config.mask_token_id
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(5, model.config.vocab_size - 1, (2, 10), generator=gen)
     pmask = torch.ones(2, 10, dtype=torch.long)
     pmask[0, :3] = 0
-    settings = dict(mask_id=mask_id, gen_length=16, steps=16, block_length=8, variant="invariant")
-
-    def model_fn(forward):
-        return lambda x, mask: forward(x, mask)
+    sampler, settings = ((generate_block, dict(block_length=8)) if kind == "llada"
+                         else (generate_dream, dict(alg="entropy")))
+    settings.update(mask_id=model.config.mask_token_id, gen_length=16, steps=16,
+                    variant="invariant")
+    inputs = FAMILIES[kind].model_inputs
 
     with torch.inference_mode():
         with SinkMasker(CONFIG).attach(model) as stats:
-            eager = generate_block(lambda x, mask: model(input_ids=x, attention_mask=mask).logits,
-                                   ids, pmask, **settings)
+            eager = sampler(lambda x, mask: model(**inputs(x, mask)).logits, ids, pmask,
+                            **settings)
         with graphed_pass.GraphedForward(model, CONFIG, capture=recorded) as forward:
-            graphed = generate_block(model_fn(forward), ids, pmask, **settings)
+            graphed = sampler(lambda x, mask: forward(**inputs(x, mask)), ids, pmask, **settings)
     assert stats.keys_masked > 0 and forward.passes_run == stats.forward_passes == 16
+    assert sorted(forward.inputs) == (["attention_mask", "input_ids", "position_ids"]
+                                      if kind == "dream" else ["attention_mask", "input_ids"])
     assert torch.equal(graphed, eager)
