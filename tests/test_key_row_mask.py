@@ -37,6 +37,16 @@ def test_the_edits_apply_to_the_packages_kernels():
     assert text.count("MASK_ROWS: tl.constexpr") == 3 and "if MASK_ROWS:" in text
 
 
+def test_adopting_the_edit_leaves_the_code_of_unmasked_runs_as_it_is(package_copy):
+    """The kernels are masking-only code: moving the edit into the package would keep every
+    unmasked cell (the zoo report's accuracy cells) current, and only masked ones stale."""
+    from lm_eval_sinkmask import provenance
+
+    (package_copy / "_mass_kernels.py").write_text(key_row_mask.edited_source())
+    assert provenance.unmasked_code_digest(package_copy) == provenance.installed_unmasked_code_digest()
+    assert provenance.package_code_digest(package_copy) != provenance.installed_code_digest()
+
+
 def test_an_edit_that_no_longer_applies_raises(monkeypatch):
     monkeypatch.setattr(key_row_mask, "EDITS", key_row_mask.EDITS + (("no such text", "", 1),))
     with pytest.raises(RuntimeError, match="needs remaking"):
