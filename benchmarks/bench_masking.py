@@ -103,8 +103,7 @@ GPU_LABELS = dict(LABELS, **{
              "(candidates)",
     "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
     "c_row": "(c) fused, padding mask read as one row of keys (candidate)",
-    "c_stack": "(c) fused, the call path on kernels that read the padding mask as one row "
-               "(candidates, as gpu_hours --candidates stacks them)",
+    "c_stack": "(c) fused, the call path on the one-row mask kernels (candidates)",
     "a_graph": "(a) unmasked, replayed as one CUDA graph",
     "c_graph": "(c) fused, replayed as one CUDA graph (candidate)",
     "c_mat": "(c) materialized",

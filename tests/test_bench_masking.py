@@ -53,8 +53,7 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     assert out.count("(c) one-launch decoding step (candidate)") == 4  # the Llama tables
     # the LLaDA tables and part llada_gap's
     assert out.count("(c) fused, detection kernels with 8 warps (candidate)") == 4 + 3
-    assert out.count("(c) fused, the call path on kernels that read the padding mask as one "
-                     "row (candidates, as gpu_hours --candidates stacks them)") == 4 + 3
+    assert out.count("(c) fused, the call path on the one-row mask kernels (candidates)") == 4 + 3
     for variant in ("(c) top_k=5 previous, fused", "(c) materialized"):
         assert out.count(variant) == 8 + 3  # and the three tables of part llada_gap
     for title in ("batch 8, S 40, no padding", "batch 8, S 60, no padding", "batch 8, S 60, padded"):
