@@ -512,19 +512,13 @@ def graph_check(model, B, S, args, device, capture=None, steps=3) -> list[str]:
         x[:, changed] = torch.randint(5, 2000, (len(changed),), generator=g).to(device)
         canvases.append(x)
     cfg = gpu_configs(0.0, args.chunk)["c_graph"]
+    later = [dict(input_ids=x, attention_mask=am) for x in canvases]
     with torch.inference_mode():
         graphed = graphed_pass.captured(model, ids, am, cfg, capture)
         before = graphed.passes_run  # the warm-up and the captured pass, on ``ids``
-        replayed = [(graphed(input_ids=x, attention_mask=am).clone(),
-                     [k.clone() for k in graphed.chosen()])
-                    for x in canvases]
-        with SinkMasker(cfg).attach(model):
-            run = F.scaled_dot_product_attention.__self__
-            for _ in range(before):
-                model(input_ids=ids, attention_mask=am)
-            eager = [(model(input_ids=x, attention_mask=am).logits.clone(),
-                      [run.previous[n].keys.clone() for n in sorted(run.previous)])
-                     for x in canvases]
+        replayed = graphed_pass.replays(graphed, later)
+        eager = graphed_pass.eager_passes(model, cfg, dict(input_ids=ids, attention_mask=am),
+                                          before, later)
     logits = sum(torch.equal(a[0], b[0]) for a, b in zip(eager, replayed))
     keys = sum(all(map(torch.equal, a[1], b[1])) for a, b in zip(eager, replayed))
     diff = max((a[0].float() - b[0].float()).abs().max().item() for a, b in zip(eager, replayed))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -57,11 +58,14 @@ def previous_in_place():
             run.previous[layer] = kept
         return out
 
-    intercept._Run.sdpa = sdpa
-    try:
+    with mock.patch.object(intercept._Run, "sdpa", sdpa):
         yield
-    finally:
-        intercept._Run.sdpa = package_sdpa
+
+
+def chosen_keys(run) -> list[torch.Tensor]:
+    """Each layer's keys chosen by the last pass of an attach block's ``run`` (masked by its
+    next pass), by layer."""
+    return [run.previous[layer].keys for layer in sorted(run.previous)]
 
 
 def cuda_graph(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
@@ -162,7 +166,7 @@ class GraphedForward:
 
     def chosen(self) -> list[torch.Tensor]:
         """Each layer's keys chosen by the last pass (masked by the next), by layer."""
-        return [self.run.previous[layer].keys for layer in sorted(self.run.previous)]
+        return chosen_keys(self.run)
 
 
 def captured(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, config,
@@ -174,3 +178,22 @@ def captured(model, ids: torch.Tensor, attention_mask: torch.Tensor | None, conf
         for _ in range(WARM_UP_PASSES + 1):
             forward(input_ids=ids, attention_mask=attention_mask)
     return forward
+
+
+def replays(forward: GraphedForward, steps: list[dict]) -> list[tuple]:
+    """``forward`` called on each of ``steps`` (its inputs, by name): each call's logits and
+    every layer's chosen keys, copied (the next replay rewrites them)."""
+    return [(forward(**inputs).clone(), [k.clone() for k in forward.chosen()])
+            for inputs in steps]
+
+
+def eager_passes(model, config, first: dict, before: int, steps: list[dict]) -> list[tuple]:
+    """What :func:`replays` of a pass captured after ``before`` passes on ``first`` must give:
+    the package's eager masked passes in one attach block, ``before`` on ``first``, then one
+    on each of ``steps``, each one's logits and every layer's chosen keys, copied."""
+    with SinkMasker(config).attach(model):
+        run = F.scaled_dot_product_attention.__self__
+        for _ in range(before):
+            model(**first)
+        return [(model(**inputs).logits.clone(), [k.clone() for k in chosen_keys(run)])
+                for inputs in steps]

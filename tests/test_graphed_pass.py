@@ -54,21 +54,15 @@ def _eager(model, config, first, later):
     """Logits and each layer's choice after each of ``later``, after the passes on ``first``
     that ``graphed_pass.captured`` makes before its first replay (the warm-up and the captured
     one)."""
-    out = []
-    with SinkMasker(config).attach(model):
-        run = F.scaled_dot_product_attention.__self__
-        for _ in range(graphed_pass.WARM_UP_PASSES + 1):
-            model(input_ids=first)
-        for ids in later:
-            logits = model(input_ids=ids).logits.clone()
-            out.append((logits, [run.previous[n].keys.clone() for n in sorted(run.previous)]))
-    return out
+    return graphed_pass.eager_passes(model, config, dict(input_ids=first),
+                                     graphed_pass.WARM_UP_PASSES + 1,
+                                     [dict(input_ids=ids) for ids in later])
 
 
 def _replayed(model, config, first, later):
     g = graphed_pass.captured(model, first, None, config, capture=recorded)
     assert g.passes_run == graphed_pass.WARM_UP_PASSES + 1 and not g.open
-    return [(g(input_ids=ids).clone(), [k.clone() for k in g.chosen()]) for ids in later]
+    return graphed_pass.replays(g, [dict(input_ids=ids) for ids in later])
 
 
 def _same(a, b) -> list[bool]:
