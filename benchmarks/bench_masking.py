@@ -904,14 +904,15 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
               f" (keys masked: {name} {other[1]}, materialized {mat[1]})")
     if accel == "cuda":
         run_part("zoo graph", graphed_generation_check, model, ids, pmask, mask_id, eps,
-                 mat[0], runs.get((accel, "fused"), (None,))[0])
+                 mat, runs.get((accel, "fused")))
     sys.stdout.flush()
 
 
 def graphed_generation_check(model, ids, pmask, mask_id, eps, materialized, fused, capture=None):
     """c_graph through the sampler, as a sampler would use it (its first steps eager, then
-    one capture, then replays): the tokens of the eager paths (replays are not counted, so
-    there are no keys to compare call by call)."""
+    one capture, then replays): the tokens and the number of keys masked of the eager paths,
+    ``materialized`` and ``fused`` (tokens, keys masked; None: not run). Replays run no
+    Python, so there are no keys to compare call by call; their counts are the graph's."""
     import graphed_pass
 
     device = next(model.parameters()).device
@@ -922,11 +923,17 @@ def graphed_generation_check(model, ids, pmask, mask_id, eps, materialized, fuse
                                     attention_mask=None if bool(mask.all()) else mask),
             ids.to(device), pmask.to(device), mask_id=mask_id, gen_length=32, steps=32,
             block_length=16, variant="invariant").cpu()
-    verdict = lambda other: "not run" if other is None else (  # noqa: E731
-        "the same" if torch.equal(tokens, other) else "DIFFER")
+    keys = forward.stats.keys_masked
+
+    def verdict(other):
+        if other is None:
+            return "not run"
+        same = torch.equal(tokens, other[0]) and keys == other[1]
+        return f"{'the same' if same else 'DIFFER'} (keys masked {other[1]})"
+
     line = (f"CUDA graph (c_graph, {forward.passes_run} passes, {graphed_pass.WARM_UP_PASSES} "
-            f"eager, then one capture) vs CUDA materialized: tokens {verdict(materialized)}; vs "
-            f"CUDA fused: tokens {verdict(fused)}")
+            f"eager, then one capture; keys masked {keys}) vs CUDA materialized: tokens and "
+            f"keys masked {verdict(materialized)}; vs CUDA fused: {verdict(fused)}")
     print(line)
     return line
 

@@ -286,8 +286,8 @@ def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
 def time_graphed_dlm(model, kind, ids, args, device) -> tuple[dict, int]:
     """:func:`time_dlm` with both steps replayed as CUDA graphs (``--graphs``;
     benchmarks/graphed_pass.py): what a cell would cost if the sampler captured one pass per
-    generation and replayed it at every step, unmasked and masked alike. Keys masked: those of
-    the masked graph's eager warm-up passes (a replay is not counted)."""
+    generation and replayed it at every step, unmasked and masked alike. Keys masked: every
+    pass's, replays included (``graphed_pass.ReplayCounts``, whose cost is timed with them)."""
     import graphed_pass
 
     graphs = {}

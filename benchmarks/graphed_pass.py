@@ -16,12 +16,16 @@ such state under ``detect=previous`` is each layer's choice, which the next pass
 the keys chosen in the warm-up pass forever). :func:`previous_in_place` copies each new choice
 into the tensors that held the last one instead, one small copy per call; tests check on the
 CPU that with it a recorded pass replayed on new tokens gives what eager passes give, and
-that without it it does not (tests/test_graphed_pass.py). The counters (sinks found, keys
-masked) are Python and stop at the capture: a replayed pass is timed and compared, not
-counted. The unmasked pass is graphed the same way (``a_graph``) for the fair ratio.
+that without it it does not (tests/test_graphed_pass.py). The run's record counts replays as
+the eager passes they stand for (:class:`ReplayCounts`): what the intercept counts in Python
+(passes, calls, detection paths) is repeated per replay, and the per-call device counts of sinks
+and masked keys, which every replay rewrites, are kept per replay with one stacking launch, so
+a graphed generation reports the same counters as an eager one. The unmasked pass is graphed
+the same way (``a_graph``) for the fair ratio.
 
-Adopting it would be a sampler change (capture per generation, replay per step) plus the
-in-place update in ``intercept._Run``: package code, so it waits for the GPU's verdict.
+Adopting it would be a sampler change (capture per generation, replay per step), the in-place
+update in ``intercept._Run`` and :class:`ReplayCounts` as a ``MaskingStats`` method: package
+code, so it waits for the GPU's verdict.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 
 from lm_eval_sinkmask import intercept
 from lm_eval_sinkmask.intercept import SinkMasker
+from lm_eval_sinkmask.masking_stats import SETTLE_AT, MaskingStats
 
 # eager calls before the capture: the first detects its own sinks (detect=previous has no
 # last choice yet), the second is a steady-state pass; both compile what the capture then holds
@@ -50,11 +55,18 @@ def previous_in_place():
 
     def sdpa(run, *args, **kwargs):
         layer, kept = run.layer, run.previous.get(run.layer)
+        if kept is None:
+            return package_sdpa(run, *args, **kwargs)
+        # the call counts its masked keys on a copy of their number: the update below
+        # rewrites the original, and the run's record reads the count after the pass
+        lent = kept._replace(count=kept.count.clone())
+        run.previous[layer] = lent
         out = package_sdpa(run, *args, **kwargs)
-        new = run.previous.get(layer)
-        if kept is not None and new is not kept and new.keys.shape == kept.keys.shape:
-            kept.keys.copy_(new.keys)  # after this call's masked output read them
-            kept.count.copy_(new.count)
+        new = run.previous[layer]
+        if new is lent or new.keys.shape == kept.keys.shape:
+            if new is not lent:
+                kept.keys.copy_(new.keys)  # after this call's masked output read them
+                kept.count.copy_(new.count)
             run.previous[layer] = kept
         return out
 
@@ -81,6 +93,57 @@ cuda_graph.runs_the_pass = False  # a stand-in that records by running sets it T
 cuda_graph.needs_cuda = True
 
 
+class ReplayCounts:
+    """What one replay of a captured masked pass adds to the run's :class:`MaskingStats`, as
+    the eager pass would have counted it. Made around the capture: the Python counters the
+    captured pass incremented (passes, attention calls per layer, detection paths) are its
+    per-pass step, and the device counts it deferred (each call's sinks and masked keys, in
+    the graph's memory, rewritten by every replay) are taken out of the pending list and
+    copied back into it after each replay, one ``stack`` per pass."""
+
+    def __init__(self, stats: MaskingStats, capture: Callable[[], tuple]):
+        # nothing pending: the capture's own counts are then the list, and no settle (a host
+        # sync, which a capture refuses) can fall inside it
+        stats.settle()
+        before = self._python(stats)
+        self.stats = stats
+        self.result = capture()
+        after = self._python(stats)
+        self.passes = after[0] - before[0]
+        self.calls = after[1] - before[1]
+        self.layer_calls = {n: c - before[2].get(n, 0) for n, c in after[2].items()}
+        self.detection = {b: c - before[3].get(b, 0) for b, c in after[3].items()}
+        # (layer counters, sinks, masked, keys per masked entry), the tensors the graph rewrites
+        self.deferred, stats._pending = stats._pending, []
+
+    @staticmethod
+    def _python(stats: MaskingStats) -> tuple:
+        return (stats.forward_passes, stats.attention_calls,
+                {n: c.calls for n, c in stats._layers.items()}, dict(stats.detection))
+
+    def add_counts(self) -> None:
+        """The device counts of the pass just run (the first, run by the capture or just
+        after it, is in the Python counters already)."""
+        if not self.deferred:
+            return
+        values = torch.stack([t for _, sinks, masked, _ in self.deferred for t in (sinks, masked)])
+        for i, (counters, _, _, per_key) in enumerate(self.deferred):
+            self.stats.defer_counts(counters, values[2 * i], values[2 * i + 1], per_key)
+        if self.stats.pending >= SETTLE_AT:  # as the intercept does between eager passes
+            self.stats.settle()
+
+    def add_replay(self) -> None:
+        """Everything one more replay counts."""
+        s = self.stats
+        s.forward_passes += self.passes
+        s.attention_calls += self.calls
+        for n, c in self.layer_calls.items():
+            s.layer(n).calls += c
+        for b, c in self.detection.items():
+            s.detection[b] = s.detection.get(b, 0) + c
+        self.add_counts()
+
+
 class GraphedForward:
     """``model`` as a sampler calls it, ``forward(**inputs) -> logits`` (the model's keyword
     arguments: ``input_ids`` and whatever else the family passes, e.g. an attention mask and
@@ -91,14 +154,15 @@ class GraphedForward:
     One instance per shape, e.g. per generation: a DLM's canvas, mask and positions keep theirs
     through it. The masking (an attach block) is open from construction to :meth:`close` (or
     the end of a ``with`` block); replays need no open block, eager calls do. ``passes_run``:
-    the passes made so far, eager, captured or replayed."""
+    the passes made so far, eager, captured or replayed; ``stats``: the masking's counters
+    (None unmasked), replays counted as the eager passes they stand for."""
 
     def __init__(self, model, config, capture=None):
         self.model, self.capture = model, capture or cuda_graph
         self.passes_run = 0
         self.inputs: dict[str, torch.Tensor | None] = {}
         self.logits = self._replay = None
-        self.run = self.stats = None
+        self.run = self.stats = self._counts = None
         self._held = ExitStack()  # the attach block; its _Run outlives it, with the graph
         if config is not None:
             self._held.enter_context(previous_in_place())
@@ -122,6 +186,8 @@ class GraphedForward:
         if self._replay is not None:
             self._copy_in(inputs)
             self._replay()
+            if self._counts is not None:
+                self._counts.add_replay()
             return self.logits
         ids = inputs["input_ids"]
         if getattr(self.capture, "needs_cuda", False) and ids.device.type != "cuda":
@@ -131,11 +197,15 @@ class GraphedForward:
         self.inputs = {name: None if t is None else t.clone() for name, t in inputs.items()}
         if self.passes_run <= WARM_UP_PASSES:
             return self._eager()
-        if self.stats is not None:
-            self.stats.settle()  # nothing pending that the captured pass would settle
-        self._replay, self.logits = self.capture(self._forward)
+        if self.stats is None:
+            self._replay, self.logits = self.capture(self._forward)
+        else:
+            self._counts = ReplayCounts(self.stats, lambda: self.capture(self._forward))
+            self._replay, self.logits = self._counts.result
         if not getattr(self.capture, "runs_the_pass", False):
             self._replay()  # capturing recorded the pass; this runs it
+        if self._counts is not None:
+            self._counts.add_counts()
         return self.logits
 
     def _copy_in(self, inputs: dict) -> None:

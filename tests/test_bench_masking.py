@@ -384,7 +384,11 @@ def test_the_zoo_checkpoint_decodes_the_same_tokens_through_the_captured_pass(mo
         eager = generate_block(bench_masking.model_fn_of(model), ids, pmask, mask_id=mask_id,
                                gen_length=32, steps=32, block_length=16, variant="invariant")
     assert stats.keys_masked > 0
-    line = bench_masking.graphed_generation_check(model, ids, pmask, mask_id, eps, eager, None,
-                                                  recorded)
-    assert line.startswith("CUDA graph (c_graph, 32 passes, 2 eager, then one capture) vs CUDA "
-                           "materialized: tokens the same; vs CUDA fused: tokens not run"), line
+    line = bench_masking.graphed_generation_check(
+        model, ids, pmask, mask_id, eps, (eager, stats.keys_masked), None, recorded)
+    assert line == (f"CUDA graph (c_graph, 32 passes, 2 eager, then one capture; keys masked "
+                    f"{stats.keys_masked}) vs CUDA materialized: tokens and keys masked the same "
+                    f"(keys masked {stats.keys_masked}); vs CUDA fused: not run"), line
+    line = bench_masking.graphed_generation_check(
+        model, ids, pmask, mask_id, eps, (eager, stats.keys_masked + 1), None, recorded)
+    assert "tokens and keys masked DIFFER" in line

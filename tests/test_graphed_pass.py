@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from lm_eval_sinkmask import intercept
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
+from lm_eval_sinkmask.masking_stats import SETTLE_AT
 from tests import tiny
 from tests.recorded_graph import recorded
 
@@ -98,6 +99,34 @@ def test_without_the_in_place_update_a_replay_masks_stale_keys(kind, on_accelera
     assert not all(_same(replayed, eager))
 
 
+# more keys than the tiny models' heads have sinks: the number masked changes from step to step
+VARYING = SinkMaskConfig(top_k=8, eps=0.0, detect="previous")
+
+
+@pytest.mark.parametrize("settle_at", [SETTLE_AT, 1])
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_replays_are_counted_as_the_eager_passes_they_stand_for(kind, settle_at, on_accelerator,
+                                                                monkeypatch):
+    """The run's record (passes, calls, sinks and keys masked per layer, detection paths) of
+    a captured pass and its replays is the eager passes' record, each replay's counts its
+    own (the numbers change from step to step), also when they are settled between replays.
+    The count of the keys a call masks is the one the in-place update rewrites after it."""
+    monkeypatch.setattr(graphed_pass, "SETTLE_AT", settle_at)
+    model = tiny.build(kind)
+    first, later = _steps(model.config.vocab_size)
+    with torch.inference_mode():
+        masked = []
+        with SinkMasker(VARYING).attach(model) as eager:
+            for ids in [first] * (graphed_pass.WARM_UP_PASSES + 1) + later:
+                model(input_ids=ids)
+                masked.append(eager.keys_masked - sum(masked))
+        g = graphed_pass.captured(model, first, None, VARYING, capture=recorded)
+        graphed_pass.replays(g, [dict(input_ids=ids) for ids in later])
+    assert len(set(masked[graphed_pass.WARM_UP_PASSES:])) > 1  # a repeated count would not do
+    assert g.stats == eager
+    assert g.stats.forward_passes == g.passes_run and g.stats.pending == 0
+
+
 def test_the_in_place_update_keeps_the_tensors_and_changes_no_result(on_accelerator):
     model = tiny.build("llada")
     first, later = _steps(model.config.vocab_size)
@@ -173,6 +202,7 @@ def test_a_sampler_decodes_the_same_tokens_through_the_captured_pass(kind, on_ac
         with graphed_pass.GraphedForward(model, CONFIG, capture=recorded) as forward:
             graphed = sampler(lambda x, mask: forward(**inputs(x, mask)), ids, pmask, **settings)
     assert stats.keys_masked > 0 and forward.passes_run == stats.forward_passes == 16
+    assert forward.stats == stats  # every counter, replays counted as eager passes
     assert sorted(forward.inputs) == (["attention_mask", "input_ids", "position_ids"]
                                       if kind == "dream" else ["attention_mask", "input_ids"])
     assert torch.equal(graphed, eager)
