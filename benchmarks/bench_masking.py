@@ -498,7 +498,7 @@ def graph_check(model, B, S, args, device, capture=None, steps=3) -> list[str]:
     """``c_graph`` against eager masked passes (the package's fused path) on the same canvases:
     the warm-up prompts, then ``steps`` canvases with 5% of their tokens changed each, as
     denoising steps change them. Replayed passes must give the eager passes' logits and each
-    layer's chosen keys. ``capture``: graphed_pass.cuda_graph, or a CPU stand-in (tests)."""
+    layer's chosen keys. ``capture``: graphed_steps.capture, or a CPU stand-in (tests)."""
     import graphed_pass
 
     ids, mask = prompts(B, S, model.config.vocab_size, 2047, ragged=True, seed=1)

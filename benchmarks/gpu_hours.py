@@ -287,7 +287,7 @@ def time_graphed_dlm(model, kind, ids, args, device) -> tuple[dict, int]:
     """:func:`time_dlm` with both steps replayed as CUDA graphs (``--graphs``;
     benchmarks/graphed_pass.py): what a cell would cost if the sampler captured one pass per
     generation and replayed it at every step, unmasked and masked alike. Keys masked: every
-    pass's, replays included (``graphed_pass.ReplayCounts``, whose cost is timed with them)."""
+    pass's, replays included (``masking_stats.ReplayCounts``, whose cost is timed with them)."""
     import graphed_pass
 
     graphs = {}

@@ -19,7 +19,7 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import checkpoint_checks, likelihood, model_args, sink_token, zoo
+from . import checkpoint_checks, graphed_steps, likelihood, model_args, sink_token, zoo
 from .config import SinkMaskConfig, flag_value
 from .families import FAMILIES, Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
@@ -194,6 +194,7 @@ class _CheckedArgs:
     likelihood_settings: likelihood.LikelihoodSettings
     sink: sink_token.SinkToken | None  # an extra sink token the checkpoint declares
     auto_model_class: Any  # model_class=module:Class, imported; None: transformers.AutoModel
+    cuda_graph: bool  # each generation's step captured once and replayed (graphed_steps)
 
     @classmethod
     def take(cls, pretrained, family: str | None, mask_id: int | None, model_class: str | None,
@@ -204,6 +205,8 @@ class _CheckedArgs:
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
         likelihood_settings = likelihood.LikelihoodSettings.pop_from(kwargs)
+        cuda_graph = cls._cuda_graph(kwargs.pop("cuda_graph", False), mask_config,
+                                     kwargs.get("device"))
         config = checkpoint_checks.read_config(pretrained, kwargs)
         family_ = family_for(config.get("model_type"), family)
         settings = DiffusionSettings.build(family_, user_settings)
@@ -214,7 +217,18 @@ class _CheckedArgs:
         # model_class=models:MMadaModelLM
         auto = _import_object(model_class) if model_class is not None else None
         return cls(pretrained, config, mask_config, family_, settings, likelihood_settings,
-                   sink_token.SinkToken.from_config(config), auto)
+                   sink_token.SinkToken.from_config(config), auto, cuda_graph)
+
+    @staticmethod
+    def _cuda_graph(value: Any, mask_config: SinkMaskConfig, device: Any) -> bool:
+        value = flag_value(value)
+        if not isinstance(value, bool):
+            raise ValueError(f"cuda_graph must be true or false, got {value!r}")
+        if value:
+            graphed_steps.refuse_unreplayable(mask_config, observers=())
+            if device is not None:  # else HFLM's default, checked once the model is placed
+                graphed_steps.check_device(device)
+        return value
 
 
 @register_model("dlm_sinkmask")
@@ -238,6 +252,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self.family, self.settings = checked.family, checked.settings
         self.likelihood = checked.likelihood_settings
         self.sink = checked.sink
+        self.cuda_graph = checked.cuda_graph
         self._mc_stderrs: list[float] = []  # per scored request, this process
         self._run_mc_stderrs: list[float] = []  # all processes, filled after each request type
         if checked.auto_model_class is not None:
@@ -246,6 +261,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             kwargs.setdefault("attn_implementation", self.family.attn_implementation)
 
         super().__init__(pretrained, backend="causal", **kwargs)
+        if self.cuda_graph:
+            graphed_steps.check_device(self.device)
         # effective (gen_length, steps, block_length): per task as planned, and as run
         self.settings_per_task: dict[str, dict[str, int | None]] = {}
         self.settings_used: set[tuple[int, int, int | None]] = set()
@@ -408,7 +425,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             temperature=s.temperature,
             padding_side=s.padding_side,
         )
-        with torch.inference_mode(), self.masking(context, prompt_mask):
+        with torch.inference_mode(), \
+                self.masking(context, prompt_mask, in_place=self.cuda_graph) as stats:
+            if self.cuda_graph:  # one capture per generation: its shapes hold through it
+                graphed_steps.refuse_unreplayable(self.mask_config, self.masker.observers)
+                model_fn = graphed_steps.GraphedSteps(model_fn, stats)
             if family.sampler == "block":
                 eos = family.eos_ids(self.tokenizer)
                 generated = generate_block(
@@ -697,6 +718,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["sampler"] = sampler
         info["sinkmask"]["mask_id"] = self.mask_id
         info["sinkmask"]["padding"] = self.padding
+        info["sinkmask"]["cuda_graph"] = self.cuda_graph
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         # requests: lm-eval's, a rolling document one however many windows it takes; each
         # request's standard error is that of the number lm-eval reads (0 for an exact answer)

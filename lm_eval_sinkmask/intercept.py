@@ -235,17 +235,20 @@ class SinkMasker:
     # -- scoping --------------------------------------------------------------------------
 
     @contextmanager
-    def attach(self, model: torch.nn.Module,
-               rows: Sequence[Sequence[int]] | None = None) -> Iterator[MaskingStats]:
+    def attach(self, model: torch.nn.Module, rows: Sequence[Sequence[int]] | None = None,
+               in_place: bool = False) -> Iterator[MaskingStats]:
         """Intercept SDPA inside ``model``'s forward passes for the duration of the block.
 
         Calls of SDPA outside those forward passes, or from other threads, go to the original
         function untouched. ``rows``: each batch row's tokens without padding (e.g. its
         prompt), which seed that row's ``mask_target=random`` draws
         (:mod:`random_control`); without them the draws depend on the batch layout.
+        ``in_place``: each layer's choice is written into the tensors that held its last one,
+        so that from the second pass on a pass reads and writes the same tensors every time,
+        as a replayed CUDA graph does (:mod:`graphed_steps`); the results are the same.
         """
         stats = MaskingStats()
-        run = _Run(self, stats, F.scaled_dot_product_attention, rows)
+        run = _Run(self, stats, F.scaled_dot_product_attention, rows, in_place)
 
         def pre_hook(module, args, kwargs):
             if threading.get_ident() != run.thread or run.active:
@@ -274,7 +277,8 @@ class SinkMasker:
 class _Run:
     """State of one :meth:`SinkMasker.attach` block: the current pass, layer, previous sinks."""
 
-    def __init__(self, masker: SinkMasker, stats: MaskingStats, original, rows=None):
+    def __init__(self, masker: SinkMasker, stats: MaskingStats, original, rows=None,
+                 in_place: bool = False):
         self.masker = masker
         self.config = masker.config
         self.stats = stats
@@ -285,6 +289,7 @@ class _Run:
         self.token_valid: torch.Tensor | None = None
         self.mask_view: MaskView | None = None  # this pass's, shared by its layers
         self.previous: dict[int, _Chosen] = {}
+        self.in_place = in_place  # choices written into the last ones' tensors (attach)
         # all_rows under a KV cache: per layer, the mass and row counts of every row so far
         self.history: dict[int, Detection] = {}
         self.rows = rows  # each batch row's tokens: mask_target=random's seeds
@@ -333,6 +338,7 @@ class _Run:
                 f"sink masking expects [batch, heads, seq, dim] attention inputs, got {tuple(query.shape)}"
             )
         chunk = self.config.query_chunk
+        kept = self.previous.get(layer) if self.in_place else None
         # the scores and the sweep's output are float32 by design; the caller's autocast
         # (lm-eval's mixed_precision_dtype) would run their matmuls in its lower precision
         with _without_autocast(query.device):
@@ -348,7 +354,23 @@ class _Run:
             for observe in self.masker.observers:
                 observe(event)
         self.stats.defer_counts(counters, d.n_sinks, d.n_blocked, d.sc.heads // d.blocked.shape[1])
+        if self.in_place:
+            self._keep_in_place(layer, kept)
         return out
+
+    def _keep_in_place(self, layer: int, kept: _Chosen | None) -> None:
+        """``in_place``: the choice just made, copied into the tensors of the last one (after
+        this call's output read them), which stay the layer's. A layer's first choice (or one
+        of a new shape: another batch size) becomes those tensors, its count copied first:
+        later choices are written into it, and this call deferred the original (a first pass
+        masks its own choice) for the run's record to read after the pass."""
+        new = self.previous[layer]
+        if kept is None or new.keys.shape != kept.keys.shape:
+            self.previous[layer] = new._replace(count=new.count.clone())
+            return
+        kept.keys.copy_(new.keys)
+        kept.count.copy_(new.count)
+        self.previous[layer] = kept
 
     def _decide(self, layer: int, a: dict, chunk: int) -> _Decision:
         """What one call's arguments ``a`` lead to: the keys it masks, this pass's sinks and,
@@ -458,4 +480,6 @@ class _Run:
             return None, None
         if prev.shape[-1] < sc.n_k:
             prev = F.pad(prev, (0, sc.n_k - prev.shape[-1]), value=False)
-        return prev, kept.count
+        # in place, the count is rewritten at the end of the call, before the run's record
+        # reads what the call deferred: it defers a copy
+        return prev, kept.count.clone() if self.in_place else kept.count

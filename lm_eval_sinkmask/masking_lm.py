@@ -80,18 +80,19 @@ class MaskingLMMixin:
         self.batch_sizes_found: list[int] = []  # what each batch-size search returned, in order
 
     @contextmanager
-    def masking(self, ids: torch.Tensor | None = None,
-                valid: torch.Tensor | None = None) -> Iterator[MaskingStats]:
+    def masking(self, ids: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+                in_place: bool = False) -> Iterator[MaskingStats]:
         """Intercept attention for one batch of generation; state ends with the batch.
 
         ``ids`` (with ``valid``, 1 on real tokens) are the batch's rows as the caller knows
         them: under ``mask_target=random`` each row draws from its own tokens' stream, so a
-        document's draws do not depend on its batch-mates.
+        document's draws do not depend on its batch-mates. ``in_place``: for steps replayed
+        as a CUDA graph (:meth:`SinkMasker.attach`).
         """
         rows = None
         if ids is not None and self.mask_config.mask_target == "random":
             rows = row_tokens(ids, valid)
-        with self.masker.attach(self.model, rows) as stats:
+        with self.masker.attach(self.model, rows, in_place) as stats:
             yield stats
         if not self._sizing_batches:
             self.mask_stats.merge(stats)

@@ -146,3 +146,57 @@ class MaskingStats:
         for i, c in d.get("per_layer", {}).items():
             stats._layers[int(i)] = LayerCounters(**c)
         return stats
+
+
+class ReplayCounts:
+    """Counts the replays of a captured forward pass (:mod:`graphed_steps`) in a run's
+    :class:`MaskingStats` as the eager passes they stand for.
+
+    A replay runs the captured kernels and no Python, so the intercept counts nothing. Made
+    around the capture, this takes the Python counters the captured pass added (passes,
+    attention calls per layer, detection paths) as one pass's worth, and the device counts it
+    deferred (each masked call's sinks and keys, in the graph's memory, which every replay
+    rewrites) out of the pending list; :meth:`add_replay` adds both again after each replay,
+    the device counts as one ``stack`` per pass.
+    """
+
+    def __init__(self, stats: MaskingStats, capture):
+        # nothing pending: the capture's own counts are then the list, and no settle (a host
+        # sync, which a capture refuses) can fall inside it
+        stats.settle()
+        before = self._python(stats)
+        self.stats = stats
+        self.result = capture()
+        after = self._python(stats)
+        self.passes = after[0] - before[0]
+        self.calls = after[1] - before[1]
+        self.layer_calls = {n: c - before[2].get(n, 0) for n, c in after[2].items()}
+        self.detection = {b: c - before[3].get(b, 0) for b, c in after[3].items()}
+        self.deferred, stats._pending = stats._pending, []
+
+    @staticmethod
+    def _python(stats: MaskingStats) -> tuple:
+        return (stats.forward_passes, stats.attention_calls,
+                {n: c.calls for n, c in stats._layers.items()}, dict(stats.detection))
+
+    def add_counts(self) -> None:
+        """The device counts of the pass just run; the first run of the captured pass (by
+        the capture or just after it) is in the Python counters already."""
+        if not self.deferred:
+            return
+        values = torch.stack([t for _, sinks, masked, _ in self.deferred for t in (sinks, masked)])
+        for i, (counters, _, _, per_key) in enumerate(self.deferred):
+            self.stats.defer_counts(counters, values[2 * i], values[2 * i + 1], per_key)
+        if self.stats.pending >= SETTLE_AT:  # as the intercept does between eager passes
+            self.stats.settle()
+
+    def add_replay(self) -> None:
+        """Everything one more replay counts."""
+        s = self.stats
+        s.forward_passes += self.passes
+        s.attention_calls += self.calls
+        for n, c in self.layer_calls.items():
+            s.layer(n).calls += c
+        for backend, c in self.detection.items():
+            s.detection[backend] = s.detection.get(backend, 0) + c
+        self.add_counts()

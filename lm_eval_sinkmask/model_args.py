@@ -98,6 +98,10 @@ ARGS: tuple[ModelArg, ...] = (
              "model's dtype); `invariant` gives the same tokens at every batch size and padding "
              "(float32, ties to the leftmost position, the mask token never predicted)", (DLM,),
              "sampling"),
+    ModelArg("cuda_graph", "false", "capture each generation's denoising step once as a CUDA "
+             "graph and replay it at every later step (the first two run eagerly): the same "
+             "tokens and counters, one launch per step where the masker's Python runs per "
+             "attention call. CUDA only; not with `mask_target=random`", (DLM,), "sampling"),
     # -- loading
     # -- likelihood: LikelihoodSettings (likelihood.py)
     ModelArg("mc_num", "128", "Monte Carlo samples per scored continuation", (DLM,), "likelihood"),

@@ -1,4 +1,4 @@
-"""A CPU stand-in for CUDA-graph capture, for the tests of benchmarks/graphed_pass.py.
+"""A CPU stand-in for CUDA-graph capture, for the tests of ``cuda_graph=true``.
 
 A CUDA graph replays the kernels of the captured pass on the memory they used and runs no
 Python. :func:`recorded` does the same with torch's operators: it records every operator of one
@@ -25,7 +25,7 @@ class _Recording(TorchDispatchMode):
 
 
 def recorded(fn):
-    """The CPU stand-in for ``graphed_pass.cuda_graph``: (replay, the output it rewrites)."""
+    """The CPU stand-in for ``graphed_steps.capture``: (replay, the output it rewrites)."""
     recording = _Recording()
     with recording:
         out = fn()

@@ -347,11 +347,8 @@ def _entered(log, name):
 def test_the_graph_check_compares_replayed_passes_with_eager_ones(monkeypatch):
     """c_graph's check (part llada, on CUDA), run here with the CPU stand-in for capture
     (tests/test_graphed_pass.py) on the accelerator's route: equal, and not equal once the
-    candidate's in-place update of the last choice is taken away."""
+    intercept's in-place update of the last choice is taken away."""
     import argparse
-    from contextlib import nullcontext
-
-    import graphed_pass
 
     from lm_eval_sinkmask import intercept
     from tests.recorded_graph import recorded
@@ -363,7 +360,8 @@ def test_the_graph_check_compares_replayed_passes_with_eager_ones(monkeypatch):
         [line] = bench_masking.graph_check(model, B, 40, args, torch.device("cpu"), recorded)
         assert ("logits equal in 3/3, chosen keys equal in 3/3 (largest logit difference 0)"
                 in line), line
-    monkeypatch.setattr(graphed_pass, "previous_in_place", nullcontext)
+    # choices rebound to new tensors, as without ``attach(in_place=True)``
+    monkeypatch.setattr(intercept._Run, "_keep_in_place", lambda run, layer, kept: None)
     [line] = bench_masking.graph_check(model, 2, 40, args, torch.device("cpu"), recorded)
     assert "chosen keys equal in 3/3" not in line
 

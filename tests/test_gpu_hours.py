@@ -138,21 +138,21 @@ def test_graphs_need_cuda_and_time_both_steps_as_replays(monkeypatch, capsys):
 
     import graphed_pass
 
-    from lm_eval_sinkmask import intercept
+    from lm_eval_sinkmask import graphed_steps, intercept
     from tests.recorded_graph import recorded
 
     with pytest.raises(SystemExit):
         gpu_hours.main(["--device", "cpu", "--quick", "--graphs"])
     assert "--graphs replays CUDA graphs: it needs a CUDA device" in capsys.readouterr().err
 
-    monkeypatch.setattr(graphed_pass, "cuda_graph", recorded)
+    monkeypatch.setattr(graphed_steps, "capture", recorded)
     monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
     made, calls = [], []
     real, call = graphed_pass.GraphedForward.__init__, graphed_pass.GraphedForward.__call__
     monkeypatch.setattr(graphed_pass.GraphedForward, "__init__",
                         lambda self, *a, **kw: made.append(a[1]) or real(self, *a, **kw))
     monkeypatch.setattr(graphed_pass.GraphedForward, "__call__",
-                        lambda self, **kw: calls.append(self._replay is not None) or call(self, **kw))
+                        lambda self, **kw: calls.append(self.steps.logits is not None) or call(self, **kw))
     shape = gpu_hours.QUICK["llada"]
     model = gpu_hours.build(shape, 1, torch.device("cpu"), torch.float32)
     args = argparse.Namespace(graphs=True, passes=2, repeats=1, chunk=64, detect_backend="auto",

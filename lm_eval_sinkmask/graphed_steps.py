@@ -1,0 +1,146 @@
+"""A DLM's denoising step captured once per generation as a CUDA graph, then replayed.
+
+Why: at batch 1 a masked 8B-shaped DLM step waits on the host, not the GPU. Every attention
+call runs the intercept's Python and a few kernel launches, about as long as the call's GPU
+work, so the masked step cost twice the unmasked one on an H200 however fast the detection
+kernels were. A generation keeps its shapes (the canvas [B, prompt + gen_length], its mask and
+positions; only tokens change), so its step can be captured once and replayed at every later
+step: the host then launches one graph per step, whatever the intercept does inside it.
+
+A replay reruns the captured kernels on the captured memory and runs no Python, so three
+things must hold for it to be the eager step:
+
+- state one pass hands to the next lives in tensors updated in place: under
+  ``detect=previous`` each layer's choice (the intercept's ``attach(in_place=True)``);
+- the run's record counts replays as the passes they stand for
+  (:class:`masking_stats.ReplayCounts`);
+- no decision the host takes during the pass changes from step to step. The intercept's
+  are fixed by shapes and settings, except ``mask_target=random``, whose draws are seeded by
+  the pass number, and observers (sink traces), which are Python per call: both are refused.
+
+The first :data:`WARM_UP_STEPS` steps of a generation run eagerly (on a side stream, as a
+capture wants); they also compile what the capture then holds (Triton kernels, the compiled
+selection; a torch.compile'd function first called inside a capture fails).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .masking_stats import MaskingStats, ReplayCounts
+
+# eager steps before the capture: the first has no last choice yet under detect=previous
+# (it masks its own sinks), the second is a steady step
+WARM_UP_STEPS = 2
+
+
+def capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+    """``fn`` captured as a CUDA graph: (replay, the output every replay rewrites). Capturing
+    records ``fn``'s kernels without running them."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+capture.runs_the_pass = False  # a stand-in that records by running the pass sets it True
+
+
+def check_device(device: torch.device | str) -> None:
+    """CUDA graphs need a CUDA device."""
+    if str(device).split(":")[0] != "cuda":
+        raise ValueError(f"cuda_graph=true needs a CUDA device (CUDA graphs); the model is on "
+                         f"{device}: drop cuda_graph or pass --device cuda")
+
+
+def refuse_unreplayable(config, observers) -> None:
+    """The settings whose host-side work changes from step to step, which a replay would
+    freeze at the captured step."""
+    if config.enabled and config.mask_target == "random":
+        raise ValueError("cuda_graph=true cannot replay mask_target=random: its draws are "
+                         "seeded by the forward pass's number, which a replayed step never "
+                         "sees; drop cuda_graph")
+    if observers:
+        raise ValueError("cuda_graph=true cannot replay a pass that is observed call by call "
+                         "(sink traces): drop cuda_graph")
+
+
+class GraphedSteps:
+    """``step`` (a sampler's model function: tensors in, logits out) as a generation calls it:
+    the first :data:`WARM_UP_STEPS` calls run eagerly, the next captures the step on static
+    copies of its inputs and replays it, every later call copies its inputs in and replays.
+    One instance per generation, inside its masking block (opened with ``in_place=True``);
+    ``stats``: that block's counters (None: nothing counts). ``steps_run``: the calls so far.
+    The logits returned by a replay are the graph's output tensor, rewritten by the next one.
+    """
+
+    def __init__(self, step: Callable[..., torch.Tensor], stats: MaskingStats | None = None,
+                 capture_with: Callable | None = None):
+        self.step, self.stats = step, stats
+        self.capture_with = capture_with or capture
+        self.steps_run = 0
+        self.args: tuple = ()
+        self.kwargs: dict[str, Any] = {}
+        self.logits: torch.Tensor | None = None
+        self._replay: Callable[[], None] | None = None
+        self._counts: ReplayCounts | None = None
+
+    def __call__(self, *args: torch.Tensor | None, **kwargs: torch.Tensor | None) -> torch.Tensor:
+        self.steps_run += 1
+        if self._replay is not None:
+            self._copy_in(args, kwargs)
+            self._replay()
+            if self._counts is not None:
+                self._counts.add_replay()
+            return self.logits
+        self.args = tuple(_static(t) for t in args)
+        self.kwargs = {name: _static(t) for name, t in kwargs.items()}
+        if self.steps_run <= WARM_UP_STEPS:
+            return self._eager()
+        if self.stats is None:
+            self._replay, self.logits = self.capture_with(self._run)
+        else:
+            self._counts = ReplayCounts(self.stats, lambda: self.capture_with(self._run))
+            self._replay, self.logits = self._counts.result
+        if not getattr(self.capture_with, "runs_the_pass", False):
+            self._replay()  # capturing recorded the step; this runs it
+        if self._counts is not None:
+            self._counts.add_counts()
+        return self.logits
+
+    def _run(self) -> torch.Tensor:
+        return self.step(*self.args, **self.kwargs)
+
+    def _eager(self) -> torch.Tensor:
+        if not any(t.is_cuda for t in (*self.args, *self.kwargs.values()) if t is not None):
+            return self._run()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            logits = self._run()
+        torch.cuda.current_stream().wait_stream(side)
+        return logits
+
+    def _copy_in(self, args: tuple, kwargs: dict) -> None:
+        """The call's inputs into the captured ones, which must be of the same form (the same
+        tensors, by position and name, of the same shapes; None where None was given, and a
+        name left out where it was given None)."""
+        if _form(args, kwargs) != _form(self.args, self.kwargs):
+            raise ValueError(f"a captured step replays inputs of one form, "
+                             f"{_form(self.args, self.kwargs)}; got {_form(args, kwargs)}")
+        for mine, t in (*zip(self.args, args), *((self.kwargs[n], t) for n, t in kwargs.items())):
+            if t is not None:
+                mine.copy_(t)
+
+
+def _static(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.clone()
+
+
+def _form(args: tuple, kwargs: dict) -> tuple:
+    """Shapes by position (None for None) and by name (a name given None is left out)."""
+    return (tuple(None if t is None else tuple(t.shape) for t in args),
+            {name: tuple(t.shape) for name, t in kwargs.items() if t is not None})

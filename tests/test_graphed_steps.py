@@ -1,0 +1,216 @@
+"""``cuda_graph=true`` (lm_eval_sinkmask/graphed_steps.py) on the CPU, with the stand-in for
+CUDA-graph capture of tests/recorded_graph.py: it records torch's operators with their tensors
+and replays them, running no Python, so whatever a replayed step depends on must be in those
+tensors, as in a CUDA graph. The masked calls take the accelerator's route (the masked output
+from SDPA with the chosen keys hidden; no host-side read of a mask's values).
+
+A graphed generation must decode the eager one's tokens and record the same counters, through
+lm-eval, for every family and setting it accepts; the settings a replay would freeze are refused
+before any weight loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
+
+from lm_eval_sinkmask import attention_view, graphed_steps, intercept
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
+from lm_eval_sinkmask.masking_stats import SETTLE_AT
+from tests import tiny
+from tests.recorded_graph import recorded
+
+PROMPTS = ["Question: Tom has 3 apples and buys 4 more. How many apples does Tom have?\nAnswer:",
+           "Question: 7 + 5 = ?\nAnswer:", "Question: Anna has 12 books. She gives 4 away.\nAnswer:"]
+
+
+@pytest.fixture
+def on_accelerator(monkeypatch):
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+    monkeypatch.setattr(attention_view, "_host_reads_are_free", lambda device: False)
+
+
+@pytest.fixture
+def captures(monkeypatch, on_accelerator):
+    """The stand-in for capture, counting the captures and replays it serves."""
+    made = {"captures": 0, "replays": 0}
+
+    def counted(fn):
+        made["captures"] += 1
+        replay, out = recorded(fn)
+
+        def replayed():
+            made["replays"] += 1
+            replay()
+        return replayed, out
+
+    counted.runs_the_pass = True
+    monkeypatch.setattr(graphed_steps, "capture", counted)
+    monkeypatch.setattr(graphed_steps, "check_device", lambda device: None)
+    return made
+
+
+def _lm(name, **args):
+    args = {"pretrained": f"zoo:{name}", "device": "cpu", "batch_size": 3, "top_k": 1, **args}
+    return get_model("dlm_sinkmask").create_from_arg_string(
+        ",".join(f"{k}={v}" for k, v in args.items()))
+
+
+def _requests(max_gen_toks=32):
+    return [Instance("generate_until", {}, (p, {"until": ["Question:"], "max_gen_toks": max_gen_toks}), i)
+            for i, p in enumerate(PROMPTS)]
+
+
+@pytest.mark.parametrize("name, args", [
+    ("llada", {}),
+    ("dream", {}),
+    ("llada_sink", {}),  # the extra sink token, inserted in every pass
+    ("llada_sink", {"sink_token": "exclude"}),
+    ("llada", {"cfg_scale": 1.0}),  # conditional and unconditional rows in one pass
+    ("llada", {"detect": "current"}),
+    ("llada", {"top_k": 0}),
+    ("dream", {"granularity": "layer", "top_k": 5}),
+])
+def test_a_graphed_generation_decodes_and_counts_as_the_eager_one(captures, name, args):
+    eager = _lm(name, **args)
+    texts = eager.generate_until(_requests())
+    graphed = _lm(name, cuda_graph=True, **args)
+    assert graphed.generate_until(_requests()) == texts
+    record, graphed_record = (lm.get_model_info()["sinkmask"] for lm in (eager, graphed))
+    assert graphed_record["counters"] == record["counters"]
+    assert record["cuda_graph"] is False and graphed_record["cuda_graph"] is True
+    steps = record["counters"]["forward_passes"]
+    # one generation of the three prompts: two eager steps, one captured, the rest replayed
+    assert captures == {"captures": 1, "replays": steps - graphed_steps.WARM_UP_STEPS - 1}
+    assert any(texts) and (args.get("top_k") == 0) == (record["counters"]["keys_masked"] == 0)
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"device": "cpu"}, "cuda_graph=true needs a CUDA device"),
+    ({"device": "cuda", "mask_target": "random"}, "cannot replay mask_target=random"),
+    ({"device": "cuda", "cuda_graph": "maybe"}, "cuda_graph must be true or false"),
+])
+def test_what_a_replay_cannot_do_is_refused_before_the_weights_load(args, message, monkeypatch):
+    from lm_eval_sinkmask import checkpoint_checks
+
+    def no_loading(*a, **kw):
+        raise AssertionError("the config was read: the check came too late")
+
+    monkeypatch.setattr(checkpoint_checks, "read_config", no_loading)
+    with pytest.raises(ValueError, match=message):
+        _lm("llada", **{"cuda_graph": True, **args})
+
+
+def test_observed_passes_are_refused():
+    with pytest.raises(ValueError, match="observed call by call"):
+        graphed_steps.refuse_unreplayable(SinkMaskConfig(top_k=1), observers=[print])
+
+
+# -- the pieces: the intercept's in-place choices, the replay counts ---------------------------
+
+
+def _canvases(vocab, steps=5, batch=2, length=12):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (batch, length), generator=gen)
+    out = []
+    for _ in range(steps):
+        ids = ids.clone()
+        ids[:, torch.randint(0, length, (3,), generator=gen)] = torch.randint(
+            5, vocab, (3,), generator=gen)
+        out.append(ids)
+    return out
+
+
+# more keys than the random-init tiny models' heads have sinks: the number masked varies
+VARYING = SinkMaskConfig(top_k=8, eps=0.0)
+
+
+@pytest.mark.parametrize("settle_at", [SETTLE_AT, 1])
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_graphed_steps_give_the_eager_logits_choices_and_counts(kind, settle_at, on_accelerator,
+                                                                monkeypatch):
+    from lm_eval_sinkmask import masking_stats
+
+    monkeypatch.setattr(masking_stats, "SETTLE_AT", settle_at)
+    model = tiny.build(kind)
+    canvases = _canvases(model.config.vocab_size)
+    step = lambda ids: model(input_ids=ids).logits  # noqa: E731
+    with torch.inference_mode():
+        eager, masked = [], []
+        with SinkMasker(VARYING).attach(model) as eager_stats:
+            run = F.scaled_dot_product_attention.__self__
+            for ids in canvases:
+                eager.append((step(ids).clone(), [c.keys.clone() for c in run.previous.values()]))
+                masked.append(eager_stats.keys_masked - sum(masked))
+        graphed = []
+        with SinkMasker(VARYING).attach(model, in_place=True) as stats:
+            run = F.scaled_dot_product_attention.__self__
+            steps = graphed_steps.GraphedSteps(step, stats, recorded)
+            for ids in canvases:
+                graphed.append((steps(ids).clone(), [c.keys.clone() for c in run.previous.values()]))
+    assert len(set(masked[graphed_steps.WARM_UP_STEPS:])) > 1  # a repeated count would not do
+    for (la, ka), (lb, kb) in zip(eager, graphed):
+        assert torch.equal(la, lb) and all(map(torch.equal, ka, kb))
+    assert stats == eager_stats and steps.steps_run == stats.forward_passes == len(canvases)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_without_in_place_choices_a_replay_masks_stale_keys(kind, on_accelerator):
+    """Why ``attach(in_place=True)`` exists, and that the stand-in sees the hazard: the choice
+    rebound to new tensors is one a replay never reads."""
+    model = tiny.build(kind)
+    canvases = _canvases(model.config.vocab_size)
+    step = lambda ids: model(input_ids=ids).logits  # noqa: E731
+    logits = []
+    with torch.inference_mode():
+        for in_place, capture_with in ((False, None), (False, recorded)):
+            with SinkMasker(VARYING).attach(model, in_place=in_place):
+                steps = (graphed_steps.GraphedSteps(step, capture_with=capture_with)
+                         if capture_with else step)
+                logits.append([steps(ids).clone() for ids in canvases])
+    eager, replayed = logits
+    assert not all(map(torch.equal, eager, replayed))
+
+
+def test_in_place_choices_keep_their_tensors_and_change_no_result(on_accelerator):
+    model = tiny.build("llada")
+    canvases = _canvases(model.config.vocab_size)
+    results = []
+    with torch.inference_mode():
+        for in_place in (False, True):
+            with SinkMasker(VARYING).attach(model, in_place=in_place) as stats:
+                run = F.scaled_dot_product_attention.__self__
+                logits = [model(input_ids=canvases[0]).logits]
+                held = {n: (c.keys, c.count) for n, c in run.previous.items()}
+                for ids in canvases[1:]:
+                    logits.append(model(input_ids=ids).logits)
+                    assert all((c.keys is held[n][0] and c.count is held[n][1]) == in_place
+                               for n, c in run.previous.items())
+            results.append((logits, stats.as_dict()))
+    assert all(map(torch.equal, results[0][0], results[1][0]))
+    assert results[0][1] == results[1][1]
+
+
+def test_a_captured_step_replays_one_form_of_inputs():
+    model = tiny.build("llada")
+    ids = torch.zeros(1, 4, dtype=torch.long) + 5
+    steps = graphed_steps.GraphedSteps(lambda x, mask=None: model(input_ids=x).logits,
+                                       capture_with=recorded)
+    with torch.inference_mode():
+        for _ in range(graphed_steps.WARM_UP_STEPS + 1):
+            steps(ids, mask=None)
+        with pytest.raises(ValueError, match=r"replays inputs of one form, \(\(\(1, 4\),\), "
+                                             r"\{\}\); got \(\(\(1, 5\),\)"):
+            steps(torch.zeros(1, 5, dtype=torch.long), mask=None)
+        with pytest.raises(ValueError, match="inputs of one form"):
+            steps(ids, mask=torch.ones(1, 4))
+        assert torch.equal(steps(ids + 1, mask=None), model(input_ids=ids + 1).logits)
+
+
+def test_cuda_graphs_need_cuda():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        graphed_steps.check_device(torch.device("cpu"))
+    graphed_steps.check_device("cuda:1")
