@@ -447,6 +447,8 @@ def bench_gpu_parts(args, device, hidden=4096, heads=32, S=700, P=800):
         run_part("llama", bench_llama_decoding, args, device, hidden, heads, P)
     if "zoo" in parts:
         run_part("zoo", same_on_cuda_and_cpu, device)
+        if device.type == "cuda":
+            run_part("zoo cuda_graph", cuda_graph_through_lm_eval, device)
     if compiled_tail.compile_failed():
         print("\n**torch.compile of the selection FAILED in this run** (warning above): every "
               "'compiled selection' row ran the eager selection.")
@@ -936,6 +938,43 @@ def graphed_generation_check(model, ids, pmask, mask_id, eps, materialized, fuse
             f"keys masked {verdict(materialized)}; vs CUDA fused: {verdict(fused)}")
     print(line)
     return line
+
+
+GRAPH_PROMPTS = ("Question: Tom has 3 apples and buys 4 more. How many apples does Tom have?\n"
+                 "Answer:", "Question: 7 + 5 = ?\nAnswer:",
+                 "Question: Anna has 12 books. She gives 4 away.\nAnswer:",
+                 "Question: A box holds 6 eggs. How many eggs are in 3 boxes?\nAnswer:")
+
+
+def cuda_graph_through_lm_eval(device, models=("llada", "dream", "llada_sink")) -> list[str]:
+    """The package's ``cuda_graph=true`` as a user runs it: ``dlm_sinkmask`` on each zoo
+    checkpoint, top_k 5, the four prompts in one batch, with and without it. The texts and
+    the whole counters record (passes, calls, sinks and keys masked per layer, detection
+    paths) must be the same."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    requests = [Instance("generate_until", {}, (p, {"until": ["Question:"], "max_gen_toks": 32}), i)
+                for i, p in enumerate(GRAPH_PROMPTS)]
+    lines = []
+    for name in models:
+        runs = []
+        for graphed in (False, True):
+            lm = get_model("dlm_sinkmask").create_from_arg_string(
+                f"pretrained=zoo:{name},top_k=5,device={device},batch_size={len(requests)},"
+                f"cuda_graph={str(graphed).lower()}")
+            texts = lm.generate_until(requests)
+            runs.append((texts, lm.get_model_info()["sinkmask"]["counters"]))
+        (texts, counters), (g_texts, g_counters) = runs
+        same = sum(a == b for a, b in zip(texts, g_texts))
+        line = (f"cuda_graph=true through lm-eval, zoo:{name}, top_k 5, batch {len(requests)}, "
+                f"{counters['forward_passes']} steps: texts the same in {same}/{len(texts)}, "
+                f"counters {'the same' if g_counters == counters else 'DIFFER'} (keys masked "
+                f"{counters['keys_masked']} eager, {g_counters['keys_masked']} graphed)")
+        print(line)
+        lines.append(line)
+    sys.stdout.flush()
+    return lines
 
 
 # -- 4. memory ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from lm_eval_sinkmask import masking_stats
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 
@@ -390,3 +391,20 @@ def test_the_zoo_checkpoint_decodes_the_same_tokens_through_the_captured_pass(mo
     line = bench_masking.graphed_generation_check(
         model, ids, pmask, mask_id, eps, (eager, stats.keys_masked + 1), None, recorded)
     assert "tokens and keys masked DIFFER" in line
+
+
+def test_part_zoo_runs_cuda_graph_through_lm_eval(monkeypatch):
+    """Part zoo's cuda_graph lines (CUDA only), run here with the CPU stand-in for capture on
+    the accelerator's route: the user's path, with and without the graph."""
+    from lm_eval_sinkmask import attention_view, graphed_steps, intercept
+    from tests.recorded_graph import recorded
+
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+    monkeypatch.setattr(attention_view, "_host_reads_are_free", lambda device: False)
+    monkeypatch.setattr(graphed_steps, "capture", recorded)
+    monkeypatch.setattr(graphed_steps, "check_device", lambda device: None)
+    lines = bench_masking.cuda_graph_through_lm_eval(torch.device("cpu"), models=("llada",))
+    assert len(lines) == 1 and "texts the same in 4/4, counters the same" in lines[0], lines
+    monkeypatch.setattr(masking_stats.ReplayCounts, "add_replay", lambda self: None)
+    [line] = bench_masking.cuda_graph_through_lm_eval(torch.device("cpu"), models=("llada",))
+    assert "counters DIFFER" in line

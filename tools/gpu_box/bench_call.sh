@@ -60,6 +60,6 @@ step "bench llada_kernels" 5 "${bench[@]}" --gpu-parts llada_kernels \
     > "$out/bench_llada_kernels.md" 2>&1
 
 # the call returns only the last 12,000 characters of its output: the tables, then the verdicts
-grep -h "^|\|^#\|FAILED\|DIFFER\|decode the same\|max |mass\|^selection kernel\|^graph check\|^CUDA graph" "$out"/bench_*.md | cut -c1-220
+grep -h "^|\|^#\|FAILED\|DIFFER\|decode the same\|max |mass\|^selection kernel\|^graph check\|^CUDA graph\|^cuda_graph=true" "$out"/bench_*.md | cut -c1-220
 tail -n 3 "$out/cuda_tests.log"
 cat "$summary"
