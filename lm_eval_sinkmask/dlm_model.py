@@ -336,6 +336,20 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                                           self.family.takes_position_ids, on_keys=on_keys)
             return self.model(**inputs(x, mask)).logits
 
+    def _step_inputs(self, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+        """:meth:`_forward`'s model inputs, built apart from the pass for ``cuda_graph`` (the
+        families' forms read on the host whether there is padding, which a graph cannot)."""
+        if self.sink is not None:
+            return sink_token.prepared_inputs(x, mask, self.sink, self.family.takes_position_ids)
+        return self._inputs(x, mask)
+
+    def _step_logits(self, **inputs: Any) -> torch.Tensor:
+        """:meth:`_forward` on :meth:`_step_inputs`: the part a CUDA graph holds."""
+        with self.autocast():
+            if self.sink is not None:
+                return sink_token.call(self.model, self.sink, self.masker.set_extra_keys, **inputs)
+            return self.model(**inputs).logits
+
     def _probe_padding(self) -> str:
         """How this checkpoint is given padded batches: the first of the family's mask forms
         its code honours, or UNPADDED (batches split into prompts of equal length)."""
@@ -429,7 +443,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 self.masking(context, prompt_mask, in_place=self.cuda_graph) as stats:
             if self.cuda_graph:  # one capture per generation: its shapes hold through it
                 graphed_steps.refuse_unreplayable(self.mask_config, self.masker.observers)
-                model_fn = graphed_steps.GraphedSteps(model_fn, stats)
+                model_fn = graphed_steps.GraphedSteps(self._step_logits, stats,
+                                                      prepare=self._step_inputs)
             if family.sampler == "block":
                 eos = family.eos_ids(self.tokenizer)
                 generated = generate_block(

@@ -2,8 +2,8 @@
 
 Why: at batch 1 a masked 8B-shaped DLM step waits on the host, not the GPU. Every attention
 call runs the intercept's Python and a few kernel launches, about as long as the call's GPU
-work, so the masked step cost twice the unmasked one on an H200 however fast the detection
-kernels were. A generation keeps its shapes (the canvas [B, prompt + gen_length], its mask and
+work: on an H200 the masked step cost twice the unmasked one, and still 1.6-1.8 times with the
+fewest launches per call any kernel candidate reached. A generation keeps its shapes (the canvas [B, prompt + gen_length], its mask and
 positions; only tokens change), so its step can be captured once and replayed at every later
 step: the host then launches one graph per step, whatever the intercept does inside it.
 
@@ -14,9 +14,12 @@ things must hold for it to be the eager step:
   ``detect=previous`` each layer's choice (the intercept's ``attach(in_place=True)``);
 - the run's record counts replays as the passes they stand for
   (:class:`masking_stats.ReplayCounts`);
-- no decision the host takes during the pass changes from step to step. The intercept's
-  are fixed by shapes and settings, except ``mask_target=random``, whose draws are seeded by
-  the pass number, and observers (sink traces), which are Python per call: both are refused.
+- no decision the host takes during the pass changes from step to step, and none reads a
+  tensor's value (a host sync, which a capture refuses). The intercept's decisions follow from
+  shapes and settings, except ``mask_target=random``, whose draws are seeded by the pass
+  number, and observers (sink traces), which are Python per call: both are refused. The
+  families' input forms ask whether a batch has padding (``bool(mask.all())``), so the inputs
+  are built at every step outside the graph (``prepare``) and only the model's pass is held.
 
 The first :data:`WARM_UP_STEPS` steps of a generation run eagerly (on a side stream, as a
 capture wants); they also compile what the capture then holds (Triton kernels, the compiled
@@ -72,14 +75,18 @@ class GraphedSteps:
     """``step`` (a sampler's model function: tensors in, logits out) as a generation calls it:
     the first :data:`WARM_UP_STEPS` calls run eagerly, the next captures the step on static
     copies of its inputs and replays it, every later call copies its inputs in and replays.
-    One instance per generation, inside its masking block (opened with ``in_place=True``);
-    ``stats``: that block's counters (None: nothing counts). ``steps_run``: the calls so far.
-    The logits returned by a replay are the graph's output tensor, rewritten by the next one.
+    ``prepare`` (optional) runs eagerly at every call, outside the graph, and turns the call's
+    arguments into the keyword inputs of ``step`` (tensors or None): what the host must read
+    goes there. One instance per generation, inside its masking block (opened with
+    ``in_place=True``); ``stats``: that block's counters (None: nothing counts).
+    ``steps_run``: the calls so far. The logits returned by a replay are the graph's output
+    tensor, rewritten by the next one.
     """
 
     def __init__(self, step: Callable[..., torch.Tensor], stats: MaskingStats | None = None,
-                 capture_with: Callable | None = None):
-        self.step, self.stats = step, stats
+                 capture_with: Callable | None = None,
+                 prepare: Callable[..., dict[str, Any]] | None = None):
+        self.step, self.stats, self.prepare = step, stats, prepare
         self.capture_with = capture_with or capture
         self.steps_run = 0
         self.args: tuple = ()
@@ -90,6 +97,8 @@ class GraphedSteps:
 
     def __call__(self, *args: torch.Tensor | None, **kwargs: torch.Tensor | None) -> torch.Tensor:
         self.steps_run += 1
+        if self.prepare is not None:
+            args, kwargs = (), self.prepare(*args, **kwargs)
         if self._replay is not None:
             self._copy_in(args, kwargs)
             self._replay()

@@ -141,8 +141,21 @@ def forward(model, ids: torch.Tensor, valid: torch.Tensor, sink: SinkToken,
     on_keys, if given, is called with the sink token's key columns [B, T + 1] before the
     forward (how the masker learns which keys to exclude).
     """
+    return call(model, sink, on_keys, **prepared_inputs(ids, valid, sink, with_position_ids))
+
+
+def prepared_inputs(ids: torch.Tensor, valid: torch.Tensor, sink: SinkToken,
+                    with_position_ids: bool) -> dict[str, Any]:
+    """:func:`forward`'s first half: the model's keyword inputs with the sink token inserted,
+    and its column per row as ``sink_cols`` (for :func:`call`)."""
     ids, valid, cols = insert(ids, valid, sink)
+    return {**model_inputs(ids, valid, cols, with_position_ids), "sink_cols": cols}
+
+
+def call(model, sink: SinkToken, on_keys=None, *, sink_cols: torch.Tensor,
+         **inputs: Any) -> torch.Tensor:
+    """:func:`forward`'s second half, on :func:`prepared_inputs`: no host read, so a CUDA
+    graph can hold it (lm_eval_sinkmask/graphed_steps.py)."""
     if on_keys is not None:
-        on_keys(key_columns(cols, ids.shape[1]))
-    logits = model(**model_inputs(ids, valid, cols, with_position_ids)).logits
-    return strip(logits, cols, sink)
+        on_keys(key_columns(sink_cols, inputs["input_ids"].shape[1]))
+    return strip(model(**inputs).logits, sink_cols, sink)

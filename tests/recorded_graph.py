@@ -3,7 +3,9 @@
 A CUDA graph replays the kernels of the captured pass on the memory they used and runs no
 Python. :func:`recorded` does the same with torch's operators: it records every operator of one
 call with the tensors it read and wrote, and a replay calls them again, writing each result
-into the tensor the recording produced. Unlike a capture, the recording also runs the call.
+into the tensor the recording produced. Unlike a capture, the recording also runs the call. As
+a capture does, it refuses an operator whose result the host reads (``bool(t)``, ``t.item()``,
+``nonzero``: a host sync on a GPU).
 """
 
 from __future__ import annotations
@@ -13,12 +15,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+# operators whose result the host must read (a value, or a shape that depends on values): on
+# a GPU each is a host sync, which a CUDA-graph capture refuses
+HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+              torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default,
+              torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
+              torch.ops.aten.unique_consecutive.default}
+
+
+class HostReadInCapture(RuntimeError):
+    """The recorded call read a tensor's value on the host, as a capture on a GPU refuses."""
+
+
 class _Recording(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS:
+            raise HostReadInCapture(f"{func} reads a tensor's value on the host inside a "
+                                    "captured pass (a CUDA graph capture would fail here)")
         out = func(*args, **(kwargs or {}))
         self.ops.append((func, args, kwargs or {}, out))
         return out

@@ -17,10 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm_eval_sinkmask import intercept
+from lm_eval_sinkmask import attention_view, intercept, masking_stats
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
-from lm_eval_sinkmask import masking_stats
 from lm_eval_sinkmask.masking_stats import SETTLE_AT
 from tests import tiny
 from tests.recorded_graph import recorded
@@ -35,6 +34,7 @@ STEPS = 4
 @pytest.fixture
 def on_accelerator(monkeypatch):
     monkeypatch.setattr(intercept, "_output_from_scores", lambda device: False)
+    monkeypatch.setattr(attention_view, "_host_reads_are_free", lambda device: False)
 
 
 def _steps(vocab: int, batch: int = 2, length: int = 12):

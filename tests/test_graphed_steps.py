@@ -214,3 +214,28 @@ def test_cuda_graphs_need_cuda():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         graphed_steps.check_device(torch.device("cpu"))
     graphed_steps.check_device("cuda:1")
+
+
+def test_what_the_host_must_read_is_prepared_outside_the_graph():
+    """A family's input form asks the host whether there is padding; inside a capture that
+    read fails (the stand-in refuses it as a GPU would), so it goes in ``prepare``."""
+    from lm_eval_sinkmask.families import FAMILIES
+    from tests.recorded_graph import HostReadInCapture
+
+    model = tiny.build("dream")
+    inputs = FAMILIES["dream"].model_inputs
+    x = torch.randint(5, 50, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :2] = 0
+    with torch.inference_mode():
+        inline = graphed_steps.GraphedSteps(lambda x, m: model(**inputs(x, m)).logits,
+                                            capture_with=recorded)
+        with pytest.raises(HostReadInCapture, match="is_nonzero"):
+            for _ in range(graphed_steps.WARM_UP_STEPS + 1):
+                inline(x, mask)
+        prepared = graphed_steps.GraphedSteps(lambda **kw: model(**kw).logits,
+                                              capture_with=recorded, prepare=inputs)
+        for _ in range(graphed_steps.WARM_UP_STEPS + 2):
+            out = prepared(x, mask)
+        assert torch.equal(out, model(**inputs(x, mask)).logits)
+        assert sorted(prepared.kwargs) == ["attention_mask", "input_ids", "position_ids"]
