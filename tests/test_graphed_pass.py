@@ -23,6 +23,7 @@ from lm_eval_sinkmask.intercept import SinkMasker
 from lm_eval_sinkmask.masking_stats import SETTLE_AT
 from tests import tiny
 from tests.recorded_graph import recorded
+from tests.test_graphed_steps import _canvases
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -37,18 +38,10 @@ def on_accelerator(monkeypatch):
     monkeypatch.setattr(attention_view, "_host_reads_are_free", lambda device: False)
 
 
-def _steps(vocab: int, batch: int = 2, length: int = 12):
-    """A canvas and the canvases of the steps after it: a few tokens changed at each step, as
-    a denoising step unmasks some; the same shape throughout."""
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, vocab, (batch, length), generator=gen)
-    steps = []
-    for _ in range(STEPS):
-        ids = ids.clone()
-        ids[:, torch.randint(0, length, (3,), generator=gen)] = torch.randint(
-            5, vocab, (3,), generator=gen)
-        steps.append(ids)
-    return steps[0], steps[1:]
+def _steps(vocab: int):
+    """A canvas and the canvases of the steps after it (tests/test_graphed_steps.py)."""
+    canvases = _canvases(vocab, STEPS)
+    return canvases[0], canvases[1:]
 
 
 def _eager(model, config, first, later):
