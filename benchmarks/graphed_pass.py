@@ -42,7 +42,6 @@ class GraphedForward:
     replays counted as the eager passes they stand for."""
 
     def __init__(self, model, config, capture=None):
-        self.model = model
         self._held = ExitStack()  # the attach block; its _Run outlives it, with the graph
         self.run = self.stats = None
         if config is not None:
