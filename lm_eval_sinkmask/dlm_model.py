@@ -315,8 +315,9 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] of the working sequence x [B, T] (mask: 1 on real tokens), as the
         samplers and the likelihood estimator call the model: the mask in the form the padding
-        probe chose."""
-        return self._forward_with(self._inputs, x, mask, on_keys=self.masker.set_extra_keys)
+        probe chose. ``cuda_graph`` runs the same two halves, :meth:`_step_inputs` outside its
+        graph and :meth:`_step_logits` inside."""
+        return self._step_logits(**self._step_inputs(x, mask))
 
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
         """Only HFLM's batch-size search (``batch_size=auto``) calls this here: its rows go
@@ -328,26 +329,32 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             return self._forward(rows, torch.ones_like(rows))[: inps.shape[0]]
 
     def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor, on_keys=None) -> torch.Tensor:
-        """Logits [B, T, V] of the working sequence x under key mask ``mask`` [B, T], the mask
-        passed as ``inputs`` builds it (a checkpoint with an extra sink token: see sink_token)."""
-        with self.autocast():
-            if self.sink is not None:  # the samplers see neither the token nor its logits
-                return sink_token.forward(self.model, x, mask, self.sink,
-                                          self.family.takes_position_ids, on_keys=on_keys)
-            return self.model(**inputs(x, mask)).logits
+        """:meth:`_forward` with the mask in the form ``inputs`` builds (the padding probe tries
+        each form the family knows); ``on_keys`` as in :func:`sink_token.call`."""
+        return self._logits(self._model_inputs(inputs, x, mask), on_keys)
 
     def _step_inputs(self, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
         """:meth:`_forward`'s model inputs, built apart from the pass for ``cuda_graph`` (the
         families' forms read on the host whether there is padding, which a graph cannot)."""
-        if self.sink is not None:
-            return sink_token.prepared_inputs(x, mask, self.sink, self.family.takes_position_ids)
-        return self._inputs(x, mask)
+        return self._model_inputs(self._inputs, x, mask)
 
     def _step_logits(self, **inputs: Any) -> torch.Tensor:
         """:meth:`_forward` on :meth:`_step_inputs`: the part a CUDA graph holds."""
+        return self._logits(inputs, self.masker.set_extra_keys)
+
+    def _model_inputs(self, inputs, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+        """The model's keyword inputs for x under ``mask`` in the form ``inputs`` builds; with
+        an extra sink token, sink_token inserts it and builds its own (the samplers see neither
+        the token nor its logits)."""
+        if self.sink is not None:
+            return sink_token.prepared_inputs(x, mask, self.sink, self.family.takes_position_ids)
+        return inputs(x, mask)
+
+    def _logits(self, inputs: dict[str, Any], on_keys) -> torch.Tensor:
+        """The model's logits on :meth:`_model_inputs` (the sink token's column stripped)."""
         with self.autocast():
             if self.sink is not None:
-                return sink_token.call(self.model, self.sink, self.masker.set_extra_keys, **inputs)
+                return sink_token.call(self.model, self.sink, on_keys, **inputs)
             return self.model(**inputs).logits
 
     def _probe_padding(self) -> str:

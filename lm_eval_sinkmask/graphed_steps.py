@@ -3,9 +3,10 @@
 Why: at batch 1 a masked 8B-shaped DLM step waits on the host, not the GPU. Every attention
 call runs the intercept's Python and a few kernel launches, about as long as the call's GPU
 work: on an H200 the masked step cost twice the unmasked one, and still 1.6-1.8 times with the
-fewest launches per call any kernel candidate reached. A generation keeps its shapes (the canvas [B, prompt + gen_length], its mask and
-positions; only tokens change), so its step can be captured once and replayed at every later
-step: the host then launches one graph per step, whatever the intercept does inside it.
+fewest launches per call any kernel candidate reached. A generation keeps its shapes (the
+canvas [B, prompt + gen_length], its mask and positions; only tokens change), so its step can
+be captured once and replayed at every later step: the host then launches one graph per step,
+whatever the intercept does inside it.
 
 A replay reruns the captured kernels on the captured memory and runs no Python, so three
 things must hold for it to be the eager step:
