@@ -62,8 +62,8 @@ class LikelihoodSettings:
     greedy_check: also decode the continuation greedily (one token per forward pass, the most
         confident first as the family's sampler rates it, temperature 0) and report whether it
         reproduces the continuation: lm-eval's ``is_greedy``, which only ``output_type:
-        loglikelihood`` tasks read (e.g. LAMBADA's acc). Off by default (it costs L more forward passes per request); off, is_greedy is
-        False.
+        loglikelihood`` tasks read (e.g. LAMBADA's acc). Off by default (it costs L more
+        forward passes per request); off, is_greedy is False.
     """
 
     mc_num: int = 128
