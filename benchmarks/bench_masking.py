@@ -43,6 +43,7 @@ import sys
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from lm_eval_sinkmask import compiled_tail, sdpa_backends  # noqa: E402
+from lm_eval_sinkmask import compiled_tail, fused_mass, sdpa_backends  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 from lm_eval_sinkmask.samplers import generate_block  # noqa: E402
@@ -74,20 +75,20 @@ LABELS = {
 # candidates, each on the fused path with one part replaced (candidate_of): the one-launch
 # selection (c_kernel), the same kernel writing the output mask (c_call, calls of several
 # rows), the row log-sum-exp taken from the masked output's (c_lse, calls of several rows),
-# the detection kernels with 8 warps (c_w8) or reading a row-free mask as one row of keys
-# (c_row), the masked pass replayed as one CUDA graph (c_graph, beside the unmasked pass
-# graphed the same way, a_graph) and, in decoding steps, the one-launch
+# the detection kernels with 8 warps (c_w8), the masked pass replayed as one CUDA graph
+# (c_graph, beside the unmasked pass graphed the same way, a_graph) and, in decoding steps,
+# the one-launch
 # decoding step (c_decode); then the materialised path (the CPU's, and the GPU's before the
 # fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
-GPU_VARIANTS = ("a", "b", "c", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8", "c_row",
-                "c_stack", "a_graph", "c_graph", "c_mat", "c_flex", "d")
+GPU_VARIANTS = ("a", "b", "c", "c_tiles", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8",
+                "a_graph", "c_graph", "c_mat", "c_flex", "d")
 # captured once per timed shape (graphed_pass.captured), then only replayed: CUDA only
 GRAPHED = ("a_graph", "c_graph")
 DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md; the eager
 # selection and detect=current within 0.03 of (c) each time), and the candidates c_lse and
 # c_w8, timed on an H200 (results/gpu_h200_candidates.md: c_lse's output kernel costs more
-# than the row pass it saves except where c_row's one-row mask load removes that cost, and
+# than the row pass it saves except where the one-row mask load removes that cost, and
 # c_w8's gain was the spill of that same tile load), and the one-launch selection c_kernel,
 # timed on both cards and contained in c_call (LLaDA) and c_decode (decoding steps), each
 # faster: left out by default so that a lent GPU's minutes go to the open candidates
@@ -102,8 +103,7 @@ GPU_LABELS = dict(LABELS, **{
     "c_lse": "(c) row log-sum-exp from the masked output, first pass on the call path "
              "(candidates)",
     "c_w8": "(c) fused, detection kernels with 8 warps (candidate)",
-    "c_row": "(c) fused, padding mask read as one row of keys (candidate)",
-    "c_stack": "(c) fused, the call path on the one-row mask kernels (candidates)",
+    "c_tiles": "(c) fused, every mask read as tiles (the kernels before the one-row load)",
     "a_graph": "(a) unmasked, replayed as one CUDA graph",
     "c_graph": "(c) fused, replayed as one CUDA graph (candidate)",
     "c_mat": "(c) materialized",
@@ -121,7 +121,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "a_graph": None,
         "b": base["b"],
         **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_lse",
-                              "c_w8", "c_row", "c_stack", "c_graph")},
+                              "c_w8", "c_tiles", "c_graph")},
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
         "c_flex": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk, detect_backend="flex"),
@@ -142,9 +142,9 @@ def candidate_of(variant: str):
     log-sum-exp from the masked output (``c_lse``: lse_reuse's, calls of several rows after
     the first pass; the first pass's, which mask their own choice, on the call path: the two
     as the package would adopt them), the detection kernels launched with 8 warps
-    (``c_w8``: :func:`detection_warps`), or reading a mask that is the same for every row as
-    one row of keys (``c_row``: key_row_mask's edit of the package's kernels), or the last
-    two together (``c_stack``: the call path's detection on key_row_mask's kernels)."""
+    (``c_w8``: :func:`detection_warps`); or the package's kernels reading every mask as
+    [BLOCK_M, BLOCK_N] tiles (``c_tiles``: the baseline of their one-row load of a mask that
+    is the same for every query row, such as LLaDA's padding bias)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
     compiled_tail.ENABLED = variant != "c_eager"
     if variant == "c_kernel":
@@ -164,11 +164,10 @@ def candidate_of(variant: str):
                 stack.enter_context(lse_reuse.with_call_path())
             elif variant == "c_w8":
                 stack.enter_context(detection_warps(8))
-            if variant in ("c_row", "c_stack"):  # the kernels first, as gpu_hours stacks them
-                import key_row_mask
-
-                stack.enter_context(key_row_mask.installed())
-            if variant in ("c_call", "c_stack"):
+            elif variant == "c_tiles":
+                stack.enter_context(mock.patch.object(fused_mass, "mask_has_rows",
+                                                      lambda mask: True))
+            if variant == "c_call":
                 import select_kernel
 
                 stack.enter_context(select_kernel.call_path_installed())
@@ -545,7 +544,7 @@ def bench_llada_gap(args, device, hidden, heads, S):
         run_part(f"llada_gap S {length}", bench_forward,
                  f"3. 8B-shaped LLaDA config on {name}, batch 8, S {length}, "
                  f"{'padded' if padded else 'no padding'}", model, 8, length, 4, args, device,
-                 padded, timed(("a", "c", "c_lse", "c_w8", "c_row", "c_stack", "c_mat"), args))
+                 padded, timed(("a", "c", "c_tiles", "c_lse", "c_w8", "c_mat"), args))
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -857,8 +856,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
 def same_on_cuda_and_cpu(device=torch.device("cuda")):
     """The zoo checkpoint decoded on the CPU (materialised path, output from its own scores),
     on CUDA with the materialised path (fused SDPA output), and on CUDA with the fused and
-    flex detection paths and the candidates for a DLM's calls (variants c_call, c_lse and
-    c_row):
+    flex detection paths and the candidates for a DLM's calls (variants c_call and c_lse):
     the tokens, the number of masked keys and, call by call, the masked keys themselves must
     agree."""
     model, what, eps = tiny_model()
@@ -866,7 +864,7 @@ def same_on_cuda_and_cpu(device=torch.device("cuda")):
     ids, pmask = prompts(4, 40, model.config.vocab_size, mask_id)
     runs = {}
     accel = device.type  # "cpu" only in the smoke run
-    candidate = {"call": "c_call", "lse": "c_lse", "row": "c_row"}
+    candidate = {"call": "c_call", "lse": "c_lse"}
     for dev, backend in (("cpu", "auto"), (accel, "materialized"), (accel, "fused"),
                          (accel, "flex"), *((accel, name) for name in candidate)):
         model = model.to(dev)

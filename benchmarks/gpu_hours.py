@@ -240,18 +240,16 @@ def masker(kind: str, chunk: int, backend: str = "auto") -> SinkMasker:
 def candidates(args):
     """With ``--candidates``, a block in which the top_k=5 runs take the benchmarks' candidate
     kernels where they apply (decode_kernel for one-row decoding steps; select_kernel's call
-    path for the DLMs' calls, its detection on key_row_mask's kernels): what a cell would
+    path for the DLMs' calls): what a cell would
     cost if they moved into the package. Not lse_reuse: on the H200 its output kernel cost
     more than the row pass it saves at these unpadded lengths
     (benchmarks/results/gpu_h200_candidates.md; its 2026-11-27 run of --candidates had it)."""
     if not args.candidates:
         return nullcontext()
     import decode_kernel
-    import key_row_mask
     import select_kernel
 
     stack = ExitStack()
-    stack.enter_context(key_row_mask.installed())
     stack.enter_context(select_kernel.call_path_installed())
     stack.enter_context(decode_kernel.installed())
     return stack
@@ -435,8 +433,7 @@ def main(argv=None, timer=None) -> dict:
                     help="detect_backend of the top_k=5 runs [%(default)s: fused on CUDA]")
     ap.add_argument("--candidates", action="store_true",
                     help="top_k=5 runs with the candidate kernels of benchmarks/ installed "
-                         "(decode_kernel, select_kernel's call path, key_row_mask) where they "
-                         "apply")
+                         "(decode_kernel, select_kernel's call path) where they apply")
     ap.add_argument("--graphs", action="store_true",
                     help="DLM steps (unmasked and top_k=5) replayed as CUDA graphs, captured once "
                          "per timed shape (benchmarks/graphed_pass.py); CUDA only")

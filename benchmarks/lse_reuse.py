@@ -97,7 +97,8 @@ def _lse_fix_kernel(Q, K, M, LSE,
                     LSE_OUT, s_lb, s_lh, s_lm, IDX, H_IDX,
                     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, CAUSAL: tl.constexpr,
                     IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr,
+                    KP: tl.constexpr):
     """LSE[b, h, i]: the output's row log-sum-exp LSE_OUT with the hidden keys' terms added
     back. Launched with the package's row log-sum-exp kernel's grid and arguments (one program
     per query tile and batch x head), then the extra ones; BLOCK_N is that kernel's and unused:
@@ -120,7 +121,7 @@ def _lse_fix_kernel(Q, K, M, LSE,
                  mask=(offs_n[None, :] < n_k) & (offs_d[:, None] < head_dim), other=0.0)
     s = _scores_tile(q, kt, offs_m, offs_n, M, b, h, n_k, scale, causal_offset, hidden_below,
                      stride_mb, stride_mh, stride_mm, stride_mn, row_ok,
-                     HAS_MASK, MASK_BOOL, CAUSAL, IEEE, UPCAST)
+                     HAS_MASK, MASK_BOOL, CAUSAL, IEEE, UPCAST, MASK_ROWS)
     lse = tl.load(LSE_OUT + b * s_lb + h * s_lh + offs_m * s_lm, mask=row_ok,
                   other=float("-inf")).to(tl.float32)
     top = tl.maximum(lse, tl.max(s, 1))

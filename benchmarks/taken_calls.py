@@ -5,9 +5,9 @@ lse_reuse.py) each make one call's whole decision (the keys it blocks, this pass
 choice, the masked output) in fewer launches than the package. This module holds what they share: last pass's
 choice as the package keeps it, the decision assembled with the run's state updated as the
 package updates it, and a block within which :class:`intercept._Run` asks a candidate first
-and the package for every call the candidate does not take. The candidates that change only
-how the fused path's two detection kernels are launched (bench_masking's ``c_w8``,
-key_row_mask.py) share :func:`detection_kernels_through`.
+and the package for every call the candidate does not take. A candidate that changes only
+how the fused path's two detection kernels are launched (bench_masking's ``c_w8``) takes them
+through :func:`detection_kernels_through`.
 """
 
 from __future__ import annotations

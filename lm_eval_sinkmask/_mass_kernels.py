@@ -12,6 +12,12 @@ key ``j`` is visible to query row ``i`` iff ``j < n_k``; and, with ``CAUSAL``,
 ``j <= i + causal_offset``; and, with a bool mask, ``mask[i, j]`` is true; and, with a float
 mask, ``mask[i, j] > hidden_below`` (the mask is then also added to the scores). The mask is
 read through four strides, 0 along broadcast dimensions.
+
+``MASK_ROWS`` false (a mask that is the same for every query row, such as a padding mask
+[B, 1, 1, Sk], or a call of one row) reads one row of keys per tile and broadcasts it: the same
+values as the [BLOCK_M, BLOCK_N] tile load, which for such a mask loads BLOCK_M copies of each
+and, compiled for sm_90 (bf16, head size 128), cost the row pass 254 registers with spills
+against 71 without (tests/test_triton_compiles.py compiles both).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import triton.language as tl
 def _scores_tile(q, kt, offs_m, offs_n, M, b, h, n_k, scale, causal_offset, hidden_below,
                  stride_mb, stride_mh, stride_mm, stride_mn, row_ok,
                  HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, CAUSAL: tl.constexpr,
-                 IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                 IEEE: tl.constexpr, UPCAST: tl.constexpr, MASK_ROWS: tl.constexpr):
     """Scaled scores of one [BLOCK_M, BLOCK_N] tile, -inf where the key is hidden."""
     if UPCAST:
         q = q.to(tl.float32)
@@ -39,9 +45,12 @@ def _scores_tile(q, kt, offs_m, offs_n, M, b, h, n_k, scale, causal_offset, hidd
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
     if HAS_MASK:
-        mp = M + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mm \
-            + offs_n[None, :] * stride_mn
-        mv = tl.load(mp, mask=row_ok[:, None] & key_ok[None, :], other=0)
+        mp = M + b * stride_mb + h * stride_mh
+        if MASK_ROWS:
+            mv = tl.load(mp + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+                         mask=row_ok[:, None] & key_ok[None, :], other=0)
+        else:  # one row of keys, broadcast (rows outside the call are hidden above anyway)
+            mv = tl.load(mp + offs_n * stride_mn, mask=key_ok, other=0)[None, :]
         if MASK_BOOL:
             visible = visible & (mv != 0)
         else:
@@ -59,7 +68,7 @@ def row_lse_kernel(Q, K, M, LSE,
                    H, GROUP, n_q, n_k, head_dim, row0, scale, causal_offset, hidden_below,
                    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, CAUSAL: tl.constexpr,
                    IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
     """LSE[b, h, i] = log sum_j exp(s_ij) over the visible keys (online over key tiles);
     -inf for a row that sees no key. One program per (query tile, batch x head)."""
     pid_m = tl.program_id(0)
@@ -86,7 +95,7 @@ def row_lse_kernel(Q, K, M, LSE,
                      mask=(offs_n[None, :] < n_k) & (offs_d[:, None] < head_dim), other=0.0)
         s = _scores_tile(q, kt, offs_m, offs_n, M, b, h, n_k, scale, causal_offset,
                          hidden_below, stride_mb, stride_mh, stride_mm, stride_mn, row_ok,
-                         HAS_MASK, MASK_BOOL, CAUSAL, IEEE, UPCAST)
+                         HAS_MASK, MASK_BOOL, CAUSAL, IEEE, UPCAST, MASK_ROWS)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(s - m_safe[:, None]), 1)
@@ -103,7 +112,7 @@ def column_mass_kernel(Q, K, M, LSE, W, OUT,
                        H, GROUP, n_q, n_k, head_dim, row0, scale, causal_offset, hidden_below,
                        HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, CAUSAL: tl.constexpr,
                        IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
     """OUT[b, h, j] = sum_i W[b, i] * exp(s_ij - LSE[b, h, i]) over rows i >= row0 that see
     some key (rows with LSE = -inf weigh nothing). One program per (key tile, batch x head):
     its K tile stays in registers while the query tiles stream past, so no atomics are needed
@@ -131,7 +140,7 @@ def column_mass_kernel(Q, K, M, LSE, W, OUT,
                     mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
         s = _scores_tile(q, kt, offs_m, offs_n, M, b, h, n_k, scale, causal_offset,
                          hidden_below, stride_mb, stride_mh, stride_mm, stride_mn, row_ok,
-                         HAS_MASK, MASK_BOOL, CAUSAL, IEEE, UPCAST)
+                         HAS_MASK, MASK_BOOL, CAUSAL, IEEE, UPCAST, MASK_ROWS)
         lse = tl.load(LSE + bh * n_q + offs_m, mask=row_ok, other=float("-inf"))
         w = tl.load(W + b * n_q + offs_m, mask=row_ok, other=0.0)
         dead = lse == float("-inf")

@@ -101,6 +101,7 @@ class _Variant(NamedTuple):
     device: torch.device
     dtype: torch.dtype
     mask_dtype: torch.dtype | None
+    mask_rows: bool  # the mask read row by row (mask_has_rows)
     causal: bool
     short: bool  # SHORT_BLOCK_M query tiles
     head_dim: int
@@ -112,6 +113,7 @@ class _Variant(NamedTuple):
 
         return (f"{self.device} {name(self.dtype)} q/k, "
                 f"{'no' if self.mask_dtype is None else name(self.mask_dtype)} mask"
+                f"{' per row' if self.mask_rows else ''}"
                 f"{', causal' if self.causal else ''}"
                 f"{f', <= {SHORT_BLOCK_M} rows' if self.short else ''}, head size "
                 f"{self.head_dim}{', GQA' if self.gqa else ''}")
@@ -124,13 +126,14 @@ def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
     Why: auto picks the Triton kernels for users who did not ask for them, and a kernel that a
     Triton or GPU generation compiles differently (or not at all) must not turn into an error
     or, worse, a wrong sink. So the first call of each kernel variant (device, dtype, mask
-    form, tile height, head size) is checked against :func:`blocked_column_mass`, the same
+    form and rows, tile height, head size) is checked against :func:`blocked_column_mass`, the same
     algorithm in torch, on that call's own inputs; a failure or disagreement logs one warning
     and that variant stays materialised for the rest of the process. ``detect_backend=fused``
     skips the check and raises.
     """
     mask = kw.get("mask")
-    variant = _Variant(q.device, q.dtype, None if mask is None else mask.dtype,
+    rows = mask is not None and mask_has_rows(_mask_strides(mask, *q.shape[:3], k.shape[-2])[0])
+    variant = _Variant(q.device, q.dtype, None if mask is None else mask.dtype, rows,
                        bool(kw.get("is_causal")),
                        q.shape[-2] - kw.get("first_row", 0) <= SHORT_BLOCK_M, q.shape[-1],
                        k.shape[1] != q.shape[1])
@@ -198,6 +201,13 @@ def _mask_strides(mask, B, H, n_q, n_k):
     return mask, mask.stride(), is_bool
 
 
+def mask_has_rows(mask: torch.Tensor) -> bool:
+    """Whether the kernels must read the mask [B, H, Sq, Sk] (expanded) row by row: false
+    where every query row reads the same keys (one row, or a stride of 0 along the rows, as a
+    padding mask has), which they then load as one row per tile."""
+    return mask.shape[2] > 1 and mask.stride(2) != 0
+
+
 def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, first_row,
                         block_m=BLOCK_M, block_n=BLOCK_N):
     kern = _kernels()
@@ -222,7 +232,8 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     # the tiles are upcast first; their products are exact in float32 either way
     flags = dict(HAS_MASK=mask is not None, MASK_BOOL=is_bool, CAUSAL=bool(is_causal),
                  IEEE=q.dtype == torch.float32, UPCAST=interpreting(), BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_D=max(16, 1 << (D - 1).bit_length()), num_warps=4)
+                 BLOCK_N=block_n, BLOCK_D=max(16, 1 << (D - 1).bit_length()),
+                 MASK_ROWS=mask is not None and mask_has_rows(m), num_warps=4)
     kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
     kern.column_mass_kernel[(_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,
                                                                *common, **flags)

@@ -54,7 +54,8 @@ def test_gpu_section_code_runs_on_the_cpu_at_toy_sizes(capsys):
     assert out.count("(c) one-launch decoding step (candidate)") == 4  # the Llama tables
     # the LLaDA tables and part llada_gap's
     assert out.count("(c) fused, detection kernels with 8 warps (candidate)") == 4 + 3
-    assert out.count("(c) fused, the call path on the one-row mask kernels (candidates)") == 4 + 3
+    assert out.count("(c) fused, every mask read as tiles (the kernels before the one-row "
+                     "load)") == 4 + 3
     for variant in ("(c) top_k=5 previous, fused", "(c) materialized"):
         assert out.count(variant) == 8 + 3  # and the three tables of part llada_gap
     for title in ("batch 8, S 40, no padding", "batch 8, S 60, no padding", "batch 8, S 60, padded"):
@@ -82,11 +83,11 @@ def test_gpu_profile_adds_a_profile_of_every_timed_variant(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| (")]
     # every variant but those --gpu-skip leaves out by default (materialized, flex, the
     # eager selection, (d), c_lse, c_w8, c_kernel; the graphed ones run on CUDA only): LLaDA
-    # a, b, c and three candidates; Llama a, c and one
-    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 6 + 4 * 3
+    # a, b, c, c_tiles and one candidate; Llama a, c and one
+    assert sum(r.endswith("| 0.000 | 0.0 | 0.00 | 0.00 |") for r in rows) == 2 * 5 + 4 * 3
     # and, per masked variant, the host's time per call split into the intercept's parts
     splits = [line for line in out.splitlines() if ", host time in the intercept: " in line]
-    assert len(splits) == 2 * 4 + 4 * 2  # (c) x 4 for LLaDA; (c) x 2 for Llama
+    assert len(splits) == 2 * 3 + 4 * 2  # (c) x 3 for LLaDA; (c) x 2 for Llama
     assert all(re.search(r"us a call = mask view -?[\d,]+ \+ detection [\d,]+ \+ output "
                          r"-?[\d,]+ \+ selection [\d,]+ \+ rest -?[\d,]+$", line)
                for line in splits)
@@ -293,12 +294,11 @@ def test_choice_margin_tells_a_near_tie_from_a_distant_choice():
         "the chosen keys never differ"
 
 
-def test_variant_c_row_launches_the_edited_kernels_with_the_row_flag(monkeypatch):
-    """c_row (candidate): the fused path's launches go to key_row_mask's edited kernels, with
-    MASK_ROWS false for a mask whose stride along the rows is 0 and true otherwise."""
+def test_variant_c_tiles_reads_every_mask_as_tiles_and_only_inside(monkeypatch):
+    """c_tiles (the one-row load's baseline): the fused path's launches get MASK_ROWS true for
+    every mask, a row-free one included; outside the variant the row-free mask is one row."""
     import types
 
-    import key_row_mask
     from lm_eval_sinkmask import fused_mass
 
     launched = []
@@ -310,33 +310,33 @@ def test_variant_c_row_launches_the_edited_kernels_with_the_row_flag(monkeypatch
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launched.append((self.name, kwargs["MASK_ROWS"]))
 
-    package = types.SimpleNamespace(row_lse_kernel=None, column_mass_kernel=None)  # not launched
-    monkeypatch.setattr(fused_mass, "_kernels", lambda: package)
-    monkeypatch.setattr(key_row_mask, "kernels", lambda: types.SimpleNamespace(
+    monkeypatch.setattr(fused_mass, "_kernels", lambda: types.SimpleNamespace(
         row_lse_kernel=Kernel("row_lse"), column_mass_kernel=Kernel("column_mass")))
-    row_free = torch.zeros(2, 1, 1, 9).expand(2, 4, 6, 9)
-    per_row = torch.zeros(2, 1, 6, 9).expand(2, 4, 6, 9)
-    with bench_masking.candidate_of("c_row"):
-        for mask in (row_free, per_row):
-            fused_mass._kernels().row_lse_kernel[(1, 8)](None, None, mask, HAS_MASK=True)
-            fused_mass._kernels().column_mass_kernel[(1, 8)](None, None, mask, HAS_MASK=True)
-    assert launched == [("row_lse", False), ("column_mass", False),
-                        ("row_lse", True), ("column_mass", True)]
-    assert fused_mass._kernels() is package  # restored
+    q = torch.zeros(2, 4, 6, 8)
+    row_free = torch.zeros(2, 1, 1, 9)
+    per_row = torch.zeros(2, 1, 6, 9)
+
+    def launch(mask):
+        fused_mass.column_mass(q, torch.zeros(2, 4, 9, 8), torch.ones(2, 6), mask=mask,
+                               use_triton=True)
+        return [rows for _, rows in launched[-2:]]
+
+    assert launch(row_free) == [False, False] and launch(per_row) == [True, True]
+    with bench_masking.candidate_of("c_tiles"):
+        assert launch(row_free) == [True, True] and launch(per_row) == [True, True]
+    assert launch(row_free) == [False, False]  # restored
 
 
-def test_variant_c_stack_installs_the_row_kernels_then_the_call_path(monkeypatch):
-    import key_row_mask
+def test_variant_c_call_installs_the_call_path(monkeypatch):
     import select_kernel
 
     entered = []
-    for module, name in ((key_row_mask, "installed"), (select_kernel, "call_path_installed")):
-        monkeypatch.setattr(module, name, lambda name=name: _entered(entered, name))
-    for variant in ("c_row", "c_call", "c_stack"):
+    monkeypatch.setattr(select_kernel, "call_path_installed",
+                        lambda: _entered(entered, "call_path_installed"))
+    for variant in ("c_tiles", "c_call"):
         with bench_masking.candidate_of(variant):
             entered.append("|")
-    assert entered == ["installed", "|", "call_path_installed", "|",
-                       "installed", "call_path_installed", "|"]
+    assert entered == ["|", "call_path_installed", "|"]
 
 
 @contextmanager

@@ -3,8 +3,9 @@
 ``TRITON_INTERPRET=1`` must be set before Triton compiles anything, so the checks run in one
 child process (this file as a script) that prints one JSON line per case; the tests below read
 them. The child compares the kernels with the torch implementation of the same algorithm
-(``blocked_column_mass``) on every mask form, and runs tiny models through the intercept with
-the kernels against the materialised path. Small shapes: the interpreter steps every program
+(``blocked_column_mass``) on every mask form, checks that a mask the same for every query row
+(read as one row of keys per tile) gives the tile load's mass to the bit, and runs tiny models
+through the intercept with the kernels against the materialised path. Small shapes: the interpreter steps every program
 in numpy, a few seconds in all.
 """
 
@@ -22,7 +23,10 @@ if importlib.util.find_spec("triton") is None:
 
 UNIT_CASES = ["none", "float_key_bias", "float_per_row_with_dead_row", "float_1_1_S_S_bf16",
               "bool_per_row", "bool_per_head", "causal_top_left", "causal_offset",
-              "causal_and_bool"]
+              "causal_and_bool", "bool_key", "float_key_per_head", "causal_and_bool_key"]
+# the mask forms whose entries do not depend on the query row (stride 0 along the rows): the
+# kernels load them as one row of keys per tile
+ROW_FREE = {"float_key_bias", "bool_key", "float_key_per_head", "causal_and_bool_key"}
 MODEL_CASES = ["llada", "dream", "llama_all_rows_kv_cache", "llama_last_row_kv_cache"]
 
 
@@ -34,8 +38,10 @@ def interpreted():
 # every mask form in float32 MHA; GQA with bf16 inputs and the one-row (last_row) launch on
 # the forms that differ most (the interpreter takes ~0.5 s per case)
 VARIANTS = {"mha_fp32": UNIT_CASES,
-            "gqa_bf16": ["none", "float_per_row_with_dead_row", "causal_and_bool"],
-            "gqa_fp32_last_row": ["float_key_bias", "bool_per_head", "causal_offset"]}
+            "gqa_bf16": ["none", "float_per_row_with_dead_row", "causal_and_bool",
+                         "float_key_bias", "causal_and_bool_key"],
+            "gqa_fp32_last_row": ["float_key_bias", "bool_per_head", "causal_offset"],
+            "one_row_decoding": ["float_per_row_with_dead_row", "bool_per_head"]}
 
 
 @pytest.mark.parametrize("case", [f"{c}/{v}" for v, cases in VARIANTS.items() for c in cases])
@@ -46,12 +52,27 @@ def test_kernels_match_the_torch_blocked_algorithm(interpreted, case):
     assert r["check_passed"], r
 
 
+@pytest.mark.parametrize("case", [f"{c}/{v}" for v, cases in VARIANTS.items() for c in cases
+                                  if c not in ("none", "causal_top_left", "causal_offset")])
+def test_a_row_free_mask_is_read_as_one_row_with_the_tile_loads_mass(interpreted, case):
+    """Row-free masks, and any mask of a one-row call (a decoding step), take the one-row
+    load; it reads the values the tile load reads, so the mass is equal to the bit."""
+    r = interpreted[case]
+    name, variant = case.split("/")
+    assert r["one_row_load"] == (name in ROW_FREE or variant == "one_row_decoding"), r
+    assert r["same_as_tile_load"], r
+
+
 @pytest.mark.parametrize("case", MODEL_CASES)
 def test_intercept_with_the_kernels_masks_what_the_materialised_path_masks(interpreted, case):
     r = interpreted[case]
     assert r["kernels"] is True and r["calls"] > 0 and r["blocked"] > 0, r
     assert r["scores_max_abs"] <= 1e-5, r
     assert r["same_sinks"] and r["same_chosen"], r
+    # LLaDA's padding bias is the same for every query row; Dream's padded mask also hides the
+    # pad rows, so it is read row by row
+    if case in ("llada", "dream"):
+        assert (r["one_row_calls"] > 0) == (case == "llada"), r
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -65,9 +86,16 @@ def _unit_results():
 
     B, H, Sq, Sk, D = 2, 2, 20, 40, 24  # D 24: the kernels pad head_dim to 32
     cases = _unit_cases(B, H, Sq, Sk)
+    g = torch.Generator().manual_seed(2)
+    keys = torch.rand(B, 1, 1, Sk, generator=g) > 0.3
+    cases.update({  # row-free masks beyond the float key bias: bool, with a head axis, causal
+        "bool_key": {"mask": keys},
+        "float_key_per_head": {"mask": torch.randn(B, H, 1, Sk, generator=g)},
+        "causal_and_bool_key": {"is_causal": True, "causal_offset": Sk - Sq, "mask": keys}})
     for variant, (gqa, dtype, last) in {"mha_fp32": (1, torch.float32, False),
                                         "gqa_bf16": (2, torch.bfloat16, False),
-                                        "gqa_fp32_last_row": (2, torch.float32, True)}.items():
+                                        "gqa_fp32_last_row": (2, torch.float32, True),
+                                        "one_row_decoding": (2, torch.bfloat16, False)}.items():
         g = torch.Generator().manual_seed(1)
         q = torch.randn(B, H, Sq, D, generator=g).to(dtype)
         k = torch.randn(B, H // gqa, Sk, D, generator=g).to(dtype)
@@ -78,14 +106,35 @@ def _unit_results():
             kw = dict(cases[name], scale=D ** -0.5, first_row=first, block_m=16, block_n=16)
             # 16 x 16 tiles: several query and key tiles, so the online LSE and the causal
             # tile bounds are exercised
-            ref = fused_mass.blocked_column_mass(q, k, w, **kw)
-            got = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
+            qv, wv = q, w
+            if variant == "one_row_decoding":  # the call of a step: its last row, causal
+                qv, wv = q[:, :, -1:], w[:, -1:]
+                kw.update(mask=kw["mask"][:, :, -1:], is_causal=True, causal_offset=Sk - 1)
+            ref = fused_mass.blocked_column_mass(qv, k, wv, **kw)
+            got = fused_mass.column_mass(qv, k, wv, use_triton=True, **kw)
             # detect_backend=auto's first-use check accepts the kernels (it would hand the
             # call to the materialised path, None, if they disagreed)
-            checked = fused_mass.checked_column_mass(q, k, w, **kw)
+            checked = fused_mass.checked_column_mass(qv, k, wv, **kw)
+            one_row, tiled = _with_the_tile_load(lambda: fused_mass.column_mass(
+                qv, k, wv, use_triton=True, **kw))
             yield {"case": f"{name}/{variant}", "kernels": True,
                    "max_abs": float((got - ref).abs().max()), "max_ref": float(ref.abs().max()),
-                   "check_passed": checked is not None and bool(torch.equal(checked, got))}
+                   "check_passed": checked is not None and bool(torch.equal(checked, got)),
+                   "one_row_load": one_row, "same_as_tile_load": bool(torch.equal(tiled, got))}
+
+
+def _with_the_tile_load(mass):
+    """(whether the kernels would read the call's mask as one row, the call's mass with the
+    mask read as [BLOCK_M, BLOCK_N] tiles whatever its form)."""
+    from lm_eval_sinkmask import fused_mass
+
+    flags, real = [], fused_mass.mask_has_rows
+    fused_mass.mask_has_rows = lambda m: flags.append(real(m)) or True
+    try:
+        tiled = mass()
+    finally:
+        fused_mass.mask_has_rows = real
+    return flags == [False], tiled
 
 
 def _model_results():
@@ -96,17 +145,19 @@ def _model_results():
     from lm_eval_sinkmask.intercept import SinkMasker
     from tests import tiny
 
-    used = []
-    real = fused_mass._triton_column_mass
+    used, rows = [], []
+    real, real_rows = fused_mass._triton_column_mass, fused_mass.mask_has_rows
 
     def counted(*args):
         used.append(True)
         return real(*args)
 
     fused_mass._triton_column_mass = counted
+    fused_mass.mask_has_rows = lambda m: rows.append(real_rows(m)) or rows[-1]
     for case in MODEL_CASES:
         model, rule, run = tiny.intercept_case(case)
         events = {}
+        rows.clear()
         for backend in ("fused", "materialized"):
             used.clear()
             got = []
@@ -115,7 +166,7 @@ def _model_results():
                 run()
             events[backend] = (got, bool(used))
         (fz, kernels), (mz, _) = events["fused"], events["materialized"]
-        yield {"case": case, "kernels": kernels, "calls": len(fz),
+        yield {"case": case, "kernels": kernels, "calls": len(fz), "one_row_calls": rows.count(False),
                "blocked": int(sum(int(e.blocked.sum()) for e in mz)),
                "scores_max_abs": max(float((a.scores - b.scores).abs().max()) for a, b in zip(fz, mz)),
                "same_sinks": len(fz) == len(mz) and all(torch.equal(a.sinks, b.sinks) for a, b in zip(fz, mz)),

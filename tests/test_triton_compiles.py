@@ -15,7 +15,10 @@ optional inputs.
 from __future__ import annotations
 
 import importlib.util
+import re
+import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 from unittest import mock
@@ -112,6 +115,12 @@ def _calls(module, name: str, call):
 B, H, S, D = 2, 4, 100, 64
 
 
+def _per_row(mask):
+    """``mask`` [B, 1, 1, S] stored per query row, [B, 1, S, S]: the kernels read it row by
+    row."""
+    return mask.expand(B, 1, S, S).contiguous()
+
+
 def _mask(kind: str, dtype):
     if kind == "none":
         return None
@@ -122,17 +131,21 @@ def _mask(kind: str, dtype):
     return torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
 
 
-def _fused_mass_launches(dtype, mask, causal, first_row=0):
+def _fused_mass_launches(dtype, mask, causal, first_row=0, rows=S, head_dim=D):
+    """The detection kernels' launches for ``rows`` query rows (the last ones, the mask's
+    too), recorded, not run."""
     from lm_eval_sinkmask import fused_mass
 
     kernels = fused_mass._kernels()
-    q = torch.randn(B, H, S, D, dtype=dtype)
-    k = torch.randn(B, H // 2 if causal else H, S, D, dtype=dtype)
+    q = torch.randn(B, H, rows, head_dim, dtype=dtype)
+    k = torch.randn(B, H // 2 if causal else H, S, head_dim, dtype=dtype)
+    if mask is not None:
+        mask = mask[..., -rows:, :]
     spy = types.SimpleNamespace(row_lse_kernel=_Captured(kernels.row_lse_kernel),
                                 column_mass_kernel=_Captured(kernels.column_mass_kernel))
     with mock.patch.object(fused_mass, "_kernels", lambda: spy):
-        fused_mass._triton_column_mass(q, k, torch.ones(B, S), D ** -0.5, mask, causal, 0,
-                                       first_row)
+        fused_mass._triton_column_mass(q, k, torch.ones(B, rows), head_dim ** -0.5, mask,
+                                       causal, S - rows, first_row)
     return [(c.fn, args, kwargs) for c in (spy.row_lse_kernel, spy.column_mass_kernel)
             for args, kwargs in c.calls]
 
@@ -194,24 +207,6 @@ def _lse_reuse_launches(dtype, mask_kind, per_layer):
         return prep + _calls(lse_reuse, "_lse_fix_kernel", detection)
 
 
-def _key_row_launches(dtype, mask, causal=False, rows=S):
-    """key_row_mask's edited detection kernels, launched (with their MASK_ROWS flag) where the
-    fused path launches the package's, for ``rows`` query rows (the last ones)."""
-    import key_row_mask
-    from lm_eval_sinkmask import fused_mass
-
-    edited = key_row_mask.kernels()
-    names = ("row_lse_kernel", "column_mass_kernel")
-    captured = {n: _Captured(getattr(edited, n)) for n in names}
-    q, k = torch.randn(B, H, rows, D, dtype=dtype), torch.randn(B, H, S, D, dtype=dtype)
-    if mask is not None:
-        mask = mask[..., -rows:, :]
-    with mock.patch.multiple(edited, **captured), key_row_mask.installed():
-        fused_mass._triton_column_mass(q, k, torch.ones(B, rows), D ** -0.5, mask, causal,
-                                       S - rows, 0)
-    return [(captured[n].fn, args, kwargs) for n in names for args, kwargs in captured[n].calls]
-
-
 CASES = {
     "fused mass, bf16, LLaDA's float bias": lambda: _fused_mass_launches(
         torch.bfloat16, _mask("float", torch.bfloat16), False),
@@ -223,15 +218,12 @@ CASES = {
     "fused mass, bf16, 8 warps (c_w8)": lambda: [
         (fn, args, dict(kwargs, num_warps=8)) for fn, args, kwargs in _fused_mass_launches(
             torch.bfloat16, _mask("float", torch.bfloat16), False)],
-    "padding mask as one row of keys (c_row), bf16 float bias": lambda: _key_row_launches(
-        torch.bfloat16, _mask("float", torch.bfloat16)),
-    "padding mask as one row of keys, fp16 bool mask, causal": lambda: _key_row_launches(
-        torch.float16, _mask("bool", torch.float16), causal=True),
-    "padding mask as one row of keys, per-row mask": lambda: _key_row_launches(
-        torch.bfloat16, _mask("float", torch.bfloat16).expand(B, 1, S, S).contiguous()),
-    "padding mask as one row of keys, a decoding step's one row": lambda: _key_row_launches(
-        torch.bfloat16, _mask("float", torch.bfloat16).expand(B, 1, S, S).contiguous(),
-        causal=True, rows=1),
+    "fused mass, fp16, bool mask, causal, GQA": lambda: _fused_mass_launches(
+        torch.float16, _mask("bool", torch.float16), True),
+    "fused mass, bf16, a float mask per row (read as tiles)": lambda: _fused_mass_launches(
+        torch.bfloat16, _per_row(_mask("float", torch.bfloat16)), False),
+    "fused mass, bf16, a decoding step's one row, a mask per row": lambda: _fused_mass_launches(
+        torch.bfloat16, _per_row(_mask("float", torch.bfloat16)), True, rows=1),
     "selection (c_kernel)": lambda: _selection_launches(torch.float32, "none", False, False),
     "selection, granularity layer": lambda: _selection_launches(torch.float32, "none", True,
                                                                 False),
@@ -262,3 +254,37 @@ def test_the_kernel_compiles_for_the_gpu(case, arch):
     for fn, args, kwargs in launches:
         compiled = _compile(fn, args, kwargs, arch)
         assert compiled.asm.get("cubin"), f"{fn.__name__}: no cubin for sm_{arch}"
+
+
+def _resources(compiled) -> dict[str, int]:
+    """Registers and stack bytes per thread of a compiled kernel, as ``cuobjdump -res-usage``
+    reads them from its cubin."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK):(\d+)", out)}
+
+
+@pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+                         / "cuobjdump").exists(), reason="this Triton wheel ships no cuobjdump")
+def test_a_padding_mask_read_as_one_row_spares_the_row_pass_its_spill():
+    """Why the kernels read a row-free mask as one row of keys: at the 8B models' head size
+    (128, bf16, sm_90) the row pass loading LLaDA's padding bias as [64, 64] tiles of equal
+    values needs more registers than it has and spills (254 and 40 bytes when measured); one
+    row per tile needs far fewer and no stack."""
+    from lm_eval_sinkmask import fused_mass
+
+    def row_pass(read_rows):
+        with mock.patch.object(fused_mass, "mask_has_rows", lambda m: read_rows):
+            launches = _fused_mass_launches(torch.bfloat16, _mask("float", torch.bfloat16),
+                                            False, head_dim=128)
+        fn, args, kwargs = launches[0]
+        assert fn.__name__ == "row_lse_kernel" and kwargs["MASK_ROWS"] == read_rows
+        return _resources(_compile(fn, args, kwargs, 90))
+
+    tiles, one_row = row_pass(True), row_pass(False)
+    assert one_row["STACK"] == 0 and tiles["STACK"] > 0, (tiles, one_row)
+    assert one_row["REG"] < tiles["REG"] / 2, (tiles, one_row)
