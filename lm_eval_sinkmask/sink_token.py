@@ -124,8 +124,9 @@ def strip(logits: torch.Tensor, cols: torch.Tensor, sink: SinkToken) -> torch.Te
     c = torch.arange(S - 1, device=logits.device)[None, :]
     keep = c + (c >= cols[:, None]).long()
     out = logits.gather(1, keep[..., None].expand(B, S - 1, V))
-    ban = torch.zeros(V, dtype=torch.bool, device=logits.device)
-    ban[sink.token_id] = True
+    # a comparison, not ``ban[id] = True``: assigning a Python value to one element copies it
+    # from the host, which a CUDA graph capture (cuda_graph=true) refuses
+    ban = torch.arange(V, device=logits.device) == sink.token_id
     return out.masked_fill(ban, float("-inf"))
 
 

@@ -5,7 +5,8 @@ Python. :func:`recorded` does the same with torch's operators: it records every 
 call with the tensors it read and wrote, and a replay calls them again, writing each result
 into the tensor the recording produced. Unlike a capture, the recording also runs the call. As
 a capture does, it refuses an operator whose result the host reads (``bool(t)``, ``t.item()``,
-``nonzero``: a host sync on a GPU).
+``nonzero``: a host sync on a GPU), and a tensor made from host data (``torch.tensor(...)``:
+on a GPU a copy from pageable host memory, which a capture refuses or freezes).
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonz
               torch.ops.aten.unique_consecutive.default}
 
 
+# a tensor made from Python data (torch.tensor, torch.as_tensor): on a GPU its values are
+# copied from pageable host memory, which a capture refuses (or would replay from freed memory)
+HOST_COPIES = {torch.ops.aten.lift_fresh.default}
+
+
 class HostReadInCapture(RuntimeError):
     """The recorded call read a tensor's value on the host, as a capture on a GPU refuses."""
+
+
+class HostCopyInCapture(RuntimeError):
+    """The recorded call made a tensor from host data, as a capture on a GPU refuses."""
 
 
 class _Recording(TorchDispatchMode):
@@ -36,6 +46,10 @@ class _Recording(TorchDispatchMode):
         if func in HOST_READS:
             raise HostReadInCapture(f"{func} reads a tensor's value on the host inside a "
                                     "captured pass (a CUDA graph capture would fail here)")
+        if func in HOST_COPIES:
+            raise HostCopyInCapture(f"{func} makes a tensor from host data inside a captured "
+                                    "pass (on a GPU a copy from pageable memory, which a CUDA "
+                                    "graph capture refuses)")
         out = func(*args, **(kwargs or {}))
         self.ops.append((func, args, kwargs or {}, out))
         return out

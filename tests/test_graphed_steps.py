@@ -216,6 +216,22 @@ def test_cuda_graphs_need_cuda():
     graphed_steps.check_device("cuda:1")
 
 
+def test_the_stand_in_refuses_what_a_capture_refuses():
+    """So that the tests above would fail where a capture on a GPU fails: a host read of a
+    value, and a tensor made from host data."""
+    from tests.recorded_graph import HostCopyInCapture, HostReadInCapture
+
+    x = torch.arange(4.0)
+    with pytest.raises(HostReadInCapture):
+        recorded(lambda: x * float(x.sum()))
+    with pytest.raises(HostCopyInCapture):
+        recorded(lambda: x * torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    replay, out = recorded(lambda: x * torch.full((4,), 2.0))
+    x.add_(1)
+    replay()
+    assert torch.equal(out, (torch.arange(4.0) + 1) * 2)
+
+
 def test_what_the_host_must_read_is_prepared_outside_the_graph():
     """A family's input form asks the host whether there is padding; inside a capture that
     read fails (the stand-in refuses it as a GPU would), so it goes in ``prepare``."""
