@@ -11,6 +11,8 @@ on a GPU a copy from pageable host memory, which a capture refuses or freezes).
 
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -55,10 +57,19 @@ class _Recording(TorchDispatchMode):
         return out
 
 
+def _read_on_the_host(name):
+    def refused(self, *args, **kwargs):
+        raise HostReadInCapture(f"Tensor.{name} reads a tensor's values on the host inside a "
+                                "captured pass (a CUDA graph capture would fail here)")
+    return refused
+
+
 def recorded(fn):
     """The CPU stand-in for ``graphed_steps.capture``: (replay, the output it rewrites)."""
     recording = _Recording()
-    with recording:
+    # a CPU tensor's tolist and numpy read its memory without an operator the mode would see
+    with recording, mock.patch.object(torch.Tensor, "tolist", _read_on_the_host("tolist")), \
+            mock.patch.object(torch.Tensor, "numpy", _read_on_the_host("numpy")):
         out = fn()
 
     def replay():

@@ -224,6 +224,8 @@ def test_the_stand_in_refuses_what_a_capture_refuses():
     x = torch.arange(4.0)
     with pytest.raises(HostReadInCapture):
         recorded(lambda: x * float(x.sum()))
+    with pytest.raises(HostReadInCapture, match="tolist"):  # MaskingStats.settle's read
+        recorded(lambda: x * len(x.tolist()))
     with pytest.raises(HostCopyInCapture):
         recorded(lambda: x * torch.tensor([1.0, 2.0, 3.0, 4.0]))
     replay, out = recorded(lambda: x * torch.full((4,), 2.0))
