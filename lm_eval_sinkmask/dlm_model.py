@@ -328,10 +328,14 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         with torch.no_grad(), self.masking(rows):
             return self._forward(rows, torch.ones_like(rows))[: inps.shape[0]]
 
-    def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor, on_keys=None) -> torch.Tensor:
+    def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """:meth:`_forward` with the mask in the form ``inputs`` builds (the padding probe tries
-        each form the family knows); ``on_keys`` as in :func:`sink_token.call`."""
-        return self._logits(self._model_inputs(inputs, x, mask), on_keys)
+        each form the family knows). Under ``cuda_graph`` the model's pass must also do no work
+        on the host that a capture refuses (else :class:`graphed_steps.HostWork`)."""
+        model_inputs = self._model_inputs(inputs, x, mask)
+        if self.cuda_graph:
+            return graphed_steps.refusing_host_work(self._logits, model_inputs, None)
+        return self._logits(model_inputs, None)
 
     def _step_inputs(self, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
         """:meth:`_forward`'s model inputs, built apart from the pass for ``cuda_graph`` (the
@@ -365,7 +369,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         with torch.inference_mode():
             padding = choose_padding(self._forward_with, self.family.padding_inputs(), vocab_size=vocab,
                                      mask_id=self.mask_id, padding_side=self.settings.padding_side,
-                                     device=self.device, dtype=self.model.dtype)
+                                     device=self.device, dtype=self.model.dtype,
+                                     refused=(graphed_steps.HostWork,) if self.cuda_graph else ())
         if padding == UNPADDED:
             logger.warning(
                 "%s: this checkpoint's code does not honour the padding mask in any form we know "

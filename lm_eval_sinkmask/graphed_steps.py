@@ -21,6 +21,9 @@ things must hold for it to be the eager step:
   number, and observers (sink traces), which are Python per call: both are refused. The
   families' input forms ask whether a batch has padding (``bool(mask.all())``), so the inputs
   are built at every step outside the graph (``prepare``) and only the model's pass is held.
+  A checkpoint's own forward may ask too (LLaDA's released code: ``0.0 in attention_mask``);
+  the load-time padding probe then passes the mask in another form the code honours, one
+  whose pass does no such work (:func:`refusing_host_work`), or splits batches by length.
 
 The first :data:`WARM_UP_STEPS` steps of a generation run eagerly (on a side stream, as a
 capture wants); they also compile what the capture then holds (Triton kernels, the compiled
@@ -33,12 +36,47 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .masking_stats import MaskingStats, ReplayCounts
 
 # eager steps before the capture: the first has no last choice yet under detect=previous
 # (it masks its own sinks), the second is a steady step
 WARM_UP_STEPS = 2
+
+# operators a capture refuses: the host reads a value, or a shape that depends on values (a
+# sync), or makes a tensor from Python data (a copy from pageable host memory). ``item``,
+# ``equal`` and ``allclose`` are how inference mode shows the reads it does not decompose
+HOST_READS = frozenset({
+    torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
+    torch.ops.aten.is_nonzero.default, torch.ops.aten.equal.default,
+    torch.ops.aten.allclose.default, torch.ops.aten.nonzero.default,
+    torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default,
+    torch.ops.aten.unique_dim.default, torch.ops.aten.unique_consecutive.default})
+HOST_COPIES = frozenset({torch.ops.aten.lift_fresh.default})
+
+
+class HostWork(RuntimeError):
+    """A pass did work on the host that a CUDA graph capture refuses."""
+
+
+class CaptureFailed(RuntimeError):
+    """A generation's step could not be captured as a CUDA graph."""
+
+
+class _RefuseHostWork(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS or func in HOST_COPIES:
+            raise HostWork(f"{func} ({'reads a value on' if func in HOST_READS else 'copies from'}"
+                           " the host)")
+        return func(*args, **(kwargs or {}))
+
+
+def refusing_host_work(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, raising :class:`HostWork` at the first operator a capture
+    would refuse. It sees operators on any device, so a CPU pass answers for a GPU one."""
+    with _RefuseHostWork():
+        return fn(*args, **kwargs)
 
 
 def capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
@@ -110,11 +148,17 @@ class GraphedSteps:
         self.kwargs = {name: _static(t) for name, t in kwargs.items()}
         if self.steps_run <= WARM_UP_STEPS:
             return self._eager()
-        if self.stats is None:
-            self._replay, self.logits = self.capture_with(self._run)
-        else:
-            self._counts = ReplayCounts(self.stats, lambda: self.capture_with(self._run))
-            self._replay, self.logits = self._counts.result
+        try:
+            if self.stats is None:
+                self._replay, self.logits = self.capture_with(self._run)
+            else:
+                self._counts = ReplayCounts(self.stats, lambda: self.capture_with(self._run))
+                self._replay, self.logits = self._counts.result
+        except RuntimeError as e:
+            raise CaptureFailed(
+                f"cuda_graph=true: capturing the denoising step failed: {e}. A forward that "
+                "reads a tensor's value on the host, or copies from it, cannot be captured; "
+                "drop cuda_graph (the eager steps give the same results)") from e
         if not getattr(self.capture_with, "runs_the_pass", False):
             self._replay()  # capturing recorded the step; this runs it
         if self._counts is not None:

@@ -11,11 +11,14 @@ honoured, batches are split into prompts of equal length, which need no padding 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 import torch
 
 from .families import ModelInputs
+
+logger = logging.getLogger("lm_eval.sinkmask")
 
 UNPADDED = "unpadded"  # no honoured form: decode only prompts of equal length together
 
@@ -58,13 +61,18 @@ def honours_padding(forward: Forward, *, vocab_size: int, mask_id: int, padding_
 
 
 def choose_padding(forward_with: Callable[[ModelInputs, torch.Tensor, torch.Tensor], torch.Tensor],
-                   forms: Iterable[tuple[str, ModelInputs]], **probe) -> str:
+                   forms: Iterable[tuple[str, ModelInputs]],
+                   refused: tuple[type[Exception], ...] = (), **probe) -> str:
     """The name of the first honoured form, or UNPADDED. A form the model's forward refuses
     (TypeError: an argument it does not take) counts as not honoured; the first form is the
-    one every generation would use, so its errors propagate."""
+    one every generation would use, so its errors propagate. ``refused``: errors of the
+    forward that rule a form out wherever it stands (a pass a CUDA graph cannot hold)."""
     for i, (name, inputs) in enumerate(forms):
         try:
             ok = honours_padding(lambda x, m, f=inputs: forward_with(f, x, m), **probe)
+        except refused as e:
+            logger.info("padding passed as %s ruled out: %s", name, e)
+            ok = False
         except TypeError:
             if i == 0:
                 raise

@@ -17,18 +17,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-
-# operators whose result the host must read (a value, or a shape that depends on values): on
-# a GPU each is a host sync, which a CUDA-graph capture refuses
-HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
-              torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default,
-              torch.ops.aten._unique2.default, torch.ops.aten.unique_dim.default,
-              torch.ops.aten.unique_consecutive.default}
+from lm_eval_sinkmask import graphed_steps
 
 
-# a tensor made from Python data (torch.tensor, torch.as_tensor): on a GPU its values are
-# copied from pageable host memory, which a capture refuses (or would replay from freed memory)
-HOST_COPIES = {torch.ops.aten.lift_fresh.default}
+# what a capture refuses (the package's own list, which its padding probe also checks)
+HOST_READS, HOST_COPIES = graphed_steps.HOST_READS, graphed_steps.HOST_COPIES
 
 
 class HostReadInCapture(RuntimeError):

@@ -88,6 +88,25 @@ def test_a_graphed_generation_decodes_and_counts_as_the_eager_one(captures, name
     assert any(texts) and (args.get("top_k") == 0) == (record["counters"]["keys_masked"] == 0)
 
 
+def test_a_forward_that_reads_the_host_is_given_a_mask_form_that_does_not(captures):
+    """LLaDA's released forward asks the host whether its 2-D mask holds a 0, which a capture
+    refuses: under cuda_graph the padding probe rules that form out and passes the pairwise
+    attention_bias the code also honours; the padded batch decodes as eagerly. Forced back to
+    the 2-D mask, the capture fails and says why."""
+    from lm_eval_sinkmask.families import FAMILIES
+
+    args = {"model_class": "tests.tiny:HostReadingLlada"}
+    eager = _lm("llada", **args)
+    texts = eager.generate_until(_requests())
+    graphed = _lm("llada", cuda_graph=True, **args)
+    assert (eager.padding, graphed.padding) == ("attention_mask", "attention_bias")
+    assert graphed.generate_until(_requests()) == texts and any(texts)
+    assert captures["captures"] == 1 and captures["replays"] > 0
+    graphed.padding, graphed._inputs = "attention_mask", FAMILIES["llada"].model_inputs
+    with pytest.raises(graphed_steps.CaptureFailed, match="aten.item"):
+        graphed.generate_until(_requests())
+
+
 @pytest.mark.parametrize("args, message", [
     ({"device": "cpu"}, "cuda_graph=true needs a CUDA device"),
     ({"device": "cuda", "mask_target": "random"}, "cannot replay mask_target=random"),
@@ -226,6 +245,8 @@ def test_the_stand_in_refuses_what_a_capture_refuses():
         recorded(lambda: x * float(x.sum()))
     with pytest.raises(HostReadInCapture, match="tolist"):  # MaskingStats.settle's read
         recorded(lambda: x * len(x.tolist()))
+    with torch.inference_mode(), pytest.raises(HostReadInCapture, match="aten.item"):
+        recorded(lambda: x * x.sum().item())  # inference mode shows item, not its parts
     with pytest.raises(HostCopyInCapture):
         recorded(lambda: x * torch.tensor([1.0, 2.0, 3.0, 4.0]))
     replay, out = recorded(lambda: x * torch.full((4,), 2.0))
@@ -248,9 +269,10 @@ def test_what_the_host_must_read_is_prepared_outside_the_graph():
     with torch.inference_mode():
         inline = graphed_steps.GraphedSteps(lambda x, m: model(**inputs(x, m)).logits,
                                             capture_with=recorded)
-        with pytest.raises(HostReadInCapture, match="is_nonzero"):
+        with pytest.raises(graphed_steps.CaptureFailed, match="is_nonzero") as failed:
             for _ in range(graphed_steps.WARM_UP_STEPS + 1):
                 inline(x, mask)
+        assert isinstance(failed.value.__cause__, HostReadInCapture)
         prepared = graphed_steps.GraphedSteps(lambda **kw: model(**kw).logits,
                                               capture_with=recorded, prepare=inputs)
         for _ in range(graphed_steps.WARM_UP_STEPS + 2):

@@ -89,6 +89,17 @@ class CausalWhenPaddedLlada(TinyLladaModel):
         return super().forward(input_ids, attention_mask=attention_bias, **kwargs)
 
 
+class HostReadingLlada(TinyLladaModel):
+    """LLaDA's released code in miniature: its forward asks the host whether a 2-D mask holds
+    a 0 (``0.0 in attention_mask``: a read a CUDA graph capture refuses) and honours a
+    pairwise ``attention_bias`` as given."""
+
+    def forward(self, input_ids, attention_mask=None, attention_bias=None, **kwargs):
+        if attention_mask is not None and 0.0 in attention_mask:
+            attention_bias = attention_mask.bool()[:, None, None, :]
+        return super().forward(input_ids, attention_mask=attention_bias, **kwargs)
+
+
 def intercept_case(case: str):
     """(model, ARM rule, run) of a model-level check of the intercept: for ``llada...`` and
     ``dream...`` one forward pass of a batch of two, one of them left-padded; for
