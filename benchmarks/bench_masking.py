@@ -166,7 +166,7 @@ def candidate_of(variant: str):
                 stack.enter_context(detection_warps(8))
             elif variant == "c_tiles":
                 stack.enter_context(mock.patch.object(fused_mass, "mask_has_rows",
-                                                      lambda mask: True))
+                                                      lambda mask, n_q: True))
             if variant == "c_call":
                 import select_kernel
 

@@ -132,7 +132,7 @@ def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
     skips the check and raises.
     """
     mask = kw.get("mask")
-    rows = mask is not None and mask_has_rows(_mask_strides(mask, *q.shape[:3], k.shape[-2])[0])
+    rows = mask is not None and mask_has_rows(mask, q.shape[-2])
     variant = _Variant(q.device, q.dtype, None if mask is None else mask.dtype, rows,
                        bool(kw.get("is_causal")),
                        q.shape[-2] - kw.get("first_row", 0) <= SHORT_BLOCK_M, q.shape[-1],
@@ -201,11 +201,12 @@ def _mask_strides(mask, B, H, n_q, n_k):
     return mask, mask.stride(), is_bool
 
 
-def mask_has_rows(mask: torch.Tensor) -> bool:
-    """Whether the kernels must read the mask [B, H, Sq, Sk] (expanded) row by row: false
-    where every query row reads the same keys (one row, or a stride of 0 along the rows, as a
-    padding mask has), which they then load as one row per tile."""
-    return mask.shape[2] > 1 and mask.stride(2) != 0
+def mask_has_rows(mask: torch.Tensor, n_q: int) -> bool:
+    """Whether the kernels must read a mask broadcastable to [B, H, n_q, Sk] row by row: false
+    where every query row reads the same keys (one row, a row axis of size 1 or none, or a
+    stride of 0 along it, as a padding mask has), which they then load as one row per tile.
+    Read from the shape and strides alone, nothing expanded (it runs once per call)."""
+    return n_q > 1 and mask.dim() >= 2 and mask.shape[-2] > 1 and mask.stride(-2) != 0
 
 
 def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, first_row,
@@ -233,7 +234,7 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     flags = dict(HAS_MASK=mask is not None, MASK_BOOL=is_bool, CAUSAL=bool(is_causal),
                  IEEE=q.dtype == torch.float32, UPCAST=interpreting(), BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_D=max(16, 1 << (D - 1).bit_length()),
-                 MASK_ROWS=mask is not None and mask_has_rows(m), num_warps=4)
+                 MASK_ROWS=mask is not None and mask_has_rows(mask, n_q), num_warps=4)
     kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
     kern.column_mass_kernel[(_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,
                                                                *common, **flags)

@@ -84,6 +84,23 @@ def test_blocked_mass_is_the_weighted_softmax_column_sum(case, gqa, first_row):
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
+def test_a_mask_has_rows_unless_every_query_row_reads_the_same_keys():
+    """mask_has_rows reads the mask as given; it answers what the expanded [B, H, Sq, Sk] view
+    the kernels read says (more than one row, and a stride along them)."""
+    B, H, Sq, Sk = 2, 4, 37, 70
+    masks = [c["mask"] for c in _unit_cases(B, H, Sq, Sk).values() if "mask" in c]
+    masks += [torch.zeros(Sk), torch.zeros(Sq, Sk), torch.zeros(B, 1, 1, Sk).expand(B, H, Sq, Sk),
+              torch.zeros(1, Sk).expand(Sq, Sk).bool()]
+    for mask in masks:
+        for n_q in (Sq, 1):
+            m = mask if mask.shape[-2:-1] != (Sq,) or n_q == Sq else mask[..., -1:, :]
+            expanded = fused_mass._mask_strides(m, B, H, n_q, Sk)[0]
+            rows = expanded.shape[2] > 1 and expanded.stride(2) != 0
+            assert fused_mass.mask_has_rows(m, n_q) == rows, (tuple(m.shape), m.stride(), n_q)
+    assert fused_mass.mask_has_rows(masks[1], Sq)  # a bias per row
+    assert not fused_mass.mask_has_rows(masks[0], Sq)  # LLaDA's padding bias [B, 1, 1, Sk]
+
+
 # -- the intercept: fused detection against the materialised one -----------------------------
 
 

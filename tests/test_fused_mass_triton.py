@@ -129,7 +129,7 @@ def _with_the_tile_load(mass):
     from lm_eval_sinkmask import fused_mass
 
     flags, real = [], fused_mass.mask_has_rows
-    fused_mass.mask_has_rows = lambda m: flags.append(real(m)) or True
+    fused_mass.mask_has_rows = lambda m, n_q: flags.append(real(m, n_q)) or True
     try:
         tiled = mass()
     finally:
@@ -153,7 +153,7 @@ def _model_results():
         return real(*args)
 
     fused_mass._triton_column_mass = counted
-    fused_mass.mask_has_rows = lambda m: rows.append(real_rows(m)) or rows[-1]
+    fused_mass.mask_has_rows = lambda m, n_q: rows.append(real_rows(m, n_q)) or rows[-1]
     for case in MODEL_CASES:
         model, rule, run = tiny.intercept_case(case)
         events = {}

@@ -278,7 +278,7 @@ def test_a_padding_mask_read_as_one_row_spares_the_row_pass_its_spill():
     from lm_eval_sinkmask import fused_mass
 
     def row_pass(read_rows):
-        with mock.patch.object(fused_mass, "mask_has_rows", lambda m: read_rows):
+        with mock.patch.object(fused_mass, "mask_has_rows", lambda m, n_q: read_rows):
             launches = _fused_mass_launches(torch.bfloat16, _mask("float", torch.bfloat16),
                                             False, head_dim=128)
         fn, args, kwargs = launches[0]
