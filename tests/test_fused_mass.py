@@ -53,7 +53,7 @@ def _unit_cases(B=2, H=4, Sq=37, Sk=70):
     bias[1, :, :, :9] = FLOAT_MIN  # padded keys, LLaDA's additive form
     bias[0, :, 5] = FLOAT_MIN  # a row that sees no key
     rows = torch.rand(1, 1, Sq, Sk, generator=g) > 0.4
-    return {
+    cases = {
         "none": {},
         "float_key_bias": {"mask": bias[:, :, :1]},
         "float_per_row_with_dead_row": {"mask": bias},
@@ -64,6 +64,15 @@ def _unit_cases(B=2, H=4, Sq=37, Sk=70):
         "causal_offset": {"is_causal": True, "causal_offset": Sk - Sq},
         "causal_and_bool": {"is_causal": True, "causal_offset": 3, "mask": rows},
     }
+    # masks the same for every query row beyond the float key bias (the fused kernels read
+    # these as one row of keys): bool, with a head axis, with causal
+    keys = torch.rand(B, 1, 1, Sk, generator=g) > 0.3
+    cases.update({
+        "bool_key": {"mask": keys},
+        "float_key_per_head": {"mask": torch.randn(B, H, 1, Sk, generator=g)},
+        "causal_and_bool_key": {"is_causal": True, "causal_offset": Sk - Sq, "mask": keys},
+    })
+    return cases
 
 
 @pytest.mark.parametrize("case", list(_unit_cases()))
