@@ -61,7 +61,7 @@ ARGS: tuple[ModelArg, ...] = (
              "are not sinks", BOTH, "masking"),
     ModelArg("mask_seed", "0", "seeds the draws of `mask_target=random` (`sinkmask sweep "
              "--mask-seeds 0-7` runs one cell per draw)", BOTH, "masking"),
-    # -- diffusion sampling: DiffusionSettings (dlm_model.py); defaults per family in families.py
+    # -- diffusion sampling: DiffusionSettings (sampler_settings.py); defaults per family in families.py
     ModelArg("family", "from `config.model_type`", "`llada`, `mmada` or `dream`", (DLM,),
              "sampling"),
     ModelArg("gen_length", "task's `max_gen_toks`", "tokens generated (GSM8K 256, HumanEval 512)",
@@ -101,7 +101,9 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("cuda_graph", "false", "capture each generation's denoising step once as a CUDA "
              "graph and replay it at every later step (the first two run eagerly): the same "
              "tokens and counters, one launch per step where the masker's Python runs per "
-             "attention call. CUDA only; not with `mask_target=random`", (DLM,), "sampling"),
+             "attention call; padded batches pass their mask in a form the model's pass reads "
+             "nothing of on the host (LLaDA's: `attention_bias`). CUDA only; not with "
+             "`mask_target=random` or sink traces", (DLM,), "sampling"),
     # -- loading
     # -- likelihood: LikelihoodSettings (likelihood.py)
     ModelArg("mc_num", "128", "Monte Carlo samples per scored continuation", (DLM,), "likelihood"),

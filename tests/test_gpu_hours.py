@@ -203,9 +203,10 @@ def test_recipe_sweeps_parse_and_validate():
 
     from lm_eval.models.huggingface import HFLM
 
-    from lm_eval_sinkmask import cli, dlm_model
+    from lm_eval_sinkmask import cli
     from lm_eval_sinkmask.config import SinkMaskConfig
     from lm_eval_sinkmask.families import FAMILIES
+    from lm_eval_sinkmask.sampler_settings import DiffusionSettings
     from lm_eval_sinkmask.sweep_plan import Cell, SweepPlan, parse_models
 
     argvs = sweep_argvs()
@@ -232,8 +233,7 @@ def test_recipe_sweeps_parse_and_validate():
                 assert mask.top_k == k and mask.eps == 3.0
                 if m.kind == "dlm":
                     family = FAMILIES[kwargs.pop("family", m.name)]
-                    settings = dlm_model.DiffusionSettings.build(
-                        family, dlm_model.DiffusionSettings.pop_from(kwargs))
+                    settings = DiffusionSettings.build(family, DiffusionSettings.pop_from(kwargs))
                     for gen in (256, 512):  # GSM8K, HumanEval: steps = gen_length
                         req = settings.for_request(gen, family)
                         assert req.steps == req.gen_length == gen

@@ -13,7 +13,7 @@ from lm_eval.api.registry import get_model
 
 from lm_eval_sinkmask import model_args
 from lm_eval_sinkmask.config import SinkMaskConfig
-from lm_eval_sinkmask.dlm_model import DiffusionSettings
+from lm_eval_sinkmask.sampler_settings import DiffusionSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

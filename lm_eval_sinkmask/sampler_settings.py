@@ -1,0 +1,156 @@
+"""The diffusion sampler's settings as ``dlm_sinkmask`` takes them: the family's defaults
+overridden by ``model_args``, validated once when the model is built (before any weight loads)
+and resolved per request against the task's ``max_gen_toks``.
+
+A setting only the other family's sampler reads is refused rather than ignored, so a run is
+never recorded with a setting that changed nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .config import flag_value
+from .families import FAMILIES, Family
+from .samplers import validate_block_args
+from .samplers.block import REMASKING
+from .samplers.block import VARIANTS as LLADA_SAMPLERS
+from .samplers.dream import ALGS as DREAM_ALGS
+from .samplers.dream import VARIANTS as DREAM_SAMPLERS
+
+PADDING_SIDES = ("left", "right")
+# settings one sampler reads and the other never does: set for the wrong family they would
+# change nothing, and the run would be recorded as if they had
+SAMPLER_ONLY = {
+    "block": ("block_length", "remasking", "cfg_scale", "logits_eos_inf", "confidence_eos_eot_inf",
+              "llada_sampler"),
+    "dream": ("alg", "alg_temp", "top_p", "sampling_top_k", "dream_sampler"),
+}
+
+
+@dataclass(frozen=True)
+class DiffusionSettings:
+    """Sampler settings: family defaults (``families.py``) overridden by ``model_args``.
+
+    gen_length None: taken per request from the task's ``max_gen_toks``. steps None: one
+    denoising step per generated token.
+    """
+
+    gen_length: int | None = None
+    steps: int | None = None
+    block_length: int | None = None
+    remasking: str = "low_confidence"
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+    alg: str = "entropy"
+    alg_temp: float | None = 0.0
+    top_p: float | None = None
+    sampling_top_k: int | None = None
+    padding_side: str = "left"
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    # "reference" decodes as the family's own code (LLaDA's generate.py, Dream's
+    # diffusion_generate: their tie order, the mask token predictable, the model's dtype);
+    # "invariant" gives the same tokens at any batch size (samplers/block.py, samplers/dream.py)
+    llada_sampler: str = "reference"
+    dream_sampler: str = "reference"
+
+    @classmethod
+    def build(cls, family: Family, user: dict[str, Any]) -> DiffusionSettings:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(user) - known)
+        if unknown:  # pragma: no cover - caught earlier by pop_settings
+            raise ValueError(f"unknown sampler settings {unknown}")
+        for sampler, names in SAMPLER_ONLY.items():
+            ignored = [n for n in names if n in user]
+            if ignored and sampler != family.sampler:
+                users = "/".join(f.name for f in FAMILIES.values() if f.sampler == sampler)
+                it = "it" if len(ignored) == 1 else "them"
+                raise ValueError(
+                    f"{', '.join(ignored)}: only the {sampler} sampler ({users}) reads {it}, and "
+                    f"family {family.name} decodes with the {family.sampler} sampler, which "
+                    f"would ignore {it}; drop {it} from model_args")
+        defaults = {k: v for k, v in family.sampler_defaults.items() if k in known}
+        settings = cls(**{**defaults, **user})
+        settings.validate(family)
+        return settings
+
+    def validate(self, family: Family) -> None:
+        # lm-eval reads "true"/"false" as bools, and a bool is an int to Python: without the
+        # bool checks, block_length=true would decode one token per block and logits_eos_inf=no
+        # (a non-empty string) would switch the option on
+        for name in ("gen_length", "steps", "block_length", "sampling_top_k"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("temperature", "cfg_scale", "alg_temp"):
+            value = getattr(self, name)
+            if value is None and name == "alg_temp":  # Dream's own default: no randomness
+                continue
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        top_p = self.top_p
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                                  or not 0 < top_p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.padding_side not in PADDING_SIDES:
+            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {self.padding_side!r}")
+        if family.sampler == "block":
+            if self.remasking not in REMASKING:
+                raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+            if self.gen_length is not None:
+                self.for_request(self.gen_length, family)
+        elif self.alg not in DREAM_ALGS:
+            raise ValueError(f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
+        if self.llada_sampler not in LLADA_SAMPLERS:
+            raise ValueError(
+                f"llada_sampler must be one of {LLADA_SAMPLERS}, got {self.llada_sampler!r}"
+            )
+        if self.dream_sampler not in DREAM_SAMPLERS:
+            raise ValueError(
+                f"dream_sampler must be one of {DREAM_SAMPLERS}, got {self.dream_sampler!r}"
+            )
+
+    def for_request(self, max_gen_toks: int, family: Family, task: str | None = None) -> DiffusionSettings:
+        """Settings for one request batch: gen_length from the task unless the user set it.
+
+        A combination the block sampler cannot run fails with the model_args that would fix it.
+        """
+        gen_length = self.gen_length or max_gen_toks
+        steps = self.steps or gen_length
+        block_length = self.block_length or gen_length
+        if family.sampler == "block":
+            try:
+                validate_block_args(gen_length, steps, block_length)
+            except ValueError as e:
+                raise ValueError(f"{e}{self._block_fix(gen_length, steps, block_length, task)}") from None
+        else:
+            block_length = None  # Dream decodes the whole span at once: no blocks
+        return replace(self, gen_length=gen_length, steps=steps, block_length=block_length)
+
+    def _block_fix(self, gen_length: int, steps: int, block_length: int, task: str | None) -> str:
+        where = "" if self.gen_length else (
+            f" (gen_length {gen_length} is the max_gen_toks of task {task or '?'})")
+        if gen_length % block_length:
+            up = -(-gen_length // block_length) * block_length
+            fits = [b for b in range(block_length, 0, -1) if gen_length % b == 0][0]
+            return (f"{where}. Fix: add gen_length={up} (a multiple of block_length) or "
+                    f"block_length={fits} (a divisor of gen_length) to model_args")
+        blocks = gen_length // block_length
+        up = -(-steps // blocks) * blocks
+        return (f"{where}. Fix: add steps={up} to model_args, or leave steps unset "
+                "(one step per token always fits)")
+
+    @staticmethod
+    def pop_from(kwargs: dict[str, Any]) -> dict[str, Any]:
+        user = {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionSettings.__dataclass_fields__}
+        for flag in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            if flag in user:
+                user[flag] = flag_value(user[flag])
+        return user
