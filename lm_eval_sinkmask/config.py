@@ -27,6 +27,12 @@ def flag_value(value: Any) -> Any:
     return value
 
 
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Refuse a setting that is not one of its named choices, naming them all."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 def parse_layers(value: Any) -> tuple[int, ...] | None:
     """``layers=`` from model_args: None/"" for all layers, else "0-3;7" or an iterable of ints.
 
@@ -121,24 +127,10 @@ class SinkMaskConfig:
         if (isinstance(self.eps, bool) or not isinstance(self.eps, (int, float))
                 or not math.isfinite(self.eps)):
             raise ValueError(f"eps must be a finite number, got {self.eps!r}")
-        if self.detect not in DETECT_MODES:
-            raise ValueError(f"detect must be one of {DETECT_MODES}, got {self.detect!r}")
-        if self.granularity not in GRANULARITIES:
-            raise ValueError(
-                f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}"
-            )
-        if self.arm_rule not in ARM_RULES:
-            raise ValueError(f"arm_rule must be one of {ARM_RULES}, got {self.arm_rule!r}")
-        if self.sink_token not in SINK_TOKEN_MODES:
-            raise ValueError(
-                f"sink_token must be one of {SINK_TOKEN_MODES}, got {self.sink_token!r}"
-            )
-        if self.detect_backend not in DETECT_BACKENDS:
-            raise ValueError(
-                f"detect_backend must be one of {DETECT_BACKENDS}, got {self.detect_backend!r}"
-            )
-        if self.mask_target not in MASK_TARGETS:
-            raise ValueError(f"mask_target must be one of {MASK_TARGETS}, got {self.mask_target!r}")
+        for name, choices in (("detect", DETECT_MODES), ("granularity", GRANULARITIES),
+                              ("arm_rule", ARM_RULES), ("sink_token", SINK_TOKEN_MODES),
+                              ("detect_backend", DETECT_BACKENDS), ("mask_target", MASK_TARGETS)):
+            check_choice(name, getattr(self, name), choices)
         if isinstance(self.mask_seed, bool) or not isinstance(self.mask_seed, int) or self.mask_seed < 0:
             raise ValueError(f"mask_seed must be an integer >= 0, got {self.mask_seed!r}")
         if self.detect_backend == "flex":  # before any weight loads, not at the first call

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from .config import DETECT_BACKENDS as BACKENDS
+from .config import DETECT_BACKENDS as BACKENDS, check_choice
 
 logger = logging.getLogger(__name__)
 # tile sizes: 64 x 64 keeps a bf16 head_dim-128 Q tile, a K tile and the fp32 scores tile in
@@ -78,8 +78,7 @@ def resolve(backend: str, device: torch.device) -> str:
     "fused" on CUDA when Triton is installed (its first call of each kernel variant is checked,
     :func:`checked_column_mass`) and "materialized" elsewhere: on a CPU the materialised sweep
     is cheaper and keeps the tiny-zoo numbers as they were."""
-    if backend not in BACKENDS:
-        raise ValueError(f"detect_backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice("detect_backend", backend, BACKENDS)
     if backend == "auto":
         return "fused" if device.type == "cuda" and triton_runs_on(device) else "materialized"
     return backend

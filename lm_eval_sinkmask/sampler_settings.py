@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import flag_value
+from .config import check_choice, flag_value
 from .families import FAMILIES, Family
 from .samplers import validate_block_args
 from .samplers.block import REMASKING
@@ -99,23 +99,15 @@ class DiffusionSettings:
         if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
                                   or not 0 < top_p <= 1):
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if self.padding_side not in PADDING_SIDES:
-            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {self.padding_side!r}")
+        check_choice("padding_side", self.padding_side, PADDING_SIDES)
         if family.sampler == "block":
-            if self.remasking not in REMASKING:
-                raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+            check_choice("remasking", self.remasking, REMASKING)
             if self.gen_length is not None:
                 self.for_request(self.gen_length, family)
-        elif self.alg not in DREAM_ALGS:
-            raise ValueError(f"alg must be one of {DREAM_ALGS}, got {self.alg!r}")
-        if self.llada_sampler not in LLADA_SAMPLERS:
-            raise ValueError(
-                f"llada_sampler must be one of {LLADA_SAMPLERS}, got {self.llada_sampler!r}"
-            )
-        if self.dream_sampler not in DREAM_SAMPLERS:
-            raise ValueError(
-                f"dream_sampler must be one of {DREAM_SAMPLERS}, got {self.dream_sampler!r}"
-            )
+        else:
+            check_choice("alg", self.alg, DREAM_ALGS)
+        check_choice("llada_sampler", self.llada_sampler, LLADA_SAMPLERS)
+        check_choice("dream_sampler", self.dream_sampler, DREAM_SAMPLERS)
 
     def for_request(self, max_gen_toks: int, family: Family, task: str | None = None) -> DiffusionSettings:
         """Settings for one request batch: gen_length from the task unless the user set it.

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from .config import check_choice
+
 POSITIONS = ("start", "end")
 
 
@@ -37,10 +39,7 @@ class SinkToken:
     def __post_init__(self) -> None:
         if isinstance(self.token_id, bool) or not isinstance(self.token_id, int) or self.token_id < 0:
             raise ValueError(f"sink_token_id must be a non-negative integer, got {self.token_id!r}")
-        if self.position not in POSITIONS:
-            raise ValueError(
-                f"sink_token_position must be one of {POSITIONS}, got {self.position!r}"
-            )
+        check_choice("sink_token_position", self.position, POSITIONS)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> SinkToken | None:
