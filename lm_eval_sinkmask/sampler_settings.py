@@ -61,7 +61,7 @@ class DiffusionSettings:
     def build(cls, family: Family, user: dict[str, Any]) -> DiffusionSettings:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(user) - known)
-        if unknown:  # pragma: no cover - caught earlier by pop_settings
+        if unknown:  # pragma: no cover - pop_from takes only known names
             raise ValueError(f"unknown sampler settings {unknown}")
         for sampler, names in SAMPLER_ONLY.items():
             ignored = [n for n in names if n in user]
