@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from lm_eval_sinkmask import compiled_tail, fused_mass, sdpa_backends  # noqa: E402
+from lm_eval_sinkmask import compiled_tail, decode_step, fused_mass, sdpa_backends  # noqa: E402
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 from lm_eval_sinkmask.samplers import generate_block  # noqa: E402
@@ -76,21 +76,21 @@ LABELS = {
 # selection (c_kernel), the same kernel writing the output mask (c_call, calls of several
 # rows), the row log-sum-exp taken from the masked output's (c_lse, calls of several rows),
 # the detection kernels with 8 warps (c_w8), the masked pass replayed as one CUDA graph
-# (c_graph, beside the unmasked pass graphed the same way, a_graph) and, in decoding steps,
-# the one-launch
-# decoding step (c_decode); then the materialised path (the CPU's, and the GPU's before the
-# fused path) and the same column mass from two compiled FlexAttention calls (c_flex)
+# (c_graph, beside the unmasked pass graphed the same way, a_graph); in decoding steps the
+# one-row calls by parts (c_byparts: the fused path before the package's one-launch decoding
+# kernel took them); then the materialised path (the CPU's, and the GPU's before the fused
+# path) and the same column mass from two compiled FlexAttention calls (c_flex)
 GPU_VARIANTS = ("a", "b", "c", "c_tiles", "c_eager", "c_kernel", "c_call", "c_lse", "c_w8",
                 "a_graph", "c_graph", "c_mat", "c_flex", "d")
 # captured once per timed shape (graphed_pass.captured), then only replayed: CUDA only
 GRAPHED = ("a_graph", "c_graph")
-DECODING_VARIANTS = ("a", "c", "c_eager", "c_kernel", "c_decode", "c_mat", "c_flex")
+DECODING_VARIANTS = ("a", "c", "c_byparts", "c_eager", "c_kernel", "c_mat", "c_flex")
 # timed on an H200 and twice on an H100 (results/gpu_h200.md, gpu_h100.md; the eager
 # selection and detect=current within 0.03 of (c) each time), and the candidates c_lse and
 # c_w8, timed on an H200 (results/gpu_h200_candidates.md: c_lse's output kernel costs more
 # than the row pass it saves except where the one-row mask load removes that cost, and
 # c_w8's gain was the spill of that same tile load), and the one-launch selection c_kernel,
-# timed on both cards and contained in c_call (LLaDA) and c_decode (decoding steps), each
+# timed on both cards and contained in c_call (LLaDA) and the decoding kernel, each
 # faster: left out by default so that a lent GPU's minutes go to the open candidates
 # (--gpu-skip '' times them again)
 GPU_SKIP = "c_mat,c_flex,c_eager,d,c_lse,c_w8,c_kernel"
@@ -98,7 +98,7 @@ GPU_LABELS = dict(LABELS, **{
     "c": "(c) top_k=5 previous, fused",
     "c_eager": "(c) fused, eager selection",
     "c_kernel": "(c) fused, one-launch selection kernel (candidate)",
-    "c_decode": "(c) one-launch decoding step (candidate)",
+    "c_byparts": "(c) fused, one-row calls by parts (before the decoding kernel)",
     "c_call": "(c) fused, selection kernel writes the output mask (candidate)",
     "c_lse": "(c) row log-sum-exp from the masked output, first pass on the call path "
              "(candidates)",
@@ -120,7 +120,7 @@ def gpu_configs(eps: float, chunk: int) -> dict[str, SinkMaskConfig | None]:
         "a": None,
         "a_graph": None,
         "b": base["b"],
-        **{n: fused for n in ("c", "c_eager", "c_kernel", "c_decode", "c_call", "c_lse",
+        **{n: fused for n in ("c", "c_eager", "c_kernel", "c_byparts", "c_call", "c_lse",
                               "c_w8", "c_tiles", "c_graph")},
         "c_mat": SinkMaskConfig(top_k=5, eps=eps, query_chunk=chunk,
                                 detect_backend="materialized"),
@@ -136,8 +136,8 @@ def candidate_of(variant: str):
     eager (``c_eager``: compiled_tail.ENABLED off), the one-launch Triton selection
     (``c_kernel``: select_kernel's functions where compiled_tail would hand out its compiled
     ones, i.e. on CUDA; the profile's timing of compiled_tail.selector still wraps them), the
-    one-launch decoding step (``c_decode``: decode_kernel installed; calls out of its scope,
-    such as a prefill, run the package's fused path), the call path (``c_call``:
+    one-row calls by parts (``c_byparts``: the package's decoding kernel, decode_step, left
+    out: detection, selection and output in turn, as before it), the call path (``c_call``:
     select_kernel's, which also writes the output mask, for calls of several rows), the row
     log-sum-exp from the masked output (``c_lse``: lse_reuse's, calls of several rows after
     the first pass; the first pass's, which mask their own choice, on the call path: the two
@@ -154,10 +154,9 @@ def candidate_of(variant: str):
         compiled_tail._COMPILED_FROM_ROWS = select_kernel.select_and_count_from_rows
     try:
         with ExitStack() as stack:
-            if variant == "c_decode":
-                import decode_kernel
-
-                stack.enter_context(decode_kernel.installed())
+            if variant == "c_byparts":
+                stack.enter_context(mock.patch.object(decode_step, "takes",
+                                                      lambda *args: False))
             elif variant == "c_lse":
                 import lse_reuse
 
@@ -647,21 +646,21 @@ def selection_kernel_check(device, H=32, S=700):
 
 
 def decode_kernel_check(device, hidden=4096, heads=32, P=800):
-    """The one-launch decoding-step candidate against the package's fused path, through
-    transformers' generate: on the zoo's ARM checkpoint (float32) and on a 2-layer 8B-shaped
-    Llama (bf16, random weights), left-padded prompts, both ARM rules. Call by call the same
-    keys masked, and the same tokens; it is timed as variant c_decode only where this holds.
+    """The package's one-launch decoding kernel (decode_step) against the one-row calls by
+    parts (the fused path before it), through transformers' generate: on the zoo's ARM
+    checkpoint (float32) and on a 2-layer 8B-shaped Llama (bf16, random weights),
+    left-padded prompts, both ARM rules. Call by call the same keys masked, and the same
+    tokens.
     (bf16 outputs may differ in their last bit, so a random model's near-tied tokens can
     differ there; the calls are then compared up to the first differing token. The same
     Llama in float32 follows: where bf16 differs and float32 does not, the difference is
     bf16's rounding breaking near-ties, not the kernel choosing other keys.)"""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        print("decoding-step kernel vs fused: not checked on the CPU (the kernel runs on CUDA, "
+        print("decoding kernel vs by parts: not checked on the CPU (the kernel runs on CUDA, "
               "or in Triton's interpreter: tests/test_decode_kernel.py)")
         return
     from transformers import AutoModelForCausalLM
 
-    import decode_kernel
     from lm_eval_sinkmask.zoo import checkpoint_path
 
     zoo_arm = AutoModelForCausalLM.from_pretrained(checkpoint_path("arm"),
@@ -679,7 +678,7 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
         ids, mask = ids.to(device), mask.to(device)
         for rule in ("last_row", "all_rows"):
             runs = {}
-            for variant in ("c", "c_decode"):
+            for variant in ("c_byparts", "c"):
                 calls = []
                 cfg = SinkMaskConfig(top_k=5, eps=0.0, detect_backend="fused")
                 with torch.inference_mode(), candidate_of(variant), SinkMasker(
@@ -690,7 +689,7 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
                                          do_sample=False, use_cache=True, eos_token_id=None,
                                          pad_token_id=0)
                 runs[variant] = (out[:, length:].cpu(), calls, stats)
-            (ref, ref_calls, ref_stats), (got, got_calls, got_stats) = runs["c"], runs["c_decode"]
+            (ref, ref_calls, ref_stats), (got, got_calls, got_stats) = runs["c_byparts"], runs["c"]
             steps = ref.shape[1]  # one forward pass per new token
             n = int((ref == got).all(dim=0).long().cumprod(0).sum())  # leading steps alike
             layers = len(ref_calls) // steps  # calls per forward pass
@@ -706,8 +705,8 @@ def decode_kernel_check(device, hidden=4096, heads=32, P=800):
             if differs or n < steps:
                 keys += "; " + choice_margin([c[1:] for c in ref_calls[:upto]],
                                              [c[1:] for c in got_calls[:upto]], cfg.top_k)
-            taken = got_stats.detection.get(decode_kernel.NAME, 0)
-            print(f"decoding-step kernel vs fused, {what}, arm_rule={rule}, batch 4 (two rows "
+            taken = got_stats.detection.get(decode_step.NAME, 0)
+            print(f"decoding kernel vs by parts, {what}, arm_rule={rule}, batch 4 (two rows "
                   f"left-padded), 16 tokens: tokens {tokens}; masked keys {keys}; kernel took "
                   f"{taken} of {len(got_calls)} calls; keys masked {got_stats.keys_masked} vs "
                   f"{ref_stats.keys_masked}")
@@ -1168,8 +1167,8 @@ def bench_op_counts(args):
           f"{args.repeats} interleaved runs of 20 passes or decoding steps): at these sizes "
           "the arithmetic is negligible, so it is what the host spends per call, which a GPU "
           "at batch 1 or in a decoding step waits on. The fused path as on CUDA (its Triton "
-          "launches stubbed), the selection eager; decode: the decoding-step candidate "
-          "(decode_kernel.py), call: the call path (select_kernel.py), lse: the row "
+          "launches stubbed), the selection eager; one-row calls (llama decode) in the decoding "
+          "kernel, byparts: by parts as before it; call: the call path (select_kernel.py), lse: the row "
           "log-sum-exp from the masked output (lse_reuse.py), their launches stubbed.\n")
     print("| call | path | unmasked us | masked us | added us | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
@@ -1208,7 +1207,7 @@ def main(argv=None):
     ap.add_argument("--gpu-parts", default="mass,select,decode,llada,llada_gap,llada_kernels,llama,zoo",
                     help="parts of section 3: mass (kernels vs reference), select (the "
                          "one-launch selection candidate vs the package's), decode (the "
-                         "one-launch decoding-step candidate vs the fused path), llada (8B-shaped "
+                         "package's decoding kernel vs by parts), llada (8B-shaped "
                          "forward, batch 8 and 1), llada_gap (batch 8 unpadded at S 700 and "
                          "1056, padded at 1056), llada_kernels (the same with the "
                          "memory-efficient kernel off, as LLaDA's code sets it), llama "

@@ -46,7 +46,7 @@ import math
 import os
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -239,20 +239,16 @@ def masker(kind: str, chunk: int, backend: str = "auto") -> SinkMasker:
 
 def candidates(args):
     """With ``--candidates``, a block in which the top_k=5 runs take the benchmarks' candidate
-    kernels where they apply (decode_kernel for one-row decoding steps; select_kernel's call
-    path for the DLMs' calls): what a cell would
-    cost if they moved into the package. Not lse_reuse: on the H200 its output kernel cost
+    kernel where it applies (select_kernel's call path for the DLMs' calls; one-row decoding
+    steps take the package's decoding kernel either way): what a cell would cost if it moved
+    into the package. Not lse_reuse: on the H200 its output kernel cost
     more than the row pass it saves at these unpadded lengths
     (benchmarks/results/gpu_h200_candidates.md; its 2026-11-27 run of --candidates had it)."""
     if not args.candidates:
         return nullcontext()
-    import decode_kernel
     import select_kernel
 
-    stack = ExitStack()
-    stack.enter_context(select_kernel.call_path_installed())
-    stack.enter_context(decode_kernel.installed())
-    return stack
+    return select_kernel.call_path_installed()
 
 
 def time_dlm(model, kind, batch, seq, args, device) -> tuple[dict, int]:
@@ -306,29 +302,35 @@ def time_graphed_dlm(model, kind, ids, args, device) -> tuple[dict, int]:
 
 
 def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
-    """Median seconds of a prefill and of one decoding step (KV cache), (a) and (c)."""
+    """Median seconds of a prefill and of one decoding step (KV cache), (a) and (c).
+
+    A step is (prefill + n steps - prefill) / n, its two terms timed in one round-robin of
+    the four runs (a and c, with and without the n steps): the H200 run of 2026-11-28 timed
+    them in two separate rounds and got an unmasked batch-8 step of a third of what its
+    decoding tables measured (and a 6.9x ratio), which a drift between the rounds would
+    give."""
     ids, _ = prompts(batch, prompt, model.config.vocab_size, model.config.vocab_size - 1,
                      ragged=False, seed=1)
     ids = ids.to(device)
     n_dec = args.decode_steps
 
-    def runner(decode):
-        def run_one(n):
-            with torch.inference_mode():
-                if n == "a":
-                    generate_cached(model, ids, decode)
-                    return 0
-                with candidates(args), \
-                        masker("llama", args.chunk, args.detect_backend).attach(model) as stats:
-                    generate_cached(model, ids, decode)
-                return stats.keys_masked
-        return run_one
+    def run_one(name):
+        variant, decode = name.split(":")
+        with torch.inference_mode():
+            if variant == "a":
+                generate_cached(model, ids, int(decode))
+                return 0
+            with candidates(args), \
+                    masker("llama", args.chunk, args.detect_backend).attach(model) as stats:
+                generate_cached(model, ids, int(decode))
+            return stats.keys_masked
 
-    runner(2)("c")  # warm-up of the masked path too (kernels, the compiled selection)
-    prefill, _ = interleaved(runner(0), ["a", "c"], args.repeats, device)
-    both, extra = interleaved(runner(n_dec), ["a", "c"], args.repeats, device)
-    decode = {n: max(both[n] - prefill[n], 0.0) / n_dec for n in both}
-    return prefill, decode, extra["c"]
+    run_one("c:2")  # warm-up of the masked path too (kernels, the compiled selection)
+    med, extra = interleaved(run_one, ["a:0", "c:0", f"a:{n_dec}", f"c:{n_dec}"], args.repeats,
+                             device)
+    prefill = {v: med[f"{v}:0"] for v in "ac"}
+    decode = {v: max(med[f"{v}:{n_dec}"] - prefill[v], 0.0) / n_dec for v in "ac"}
+    return prefill, decode, extra[f"c:{n_dec}"]
 
 
 # -- prompt lengths -------------------------------------------------------------------------
@@ -432,8 +434,8 @@ def main(argv=None, timer=None) -> dict:
     ap.add_argument("--detect-backend", default="auto", choices=DETECT_BACKENDS,
                     help="detect_backend of the top_k=5 runs [%(default)s: fused on CUDA]")
     ap.add_argument("--candidates", action="store_true",
-                    help="top_k=5 runs with the candidate kernels of benchmarks/ installed "
-                         "(decode_kernel, select_kernel's call path) where they apply")
+                    help="top_k=5 runs with the candidate kernel of benchmarks/ installed "
+                         "(select_kernel's call path) where it applies")
     ap.add_argument("--graphs", action="store_true",
                     help="DLM steps (unmasked and top_k=5) replayed as CUDA graphs, captured once "
                          "per timed shape (benchmarks/graphed_pass.py); CUDA only")

@@ -21,12 +21,13 @@ What is counted, per scenario (the tiny models of tests/tiny.py, CPU):
 
 Paths: ``materialized`` (the CPU's: detection and output from float32 probabilities),
 ``fused`` (the CUDA default, as a GPU runs it: the output from the model's SDPA kernel with the
-sinks hidden, the column mass from two Triton kernel launches, which here are only counted)
-and three candidates, their launches counted: for decoding steps ``decode`` (the one-launch
-decoding step of decode_kernel.py), for the LLaDA calls ``call`` (select_kernel.py's call
-path: the fused detection, then one launch for the selection and the output mask) and ``lse``
-(lse_reuse.py: the row log-sum-exp from the masked output's, then the column mass and the
-selection).
+sinks hidden, the column mass from two Triton kernel launches, which here are only counted;
+a decoding step's one-row calls in the package's one-launch decoding kernel, also counted),
+for decoding steps ``byparts`` (the fused path without that kernel: detection, selection and
+output in turn, as before it), and two candidates for the LLaDA calls, their launches
+counted: ``call`` (select_kernel.py's call path: the fused detection, then one launch for the
+selection and the output mask) and ``lse`` (lse_reuse.py: the row log-sum-exp from the masked
+output's, then the column mass and the selection).
 """
 
 from __future__ import annotations
@@ -47,14 +48,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lm_eval_sinkmask import attention_view, compiled_tail, fused_mass, intercept  # noqa: E402
+from lm_eval_sinkmask import (attention_view, compiled_tail, decode_step, fused_mass,  # noqa: E402
+                              intercept)
 from lm_eval_sinkmask.config import SinkMaskConfig  # noqa: E402
 from lm_eval_sinkmask.intercept import SinkMasker  # noqa: E402
 
-PATHS = ("materialized", "fused", "decode", "call", "lse")
+PATHS = ("materialized", "fused", "byparts", "call", "lse")
 # path: (module, the block it installs, the Triton kernels it launches as (module, name))
 CANDIDATES = {
-    "decode": ("decode_kernel", "installed", (("decode_kernel", "_decode_kernel"),)),
     "call": ("select_kernel", "call_path_installed", (("select_kernel", "_select_kernel"),)),
     "lse": ("lse_reuse", "installed", (("lse_reuse", "_prep_kernel"),
                                        ("lse_reuse", "_lse_fix_kernel"),
@@ -109,29 +110,30 @@ class _CountedKernel:
 
 
 def paths(scenario: str) -> tuple[str, ...]:
-    """The paths a scenario is counted on: a candidate only where it takes the calls
-    (``decode`` one-row calls, ``call`` and ``lse`` the LLaDA calls; elsewhere each is the
-    fused path), and only where Triton is installed."""
+    """The paths a scenario is counted on: ``byparts`` only where the fused path has
+    one-row calls, a candidate only where it takes the calls (``call`` and ``lse`` the LLaDA
+    calls; elsewhere each is the fused path), and either only where Triton is installed."""
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
         return PATHS[:2]
-    return (*PATHS[:2], *(("decode",) if scenario.startswith("llama") else ("call", "lse")))
+    return (*PATHS[:2], *(("byparts",) if scenario.startswith("llama") else ("call", "lse")))
 
 
 def path_on_cpu(path: str, counter: OpCounter):
     """The block in which a masked run takes ``path``: the fused ones as on a GPU."""
-    return as_on_a_gpu(counter, CANDIDATES.get(path)) if path != "materialized" \
-        else nullcontext()
+    if path == "materialized":
+        return nullcontext()
+    return as_on_a_gpu(counter, CANDIDATES.get(path), one_row_kernel=path != "byparts")
 
 
 @contextmanager
-def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None):
+def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None, one_row_kernel: bool = True):
     """The intercept's choices as on CUDA, on CPU tensors: the masked output from the model's
     SDPA kernel, no mask's values read on the host, and the fused path's Triton launches
-    counted instead of run; with a
-    ``candidate`` (module, installer, kernels; :data:`CANDIDATES`), it installed, its kernels'
-    launches counted instead of run."""
+    (its one-row decoding kernel's too, unless ``one_row_kernel`` is false: those calls then
+    go by parts) counted instead of run; with a ``candidate`` (module, installer, kernels;
+    :data:`CANDIDATES`), it installed, its kernels' launches counted instead of run."""
     import importlib
 
     kernels = types.SimpleNamespace(row_lse_kernel=_CountedKernel(counter, "row_lse_kernel"),
@@ -143,6 +145,10 @@ def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None):
                                               lambda device: False))
         stack.enter_context(mock.patch.object(fused_mass, "triton_runs_on", lambda device: True))
         stack.enter_context(mock.patch.object(fused_mass, "_kernels", lambda: kernels))
+        one_row = types.SimpleNamespace(decode_kernel=_CountedKernel(counter, "decode_kernel"),
+                                        block_of=lambda n: n)
+        stack.enter_context(mock.patch.object(decode_step, "_kernels",
+                                              lambda: one_row if one_row_kernel else None))
         if candidate is not None:
             module_name, installer, launched = candidate
             for where, name in launched:  # counted under its name, less the underscore
@@ -257,7 +263,7 @@ def _passes(scenario: str, layers: int = 3, passes: int = 3):
 
 def config_of(path: str) -> SinkMaskConfig:
     """top_k 5 with detect=previous, eps 0: every layer of a random-init model then masks."""
-    backend = "fused" if path in CANDIDATES else path
+    backend = "fused" if path in CANDIDATES or path == "byparts" else path
     return SinkMaskConfig(top_k=5, eps=0.0, detect="previous", detect_backend=backend)
 
 

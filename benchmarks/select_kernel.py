@@ -28,60 +28,13 @@ import triton.language as tl
 
 import taken_calls
 from lm_eval_sinkmask import compiled_tail, intercept
+from lm_eval_sinkmask._decode_kernels import (block_of, keeps_some, key_mask, store_selection,
+                                             top_k_of)
+from lm_eval_sinkmask.decode_step import key_mask_view
 from lm_eval_sinkmask.metric import KeyCounts, key_counts
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows stay eager
 BIAS_ALIGN = 8  # CUDA's memory-efficient attention reads its mask in rows aligned to 8
-
-
-@triton.jit
-def top_k_of(scores, sinks, offs, K: tl.constexpr):
-    """The top-K sinks of one row by repeated argmax: the largest remaining sink, ties to the
-    lower position (as :func:`metric.top_k_sinks`' stable descending sort); a row with fewer
-    than K sinks chooses all of them."""
-    ranked = tl.where(sinks, scores, float("-inf"))
-    chosen = offs < 0
-    for _ in tl.static_range(K):
-        at = tl.argmax(ranked, axis=0, tie_break_left=True)
-        hit = (offs == at) & (ranked > float("-inf"))  # -inf left: no sink to choose
-        chosen = chosen | hit
-        ranked = tl.where(hit, float("-inf"), ranked)
-    return chosen
-
-
-@triton.jit
-def keeps_some(visible, blocked, BLOCK: tl.constexpr):
-    """Whether the row still sees a key once the blocked keys leave it, on every lane: where
-    it does not, the package keeps the row's scores (removes nothing)."""
-    return tl.sum((visible & ~blocked).to(tl.int32), axis=0) + tl.zeros([BLOCK], tl.int32) > 0
-
-
-def block_of(n: int) -> int:
-    """The power of two at or above ``n``, at least 16: a block holding ``n`` elements. In
-    Python, because ``triton.next_power_of_2`` is a JIT function whose call costs
-    microseconds per launch."""
-    return max(16, 1 << (n - 1).bit_length())
-
-
-@triton.jit
-def store_selection(SCORES, SINKS, CHOSEN, COUNTS, out, in_k, scores, sinks, chosen):
-    """A row's scores, sinks and chosen keys stored at ``out``, and both counts added."""
-    tl.store(SCORES + out, scores, mask=in_k)
-    tl.store(SINKS + out, sinks, mask=in_k)
-    tl.store(CHOSEN + out, chosen, mask=in_k)
-    tl.atomic_add(COUNTS, tl.sum(sinks.to(tl.int64), axis=0))
-    tl.atomic_add(COUNTS + 1, tl.sum(chosen.to(tl.int64), axis=0))
-
-
-@triton.jit
-def key_mask(mv, visible, hidden_below, MASK_BOOL: tl.constexpr):
-    """(visibility, float term to add to the scores) of a model mask's loaded values: a bool
-    mask hides where false and adds nothing; a float one hides at or below ``hidden_below``
-    (half its dtype's minimum) and adds its values."""
-    if MASK_BOOL:
-        return visible & (mv != 0), tl.zeros(mv.shape, tl.float32)
-    term = mv.to(tl.float32)
-    return visible & (term > hidden_below), term
 
 
 @triton.jit
@@ -204,17 +157,6 @@ def output_mask_buffer(B: int, h_out: int, n_k: int, dtype, device) -> torch.Ten
     SDPA would otherwise copy an unaligned mask into a padded one on every call."""
     row = -(-n_k // BIAS_ALIGN) * BIAS_ALIGN
     return torch.empty(B, h_out, row, device=device, dtype=dtype)[..., :n_k]
-
-
-def key_mask_view(mask, B, h_out, n_k):
-    """(tensor [B, H or 1, Sk] to read, the hidden_below threshold) of a key-only model mask
-    [B or 1, 1, 1, Sk], or (None, 0.0) where there is none."""
-    if mask is None:
-        return None, 0.0
-    m = mask.expand(B, h_out, 1, n_k)[:, :, 0]
-    if mask.dtype == torch.bool:
-        return m.view(torch.uint8), 0.0
-    return m, float(torch.finfo(mask.dtype).min) / 2
 
 
 def select_and_count_from_rows(mass, rows, key_valid, *, eps, k, per_layer):

@@ -1,10 +1,11 @@
 """How a candidate kernel takes over some of the intercept's attention calls.
 
-The candidates beside the benchmarks (decode_kernel.py, select_kernel.py's call path,
-lse_reuse.py) each make one call's whole decision (the keys it blocks, this pass's sinks and
-choice, the masked output) in fewer launches than the package. This module holds what they share: last pass's
-choice as the package keeps it, the decision assembled with the run's state updated as the
-package updates it, and a block within which :class:`intercept._Run` asks a candidate first
+The candidates beside the benchmarks (select_kernel.py's call path, lse_reuse.py) each make
+one call's whole decision (the keys it blocks, this pass's sinks and choice, the masked
+output) in fewer launches than the package's path by parts, as the package's own decoding
+kernel does for one-row calls (lm_eval_sinkmask/decode_step.py). This module holds what they
+share: last pass's choice as the package keeps it, the decision assembled with the run's
+state updated as the package updates it, and a block within which :class:`intercept._Run` asks a candidate first
 and the package for every call the candidate does not take. A candidate that changes only
 how the fused path's two detection kernels are launched (bench_masking's ``c_w8``) takes them
 through :func:`detection_kernels_through`.
@@ -17,9 +18,8 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
-from lm_eval_sinkmask import fused_mass, intercept
+from lm_eval_sinkmask import decode_step, fused_mass, intercept
 from lm_eval_sinkmask.attention_view import MaskView, Scores
 
 
@@ -40,8 +40,7 @@ def key_only_view(run, a: dict, chunk: int) -> MaskView | None:
     q = a["query"]
     mask = run._mask_view(a.get("attn_mask"), a.get("is_causal", False), q.shape[0],
                           q.shape[-2], a["key"].shape[-2], q.device, chunk)
-    if not mask.key_only or mask.rows.shape[1] != 1 or (
-            mask.attn_mask is not None and mask.attn_mask.shape[1] != 1):
+    if not decode_step.fits(mask):
         return None
     return mask
 
@@ -53,29 +52,17 @@ def scores_of(a: dict, mask: MaskView) -> Scores:
 
 def previous_choice(run, layer: int, sc: Scores):
     """(keys [B, H or 1, S' <= Sk], their number) chosen at this layer on the last pass, or
-    (None, None): as ``_Run._previous``, without padding the keys (the kernels read past S'
-    as not chosen)."""
-    kept = run.previous.get(layer) if run.config.detect == "previous" else None
-    if kept is None or kept.keys.shape[0] != sc.batch or kept.keys.shape[-1] > sc.n_k:
+    (None, None): as the package's decoding kernel reads them, unpadded (the kernels read
+    keys past S' as not chosen)."""
+    if run.config.detect != "previous":
         return None, None
-    return kept.keys, kept.count
+    return run._previous(layer, sc, padded=False)
 
 
 def decision(run, layer: int, sc: Scores, out, selected, previous, n_previous, name: str):
-    """The call's ``_Decision``, the run's state updated as the package updates it: the
-    detection counted under ``name``, this pass's choice kept for the next pass. selected:
-    (scores, sinks, chosen, number of sinks, number chosen)."""
-    scores, sinks, chosen, n_sinks, n_chosen = selected
-    run.stats.count_detection(name)
-    run.previous[layer] = intercept._Chosen(chosen, n_chosen)
-    if previous is None:  # detect=current, or the first pass: this pass's choice
-        blocked, n_blocked = chosen, n_chosen
-    else:  # observers read the blocked keys key by key: only they need them padded
-        blocked = F.pad(previous, (0, sc.n_k - previous.shape[-1]), value=False) \
-            if run.masker.observers else previous
-        n_blocked = n_previous
-    return intercept._Decision(sc, blocked, False, out, scores, sinks, chosen, n_sinks,
-                               n_blocked)
+    """The call's ``_Decision``, the run's state updated as the package updates it for a
+    call decided whole by one kernel (``_Run.taken``)."""
+    return run.taken(layer, sc, out, selected, previous, n_previous, name)
 
 
 @contextmanager

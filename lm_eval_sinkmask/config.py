@@ -91,10 +91,13 @@ class SinkMaskConfig:
     detect_backend: how detection gets each key's attention mass. "materialized": the
         probabilities of one query chunk at a time in float32 (the CPU path); "fused": row
         log-sum-exp then column sums over key tiles, never holding the probabilities
-        (``fused_mass``: Triton kernels on CUDA, the same algorithm in torch elsewhere);
-        "auto" (default): fused on CUDA when Triton is installed, materialized otherwise;
-        its first call of each kernel variant is checked against the torch algorithm, and a
-        variant that fails or disagrees stays materialized (``fused_mass.checked_column_mass``);
+        (``fused_mass``: Triton kernels on CUDA, the same algorithm in torch elsewhere; on
+        CUDA a decoding step's one-row calls are detected and masked whole in one launch,
+        ``decode_step``); "auto" (default): fused on CUDA when Triton is installed,
+        materialized otherwise; its first call of each kernel variant is checked (the mass
+        kernels against the torch algorithm, the one-row kernel against the fused path), and
+        a variant that fails or disagrees takes the checked path from then on
+        (``fused_mass.checked_column_mass``, ``intercept._Run._first_use``);
         "flex": the same column mass from two FlexAttention calls (``flex_mass``; compiled
         on CUDA), the other way to avoid the probabilities, for timing against "fused".
         The choice changes only speed and float rounding, not the method.

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import chunked_attention, compiled_tail, flex_mass, fused_mass
+from . import chunked_attention, compiled_tail, decode_step, flex_mass, fused_mass
 from .attention_view import Detection, MaskView, Scores, keys_seen
 from .config import SinkMaskConfig
 from .masking_stats import SETTLE_AT, MaskingStats
@@ -374,7 +374,94 @@ class _Run:
 
     def _decide(self, layer: int, a: dict, chunk: int) -> _Decision:
         """What one call's arguments ``a`` lead to: the keys it masks, this pass's sinks and,
-        where the detection sweep made it, the masked output."""
+        where the detection made it, the masked output. A one-row call on the fused path in
+        the decoding kernel's scope is decided by that kernel (:mod:`decode_step`), any
+        other by detection, selection and output in turn (:meth:`_decide_by_parts`)."""
+        backend = fused_mass.resolve(self.config.detect_backend, a["query"].device)
+        if backend == "fused" and decode_step.takes(self.config, self.masker.rule,
+                                                    self.masker.extra_keys, a["query"], a["key"]):
+            decided = self._decide_one_row(layer, a, chunk)
+            if decided is not None:
+                return decided
+        return self._decide_by_parts(layer, a, chunk, backend)
+
+    def _decide_one_row(self, layer: int, a: dict, chunk: int) -> _Decision | None:
+        """A one-row call by :func:`decode_step.masked_decode`, or None where its mask is out
+        of the kernel's scope or ``detect_backend=auto`` handed its variant to the fused path.
+        Under auto a variant's first call is decided by the fused path and the kernel's
+        decision of it is compared (:meth:`_first_use`)."""
+        query = a["query"]
+        mask = self._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0],
+                               query.shape[-2], a["key"].shape[-2], query.device, chunk)
+        if not decode_step.fits(mask):
+            return None
+        sc = Scores(query, a["key"], a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
+        previous, n_previous = self._previous(layer, sc, padded=False) \
+            if self.config.detect == "previous" else (None, None)
+        history = self._history_before(layer, sc) if self.masker.rule == "all_rows" else None
+
+        def decoded():
+            return decode_step.masked_decode(sc, eps=self.config.eps, k=self.config.top_k,
+                                             previous=previous, history=history)
+
+        if self.config.detect_backend == "auto":
+            variant = decode_step.Variant.of(sc, previous, history, self.config.top_k)
+            checked = decode_step.CHECKED.get(variant)
+            if checked is None:
+                return self._first_use(variant, decoded, layer, a, chunk, previous)
+            if not checked:
+                return None
+        got = decoded()
+        if got.history is not None:
+            self.history[layer] = got.history
+        return self.taken(layer, sc, got.out, got[1:6], previous, n_previous, decode_step.NAME)
+
+    def _first_use(self, variant, decoded, layer: int, a: dict, chunk: int, previous):
+        """``detect_backend=auto``'s check of a decoding-kernel variant: the call decided by
+        the fused path (which keeps the run's state), the kernel's decision of the same call
+        compared with it (:func:`decode_step.disagreement`); a failure or disagreement logs
+        one warning and leaves the variant's calls to the fused path for the rest of the
+        process (``detect_backend=fused`` takes the kernel unchecked and raises instead)."""
+        try:
+            got, problem = decoded(), None
+        except Exception as e:  # a compiler or driver problem of this environment
+            got, problem = None, f"{type(e).__name__}: {e}"
+        ref = self._decide_by_parts(layer, a, chunk, "fused")
+        out = ref.out
+        if out is None and not ref.keep_all:
+            out = _fused_masked_output(self.original, a, ref.sc, ref.blocked, chunk)
+        if problem is None:
+            same_keys = previous is not None or torch.equal(got.chosen, ref.blocked)
+            problem = decode_step.disagreement(got, ref.scores, out if same_keys else None)
+        decode_step.CHECKED[variant] = problem is None
+        if problem is not None:
+            logger.warning(
+                "detect_backend=auto: the one-row decoding kernel failed its first-use check "
+                "for %s (%s); such calls take the fused path from now on (detect_backend=fused "
+                "would raise instead)", variant, problem)
+        return ref._replace(out=out)
+
+    def taken(self, layer: int, sc: Scores, out, selected, previous, n_previous,
+              name: str) -> _Decision:
+        """The decision of a call that one kernel decided whole (``out``: its masked output;
+        ``selected``: scores, sinks, chosen keys and their two counts), with the run's state
+        kept as for any call: the detection counted under ``name``, this pass's choice kept
+        for the next. ``previous``: last pass's choice as :meth:`_previous` gives it unpadded,
+        or None where this call masked its own."""
+        scores, sinks, chosen, n_sinks, n_chosen = selected
+        self.stats.count_detection(name)
+        self.previous[layer] = _Chosen(chosen, n_chosen)
+        if previous is None:
+            blocked, n_blocked = chosen, n_chosen
+        else:  # observers read the blocked keys key by key: only they need them padded
+            blocked = F.pad(previous, (0, sc.n_k - previous.shape[-1]), value=False) \
+                if self.masker.observers else previous
+            n_blocked = n_previous
+        return _Decision(sc, blocked, False, out, scores, sinks, chosen, n_sinks, n_blocked)
+
+    def _decide_by_parts(self, layer: int, a: dict, chunk: int, backend: str) -> _Decision:
+        """:meth:`_decide` by detection (``backend``: :func:`fused_mass.resolve`'s), the
+        selection, and (where the detection sweep made it) the masked output."""
         query = a["query"]
         mask = self._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0],
                                query.shape[-2], a["key"].shape[-2], query.device, chunk)
@@ -387,7 +474,6 @@ class _Run:
         keep_all = blocked is not None and _removes_nothing(blocked)
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
-        backend = fused_mass.resolve(self.config.detect_backend, query.device)
         out, det, backend = _detect(sc, chunk, blocked, backend, keep_all,
                                     checked=self.config.detect_backend == "auto")
         self.stats.count_detection(backend)
@@ -455,17 +541,37 @@ class _Run:
         to this call's, so s_j = |K| * mean_{i >= j} A_ij covers all rows. A call that is not
         the continuation of the last one (same batch, keys = old keys + new rows) starts over.
         """
-        old = self.history.get(layer)
-        if old is not None and old.mass.shape[0] == sc.batch and old.mass.shape[1] == sc.heads \
-                and old.mass.shape[-1] + sc.n_q == sc.n_k:
+        old = self._continued_history(layer, sc)
+        if old is not None:
             pad = (0, sc.n_q)
             det = Detection(F.pad(old.mass, pad) + det.mass, F.pad(old.rows, pad) + det.rows)
         self.history[layer] = det
         return det
 
-    def _previous(self, layer: int, sc: Scores) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _continued_history(self, layer: int, sc: Scores) -> Detection | None:
+        """The layer's all_rows history where this call continues it (same batch and heads,
+        keys = its keys + this call's rows), else None: the call starts over."""
+        old = self.history.get(layer)
+        if old is not None and old.mass.shape[0] == sc.batch and old.mass.shape[1] == sc.heads \
+                and old.mass.shape[-1] + sc.n_q == sc.n_k:
+            return old
+        return None
+
+    def _history_before(self, layer: int, sc: Scores) -> Detection:
+        """The history a one-row call adds its row to (:meth:`_with_history`), as the decoding
+        kernel reads it: the layer's so far, or none (sizes 0) where the call starts over."""
+        old = self._continued_history(layer, sc)
+        if old is not None:
+            return old
+        return Detection(sc.query.new_zeros(sc.batch, sc.heads, 0, dtype=torch.float32),
+                         sc.mask.rows.new_zeros(sc.batch, 1, 0))
+
+    def _previous(self, layer: int, sc: Scores, padded: bool = True
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Sinks chosen at this layer on the previous pass, aligned to this pass's keys, and
-        their number; (None, None) where there are none to mask.
+        their number; (None, None) where there are none to mask. ``padded=False``: the keys
+        as kept, S' <= Sk of them (a kernel that reads keys past S' as not chosen saves the
+        pad).
 
         Keys only ever get appended between passes (KV cache) or stay fixed (DLM steps), so
         positions keep their meaning (the appended keys are not chosen: the number stays); a
@@ -478,7 +584,7 @@ class _Run:
         prev = kept.keys
         if prev.shape[0] != sc.batch or prev.shape[-1] > sc.n_k:
             return None, None
-        if prev.shape[-1] < sc.n_k:
+        if padded and prev.shape[-1] < sc.n_k:
             prev = F.pad(prev, (0, sc.n_k - prev.shape[-1]), value=False)
         # in place, the count is rewritten at the end of the call, before the run's record
         # reads what the call deferred: it defers a copy

@@ -51,10 +51,12 @@ ARGS: tuple[ModelArg, ...] = (
              "masker pick it like any key, `exclude` never masks it", (DLM,), "masking"),
     ModelArg("detect_backend", "auto", "how detection gets each key's attention mass: `fused` "
              "(row log-sum-exp, then column sums over key tiles, never the probabilities; Triton "
-             "kernels on CUDA), `materialized` (float32 probabilities chunk by chunk), `flex` "
+             "kernels on CUDA, where a decoding step's one-row calls are detected and masked in "
+             "one kernel launch), `materialized` (float32 probabilities chunk by chunk), `flex` "
              "(the same column mass from two FlexAttention calls, compiled on CUDA), `auto` = "
-             "fused on CUDA with Triton installed (each kernel variant checked against torch on "
-             "its first call, materialized if it fails), else materialized; the results record "
+             "fused on CUDA with Triton installed (each kernel variant checked on its first call "
+             "against torch, or the one-row kernel against the fused path; the slower path if "
+             "it fails), else materialized; the results record "
              "which ran (`counters.detection`)", BOTH, "masking"),
     ModelArg("mask_target", "sinks", "`sinks` masks the top-k Eq. 3 sinks; `random` is the "
              "matched control: as many keys per (layer, head) and step, drawn from the keys that "

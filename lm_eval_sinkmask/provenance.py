@@ -59,12 +59,13 @@ NOT_CELL_CODE = (
     "zoo.sink_embedding", "zoo.tokenizer",
 )
 # Modules whose code runs only inside a masked attention call (top_k > 0): detection (the
-# materialised sweep, the fused kernels, FlexAttention), the Eq. 3 selection and the masked
-# output's pieces. An unmasked cell runs the intercept up to its test of top_k, which hands the
-# call to the model's own attention, so no number of it comes from these (tests run unmasked
-# cells of every family and check; their module level only defines and imports).
+# materialised sweep, the fused kernels, FlexAttention, the one-row decoding kernel), the Eq. 3
+# selection and the masked output's pieces. An unmasked cell runs the intercept up to its
+# test of top_k, which hands the call to the model's own attention, so no number of it comes
+# from these (tests run unmasked cells of every family and check; their module level only
+# defines and imports).
 MASKING_ONLY = ("attention_view", "chunked_attention", "compiled_tail", "flex_mass", "fused_mass",
-                "_mass_kernels", "metric")
+                "_mass_kernels", "decode_step", "_decode_kernels", "metric")
 # Modules that record what a cell ran on, claim its folder and write its files: they decide
 # whether a cell is reused and where it lies, never a number in it.
 RECORD_KEEPING = ("provenance", "cell_claims", "atomic_write")

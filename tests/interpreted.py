@@ -1,6 +1,7 @@
 """Run a test file as a child process under Triton's interpreter and read its results; and,
-in that child, run the same passes through the intercept with and without a candidate kernel
-of benchmarks/ and compare them call by call.
+in that child, run the same passes through the intercept with and without a kernel (a
+candidate of benchmarks/, or the package's own on another detect_backend) and compare them
+call by call.
 
 ``TRITON_INTERPRET=1`` must be set before Triton compiles anything, so the Triton checks run
 their cases in one child (the test file run as a script), which prints one JSON line per case.
@@ -68,20 +69,23 @@ def tiny_dlm_passes(kind: str, *, bf16: bool = False, padded: bool = False, pass
 
 def compared_with_the_package(case: str, installed, name: str, model, rule: str, detect: str,
                               run, *, top_k: int, eps: float, tol: float, takes,
-                              granularity: str = "head", backend: str = "auto") -> dict:
+                              granularity: str = "head", backend: str = "auto",
+                              versus_backend: str | None = None) -> dict:
     """``run`` (the model's passes, returning its final logits) through the intercept as the
     package runs on the CPU, then within ``installed()`` (a candidate taking some calls, its
-    detections counted under ``name``), compared: every call's sinks, chosen and blocked
+    detections counted under ``name``) and with detect_backend ``versus_backend`` (default:
+    ``backend``), compared: every call's sinks, chosen and blocked
     keys, the stats, the scores (relative to max(|score|, 1); over all calls and over the
     first layer's, whose inputs are the same both ways), the logits (within ``tol``) and
     their argmax. ``takes(query)``: whether the candidate should take a call. ``backend``:
-    the package's detect_backend both ways ("fused" for a candidate of the fused kernels)."""
+    the package's detect_backend ("fused" for a candidate of the fused kernels)."""
     import torch
 
     cfg = dict(top_k=top_k, eps=eps, detect=detect, granularity=granularity,
                detect_backend=backend)
     package = _intercepted(model, rule, cfg, run, None, takes)
-    kernel = _intercepted(model, rule, cfg, run, installed, takes)
+    kernel = _intercepted(model, rule, dict(cfg, detect_backend=versus_backend or backend), run,
+                          installed, takes)
     (pe, ps, pl, n_taken), (ke, ks, kl, _) = package, kernel
     same = len(pe) == len(ke)
     pairs = list(zip(pe, ke))

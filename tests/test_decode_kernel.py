@@ -1,36 +1,50 @@
-"""The one-launch decoding-step candidate (benchmarks/decode_kernel.py), run by Triton's
-interpreter on the CPU against the package's intercept.
+"""The package's one-launch decoding kernel (lm_eval_sinkmask/decode_step.py), run by Triton's
+interpreter on the CPU against the package's CPU path; and ``detect_backend=auto``'s
+first-use check of it.
 
-As in test_select_kernel, the cases run in one child process (this file as a script, under
-``TRITON_INTERPRET=1``) that prints one JSON line per case. Each case runs the same passes
-twice, through the package's intercept as the CPU runs it and with the kernel installed, and
-compares every attention call (scores, sinks, chosen and blocked keys), the stats and the
-model's final logits. Model cases: a tiny Llama decoding with its KV cache (GQA through
-``enable_gqa``, left padding through the model's own mask, both ARM rules, both detect
-modes, bfloat16). Synthetic cases: one-row SDPA calls with a float bias (finite values added
-to the scores, the dtype's minimum for padding), bool masks, a padding query row, top_k 1,
-top_k above the keys, and a row whose every visible key is blocked.
+As in test_select_kernel, the interpreted cases run in one child process (this file as a
+script, under ``TRITON_INTERPRET=1``) that prints one JSON line per case. Each case runs the
+same passes twice, through the intercept as the CPU runs it (materialized) and with
+``detect_backend=fused`` (one-row calls in the kernel, the prefill's calls on the fused
+path), and compares every attention call (scores, sinks, chosen and blocked keys), the stats
+and the model's final logits. Model cases: a tiny Llama decoding with its KV cache (GQA
+through ``enable_gqa``, left padding through the model's own mask, both ARM rules, both
+detect modes, bfloat16). Synthetic cases: one-row SDPA calls with a float bias (finite values
+added to the scores, the dtype's minimum for padding), bool masks, a padding query row, top_k
+1, top_k above the keys, and a row whose every visible key is blocked. The auto cases run
+``detect_backend=auto`` as on CUDA: each kernel variant's first call by parts and checked,
+the rest in the kernel. The fallback tests (in this process, the kernel replaced by a broken
+one) show a variant that fails its check going by parts for the rest of the process.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import torch
 
+from lm_eval_sinkmask import decode_step, fused_mass
+from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.intercept import SinkMasker
 from tests.interpreted import compared_with_the_package, interpreted_results, print_results
 
 ROOT = Path(__file__).resolve().parents[1]
-
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed, so the decoding kernel was NOT checked "
-                "(pip install -e '.[test]' installs it on Linux x86-64)", allow_module_level=True)
 
 MODEL_CASES = ["last_row", "all_rows", "last_row_padded", "all_rows_padded", "last_row_current",
                "all_rows_bf16"]
 SYNTHETIC_CASES = ["float_bias", "bool_mask_gqa", "padding_row", "k1", "k_above_keys",
                    "all_visible_blocked", "bf16_current"]
+AUTO_CASES = ["auto_last_row_padded", "auto_all_rows"]
+
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="Triton is not installed, so the decoding kernel was NOT checked "
+           "(pip install -e '.[test]' installs it on Linux x86-64)")
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +52,7 @@ def interpreted():
     return interpreted_results(__file__, ROOT / "benchmarks")
 
 
+@needs_triton
 @pytest.mark.parametrize("case", MODEL_CASES + SYNTHETIC_CASES)
 def test_the_kernel_decides_what_the_package_decides(interpreted, case):
     r = interpreted[case]
@@ -51,6 +66,96 @@ def test_the_kernel_decides_what_the_package_decides(interpreted, case):
     assert r["blocked"] > 0, r  # the case masked something
     if case in MODEL_CASES:
         assert r["same_tokens"], r
+
+
+@needs_triton
+@pytest.mark.parametrize("case", AUTO_CASES)
+def test_auto_checks_each_variant_once_then_takes_the_kernel(interpreted, case):
+    r = interpreted[case]
+    assert r["checked"] and all(r["checked"]), r  # every variant passed its check
+    # each variant's first call went by parts (counted "fused"), every other one-row call
+    # took the kernel
+    assert r["kernel_calls"] == r["taken_calls"] - len(r["checked"]) > 0, r
+    assert r["same_sinks"] and r["same_chosen"] and r["same_blocked"] and r["same_stats"], r
+    assert r["same_tokens"] and r["output_max_diff"] <= r["output_tol"], r
+    assert not r["warnings"], r
+
+
+# -- auto's fallback, in this process: the kernel replaced by one that fails ---------------------
+
+
+@contextmanager
+def _as_on_cuda(kernel):
+    """The intercept as on CUDA for detect_backend=auto (the fused path; the fused mass by its
+    torch algorithm, as Triton does not run here), one-row calls in scope, and ``kernel`` in
+    place of :func:`decode_step.masked_decode`."""
+    resolve = fused_mass.resolve
+    with mock.patch.object(fused_mass, "resolve", lambda backend, device: "fused"
+                           if backend == "auto" else resolve(backend, device)), \
+            mock.patch.object(fused_mass, "checked_column_mass",
+                              lambda q, k, w, **kw: fused_mass.column_mass(q, k, w, **kw)), \
+            mock.patch.object(decode_step, "takes", lambda config, rule, extra, q, k:
+                              q.shape[-2] == 1), \
+            mock.patch.object(decode_step, "masked_decode", kernel), \
+            mock.patch.object(decode_step, "CHECKED", {}):
+        yield
+
+
+def _decoded_tokens(backend: str, kernel=None):
+    """(generated ids, stats, variants checked) of the tiny Llama decoding 6 tokens greedily, masked under the
+    last_row rule, with ``kernel`` in place of the decoding kernel (as on CUDA) where given."""
+    from tests import tiny
+
+    model = tiny.build("llama")
+    ids = torch.randint(5, 40, (2, 8), generator=torch.Generator().manual_seed(3))
+    masker = SinkMasker(SinkMaskConfig(top_k=2, eps=0.0, detect_backend=backend), rule="last_row")
+    with torch.no_grad(), (_as_on_cuda(kernel) if kernel else nullcontext()), \
+            masker.attach(model) as stats:
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        checked = dict(decode_step.CHECKED)  # the block's own record (_as_on_cuda)
+    return out, stats, checked
+
+
+def _broken_scores(sc, *, eps, k, previous, history):
+    """A kernel whose scores are wrong: what auto's check must catch."""
+    n = sc.n_k
+    B, H = sc.batch, sc.heads
+    z = torch.zeros(B, H, n, dtype=torch.bool)
+    calls.append(1)
+    return decode_step.Decoded(torch.zeros(B, H, 1, sc.value.shape[-1], dtype=sc.dtype),
+                               torch.full((B, H, n), 7.0), z, z, torch.tensor(0),
+                               torch.tensor(0), None)
+
+
+def _raising(sc, **kw):
+    calls.append(1)
+    raise RuntimeError("no kernel image is available for execution on the device")
+
+
+calls: list = []
+
+
+@pytest.mark.parametrize("kernel", [_broken_scores, _raising], ids=["wrong_scores", "raises"])
+def test_a_variant_that_fails_its_check_goes_by_parts_from_then_on(kernel, caplog):
+    calls.clear()
+    ref, ref_stats, _ = _decoded_tokens("fused")  # by parts (no Triton here)
+    with caplog.at_level(logging.WARNING, logger="lm_eval_sinkmask.intercept"):
+        got, stats, checked = _decoded_tokens("auto", kernel)
+    assert torch.equal(got, ref)  # the same tokens as the fused path by parts
+    assert (stats.sinks_detected, stats.keys_masked) == (ref_stats.sinks_detected,
+                                                         ref_stats.keys_masked)
+    assert decode_step.NAME not in stats.detection  # no call took the broken kernel
+    assert checked and not any(checked.values())
+    assert len(calls) == len(checked)  # asked once per variant, never again
+    warned = [r for r in caplog.records if "first-use check" in r.getMessage()]
+    assert len(warned) == len(checked) and "fused path from now on" in warned[0].getMessage()
+
+
+def test_detect_backend_fused_takes_the_kernel_unchecked_and_raises():
+    calls.clear()
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        _decoded_tokens("fused", _raising)
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -148,8 +253,6 @@ def _synthetic_case(name: str):
 
 
 def _results():
-    import decode_kernel
-
     for name in MODEL_CASES + SYNTHETIC_CASES:
         if name in MODEL_CASES:
             model, rule, detect, run = _model_case(name)
@@ -161,9 +264,35 @@ def _results():
         # eps < 0 admits keys below the others' mean: every key a sink, so element 2 of
         # all_visible_blocked has each key it sees blocked, and keeps its scores
         eps = -10.0 if name == "all_visible_blocked" else 0.0
-        yield compared_with_the_package(name, decode_kernel.installed, decode_kernel.NAME,
-                                        model, rule, detect, run, top_k=top_k, eps=eps,
-                                        tol=tol, takes=lambda query: query.shape[-2] == 1)
+        yield compared_with_the_package(name, None, decode_step.NAME, model, rule, detect, run,
+                                        top_k=top_k, eps=eps, tol=tol, versus_backend="fused",
+                                        takes=lambda query: query.shape[-2] == 1)
+    for name in AUTO_CASES:
+        yield _auto_case(name)
+
+
+def _auto_case(name: str) -> dict:
+    """A model case under detect_backend=auto as CUDA runs it (resolved to the fused path)."""
+    model, rule, detect, run = _model_case(name.removeprefix("auto_"))
+    resolve = fused_mass.resolve
+    decode_step.CHECKED.clear()
+
+    @contextmanager
+    def as_on_cuda():
+        with mock.patch.object(fused_mass, "resolve", lambda backend, device: "fused"
+                               if backend == "auto" else resolve(backend, device)):
+            yield
+
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = warnings.append
+    logging.getLogger("lm_eval_sinkmask").addHandler(handler)
+    r = compared_with_the_package(name, as_on_cuda, decode_step.NAME, model, rule, detect, run,
+                                  top_k=2, eps=0.0, tol=1e-4,
+                                  takes=lambda query: query.shape[-2] == 1)
+    logging.getLogger("lm_eval_sinkmask").removeHandler(handler)
+    return dict(r, checked=list(decode_step.CHECKED.values()),
+                warnings=[w.getMessage() for w in warnings])
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ intercept's small ops, one kernel each, so their number is pinned here: a change
 ops to every call (or to every forward pass) fails until the bound is raised on purpose.
 Counted on CPU tiny models, for the CPU's materialised path and for the fused path as CUDA
 runs it (its two Triton kernel launches counted, the selection eager: compiled on CUDA, it
-fuses into a few kernels there), and for the candidates beside the benchmarks (their launches
-counted): decoding steps with decode_kernel.py, LLaDA calls with select_kernel.py's call path
-and with lse_reuse.py.
+fuses into a few kernels there; a decoding step's one-row calls in its decoding kernel, one
+launch counted, or by parts as before that kernel), and for the candidates beside the
+benchmarks (their launches counted): LLaDA calls with select_kernel.py's call path and with
+lse_reuse.py.
 """
 
 import sys
@@ -29,12 +30,13 @@ BOUNDS = {
     ("llada batch 8", "materialized"): (46, 27),
     ("llada batch 8", "fused"): (23, 20),
     ("llama decode last_row", "materialized"): (42, 18),
-    ("llama decode last_row", "fused"): (25, 18),
     ("llama decode all_rows", "materialized"): (61, 6),
-    ("llama decode all_rows", "fused"): (44, 6),
-    # the one-launch decoding-step candidate (benchmarks/decode_kernel.py)
-    ("llama decode last_row", "decode"): (2, 6),
-    ("llama decode all_rows", "decode"): (2, 6),
+    # one-row calls in the package's decoding kernel (decode_step)
+    ("llama decode last_row", "fused"): (2, 6),
+    ("llama decode all_rows", "fused"): (2, 6),
+    # the same by parts, as before that kernel
+    ("llama decode last_row", "byparts"): (25, 18),
+    ("llama decode all_rows", "byparts"): (44, 6),
     # the call path of benchmarks/select_kernel.py
     ("llada batch 1", "call"): (4, 18),
     ("llada batch 8", "call"): (4, 20),
@@ -49,7 +51,9 @@ def test_a_masked_call_adds_no_more_ops_than_pinned(scenario, path):
     c = op_counts.compare(scenario, path)
     per_layer, per_pass = BOUNDS[scenario, path]
     assert c.unmasked_call >= 1  # both calls were seen and counted
-    assert c.selection > 0 or path in ("decode", "call", "lse")  # (they select in a kernel)
+    # (these select in a kernel)
+    assert c.selection > 0 or path in ("call", "lse") or (
+        path == "fused" and scenario.startswith("llama"))
     assert c.outside_per_layer == 0  # the model handles a masked output as an unmasked one
     assert c.extra_per_call <= per_layer, c
     assert c.per_pass_fixed <= per_pass, c
@@ -64,11 +68,11 @@ def test_the_fused_path_is_counted_as_on_a_gpu():
     assert "aten::_softmax" not in names and "aten::bmm" not in names
 
 
-@pytest.mark.skipif(op_counts.paths("llama decode last_row")[-1] != "decode",
-                    reason="Triton is not installed: no decoding-step candidate to count")
-def test_the_decoding_step_candidate_is_one_launch_and_a_memset():
+@pytest.mark.skipif(op_counts.paths("llama decode last_row")[-1] != "byparts",
+                    reason="Triton is not installed: no decoding kernel to count")
+def test_a_one_row_call_is_one_launch_and_a_memset():
     for rule in ("last_row", "all_rows"):
-        ops = op_counts.op_table(f"llama decode {rule}", "decode")["call"]
+        ops = op_counts.op_table(f"llama decode {rule}", "fused")["call"]
         assert {name: n for (_, name), n in ops.items()} == {"triton.decode_kernel": 1,
                                                              "aten::zeros": 1}
 
@@ -129,8 +133,11 @@ def test_host_time_runs_the_timed_passes_masked_and_not(scenario, path, monkeypa
     assert t.unmasked > 0 and t.masked > 0 and t.added == t.masked - t.unmasked
     [stats] = seen
     assert stats.attention_calls > 0
-    if path == "decode":  # the prefill's two calls on the fused path, the steps' in the kernel
-        assert stats.detection == {"fused": 2, "decode_kernel": stats.attention_calls - 2}
+    if path == "fused" and scenario.startswith("llama"):  # the prefill's two calls by parts,
+        assert stats.detection == {"fused": 2,  # the steps' in the decoding kernel
+                                   "fused_decode": stats.attention_calls - 2}
+    elif path == "byparts":
+        assert stats.detection == {"fused": stats.attention_calls}
     elif path == "call":
         assert stats.detection == {"fused+select_kernel": stats.attention_calls}
     elif path == "lse":  # the first pass's two calls mask their own choice: the fused path

@@ -166,7 +166,7 @@ def _selection_launches(dtype, mask_kind, per_layer, bias):
 
 
 def _decode_launches(dtype, mask_kind, previous, history, gqa):
-    import decode_kernel
+    from lm_eval_sinkmask import _decode_kernels, decode_step
     from lm_eval_sinkmask.attention_view import Detection
 
     kv = H // 2 if gqa else H
@@ -179,7 +179,7 @@ def _decode_launches(dtype, mask_kind, previous, history, gqa):
     prev = torch.zeros(B, H, S - 1, dtype=torch.bool) if previous else None
     old = Detection(torch.rand(B, H, S - 1), torch.ones(B, 1, S - 1, dtype=torch.long)) \
         if history else None
-    return _calls(decode_kernel, "_decode_kernel", lambda: decode_kernel.masked_decode(
+    return _calls(_decode_kernels, "decode_kernel", lambda: decode_step.masked_decode(
         sc, eps=3.0, k=5, previous=prev, history=old))
 
 
@@ -232,11 +232,11 @@ CASES = {
     "call path, fp16 bool mask, layer": lambda: _selection_launches(torch.float16, "bool", True,
                                                                    True),
     "call path, no mask": lambda: _selection_launches(torch.bfloat16, "none", False, True),
-    "decoding step (c_decode), bf16, float bias, last pass's keys, history, GQA":
+    "decoding kernel, bf16, float bias, last pass's keys, history, GQA":
         lambda: _decode_launches(torch.bfloat16, "float", True, True, True),
-    "decoding step, fp16, bool mask": lambda: _decode_launches(torch.float16, "bool", False,
+    "decoding kernel, fp16, bool mask": lambda: _decode_launches(torch.float16, "bool", False,
                                                                False, False),
-    "decoding step, fp32, no mask, last pass's keys": lambda: _decode_launches(
+    "decoding kernel, fp32, no mask, last pass's keys": lambda: _decode_launches(
         torch.float32, "none", True, False, False),
     "log-sum-exp reuse (c_lse), bf16 float bias": lambda: _lse_reuse_launches(
         torch.bfloat16, "float", False),
