@@ -55,7 +55,9 @@ class _CheckedArgs:
     likelihood_settings: likelihood.LikelihoodSettings
     sink: sink_token.SinkToken | None  # an extra sink token the checkpoint declares
     auto_model_class: Any  # model_class=module:Class, imported; None: transformers.AutoModel
-    cuda_graph: bool  # each generation's step captured once and replayed (graphed_steps)
+    # each generation's step captured once and replayed (graphed_steps); None: auto, decided
+    # once the model is placed
+    cuda_graph: bool | None
 
     @classmethod
     def take(cls, pretrained, family: str | None, mask_id: int | None, model_class: str | None,
@@ -66,7 +68,7 @@ class _CheckedArgs:
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
         likelihood_settings = likelihood.LikelihoodSettings.pop_from(kwargs)
-        cuda_graph = cls._cuda_graph(kwargs.pop("cuda_graph", False), mask_config,
+        cuda_graph = cls._cuda_graph(kwargs.pop("cuda_graph", "auto"), mask_config,
                                      kwargs.get("device"))
         config = checkpoint_checks.read_config(pretrained, kwargs)
         family_ = family_for(config.get("model_type"), family)
@@ -81,10 +83,12 @@ class _CheckedArgs:
                    sink_token.SinkToken.from_config(config), auto, cuda_graph)
 
     @staticmethod
-    def _cuda_graph(value: Any, mask_config: SinkMaskConfig, device: Any) -> bool:
+    def _cuda_graph(value: Any, mask_config: SinkMaskConfig, device: Any) -> bool | None:
+        if isinstance(value, str) and value.lower() == "auto":
+            return None
         value = flag_value(value)
         if not isinstance(value, bool):
-            raise ValueError(f"cuda_graph must be true or false, got {value!r}")
+            raise ValueError(f"cuda_graph must be auto, true or false, got {value!r}")
         if value:
             graphed_steps.refuse_unreplayable(mask_config, observers=())
             if device is not None:  # else HFLM's default, checked once the model is placed
@@ -114,6 +118,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self.likelihood = checked.likelihood_settings
         self.sink = checked.sink
         self.cuda_graph = checked.cuda_graph
+        self.cuda_graph_auto = checked.cuda_graph is None  # graphs where they can run
         self._mc_stderrs: list[float] = []  # per scored request, this process
         self._run_mc_stderrs: list[float] = []  # all processes, filled after each request type
         if checked.auto_model_class is not None:
@@ -122,7 +127,9 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             kwargs.setdefault("attn_implementation", self.family.attn_implementation)
 
         super().__init__(pretrained, backend="causal", **kwargs)
-        if self.cuda_graph:
+        if self.cuda_graph_auto:
+            self.cuda_graph = self._graphs_by_default(mask_config)
+        elif self.cuda_graph:
             graphed_steps.check_device(self.device)
         # effective (gen_length, steps, block_length): per task as planned, and as run
         self.settings_per_task: dict[str, dict[str, int | None]] = {}
@@ -222,16 +229,29 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 return sink_token.call(self.model, self.sink, on_keys, **inputs)
             return self.model(**inputs).logits
 
+    def _graphs_by_default(self, mask_config: SinkMaskConfig) -> bool:
+        """``cuda_graph=auto``: graphs on a CUDA device, unless the settings cannot be replayed
+        (then the steps run eagerly, said once in the log, where ``true`` would refuse)."""
+        if not graphed_steps.runs_on(self.device):
+            return False
+        why = graphed_steps.unreplayable(mask_config, observers=())
+        if why is not None:
+            logger.info("cuda_graph=auto: denoising steps run eagerly, as a replay cannot "
+                        "stand for %s", why)
+        return why is None
+
     def _probe_padding(self) -> str:
         """How this checkpoint is given padded batches: the first of the family's mask forms
-        its code honours, or UNPADDED (batches split into prompts of equal length)."""
-        embeddings = self.model.get_input_embeddings()
-        vocab = getattr(embeddings, "num_embeddings", None) or self.model.config.vocab_size
-        with torch.inference_mode():
-            padding = choose_padding(self._forward_with, self.family.padding_inputs(), vocab_size=vocab,
-                                     mask_id=self.mask_id, padding_side=self.settings.padding_side,
-                                     device=self.device, dtype=self.model.dtype,
-                                     refused=(graphed_steps.HostWork,) if self.cuda_graph else ())
+        its code honours, or UNPADDED (batches split into prompts of equal length). Under
+        ``cuda_graph`` a form whose pass does work on the host is ruled out; where that
+        leaves none, ``auto`` runs the steps eagerly instead (and probes again without the
+        rule), where ``true`` splits the batches."""
+        padding = self._choose_padding()
+        if padding == UNPADDED and self.cuda_graph and self.cuda_graph_auto:
+            self.cuda_graph = False
+            logger.info("cuda_graph=auto: denoising steps run eagerly, as no padded form of "
+                        "this checkpoint's pass is both honoured and free of host work")
+            padding = self._choose_padding()
         if padding == UNPADDED:
             logger.warning(
                 "%s: this checkpoint's code does not honour the padding mask in any form we know "
@@ -241,6 +261,16 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             logger.info("%s: padded batches pass their mask as %s (a padded row decodes as the "
                         "row alone)", self.family.name, padding)
         return padding
+
+    def _choose_padding(self) -> str:
+        """:func:`choose_padding` on this model, ruling out host work under ``cuda_graph``."""
+        embeddings = self.model.get_input_embeddings()
+        vocab = getattr(embeddings, "num_embeddings", None) or self.model.config.vocab_size
+        with torch.inference_mode():
+            return choose_padding(self._forward_with, self.family.padding_inputs(), vocab_size=vocab,
+                                  mask_id=self.mask_id, padding_side=self.settings.padding_side,
+                                  device=self.device, dtype=self.model.dtype,
+                                  refused=(graphed_steps.HostWork,) if self.cuda_graph else ())
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """Diffusion sampling for one batch; returns [context | generated] as HFLM expects."""
@@ -312,9 +342,10 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             temperature=s.temperature,
             padding_side=s.padding_side,
         )
+        graphed = self.cuda_graph and not (self.cuda_graph_auto and self.masker.observers)
         with torch.inference_mode(), \
-                self.masking(context, prompt_mask, in_place=self.cuda_graph) as stats:
-            if self.cuda_graph:  # one capture per generation: its shapes hold through it
+                self.masking(context, prompt_mask, in_place=graphed) as stats:
+            if graphed:  # one capture per generation: its shapes hold through it
                 graphed_steps.refuse_unreplayable(self.mask_config, self.masker.observers)
                 model_fn = graphed_steps.GraphedSteps(self._step_logits, stats,
                                                       prepare=self._step_inputs)

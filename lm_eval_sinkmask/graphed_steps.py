@@ -18,12 +18,14 @@ things must hold for it to be the eager step:
 - no decision the host takes during the pass changes from step to step, and none reads a
   tensor's value (a host sync, which a capture refuses). The intercept's decisions follow from
   shapes and settings, except ``mask_target=random``, whose draws are seeded by the pass
-  number, and observers (sink traces), which are Python per call: both are refused. The
-  families' input forms ask whether a batch has padding (``bool(mask.all())``), so the inputs
-  are built at every step outside the graph (``prepare``) and only the model's pass is held.
-  A checkpoint's own forward may ask too (LLaDA's released code: ``0.0 in attention_mask``);
-  the load-time padding probe then passes the mask in another form the code honours, one
-  whose pass does no such work (:func:`refusing_host_work`), or splits batches by length.
+  number, and observers (sink traces), which are Python per call: ``cuda_graph=auto`` (the
+  default) runs those eagerly, ``true`` refuses them. The families' input forms ask whether
+  a batch has padding (``bool(mask.all())``), so the inputs are built at every step outside
+  the graph (``prepare``) and only the model's pass is held. A checkpoint's own forward may
+  ask too (LLaDA's released code: ``0.0 in attention_mask``); the load-time padding probe
+  then passes the mask in another form the code honours, one whose pass does no such work
+  (:func:`refusing_host_work`); where there is none, ``auto`` runs eagerly and ``true``
+  splits batches by length.
 
 The first :data:`WARM_UP_STEPS` steps of a generation run eagerly (on a side stream, as a
 capture wants); they also compile what the capture then holds (Triton kernels, the compiled
@@ -91,23 +93,35 @@ def capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.T
 capture.runs_the_pass = False  # a stand-in that records by running the pass sets it True
 
 
+def runs_on(device: torch.device | str) -> bool:
+    """Whether CUDA graphs can hold a pass on ``device``: a CUDA device."""
+    return str(device).split(":")[0] == "cuda"
+
+
 def check_device(device: torch.device | str) -> None:
     """CUDA graphs need a CUDA device."""
-    if str(device).split(":")[0] != "cuda":
+    if not runs_on(device):
         raise ValueError(f"cuda_graph=true needs a CUDA device (CUDA graphs); the model is on "
-                         f"{device}: drop cuda_graph or pass --device cuda")
+                         f"{device}: set cuda_graph=false or auto, or pass --device cuda")
+
+
+def unreplayable(config, observers) -> str | None:
+    """Why a replay cannot stand for the eager steps under these settings (their host-side
+    work changes from step to step, which a replay would freeze at the captured step), or
+    None where it can."""
+    if config.enabled and config.mask_target == "random":
+        return ("mask_target=random: its draws are seeded by the forward pass's number, which "
+                "a replayed step never sees")
+    if observers:
+        return "a pass that is observed call by call (sink traces)"
+    return None
 
 
 def refuse_unreplayable(config, observers) -> None:
-    """The settings whose host-side work changes from step to step, which a replay would
-    freeze at the captured step."""
-    if config.enabled and config.mask_target == "random":
-        raise ValueError("cuda_graph=true cannot replay mask_target=random: its draws are "
-                         "seeded by the forward pass's number, which a replayed step never "
-                         "sees; drop cuda_graph")
-    if observers:
-        raise ValueError("cuda_graph=true cannot replay a pass that is observed call by call "
-                         "(sink traces): drop cuda_graph")
+    """``cuda_graph=true``: an error for settings that :func:`unreplayable` names."""
+    why = unreplayable(config, observers)
+    if why is not None:
+        raise ValueError(f"cuda_graph=true cannot replay {why}: set cuda_graph=false or auto")
 
 
 class GraphedSteps:
@@ -156,9 +170,9 @@ class GraphedSteps:
                 self._replay, self.logits = self._counts.result
         except RuntimeError as e:
             raise CaptureFailed(
-                f"cuda_graph=true: capturing the denoising step failed: {e}. A forward that "
-                "reads a tensor's value on the host, or copies from it, cannot be captured; "
-                "drop cuda_graph (the eager steps give the same results)") from e
+                f"cuda_graph: capturing the denoising step failed: {e}. A forward that reads a "
+                "tensor's value on the host, or copies from it, cannot be captured; set "
+                "cuda_graph=false (the eager steps give the same results)") from e
         if not getattr(self.capture_with, "runs_the_pass", False):
             self._replay()  # capturing recorded the step; this runs it
         if self._counts is not None:

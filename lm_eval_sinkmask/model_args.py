@@ -100,12 +100,14 @@ ARGS: tuple[ModelArg, ...] = (
              "model's dtype); `invariant` gives the same tokens at every batch size and padding "
              "(float32, ties to the leftmost position, the mask token never predicted)", (DLM,),
              "sampling"),
-    ModelArg("cuda_graph", "false", "capture each generation's denoising step once as a CUDA "
+    ModelArg("cuda_graph", "auto", "capture each generation's denoising step once as a CUDA "
              "graph and replay it at every later step (the first two run eagerly): the same "
              "tokens and counters, one launch per step where the masker's Python runs per "
              "attention call; padded batches pass their mask in a form the model's pass reads "
-             "nothing of on the host (LLaDA's: `attention_bias`). CUDA only; not with "
-             "`mask_target=random` or sink traces", (DLM,), "sampling"),
+             "nothing of on the host (LLaDA's: `attention_bias`). `auto` = on for a CUDA device "
+             "unless the settings cannot be replayed (`mask_target=random`, sink traces) or no "
+             "padded form of the pass is free of host work, eager otherwise; `true` refuses "
+             "those cases; `false` always eager", (DLM,), "sampling"),
     # -- loading
     # -- likelihood: LikelihoodSettings (likelihood.py)
     ModelArg("mc_num", "128", "Monte Carlo samples per scored continuation", (DLM,), "likelihood"),

@@ -158,6 +158,41 @@ def test_detect_backend_fused_takes_the_kernel_unchecked_and_raises():
         _decoded_tokens("fused", _raising)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
+                    reason="no CUDA device with Triton here: the compiled kernel is checked on a "
+                           "GPU machine (the interpreter checks the same kernel above)")
+@pytest.mark.parametrize("rule", ["last_row", "all_rows"])
+def test_on_cuda_the_kernel_decodes_what_the_path_by_parts_decodes(rule):
+    """The compiled kernel on the GPU, through transformers' generate with left padding: the
+    tokens and every call's chosen keys of the path by parts (float32; eps 0.1 keeps a random
+    model's uniform rows, whose scores tie at the threshold, out of the choice)."""
+    from tests import tiny
+
+    model = tiny.build("llama").cuda()
+    ids = torch.randint(5, 40, (3, 10), generator=torch.Generator().manual_seed(2)).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+
+    def decoded(by_parts: bool):
+        events = []
+        masker = SinkMasker(SinkMaskConfig(top_k=2, eps=0.1, detect_backend="fused"), rule=rule,
+                            observers=[events.append])
+        parts = mock.patch.object(decode_step, "takes", lambda *a: False) if by_parts \
+            else nullcontext()
+        with torch.no_grad(), parts, masker.attach(model) as stats:
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        return out, [e.chosen for e in events], stats
+
+    (ref, ref_chosen, ref_stats), (got, chosen, stats) = decoded(True), decoded(False)
+    assert stats.detection.get(decode_step.NAME, 0) > 0 and decode_step.NAME not in \
+        ref_stats.detection
+    assert torch.equal(got, ref) and ref_stats.keys_masked > 0
+    assert all(torch.equal(a, b) for a, b in zip(ref_chosen, chosen))
+    assert (stats.sinks_detected, stats.keys_masked) == (ref_stats.sinks_detected,
+                                                         ref_stats.keys_masked)
+
+
 # -- the child process ------------------------------------------------------------------------
 
 

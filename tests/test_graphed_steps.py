@@ -49,7 +49,7 @@ def captures(monkeypatch, on_accelerator):
 
     counted.runs_the_pass = True
     monkeypatch.setattr(graphed_steps, "capture", counted)
-    monkeypatch.setattr(graphed_steps, "check_device", lambda device: None)
+    monkeypatch.setattr(graphed_steps, "runs_on", lambda device: True)  # as on CUDA
     return made
 
 
@@ -75,7 +75,7 @@ def _requests(max_gen_toks=32):
     ("dream", {"granularity": "layer", "top_k": 5}),
 ])
 def test_a_graphed_generation_decodes_and_counts_as_the_eager_one(captures, name, args):
-    eager = _lm(name, **args)
+    eager = _lm(name, cuda_graph=False, **args)
     texts = eager.generate_until(_requests())
     graphed = _lm(name, cuda_graph=True, **args)
     assert graphed.generate_until(_requests()) == texts
@@ -96,7 +96,7 @@ def test_a_forward_that_reads_the_host_is_given_a_mask_form_that_does_not(captur
     from lm_eval_sinkmask.families import FAMILIES
 
     args = {"model_class": "tests.tiny:HostReadingLlada"}
-    eager = _lm("llada", **args)
+    eager = _lm("llada", cuda_graph=False, **args)
     texts = eager.generate_until(_requests())
     graphed = _lm("llada", cuda_graph=True, **args)
     assert (eager.padding, graphed.padding) == ("attention_mask", "attention_bias")
@@ -110,7 +110,7 @@ def test_a_forward_that_reads_the_host_is_given_a_mask_form_that_does_not(captur
 @pytest.mark.parametrize("args, message", [
     ({"device": "cpu"}, "cuda_graph=true needs a CUDA device"),
     ({"device": "cuda", "mask_target": "random"}, "cannot replay mask_target=random"),
-    ({"device": "cuda", "cuda_graph": "maybe"}, "cuda_graph must be true or false"),
+    ({"device": "cuda", "cuda_graph": "maybe"}, "cuda_graph must be auto, true or false"),
 ])
 def test_what_a_replay_cannot_do_is_refused_before_the_weights_load(args, message, monkeypatch):
     from lm_eval_sinkmask import checkpoint_checks
@@ -121,6 +121,38 @@ def test_what_a_replay_cannot_do_is_refused_before_the_weights_load(args, messag
     monkeypatch.setattr(checkpoint_checks, "read_config", no_loading)
     with pytest.raises(ValueError, match=message):
         _lm("llada", **{"cuda_graph": True, **args})
+
+
+def test_auto_graphs_the_steps_where_they_can_run_and_nowhere_else(captures, monkeypatch):
+    """cuda_graph=auto, the default: on a CUDA device the steps are graphed (the same texts and
+    counters as eager); on a CPU, under mask_target=random, for an observed pass, or where
+    no padded form of the pass is free of host work, they run eagerly, without an error."""
+    eager = _lm("llada", cuda_graph=False)
+    texts = eager.generate_until(_requests())
+    auto = _lm("llada")
+    assert auto.generate_until(_requests()) == texts and any(texts)
+    assert auto.get_model_info()["sinkmask"]["counters"] == \
+        eager.get_model_info()["sinkmask"]["counters"]
+    assert auto.cuda_graph is True and captures["captures"] == 1
+
+    random_control = _lm("llada", mask_target="random")
+    assert random_control.cuda_graph is False
+    random_control.generate_until(_requests())
+    assert captures["captures"] == 1  # no capture since
+
+    observed = _lm("llada")
+    calls = []
+    observed.masker.observers.append(calls.append)
+    assert observed.generate_until(_requests()) == texts and calls
+    assert captures["captures"] == 1
+
+    host_reading = _lm("llada", model_class="tests.tiny:AlwaysHostReadingLlada")
+    assert host_reading.cuda_graph is False and host_reading.padding == "attention_mask"
+    host_reading.generate_until(_requests())
+    assert captures["captures"] == 1
+
+    monkeypatch.setattr(graphed_steps, "runs_on", lambda device: False)  # a CPU
+    assert _lm("llada").cuda_graph is False
 
 
 def test_observed_passes_are_refused():

@@ -100,6 +100,16 @@ class HostReadingLlada(TinyLladaModel):
         return super().forward(input_ids, attention_mask=attention_bias, **kwargs)
 
 
+class AlwaysHostReadingLlada(TinyLladaModel):
+    """A checkpoint whose forward reads a value on the host whatever it is given (here: the
+    largest token id), so no form of its pass can be captured as a CUDA graph."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        if int(input_ids.max()) < 0:
+            raise AssertionError("token ids are never negative")
+        return super().forward(input_ids, attention_mask=attention_mask, **kwargs)
+
+
 def intercept_case(case: str):
     """(model, ARM rule, run) of a model-level check of the intercept: for ``llada...`` and
     ``dream...`` one forward pass of a batch of two, one of them left-padded; for
