@@ -27,7 +27,6 @@ keys chosen.
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -47,14 +46,9 @@ SCORES_RTOL = SCORES_ATOL = 1e-3
 OUTPUT_TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
-@lru_cache(maxsize=None)
 def _kernels():
-    """The Triton kernel module, or None where Triton is not installed (or cannot load)."""
-    try:
-        from . import _decode_kernels
-    except Exception:  # ImportError, or a Triton build that fails to initialise here
-        return None
-    return _decode_kernels
+    """The decoding kernel's module (:mod:`_decode_kernels`), or None without Triton."""
+    return fused_mass.triton_module("_decode_kernels")
 
 
 def takes(config, rule: str, extra_keys, query: torch.Tensor, key: torch.Tensor) -> bool:

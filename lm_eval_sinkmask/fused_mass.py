@@ -26,6 +26,7 @@ reads them. Rows that see no key weigh nothing.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from functools import lru_cache
@@ -51,13 +52,18 @@ def sdpa_scale(scale, head_dim: int) -> float:
 
 
 @lru_cache(maxsize=None)
-def _kernels():
-    """The Triton kernels module, or None when Triton is not installed (or cannot load)."""
+def triton_module(name: str):
+    """The package's Triton kernel module ``name``, or None when Triton is not installed (or
+    cannot load). The kernel modules import Triton, so the package imports them only here."""
     try:
-        from . import _mass_kernels
+        return importlib.import_module(f"{__package__}.{name}")
     except Exception:  # ImportError, or a Triton build that fails to initialise here
         return None
-    return _mass_kernels
+
+
+def _kernels():
+    """This module's Triton kernels (:mod:`_mass_kernels`), or None."""
+    return triton_module("_mass_kernels")
 
 
 def interpreting() -> bool:
