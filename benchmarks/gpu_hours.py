@@ -438,7 +438,8 @@ def main(argv=None, timer=None) -> dict:
                          "(select_kernel's call path) where it applies")
     ap.add_argument("--graphs", action="store_true",
                     help="DLM steps (unmasked and top_k=5) replayed as CUDA graphs, captured once "
-                         "per timed shape (benchmarks/graphed_pass.py); CUDA only")
+                         "per timed shape (benchmarks/graphed_pass.py), as dlm_sinkmask runs "
+                         "them on CUDA by default (cuda_graph=auto); CUDA only")
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny shapes, short sequences")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="also write the rows and settings here")

@@ -45,8 +45,9 @@ if [ "${CHECKS:-1}" = 0 ]; then
     echo "cuda tests, bench checks: skipped (CHECKS=0)" | tee "$out/cuda_tests.log" >> "$summary"
 else
     step "cuda tests" 0 timeout "$checks_budget" python3 -m pytest -q -p no:cacheprovider -rs \
-        tests/test_fused_mass.py tests/test_flex_mass.py \
-        -k "cuda and (test_fused_mass or detection_masks)" > "$out/cuda_tests.log" 2>&1 &
+        tests/test_fused_mass.py tests/test_flex_mass.py tests/test_decode_kernel.py \
+        -k "cuda and (test_fused_mass or detection_masks or the_kernel_decodes)" \
+        > "$out/cuda_tests.log" 2>&1 &
     step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,select,decode,zoo \
         > "$out/bench_checks.md" 2>&1 &
     wait
@@ -54,7 +55,8 @@ fi
 step "bench llada" 10 "${bench[@]}" --gpu-parts llada,llada_gap --gpu-profile \
     > "$out/bench_llada.md" 2>&1
 step "bench llama" 10 "${bench[@]}" --gpu-parts llama --gpu-profile > "$out/bench_llama.md" 2>&1
-step "gpu_hours" 10 python3 benchmarks/gpu_hours.py --detect-backend fused --batch 1,8 \
+# the DLM steps graphed, as dlm_sinkmask runs them on CUDA by default (cuda_graph=auto)
+step "gpu_hours" 10 python3 benchmarks/gpu_hours.py --detect-backend fused --batch 1,8 --graphs \
     --json "$out/gpu_hours.json" > "$out/gpu_hours.md" 2>&1
 step "bench llada_kernels" 5 "${bench[@]}" --gpu-parts llada_kernels \
     > "$out/bench_llada_kernels.md" 2>&1
