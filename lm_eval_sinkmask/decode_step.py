@@ -26,15 +26,12 @@ keys chosen.
 
 from __future__ import annotations
 
-import logging
 from typing import NamedTuple
 
 import torch
 
 from . import fused_mass
 from .attention_view import Detection, MaskView, Scores
-
-logger = logging.getLogger(__name__)
 
 NAME = "fused_decode"  # the detection counter's name for the calls taken here
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows take the fused path
