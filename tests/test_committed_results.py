@@ -101,13 +101,13 @@ def test_the_committed_zoo_report_is_what_its_cells_and_traces_render(monkeypatc
     """results/zoo/report.md judges the zoo's bars: it must be what the current report code
     makes of the committed accuracy cells and sink traces (read from the root, as its
     regenerate line runs)."""
-    from lm_eval_sinkmask.zoo import ZOO_NAMES, report
+    from lm_eval_sinkmask.zoo import ZOO_NAMES, report, report_markdown
 
     monkeypatch.chdir(ROOT)
     out = Path("results/zoo")
     cells = [Path(c) for c in json.loads((out / "report.json").read_text())["cells_read"]]
     built = report.read_report(out, list(ZOO_NAMES), cells)
-    assert report.markdown(built) == (out / "report.md").read_text()
+    assert report_markdown.markdown(built) == (out / "report.md").read_text()
     assert report.report_json(built) == (out / "report.json").read_text()
 
 

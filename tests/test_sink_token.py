@@ -199,7 +199,7 @@ def test_text_holding_the_sink_token_is_refused_not_scored(sink_dir, context, co
 
 def test_a_trace_counts_keys_with_the_sink_token_and_text_without_it(sink_dir):
     from lm_eval_sinkmask.sink_trace import trace_generation
-    from lm_eval_sinkmask.zoo.report import position_label
+    from lm_eval_sinkmask.zoo.sink_stats import position_label
 
     trace = trace_generation(str(sink_dir), "1 2 3", gen_length=4, model_args="block_length=4",
                              device="cpu")

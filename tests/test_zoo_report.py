@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lm_eval_sinkmask.sink_trace import Trace
-from lm_eval_sinkmask.zoo import report
+from lm_eval_sinkmask.zoo import report, report_markdown, sink_stats
 
 
 def test_sinks_among_top_applies_eq3_to_every_recorded_key():
@@ -28,9 +28,9 @@ def test_sinks_among_top_applies_eq3_to_every_recorded_key():
 
 
 def test_position_labels_compare_across_prompt_lengths():
-    assert report.position_label(0, 10) == "0 (BOS)"
-    assert report.position_label(9, 10) == "prompt end -1"
-    assert report.position_label(12, 10) == "answer +2"
+    assert sink_stats.position_label(0, 10) == "0 (BOS)"
+    assert sink_stats.position_label(9, 10) == "prompt end -1"
+    assert sink_stats.position_label(12, 10) == "answer +2"
 
 
 def test_sink_summary_counts_pairs_tokens_and_positions():
@@ -45,26 +45,26 @@ def test_sink_summary_counts_pairs_tokens_and_positions():
     is_sink[:, 0, 0, 0] = True    # BOS, every step
     is_sink[0, 1, 1, 1] = True    # position 7 once, where the canvas holds "<mask>" at step 0
     tokens = {0: "<bos>", 7: "7"}
-    s = report.sink_summary(n_sinks, top_pos, is_sink,
+    s = sink_stats.sink_summary(n_sinks, top_pos, is_sink,
                             lambda t, p: "<mask>" if (t, p) == (0, 7) else tokens[p], 5)
     assert s["pairs"] == 4 and s["pairs_with_sink"] == 2
     assert s["share_by_layer"] == [0.5, 0.5]  # layer 0: head 0 of 2; layer 1: head 1 of 2
     assert s["mean_sinks_per_pair"] == (1 + 0.5 + 0 + 3) / 4
     assert s["tokens"] == {"<bos>": 4, "<mask>": 1}
     assert s["positions"] == {"0 (BOS)": 4, "answer +2": 1}
-    both = report.combine([s, s])
+    both = sink_stats.combine([s, s])
     assert both["generations"] == 2 and both["share_of_pairs_with_sink"] == 0.5
-    assert report.combine([s, {**s, "share_by_layer": [1.0, 0.0]}])["share_by_layer"] == [0.75, 0.25]
-    assert report.combine([s, {**s, "share_by_layer": None}])["share_by_layer"] is None
+    assert sink_stats.combine([s, {**s, "share_by_layer": [1.0, 0.0]}])["share_by_layer"] == [0.75, 0.25]
+    assert sink_stats.combine([s, {**s, "share_by_layer": None}])["share_by_layer"] is None
     assert both["top_tokens"] == [["<bos>", 0.8], ["<mask>", 0.2]]
-    assert both["share_range"] == [0.5, 0.5] and report.share_text(both) == "50% ± 0% (50%-50%)"
-    three = report.combine([s, {**s, "pairs_with_sink": 1}, {**s, "pairs_with_sink": 4}])
+    assert both["share_range"] == [0.5, 0.5] and report_markdown.share_text(both) == "50% ± 0% (50%-50%)"
+    three = sink_stats.combine([s, {**s, "pairs_with_sink": 1}, {**s, "pairs_with_sink": 4}])
     assert three["share_of_pairs_with_sink"] == (2 + 1 + 4) / 12
     # standard error over generations: sample sd (n - 1) / sqrt(n) of 0.5, 0.25, 1.0
     assert three["share_stderr"] == pytest.approx(0.3819 / 3 ** 0.5, abs=1e-4)
-    assert report.share_text(three) == "58% ± 22% (25%-100%)"
-    assert report.combine([s])["share_stderr"] is None  # one generation: no spread to go on
-    assert report.share_text({"share_of_pairs_with_sink": 0.5}) == "50%"  # a report made before
+    assert report_markdown.share_text(three) == "58% ± 22% (25%-100%)"
+    assert sink_stats.combine([s])["share_stderr"] is None  # one generation: no spread to go on
+    assert report_markdown.share_text({"share_of_pairs_with_sink": 0.5}) == "50%"  # a report made before
 
 
 def test_the_arm_is_traced_under_both_query_rules():
@@ -127,7 +127,7 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
     assert summary[gsm]["mean"] == pytest.approx(0.5) and summary[gsm]["std"] == pytest.approx(0.05)
     assert (summary[gsm]["min"], summary[gsm]["max"], summary[gsm]["seeds"]) == (0.45, 0.55, 3)
     assert summary["bars_met"] == {gsm: [2, 3], code: [3, 3], "sinks": [1, 2]}
-    md = report.markdown({**rep, "cells_read": ["results/zoo/gpu_eval"]})
+    md = report_markdown.markdown({**rep, "cells_read": ["results/zoo/gpu_eval"]})
     assert "--seeds 0,1,2 --cells results/zoo/gpu_eval`" in md  # how to regenerate it
     assert ("| llada | 1 | 2.0M params, 10 steps x 4 | 0.450 ± 0.010 (n=300) | **not met** "
             "(>= 0.50) | 0.900 ± 0.010 (n=100) | met (>= 0.60) | 30% | **not met** (>= 50%) |") in md
@@ -163,15 +163,15 @@ def test_value_norms_pool_over_generations_and_give_a_verdict():
                 "tokens": {}, "positions": {}}
         return {**base, "values": (rel, is_sink, 3.0) if with_values else None}
 
-    low = report.combine([summary(0.2, 1.0), summary(0.4, 1.0)])
+    low = sink_stats.combine([summary(0.2, 1.0), summary(0.4, 1.0)])
     assert low["value_norms"]["sinks"]["n"] == 4
     assert low["value_norms"]["sinks"]["median"] == np.float32(0.3)
-    assert report.low_norm_verdict(low["value_norms"]) == "yes"
-    assert report.low_norm_verdict(report.combine([summary(0.7, 1.0)])["value_norms"]) == "lower, not low"
-    assert report.low_norm_verdict(report.combine([summary(1.5, 1.0)])["value_norms"]) == "no"
-    old = report.combine([summary(0.2, 1.0), summary(0.2, 1.0, with_values=False)])
-    assert old["value_norms"] is None and report.low_norm_verdict(None) == "n/a"
-    lines = report.value_norm_section({"m": low, "old": old})
+    assert sink_stats.low_norm_verdict(low["value_norms"]) == "yes"
+    assert sink_stats.low_norm_verdict(sink_stats.combine([summary(0.7, 1.0)])["value_norms"]) == "lower, not low"
+    assert sink_stats.low_norm_verdict(sink_stats.combine([summary(1.5, 1.0)])["value_norms"]) == "no"
+    old = sink_stats.combine([summary(0.2, 1.0), summary(0.2, 1.0, with_values=False)])
+    assert old["value_norms"] is None and sink_stats.low_norm_verdict(None) == "n/a"
+    lines = report_markdown.value_norm_section({"m": low, "old": old})
     assert "| m | 4 | 0.30 (0.20-0.40) | 100% | 0.30 | 1.00 | yes |" in lines
     assert any("traces predate value norms" in ln for ln in lines)
 

@@ -21,6 +21,7 @@
    checkpoint, and per model the mean and spread across seeds; ``report.md`` and
    ``report.json`` in ``--out``.
 
+The statistics over a trace are :mod:`zoo.sink_stats`'s, the Markdown :mod:`zoo.report_markdown`'s.
 Tiny models on synthetic tasks: a test bed, not a claim about 8B models.
 """
 
@@ -30,17 +31,15 @@ import argparse
 import hashlib
 import json
 import statistics
-from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
 from .install import RECIPE_FIELDS, recipe, recipe_label
+from .sink_stats import combine, low_norm_verdict, sink_summary
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
 SPLIT_SIZE = {"mini_gsm_sinkmask": N_TEST_GSM, "mini_code_sinkmask": N_TEST_CODE}  # whole test splits
@@ -55,105 +54,6 @@ ARM_RULES = ("last_row", "all_rows")
 # block_length=1, is another experiment and not read as the checkpoint's accuracy)
 NEUTRAL_ARGS = {"pretrained", "top_k", "eps", "arm_rule", "sink_token", "dtype",
                 "trust_remote_code", "detect", "granularity", "layers", "query_chunk"}
-
-
-# ------------------------------------------------------------------- sink statistics
-
-def position_label(pos: int, prompt_length: int, key_offset: int = 0,
-                   n_tokens: int | None = None) -> str:
-    """Positions comparable across prompts: BOS, counted back from the prompt's end, or
-    forward into the generated answer. ``pos`` is a key position, ``key_offset`` the keys
-    before the first text token (an extra sink token at the start); a key outside the
-    ``n_tokens`` text tokens is the extra sink token."""
-    i = pos - key_offset
-    if i < 0 or (n_tokens is not None and i >= n_tokens):
-        return "sink token"
-    if i == 0:
-        return "0 (BOS)"
-    if i < prompt_length:
-        return f"prompt end {i - prompt_length}"
-    return f"answer +{i - prompt_length}"
-
-
-def sink_summary(n_sinks: np.ndarray, top_pos: np.ndarray, is_sink: np.ndarray,
-                 token_at, prompt_length: int, key_offset: int = 0,
-                 n_tokens: int | None = None) -> dict[str, Any]:
-    """One traced generation: sinks per (layer, head) and where they sit.
-
-    n_sinks: [T, L, H] Eq. 3 sinks per step; top_pos / is_sink: [T, L, H, n] the recorded top
-    keys and which of them are sinks; ``token_at(step, pos)`` names the token a key held at
-    that step (a DLM's canvas changes as it is decoded); positions as :func:`position_label`.
-    """
-    per_pair = n_sinks.mean(axis=0)  # [L, H]: mean sinks per step
-    tokens, positions = Counter(), Counter()
-    for t, l, h, i in zip(*np.nonzero(is_sink)):
-        pos = int(top_pos[t, l, h, i])
-        tokens[token_at(int(t), pos)] += 1
-        positions[position_label(pos, prompt_length, key_offset, n_tokens)] += 1
-    return {
-        "mean_sinks_per_pair": float(per_pair.mean()),
-        "pairs": int(per_pair.size),
-        "pairs_with_sink": int((per_pair >= 1).sum()),
-        # per layer, first to last: the share of its heads with at least one sink on average
-        "share_by_layer": [float(x) for x in (per_pair >= 1).mean(axis=1)],
-        "tokens": tokens,
-        "positions": positions,
-    }
-
-
-def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
-    """Several generations of one model: means of the per-generation numbers, pooled counts,
-    and value norms pooled over every generation that recorded them."""
-    from ..sink_trace import value_norm_summary
-
-    tokens, positions = Counter(), Counter()
-    for s in summaries:
-        tokens.update(s["tokens"])
-        positions.update(s["positions"])
-    total = max(sum(tokens.values()), 1)
-    share = lambda c: [[k, round(v / total, 3)] for k, v in c.most_common(top)]  # noqa: E731
-    values = [s.get("values") for s in summaries]
-    pooled = None
-    if values and all(v is not None for v in values):  # (relative norms, is_sink, eps) each
-        pooled = value_norm_summary(np.concatenate([v[0] for v in values]),
-                                    np.concatenate([v[1] for v in values]), values[0][2])
-    shares = [s["pairs_with_sink"] / s["pairs"] for s in summaries]
-    by_layer = [s.get("share_by_layer") for s in summaries]
-    return {
-        "generations": len(summaries),
-        "mean_sinks_per_pair": float(np.mean([s["mean_sinks_per_pair"] for s in summaries])),
-        "share_of_pairs_with_sink": float(np.mean(shares)),
-        # how precisely the generations traced pin the mean down (None below two generations)
-        "share_stderr": _stderr(shares),
-        # the lowest and highest generation's share: how much the mean rests on the prompts traced
-        "share_range": [float(min(shares)), float(max(shares))],
-        # where the pairs with a sink sit: the mean over generations, layer by layer
-        "share_by_layer": ([float(x) for x in np.mean(by_layer, axis=0)]
-                           if all(b is not None for b in by_layer) else None),
-        "top_tokens": share(tokens),
-        "top_positions": share(positions),
-        "value_norms": pooled,
-    }
-
-
-def _stderr(values: list[float]) -> float | None:
-    """Standard error of a mean over generations: sample standard deviation / sqrt(n)."""
-    sd = sample_std(values)
-    return None if sd is None else sd / len(values) ** 0.5
-
-
-def low_norm_verdict(block: dict[str, Any] | None) -> str:
-    """Do the sinks have low-norm values? "yes" when the median sink's value norm is below
-    ``low_below`` (0.5) of its head's median, "lower, not low" when it is below 0.8 of the
-    non-sink top keys' median, "no" otherwise."""
-    if block is None or not block["sinks"]["n"]:
-        return "n/a"
-    med, other = block["sinks"]["median"], block["other_top_keys"]["median"]
-    if med < block["low_below"]:
-        return "yes"
-    if other is not None and med < 0.8 * other:
-        return "lower, not low"
-    return "no"
 
 
 # --------------------------------------------------------------------------- runners
@@ -449,193 +349,6 @@ def _spreads(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
     return entry
 
 
-# --------------------------------------------------------------------------- writing
-
-def _verdict_text(verdict: str | None, bar: str, n: int | None = None, size: int = 0) -> str:
-    if verdict is None:
-        return "-"
-    if verdict == "partial":
-        return f"not judged (n={n} of {size})"
-    return f"{'met' if verdict == 'met' else '**not met**'} (>= {bar})"
-
-
-def _spread_text(s: dict[str, Any] | None, pct: bool = False) -> str:
-    if s is None:
-        return "-"
-    f = (lambda x: f"{x:.0%}") if pct else (lambda x: f"{x:.3f}")  # noqa: E731
-    std = "n/a" if s["std"] is None else f(s["std"])
-    return f"{f(s['mean'])} ± {std} ({f(s['min'])}-{f(s['max'])}, n={s['seeds']})"
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """The report card: every checkpoint, each model across seeds, the sinks traced."""
-    seeds = ",".join(str(s) for s in sorted({c["seed"] for c in report["checkpoints"]})) or "0"
-    cells = "".join(f" --cells {c}" for c in report.get("cells_read", []))
-    lines = [
-        "# Tiny zoo report card",
-        "",
-        "Tiny models on synthetic tasks (a test bed, **not a claim about 8B models**). "
-        "Regenerate with `python -m lm_eval_sinkmask.zoo.report --out results/zoo --seeds "
-        f"{seeds}{cells}` (`--cells DIR` reads unmasked cells computed elsewhere, e.g. on a GPU; "
-        "without it they are computed here).",
-    ]
-    lines += _checkpoint_section(report["checkpoints"])
-    lines += _summary_section(report["summary"])
-    lines += _sink_section(report["checkpoints"])
-    return "\n".join(lines) + "\n"
-
-
-def _accuracy_text(r: dict[str, Any] | None) -> str:
-    if r is None:
-        return "-"
-    dtype = f", {r['dtype']}" if r.get("dtype") else ""
-    se = "n/a" if r["stderr"] is None else f"{r['stderr']:.3f}"
-    return f"{r['value']:.3f} ± {se} (n={r['n']}{dtype})"
-
-
-def _checkpoint_section(checkpoints: list[dict[str, Any]]) -> list[str]:
-    """One row per (model, seed): accuracy with its bars, the share of pairs with a sink."""
-    lines = [
-        "",
-        "## Every checkpoint (unmasked, greedy, whole test splits, through lm-eval)",
-        "",
-        "mini_gsm: exact match (strict); mini_code: pass@1 in the sandbox; ± lm-eval's standard "
-        "error. DLM sampler settings: the family defaults (LLaDA: blocks of 32, steps = "
-        "gen_length, low-confidence remasking; Dream: steps = gen_length, alg entropy); "
-        f"gen_length = the task's max_gen_toks ({' / '.join(map(str, GEN_LENGTH.values()))}). "
-        "Bars: mini_gsm "
-        + ", ".join(f"{m} >= {t[0]:.2f}" for m, t in TARGETS.items())
-        + "; mini_code " + ", ".join(f"{m} >= {t[1]:.2f}" for m, t in TARGETS.items())
-        + f"; sinks in at least {SINK_BAR:.0%} of the (layer, head) pairs of every DLM "
-        "(mean over the traced generations). A bar is judged only on the whole split.",
-        "",
-        "| model | seed | recipe | mini_gsm | bar | mini_code | bar | pairs with a sink | bar |",
-        "|---|---:|---|---|---|---|---|---:|---|",
-    ]
-    for c in checkpoints:
-        name = c["model"]
-        cells = []
-        for i, task in enumerate(TASKS):
-            r = c["accuracy"].get(task)
-            bar = TARGETS.get(name, (None, None))[i]
-            cells += [_accuracy_text(r), _verdict_text(c["bars"][task], f"{bar:.2f}" if bar else "",
-                                                       r and r["n"], SPLIT_SIZE[task])]
-        main = c["sinks"].get(main_label(name))
-        share = "-" if main is None else f"{main['share_of_pairs_with_sink']:.0%}"
-        sink_bar = _verdict_text(c["bars"]["sinks"], f"{SINK_BAR:.0%}")
-        lines.append(f"| {name} | {c['seed']} | {c.get('recipe', '-')} | " + " | ".join(cells)
-                     + f" | {share} | {sink_bar} |")
-    weights = {f"{c['model']}@{c['seed']}": r["checkpoint"] for c in checkpoints
-               for r in c["accuracy"].values() if r.get("checkpoint")}
-    if weights:
-        lines += ["", "Weights the accuracy cells ran on (sha256 of the model files, first 12 hex "
-                  "digits): " + ", ".join(f"{k} `{d.split(':')[-1][:12]}`"
-                                          for k, d in weights.items()) + "."]
-    return lines
-
-
-def _summary_section(summary: dict[str, Any]) -> list[str]:
-    """One row per model: its spread across seeds and how many checkpoints met each bar."""
-    lines = [
-        "",
-        "## Per model, across seeds",
-        "",
-        "Mean ± sample standard deviation across seeds (n - 1 denominator), then min-max and "
-        "the number of seeds; bars met: checkpoints meeting the bar / checkpoints judged "
-        "(whole split evaluated, sinks traced). Seeds trained under different recipes (model "
-        "size, steps x batch) are never pooled: one row per recipe.",
-        "",
-        "| model | recipe | checkpoints | mini_gsm | mini_code | pairs with a sink | "
-        "mini_gsm bar met | mini_code bar met | sink bar met |",
-        "|---|---|---:|---|---|---|---|---|---|",
-    ]
-    for s in summary.values():
-        met = [("-" if judged == 0 else f"{m}/{judged}") for m, judged in s["bars_met"].values()]
-        lines.append(f"| {s['model']} | {s['recipe']} | {s['checkpoints']} | "
-                     f"{_spread_text(s.get(TASKS[0]))} | "
-                     f"{_spread_text(s.get(TASKS[1]))} | "
-                     f"{_spread_text(s.get('share_of_pairs_with_sink'), pct=True)} | "
-                     + " | ".join(met) + " |")
-    return lines
-
-
-def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
-    """One row per traced (checkpoint, query rule): how many sinks, which tokens, where."""
-    def fmt(pairs):  # newlines and tabs as escapes, so a token cannot break the table
-        return ", ".join(f"`{k.encode('unicode_escape').decode()}` {v:.0%}" for k, v in pairs)
-
-    lines = [
-        "",
-        f"## Sinks (eps = 3, {GEN_LENGTH['mini_gsm_sinkmask']}-token mini_gsm generations, unmasked)",
-        "",
-        "Sinks per pair: mean number of Eq. 3 sinks per (layer, head) per step. Pairs with a "
-        "sink: the share of (layer, head) pairs with at least one sink on average over a "
-        "generation's steps, the mean over the generations ± its standard error (the sample "
-        "standard deviation over generations / sqrt(generations); in parentheses the lowest "
-        "and highest generation's share). Tokens and positions: how often each is among the sinks "
-        "(of the 5 top-scoring keys recorded per step, layer and head), pooled over the "
-        "generations; positions count back from the prompt's end (`Answer:` ends it) or "
-        "forward into the answer. By layer: the share of each layer's heads with a sink, "
-        "first layer to last, in percent.",
-        "",
-        "| model (query rule) | seed | generations | sinks per pair | pairs with a sink | "
-        "by layer | most common sink tokens | most common sink positions |",
-        "|---|---:|---:|---:|---:|---|---|---|",
-    ]
-    for c in checkpoints:
-        for label, s in c["sinks"].items():
-            lines.append(f"| {label} | {c['seed']} | {s['generations']} | "
-                         f"{s['mean_sinks_per_pair']:.2f} | {share_text(s)} | "
-                         f"{_by_layer_text(s.get('share_by_layer'))} | "
-                         f"{fmt(s['top_tokens'])} | {fmt(s['top_positions'])} |")
-    lines += value_norm_section({f"{label} seed {c['seed']}": s for c in checkpoints
-                                 for label, s in c["sinks"].items()})
-    return lines
-
-
-def _by_layer_text(shares: list[float] | None) -> str:
-    return "-" if shares is None else " ".join(f"{100 * x:.0f}" for x in shares)
-
-
-def share_text(sinks: dict[str, Any]) -> str:
-    """The share of pairs with a sink, with its standard error and the range over generations
-    where recorded."""
-    text = f"{sinks['share_of_pairs_with_sink']:.0%}"
-    if sinks.get("share_stderr") is not None:
-        text += f" ± {sinks['share_stderr']:.0%}"
-    if sinks.get("share_range"):
-        lo, hi = sinks["share_range"]
-        text += f" ({lo:.0%}-{hi:.0%})"
-    return text
-
-
-def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
-    """report.md's answer to "do sinks have low-norm values?", one row per traced model."""
-    lines = [
-        "",
-        "## Do sinks have low-norm values? (same traces)",
-        "",
-        "Each recorded sink's value vector norm divided by the median value norm of its head's "
-        "keys at that step (1 = a typical key), pooled over the generations; main sink: the "
-        "top-scoring key when it is a sink; for contrast, the recorded top keys that are not "
-        "sinks. Low-norm values: yes when the median sink is below 0.5x its head's median.",
-        "",
-        "| model (query rule) | sinks | sinks: median (IQR) | below 0.5x | main sink: median | "
-        "non-sink top keys: median | low-norm values? |",
-        "|---|---:|---|---:|---:|---:|---|",
-    ]
-    for label, s in sinks.items():
-        b = s.get("value_norms")
-        if b is None:
-            lines.append(f"| {label} | - | traces predate value norms: rerun the report | | | | n/a |")
-            continue
-        q, m, o = b["sinks"], b["main_sinks"], b["other_top_keys"]
-        f = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-        lines.append(f"| {label} | {q['n']} | {f(q['median'])} ({f(q['q25'])}-{f(q['q75'])}) | "
-                     f"{'n/a' if q['share_low'] is None else format(q['share_low'], '.0%')} | "
-                     f"{f(m['median'])} | {f(o['median'])} | {low_norm_verdict(b)} |")
-    return lines
-
 
 def read_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
     """The report of what ``out`` (and the ``cells`` folders) hold, as ``report.json`` keeps it."""
@@ -650,9 +363,11 @@ def read_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[st
 
 def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
     """Read ``out`` (and the ``cells`` folders), write ``report.md`` and ``report.json``."""
+    from . import report_markdown  # it reads this module's bars
+
     report = read_report(out, models, cells)
     (out / "report.json").write_text(report_json(report))
-    (out / "report.md").write_text(markdown(report))
+    (out / "report.md").write_text(report_markdown.markdown(report))
     return report
 
 
