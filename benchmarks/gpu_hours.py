@@ -5,7 +5,7 @@
     python benchmarks/gpu_hours.py --device cpu --quick     # smoke mode: small shapes, seconds
 
 What it times, on random weights in bf16 (the cost of a forward does not depend on the
-weights, only on the shapes), with the layer counts of ``--layers`` (default 2 and 4):
+weights, only on the shapes), with the layer counts of ``--layers`` (default 2 and 8):
 
 - LLaDA-8B's shape (d_model 4096, 32 heads, MLP 12288, vocab 126464): one denoising step = one
   forward over [prompt | gen_length] tokens, at the sweep's batch size; MMaDA-8B is the same
@@ -47,7 +47,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -133,20 +133,50 @@ def arm_cell_hours(prefill_s: float, decode_s: float, gen_length: int, problems:
     return (prefill_s + gen_length * decode_s) * math.ceil(problems / batch) / 3600
 
 
-def at_depth(times: dict[int, float], depth: int) -> float:
-    """Seconds at ``depth`` layers from seconds measured at a few layer counts: least-squares
-    line a + b * layers through them (two or more counts), else proportional scaling."""
+def per_layer_line(times: dict[int, float]) -> tuple[float, float] | None:
+    """Least-squares line a + b * layers through seconds measured at two or more layer
+    counts; None with one count, or where noise swamped the per-layer cost (b <= 0)."""
     if len(times) == 1:
-        (n, t), = times.items()
-        return t * depth / n
+        return None
     xs, ys = zip(*sorted(times.items()))
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    a = my - b * mx
-    if b <= 0:  # noise swamped the per-layer cost: fall back to the deepest measurement
+    return None if b <= 0 else (my - b * mx, b)
+
+
+def at_depth(times: dict[int, float], depth: int) -> float:
+    """Seconds at ``depth`` layers from seconds measured at a few layer counts:
+    :func:`per_layer_line` there, else the deepest count scaled proportionally."""
+    line = per_layer_line(times)
+    if line is None:
         n = max(times)
         return times[n] * depth / n
-    return a + b * depth
+    return line[0] + line[1] * depth
+
+
+def batch_checks(rows: list[dict]) -> list[str]:
+    """Rows whose cost per step falls as the batch grows (by more than 10%), which no GPU does
+    at these shapes: a fit to full depth swamped by noise (on the H200 of 2026-11-28, layer
+    counts 2 and 4 fitted a batch-8 Llama step to a third of the batch-1 one)."""
+    notes = []
+    by_cell = {}
+    for r in rows:
+        by_cell.setdefault((r["model"], r["task"]), []).append(r)
+    for (model, task), cell in by_cell.items():
+        cell = sorted(cell, key=lambda r: r["batch"])
+        for small, large in zip(cell, cell[1:]):
+            for step, what in (("step_a", "unmasked"), ("step_c", "top_k=5")):
+                if large[step] < 0.9 * small[step]:
+                    notes.append(f"{model} {task}: the {what} step at batch {large['batch']} "
+                                 f"({large[step]:.4f} s) costs less than at batch "
+                                 f"{small['batch']} ({small[step]:.4f} s)")
+    return notes
+
+
+def failed_checks(rows: list[dict]) -> list[str]:
+    """Every reason not to adopt these rows: :func:`batch_checks`, and the fits that found no
+    per-layer cost (each once: MMaDA's rows repeat LLaDA's timing)."""
+    return list(dict.fromkeys(batch_checks(rows) + [n for r in rows for n in r["fit_notes"]]))
 
 
 @dataclass
@@ -165,6 +195,8 @@ class Timing:
     prefill_c: float = 0.0
     keys_masked: int = 0
     flops_step: float = 0.0
+    # the fits that found no per-layer cost and scaled the deepest count instead
+    fit_notes: list[str] = field(default_factory=list)
 
 
 def cell_rows(timings: list[Timing], problems=PROBLEMS, ks=KS) -> list[dict]:
@@ -187,7 +219,8 @@ def cell_rows(timings: list[Timing], problems=PROBLEMS, ks=KS) -> list[dict]:
                          "prefill_a": t.prefill_a, "prefill_c": t.prefill_c,
                          "ratio": t.step_c / t.step_a if t.step_a else float("nan"),
                          "tflops": t.flops_step / t.step_a / 1e12 if t.step_a else float("nan"),
-                         "hours": hours, "cell_total": sum(hours.values())})
+                         "hours": hours, "cell_total": sum(hours.values()),
+                         "fit_notes": list(t.fit_notes)})
     return rows
 
 
@@ -391,6 +424,17 @@ def render(rows: list[dict], device_name: str, on_gpu: bool, args) -> str:
                      f"| {step[0]} | {step[1]} | {r['ratio']:.2f} | {r['tflops']:.3g} "
                      f"| {r['hours'][0]:.2f} | {r['hours'][1]:.2f} | {r['cell_total']:.2f} |")
     lines.append("")
+    checks = failed_checks(rows)
+    if checks:
+        lines += ["**Checks failed: do not adopt these numbers**; time more layer counts, "
+                  "further apart (--layers), or more repeats:", ""]
+        lines += [f"- {n}" for n in checks] + [""]
+    elif "," in args.layers:
+        lines += ["Checks: every fit to full depth found a per-layer cost, and no step costs "
+                  "less at a larger batch.", ""]
+    else:
+        lines += ["Checks: no step costs less at a larger batch (one layer count timed, scaled "
+                  "proportionally: no fit to check).", ""]
     for batch in sorted({r["batch"] for r in rows}):
         sel = [r for r in rows if r["batch"] == batch]
         total = sum(r["cell_total"] for r in sel)
@@ -417,7 +461,10 @@ def main(argv=None, timer=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     ap.add_argument("--dtype", default=None, help="bfloat16 (default on GPU), float32 (CPU)")
-    ap.add_argument("--layers", default=None, help="layer counts to time, e.g. 2,4 [2,4; quick: 1]")
+    ap.add_argument("--layers", default=None,
+                    help="layer counts to time, fitted to the full depth [2,8; quick: 1]: a fit "
+                         "through 2 and 4 layers multiplies their timing noise by about 20 at "
+                         "depth 32, through 2 and 8 by about 6")
     ap.add_argument("--batch", default="1,8", help="sweep --batch-size values to estimate [%(default)s]")
     ap.add_argument("--models", default="llada,dream,llama", help="shapes to time [%(default)s]")
     ap.add_argument("--tasks", default=",".join(PROBLEMS), help="[%(default)s]")
@@ -453,7 +500,7 @@ def main(argv=None, timer=None) -> dict:
         torch.set_num_threads(args.threads)
     args.dtype = args.dtype or ("bfloat16" if on_gpu else "float32")
     dtype = getattr(torch, args.dtype)
-    args.layers = args.layers or ("1" if args.quick else "2,4")
+    args.layers = args.layers or ("1" if args.quick else "2,8")
     layer_counts = [int(x) for x in args.layers.split(",")]
     args.repeats = args.repeats or (1 if args.quick else 5)
     args.passes = args.passes or (2 if args.quick else 3)
@@ -488,14 +535,17 @@ def main(argv=None, timer=None) -> dict:
                 t = timer(key, shapes[key], task, batch, plen[task], gens[task], args, device,
                           layer_counts, dtype)
                 timings.append(t)
-                print(f"#   timed {key} {task} batch {batch} in {time.perf_counter() - t0:.1f}s"
-                      f" (keys masked in the top_k=5 runs: {t.keys_masked})")
+                # the fitted steps as they come, so that a run cut short keeps them
+                print(f"#   timed {key} {task} batch {batch} in {time.perf_counter() - t0:.1f}s:"
+                      f" s/step {t.step_a:.4f} unmasked, {t.step_c:.4f} top_k=5 (keys masked in"
+                      f" the top_k=5 runs: {t.keys_masked})")
                 sys.stdout.flush()
     # smoke mode keeps the real problem counts: the arithmetic is what it checks
     rows = cell_rows(timings, PROBLEMS)
     text = render(rows, device_name, on_gpu, args)
     print(text)
     result = {"device": device_name, "on_gpu": on_gpu, "quick": args.quick,
+              "checks_failed": failed_checks(rows),
               "detect_backend": args.detect_backend, "candidates": args.candidates,
               "graphs": args.graphs,
               "prompt_tokens": plen, "gen_tokens": gens, "layers": layer_counts,
@@ -521,15 +571,24 @@ def measure(key, shape, task, batch, prompt, gen, args, device, layer_counts, dt
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    fit = lambda field, v: at_depth({n: p[field][v] for n, p in per.items()}, shape.layers)  # noqa: E731
-    t = Timing(key, task, batch, prompt, gen, step_a=fit(0, "a"), step_c=fit(0, "c"),
-               keys_masked=per[max(per)][2])
+    notes = []
+
+    def fit(part: int, variant: str) -> float:
+        times = {n: p[part][variant] for n, p in per.items()}
+        if len(times) > 1 and per_layer_line(times) is None:
+            what = ("prefill" if part else "step") + (" unmasked" if variant == "a" else " top_k=5")
+            notes.append(f"{key} {task} batch {batch}: the {what} found no per-layer cost "
+                         f"between {sorted(times)} layers (scaled the deepest instead)")
+        return at_depth(times, shape.layers)
+
+    steps = {"step_a": fit(0, "a"), "step_c": fit(0, "c")}
     if shape.kind == "llama":
-        t = replace(t, prefill_a=fit(1, "a"), prefill_c=fit(1, "c"),
-                    flops_step=shape.flops_per_forward(batch, prompt + gen // 2, new=1))
+        extra = {"prefill_a": fit(1, "a"), "prefill_c": fit(1, "c"),
+                 "flops_step": shape.flops_per_forward(batch, prompt + gen // 2, new=1)}
     else:
-        t = replace(t, flops_step=shape.flops_per_forward(batch, prompt + gen))
-    return t
+        extra = {"flops_step": shape.flops_per_forward(batch, prompt + gen)}
+    return Timing(key, task, batch, prompt, gen, **steps, **extra, keys_masked=per[max(per)][2],
+                  fit_notes=notes)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,40 @@ def test_fit_to_full_depth():
     times = {n: 0.3 + 0.02 * n for n in (2, 4)}  # fixed (embedding, head) + per layer
     assert gpu_hours.at_depth(times, 32) == pytest.approx(0.3 + 0.02 * 32)
     assert gpu_hours.at_depth({1: 0.5}, 32) == pytest.approx(16.0)  # one count: proportional
+    # noise larger than the per-layer cost: no line, the deepest count scaled instead
+    assert gpu_hours.per_layer_line({2: 0.5, 8: 0.49}) is None
+    assert gpu_hours.at_depth({2: 0.5, 8: 0.49}, 32) == pytest.approx(0.49 * 4)
+
+
+def test_a_fit_that_finds_no_per_layer_cost_is_reported_not_adopted(monkeypatch, capsys):
+    """The real measure() on stubbed timings: a step that gets cheaper with more layers is
+    scaled from the deepest count and named under "Checks failed"."""
+    monkeypatch.setattr(gpu_hours, "build", lambda shape, layers, device, dtype: layers)
+    monkeypatch.setattr(gpu_hours, "time_dlm", lambda layers, kind, batch, seq, args, device: (
+        {"a": 0.1 + 0.01 * layers, "c": 0.3 - 0.01 * layers}, 5))
+    out = gpu_hours.main(["--device", "cpu", "--models", "dream", "--tasks", "gsm8k_sinkmask",
+                          "--batch", "8", "--layers", "2,8"])
+    t, = out["timings"]
+    assert t["step_a"] == pytest.approx(0.1 + 0.01 * 28)  # a line: extrapolated
+    assert t["step_c"] == pytest.approx((0.3 - 0.08) * 28 / 8)  # none: the deepest, scaled
+    assert out["checks_failed"] == [
+        "dream gsm8k_sinkmask batch 8: the step top_k=5 found no per-layer cost between "
+        "[2, 8] layers (scaled the deepest instead)"]
+    text = capsys.readouterr().out
+    assert "**Checks failed: do not adopt these numbers**" in text
+    assert "- " + out["checks_failed"][0] in text
+
+
+def test_a_step_cheaper_at_a_larger_batch_fails_the_checks():
+    """The H200 run of 2026-11-28 fitted a batch-8 Llama step to a third of the batch-1 one."""
+    def row(batch, a, c):
+        return {"model": "llama", "task": "gsm8k_sinkmask", "batch": batch, "step_a": a,
+                "step_c": c, "fit_notes": []}
+
+    assert gpu_hours.failed_checks([row(1, 0.0273, 0.0597), row(8, 0.0088, 0.0613)]) == [
+        "llama gsm8k_sinkmask: the unmasked step at batch 8 (0.0088 s) costs less than at "
+        "batch 1 (0.0273 s)"]
+    assert gpu_hours.failed_checks([row(1, 0.0273, 0.0597), row(8, 0.0260, 0.0613)]) == []
 
 
 def test_flops_of_the_8b_shapes():
@@ -73,8 +107,10 @@ def test_hours_from_stubbed_timings(capsys):
                 want = s * steps * math.ceil(n / b) / 3600
             assert r["hours"][k] == pytest.approx(want)
         assert r["cell_total"] == pytest.approx(sum(r["hours"].values()))
+    assert out["checks_failed"] == []
     text = capsys.readouterr().out
     assert "NOT GPU estimates" in text
+    assert "Checks: every fit to full depth found a per-layer cost" in text
     total1 = sum(r["cell_total"] for r in rows if r["batch"] == 1)
     assert f"Whole sweep (4 models x 2 tasks x K in {{0, 1, 5, 10}} = 32 cells) at batch 1: " \
            f"**{total1:.1f} CPU-h" in text
