@@ -341,7 +341,7 @@ def time_arm(model, batch, prompt, args, device) -> tuple[dict, dict, int]:
     the four runs (a and c, with and without the n steps): the H200 run of 2026-11-28 timed
     them in two separate rounds and got an unmasked batch-8 step of a third of what its
     decoding tables measured (and a 6.9x ratio), which a drift between the rounds would
-    give."""
+    give, and so would its fit from 2 and 4 layers to 32 (see ``--layers``)."""
     ids, _ = prompts(batch, prompt, model.config.vocab_size, model.config.vocab_size - 1,
                      ragged=False, seed=1)
     ids = ids.to(device)
