@@ -148,8 +148,10 @@ def decode_kernel(Q, K, V, M, W, ROWS, VALID, OLD_MASS, OLD_ROWS, PREV,
     e = tl.exp(kept - tl.where(top == float("-inf"), 0.0, top))
     total_e = tl.sum(e, axis=0)
     p = e / tl.where(total_e > 0, total_e, 1.0)
-    if HAS_MASK and not MASK_BOOL:  # a row that sees no key: SDPA's output under a float mask,
-        p = tl.where(total_e > 0, p, 1.0 / n_k)  # whose finfo.min terms make it uniform
+    # a row that sees no key (a padding row: no token reads its output): the mean of V, SDPA's
+    # output where the float mask's finfo.min terms swamp the scores (float16's -65504 may not)
+    if HAS_MASK and not MASK_BOOL:
+        p = tl.where(total_e > 0, p, 1.0 / n_k)
     tl.debug_barrier()  # every lane has read the logits before they are overwritten
     tl.store(row + offs, p, mask=in_k)
     tl.debug_barrier()

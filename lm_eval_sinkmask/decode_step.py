@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import fused_mass
+from . import fused_mass, metric
 from .attention_view import Detection, MaskView, Scores
 
 NAME = "fused_decode"  # the detection counter's name for the calls taken here
@@ -40,6 +40,9 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # auto's first-use check: the scores are sums of float32 products in another order (~1e-6
 # relative); the output is rounded to the call's dtype by both
 SCORES_RTOL = SCORES_ATOL = 1e-3
+# and its selection, on the kernel's own scores: a key this close to its Eq. 3 threshold may
+# fall either way in another summation order
+THRESHOLD_RTOL = 1e-5
 OUTPUT_TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
@@ -111,19 +114,20 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
     prev = previous.view(torch.uint8) if previous is not None else sinks  # unread if None
     n_prev = previous.shape[-1] if previous is not None else 0
     kern = _kernels()
-    kern.decode_kernel[(B * H,)](
-        q, k_, v, m, weight, rows, valid, old_mass, old_rows, prev,
-        out, scratch, scores, sinks, chosen, new_mass, new_rows, tally,
-        q.stride(0), q.stride(1), q.stride(3), *k_.stride(), *v.stride(), *m.stride(),
-        weight.stride(0), rows.stride(0), rows.stride(2), valid.stride(0), valid.stride(1),
-        old_mass.stride(0), old_mass.stride(1), old_mass.stride(2),
-        old_rows.stride(0), old_rows.stride(2), *_head_strides(prev, H),
-        out.stride(0), out.stride(1), out.stride(3),
-        H, H // k_.shape[1], n_k, n_old, n_prev, D, dv, float(scale), hidden_below, float(eps),
-        HAS_MASK=mask.attn_mask is not None, MASK_BOOL=mask.attn_mask is not None
-        and mask.attn_mask.dtype == torch.bool, HISTORY=history is not None,
-        HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=kern.block_of(n_k),
-        BLOCK_N=BLOCK_N, BLOCK_D=kern.block_of(D), BLOCK_DV=kern.block_of(dv), num_warps=4)
+    with fused_mass.on_device(dev):
+        kern.decode_kernel[(B * H,)](
+            q, k_, v, m, weight, rows, valid, old_mass, old_rows, prev,
+            out, scratch, scores, sinks, chosen, new_mass, new_rows, tally,
+            q.stride(0), q.stride(1), q.stride(3), *k_.stride(), *v.stride(), *m.stride(),
+            weight.stride(0), rows.stride(0), rows.stride(2), valid.stride(0), valid.stride(1),
+            old_mass.stride(0), old_mass.stride(1), old_mass.stride(2),
+            old_rows.stride(0), old_rows.stride(2), *_head_strides(prev, H),
+            out.stride(0), out.stride(1), out.stride(3),
+            H, H // k_.shape[1], n_k, n_old, n_prev, D, dv, float(scale), hidden_below, float(eps),
+            HAS_MASK=mask.attn_mask is not None, MASK_BOOL=mask.attn_mask is not None
+            and mask.attn_mask.dtype == torch.bool, HISTORY=history is not None,
+            HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=kern.block_of(n_k),
+            BLOCK_N=BLOCK_N, BLOCK_D=kern.block_of(D), BLOCK_DV=kern.block_of(dv), num_warps=4)
     new = Detection(new_mass, new_rows) if history is not None else None
     return Decoded(out, scores, sinks, chosen, tally[0], tally[1], new)
 
@@ -186,4 +190,27 @@ def disagreement(got: Decoded, scores: torch.Tensor, out: torch.Tensor | None) -
     tol = OUTPUT_TOL[got.out.dtype]
     if not torch.allclose(got.out.float(), out.float(), rtol=tol, atol=tol):
         return f"outputs differ by up to {float((got.out.float() - out.float()).abs().max()):.3g}"
+    return None
+
+
+def misselected(got: Decoded, rows: torch.Tensor, key_valid: torch.Tensor, eps: float,
+                k: int) -> str | None:
+    """How the kernel's sinks, chosen keys and counts differ from Eq. 3 and the top-k applied
+    to its own scores (:mod:`metric`), or None where they agree (a sink may differ only within
+    rounding of its threshold). :func:`disagreement` compares the scores and, where the keys
+    removed are the same, the output: neither sees a selection gone wrong by itself.
+    rows: [B, 1, Sk] the query rows that see each key (all_rows: with the earlier steps');
+    key_valid: [B, Sk]."""
+    in_k = key_valid[:, None, :] & (rows > 0)
+    scores = got.scores.masked_fill(~in_k, 0.0)
+    n = in_k.sum(dim=-1, keepdim=True)
+    threshold = (scores.sum(dim=-1, keepdim=True) - scores) / (n - 1).clamp(min=1) + eps
+    tested = in_k & (n > 1)  # the keys Eq. 3 tests; no other key is a sink
+    near = tested & ((scores - threshold).abs() <= THRESHOLD_RTOL * threshold.abs().clamp(min=1))
+    if (((tested & (scores > threshold)) != got.sinks) & ~near).any():
+        return "its sinks are not Eq. 3 of its scores"
+    if not torch.equal(got.chosen, metric.top_k_sinks(got.scores, got.sinks, k)):
+        return "its chosen keys are not the top-k of its sinks"
+    if int(got.n_sinks) != int(got.sinks.sum()) or int(got.n_chosen) != int(got.chosen.sum()):
+        return "its counts are not those of its keys"
     return None

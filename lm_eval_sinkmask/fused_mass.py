@@ -26,6 +26,7 @@ reads them. Rows that see no key weigh nothing.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -76,6 +77,13 @@ def triton_runs_on(device: torch.device) -> bool:
     if device.type == "cuda" or (device.type == "cpu" and interpreting()):
         return _kernels() is not None
     return False
+
+
+def on_device(device: torch.device):
+    """The block a Triton launch on ``device``'s tensors runs in: Triton launches on the
+    current CUDA device, which is not the tensors' where a model's layers are spread over
+    several GPUs (``device_map``)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def resolve(backend: str, device: torch.device) -> str:
@@ -240,9 +248,10 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
                  IEEE=q.dtype == torch.float32, UPCAST=interpreting(), BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_D=max(16, 1 << (D - 1).bit_length()),
                  MASK_ROWS=mask is not None and mask_has_rows(mask, n_q), num_warps=4)
-    kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
-    kern.column_mass_kernel[(_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,
-                                                               *common, **flags)
+    with on_device(q.device):
+        kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
+        kern.column_mass_kernel[(_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,
+                                                                   *common, **flags)
     return out
 
 

@@ -399,6 +399,8 @@ class _Run:
         previous, n_previous = self._previous(layer, sc, padded=False) \
             if self.config.detect == "previous" else (None, None)
         history = self._history_before(layer, sc) if self.masker.rule == "all_rows" else None
+        if history is not None and history.rows.shape[1] != 1:
+            return None  # an earlier call's mask had a head axis: the kernel reads none
 
         def decoded():
             return decode_step.masked_decode(sc, eps=self.config.eps, k=self.config.top_k,
@@ -419,7 +421,8 @@ class _Run:
     def _first_use(self, variant, decoded, layer: int, a: dict, chunk: int, previous):
         """``detect_backend=auto``'s check of a decoding-kernel variant: the call decided by
         the fused path (which keeps the run's state), the kernel's decision of the same call
-        compared with it (:func:`decode_step.disagreement`); a failure or disagreement logs
+        held to Eq. 3 on its own scores (:func:`decode_step.misselected`) and compared with it
+        (:func:`decode_step.disagreement`); a failure or disagreement logs
         one warning and leaves the variant's calls to the fused path for the rest of the
         process (``detect_backend=fused`` takes the kernel unchecked and raises instead)."""
         try:
@@ -430,6 +433,10 @@ class _Run:
         out = ref.out
         if out is None and not ref.keep_all:
             out = _fused_masked_output(self.original, a, ref.sc, ref.blocked, chunk)
+        if problem is None:
+            rows = self.history[layer].rows if self.masker.rule == "all_rows" else ref.sc.mask.rows
+            problem = decode_step.misselected(got, rows, ref.sc.mask.key_valid,
+                                              self.config.eps, self.config.top_k)
         if problem is None:
             same_keys = previous is not None or torch.equal(got.chosen, ref.blocked)
             problem = decode_step.disagreement(got, ref.scores, out if same_keys else None)

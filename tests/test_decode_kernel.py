@@ -27,8 +27,9 @@ from unittest import mock
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from lm_eval_sinkmask import decode_step, fused_mass
+from lm_eval_sinkmask import decode_step, fused_mass, metric
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 from tests.interpreted import compared_with_the_package, interpreted_results, print_results
@@ -128,6 +129,25 @@ def _broken_scores(sc, *, eps, k, previous, history):
                                torch.tensor(0), None)
 
 
+def _wrong_choice(sc, *, eps, k, previous, history):
+    """Right scores, sinks and output, the chosen keys one place off (a miscompiled top-k
+    loop): only auto's check of the selection itself sees it. (Every key is visible in
+    :func:`_decoded_tokens`' runs: no padding.)"""
+    calls.append(1)
+    q = sc.query.float()[:, :, 0]
+    group = sc.heads // sc.key.shape[1]
+    key, value = (t.float().repeat_interleave(group, dim=1) for t in (sc.key, sc.value))
+    logits = torch.einsum("bhd,bhsd->bhs", q, key) * (sc.scale or q.shape[-1] ** -0.5)
+    scores = logits.shape[-1] * logits.softmax(dim=-1)
+    sinks = metric.find_sinks(scores, torch.ones_like(scores, dtype=torch.bool), eps)
+    right = metric.top_k_sinks(scores, sinks, k)
+    blocked = right if previous is None else F.pad(previous, (0, right.shape[-1] - previous.shape[-1]))
+    out = logits.masked_fill(blocked, float("-inf")).softmax(dim=-1)[:, :, None] @ value
+    chosen = right.roll(1, dims=-1)
+    return decode_step.Decoded(out.to(sc.dtype), scores, sinks, chosen, sinks.sum(), chosen.sum(),
+                               None)
+
+
 def _raising(sc, **kw):
     calls.append(1)
     raise RuntimeError("no kernel image is available for execution on the device")
@@ -136,7 +156,8 @@ def _raising(sc, **kw):
 calls: list = []
 
 
-@pytest.mark.parametrize("kernel", [_broken_scores, _raising], ids=["wrong_scores", "raises"])
+@pytest.mark.parametrize("kernel", [_broken_scores, _wrong_choice, _raising],
+                         ids=["wrong_scores", "wrong_choice", "raises"])
 def test_a_variant_that_fails_its_check_goes_by_parts_from_then_on(kernel, caplog):
     calls.clear()
     ref, ref_stats, _ = _decoded_tokens("fused")  # by parts (no Triton here)
@@ -156,6 +177,71 @@ def test_detect_backend_fused_takes_the_kernel_unchecked_and_raises():
     calls.clear()
     with pytest.raises(RuntimeError, match="no kernel image"):
         _decoded_tokens("fused", _raising)
+
+
+def test_the_selection_check_holds_the_kernel_to_eq3_on_its_own_scores():
+    scores = torch.tensor([[[3.0, 1.0, 1.0, 1.0, 0.5]]])  # [B, H, Sk]; key 4 is padding
+    valid, rows = torch.tensor([[True] * 4 + [False]]), torch.ones(1, 1, 5, dtype=torch.long)
+    sinks = torch.tensor([[[True, False, False, False, False]]])
+
+    def decoded(sinks, chosen, n_sinks=None, n_chosen=None):
+        return decode_step.Decoded(None, scores, sinks, chosen, sinks.sum() if n_sinks is None
+                                   else torch.tensor(n_sinks), chosen.sum() if n_chosen is None
+                                   else torch.tensor(n_chosen), None)
+
+    assert decode_step.misselected(decoded(sinks, sinks), rows, valid, 0.0, 1) is None
+    assert "sinks" in decode_step.misselected(decoded(~sinks & valid, sinks), rows, valid, 0.0, 1)
+    assert "chosen" in decode_step.misselected(decoded(sinks, ~sinks), rows, valid, 0.0, 1)
+    assert "counts" in decode_step.misselected(decoded(sinks, sinks, n_sinks=2), rows, valid,
+                                               0.0, 1)
+    # eps 2: key 0 scores exactly its threshold, 3 = (1 + 1 + 1) / 3 + 2, and is no sink; a
+    # kernel that rounded the other way is not told off for it
+    assert decode_step.misselected(decoded(sinks, sinks), rows, valid, 2.0, 1) is None
+    none = torch.zeros_like(sinks)
+    assert decode_step.misselected(decoded(none, none), rows, valid, 2.0, 1) is None
+    # a key that no row sees is outside K whatever it scores
+    assert "sinks" in decode_step.misselected(decoded(sinks, sinks), torch.zeros_like(rows),
+                                              valid, 0.0, 1)
+
+
+class _PrefillThenStep(torch.nn.Module):
+    """A prefill whose mask has a head axis, then one decoding step with a key-only mask."""
+
+    def forward(self, step: bool):
+        g = torch.Generator().manual_seed(0)
+        B, H, D, P = 2, 2, 16, 6
+        q, k = torch.randn(B, H, P + 1, D, generator=g), torch.randn(B, H, P + 1, D, generator=g)
+        v = torch.randn(B, H, P + 1, D, generator=g)
+        if step:
+            mask = torch.ones(B, 1, 1, P + 1, dtype=torch.bool)
+            return F.scaled_dot_product_attention(q[:, :, P:], k, v, attn_mask=mask)
+        mask = torch.ones(P, P, dtype=torch.bool).tril().expand(B, H, P, P).clone()
+        mask[1, 1, :, 0] = False  # one head of one element sees no BOS
+        return F.scaled_dot_product_attention(q[:, :, :P], k[:, :, :P], v[:, :, :P], attn_mask=mask)
+
+
+def test_an_all_rows_history_with_a_head_axis_goes_by_parts():
+    """The kernel reads the history's rows without a head axis: a step after a prefill whose
+    mask had one is decided by parts (it raised in the kernel before)."""
+    model = _PrefillThenStep()
+    outs = {}
+    for name, kernel in (("parts", None), ("kernel", _raising)):
+        calls.clear()
+        masker = SinkMasker(SinkMaskConfig(top_k=1, eps=0.0, detect_backend="fused"),
+                            rule="all_rows")
+        with torch.no_grad(), (_as_on_cuda(kernel) if kernel else nullcontext()), \
+                masker.attach(model) as stats:
+            outs[name] = [model(False), model(True)]
+        assert not calls and decode_step.NAME not in stats.detection
+    assert all(torch.equal(a, b) for a, b in zip(outs["parts"], outs["kernel"]))
+
+
+def test_kernels_launch_on_their_tensors_device():
+    """Triton launches on the current CUDA device: a model spread over several GPUs
+    (device_map) must not launch a layer's kernel on another layer's device."""
+    assert isinstance(fused_mass.on_device(torch.device("cpu")), type(nullcontext()))
+    with mock.patch.object(torch.cuda, "device", lambda device: ("entered", device)):
+        assert fused_mass.on_device(torch.device("cuda", 1)) == ("entered", torch.device("cuda", 1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
