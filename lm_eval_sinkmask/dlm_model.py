@@ -8,6 +8,7 @@ requests are scored by the Monte Carlo bound of :mod:`likelihood` instead of one
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -131,6 +132,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             self.cuda_graph = self._graphs_by_default(mask_config)
         elif self.cuda_graph:
             graphed_steps.check_device(self.device)
+            spread = graphed_steps.spread(self.model, self.device)
+            if spread is not None:
+                raise ValueError(f"cuda_graph=true cannot capture {spread}: set "
+                                 "cuda_graph=false or auto")
+        self.generations = {"graphed": 0, "eager": 0}  # as run, for the record
         # effective (gen_length, steps, block_length): per task as planned, and as run
         self.settings_per_task: dict[str, dict[str, int | None]] = {}
         self.settings_used: set[tuple[int, int, int | None]] = set()
@@ -196,12 +202,14 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         with torch.no_grad(), self.masking(rows):
             return self._forward(rows, torch.ones_like(rows))[: inps.shape[0]]
 
-    def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor,
+                      refuse_host_work: bool = False) -> torch.Tensor:
         """:meth:`_forward` with the mask in the form ``inputs`` builds (the padding probe tries
-        each form the family knows). Under ``cuda_graph`` the model's pass must also do no work
-        on the host that a capture refuses (else :class:`graphed_steps.HostWork`)."""
+        each form the family knows). ``refuse_host_work`` (for ``cuda_graph``): the model's
+        pass must also do no work on the host that a capture refuses (else
+        :class:`graphed_steps.HostWork`)."""
         model_inputs = self._model_inputs(inputs, x, mask)
-        if self.cuda_graph:
+        if refuse_host_work:
             return graphed_steps.refusing_host_work(self._logits, model_inputs, None)
         return self._logits(model_inputs, None)
 
@@ -234,7 +242,8 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         (then the steps run eagerly, said once in the log, where ``true`` would refuse)."""
         if not graphed_steps.runs_on(self.device):
             return False
-        why = graphed_steps.unreplayable(mask_config, observers=())
+        why = graphed_steps.unreplayable(mask_config, observers=()) or \
+            graphed_steps.spread(self.model, self.device)
         if why is not None:
             logger.info("cuda_graph=auto: denoising steps run eagerly, as a replay cannot "
                         "stand for %s", why)
@@ -243,15 +252,24 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     def _probe_padding(self) -> str:
         """How this checkpoint is given padded batches: the first of the family's mask forms
         its code honours, or UNPADDED (batches split into prompts of equal length). Under
-        ``cuda_graph`` a form whose pass does work on the host is ruled out; where that
-        leaves none, ``auto`` runs the steps eagerly instead (and probes again without the
-        rule), where ``true`` splits the batches."""
-        padding = self._choose_padding()
-        if padding == UNPADDED and self.cuda_graph and self.cuda_graph_auto:
-            self.cuda_graph = False
-            logger.info("cuda_graph=auto: denoising steps run eagerly, as no padded form of "
-                        "this checkpoint's pass is both honoured and free of host work")
-            padding = self._choose_padding()
+        ``cuda_graph`` a form whose pass does work on the host is ruled out; where only such
+        forms are honoured, ``auto`` runs the steps eagerly on the first of them and ``true``
+        splits the batches (a checkpoint that honours no form splits them either way)."""
+        padding = self._choose_padding(refuse_host_work=self.cuda_graph)
+        honoured = padding if padding != UNPADDED or not self.cuda_graph else \
+            self._choose_padding(refuse_host_work=False)
+        if honoured != padding and self.cuda_graph_auto:
+            self.cuda_graph, padding = False, honoured
+            logger.info("cuda_graph=auto: denoising steps run eagerly, as every padded form "
+                        "this checkpoint's code honours does work on the host in its pass")
+        elif honoured != padding:
+            logger.warning(
+                "%s: every padded form this checkpoint's code honours does work on the host in "
+                "its pass, which cuda_graph=true cannot capture, so each batch is split into "
+                "prompts of equal length (the same tokens, in more passes: the counters count "
+                "them; cuda_graph=auto would pass the mask as %s and run eagerly)",
+                self.family.name, honoured)
+            return padding
         if padding == UNPADDED:
             logger.warning(
                 "%s: this checkpoint's code does not honour the padding mask in any form we know "
@@ -262,15 +280,16 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                         "row alone)", self.family.name, padding)
         return padding
 
-    def _choose_padding(self) -> str:
-        """:func:`choose_padding` on this model, ruling out host work under ``cuda_graph``."""
+    def _choose_padding(self, refuse_host_work: bool) -> str:
+        """:func:`choose_padding` on this model, ruling out forms whose pass does host work."""
         embeddings = self.model.get_input_embeddings()
         vocab = getattr(embeddings, "num_embeddings", None) or self.model.config.vocab_size
+        forward = functools.partial(self._forward_with, refuse_host_work=refuse_host_work)
         with torch.inference_mode():
-            return choose_padding(self._forward_with, self.family.padding_inputs(), vocab_size=vocab,
+            return choose_padding(forward, self.family.padding_inputs(), vocab_size=vocab,
                                   mask_id=self.mask_id, padding_side=self.settings.padding_side,
                                   device=self.device, dtype=self.model.dtype,
-                                  refused=(graphed_steps.HostWork,) if self.cuda_graph else ())
+                                  refused=(graphed_steps.HostWork,) if refuse_host_work else ())
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """Diffusion sampling for one batch; returns [context | generated] as HFLM expects."""
@@ -343,6 +362,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             padding_side=s.padding_side,
         )
         graphed = self.cuda_graph and not (self.cuda_graph_auto and self.masker.observers)
+        self.generations["graphed" if graphed else "eager"] += 1
         with torch.inference_mode(), \
                 self.masking(context, prompt_mask, in_place=graphed) as stats:
             if graphed:  # one capture per generation: its shapes hold through it
@@ -602,7 +622,10 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     def answer_settings(self) -> dict:
         likelihood_settings = self.likelihood.as_dict()
         likelihood_settings.pop("mc_batch_size")  # memory only: the estimate does not change
-        return {**super().answer_settings(), "family": self.family.name,
+        # where the tokens depend on the batch, they depend on how it is padded too (the probe
+        # and cuda_graph choose that: split by length, or the mask in one form or another)
+        padding = {"padding": self.padding} if self.batch_dependent() else {}
+        return {**super().answer_settings(), **padding, "family": self.family.name,
                 "sampler": asdict(self.settings), "likelihood": likelihood_settings,
                 "mask_id": self.mask_id}
 
@@ -637,7 +660,11 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         info["sinkmask"]["sampler"] = sampler
         info["sinkmask"]["mask_id"] = self.mask_id
         info["sinkmask"]["padding"] = self.padding
-        info["sinkmask"]["cuda_graph"] = self.cuda_graph
+        # the setting, and how this process's generations ran under it (auto runs observed
+        # ones, sink traces, eagerly)
+        info["sinkmask"]["cuda_graph"] = {
+            "setting": "auto" if self.cuda_graph_auto else self.cuda_graph,
+            "generations": dict(self.generations)}
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         # requests: lm-eval's, a rolling document one however many windows it takes; each
         # request's standard error is that of the number lm-eval reads (0 for an exact answer)

@@ -34,6 +34,7 @@ selection; a torch.compile'd function first called inside a capture fails).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -105,6 +106,19 @@ def check_device(device: torch.device | str) -> None:
                          f"{device}: set cuda_graph=false or auto, or pass --device cuda")
 
 
+def spread(model: torch.nn.Module, device: torch.device | str) -> str | None:
+    """Why a capture on ``device`` cannot hold ``model``'s pass: weights on other devices (a
+    ``device_map`` over several GPUs, offloading), whose kernels a graph of ``device`` would
+    not record; None where every parameter and buffer is on ``device``."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    others = {t.device for t in (*model.parameters(), *model.buffers())} - {device}
+    if not others:
+        return None
+    return f"a model with weights on {', '.join(sorted(map(str, others)))} beside {device}"
+
+
 def unreplayable(config, observers) -> str | None:
     """Why a replay cannot stand for the eager steps under these settings (their host-side
     work changes from step to step, which a replay would freeze at the captured step), or
@@ -152,6 +166,12 @@ class GraphedSteps:
         self.steps_run += 1
         if self.prepare is not None:
             args, kwargs = (), self.prepare(*args, **kwargs)
+        # a graph, its streams and its replays belong to the current CUDA device, which need
+        # not be the inputs' (--device cuda:1 sets none)
+        with _on_device_of((*args, *kwargs.values())):
+            return self._step(args, kwargs)
+
+    def _step(self, args: tuple, kwargs: dict) -> torch.Tensor:
         if self._replay is not None:
             self._copy_in(args, kwargs)
             self._replay()
@@ -169,10 +189,8 @@ class GraphedSteps:
                 self._counts = ReplayCounts(self.stats, lambda: self.capture_with(self._run))
                 self._replay, self.logits = self._counts.result
         except RuntimeError as e:
-            raise CaptureFailed(
-                f"cuda_graph: capturing the denoising step failed: {e}. A forward that reads a "
-                "tensor's value on the host, or copies from it, cannot be captured; set "
-                "cuda_graph=false (the eager steps give the same results)") from e
+            raise CaptureFailed(f"cuda_graph: capturing the denoising step failed: {e}. "
+                                f"{_capture_hint(e)}") from e
         if not getattr(self.capture_with, "runs_the_pass", False):
             self._replay()  # capturing recorded the step; this runs it
         if self._counts is not None:
@@ -202,6 +220,26 @@ class GraphedSteps:
         for mine, t in (*zip(self.args, args), *((self.kwargs[n], t) for n, t in kwargs.items())):
             if t is not None:
                 mine.copy_(t)
+
+
+def _capture_hint(e: RuntimeError) -> str:
+    """What to do about a failed capture, by its cause."""
+    eager = "set cuda_graph=false (the eager steps give the same results)"
+    if isinstance(e, torch.OutOfMemoryError):
+        return (f"The capture holds memory of its own beside the eager steps': lower "
+                f"batch_size, or {eager}")
+    if isinstance(e, HostWork) or "capturing" in str(e):
+        return (f"A forward that reads a tensor's value on the host, or copies from it, "
+                f"cannot be captured; {eager}")
+    return eager.capitalize()
+
+
+def _on_device_of(tensors) -> contextlib.AbstractContextManager:
+    """The block that makes the first CUDA tensor's device the current one (none: no-op)."""
+    for t in tensors:
+        if t is not None and t.is_cuda:
+            return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def _static(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -105,9 +105,10 @@ ARGS: tuple[ModelArg, ...] = (
              "tokens and counters, one launch per step where the masker's Python runs per "
              "attention call; padded batches pass their mask in a form the model's pass reads "
              "nothing of on the host (LLaDA's: `attention_bias`). `auto` = on for a CUDA device "
-             "unless the settings cannot be replayed (`mask_target=random`, sink traces) or no "
-             "padded form of the pass is free of host work, eager otherwise; `true` refuses "
-             "those cases; `false` always eager", (DLM,), "sampling"),
+             "unless the settings cannot be replayed (`mask_target=random`, sink traces), the "
+             "weights lie on several devices, or every padded form the code honours reads the "
+             "host, eager otherwise; `true` refuses the first two and in the third splits "
+             "batches by length; `false` always eager", (DLM,), "sampling"),
     # -- loading
     # -- likelihood: LikelihoodSettings (likelihood.py)
     ModelArg("mc_num", "128", "Monte Carlo samples per scored continuation", (DLM,), "likelihood"),

@@ -126,6 +126,18 @@ def test_a_reference_sampler_db_is_refused_at_another_batch_size(tiny_dirs, tmp_
         reference_llada(tiny_dirs, db, batch_size=3)
 
 
+def test_a_reference_sampler_db_is_refused_to_a_run_that_pads_its_batches_another_way(
+        tiny_dirs, tmp_path):
+    """How a batch is padded moves a reference sampler's ties as its size does: a checkpoint
+    whose code ignores the padding mask has its batches split by length instead (as does
+    cuda_graph=true where every honoured form reads the host), so its answers are not those of
+    a run that passed the mask."""
+    db = tmp_path / "cache.db"
+    reference_llada(tiny_dirs, db, batch_size=3).generate_until(requests())
+    with pytest.raises(ValueError, match=r"padding: 'attention_mask' in the cache, 'unpadded' now"):
+        reference_llada(tiny_dirs, db, batch_size=3, model_class="tests.tiny:IgnoresPaddingLlada")
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_decoding_that_ignores_the_batch_reads_a_db_of_any_batch_size(tiny_dirs, tmp_path, name):
     """The invariant samplers and HFLM's padded greedy decoding give each row the tokens of

@@ -81,7 +81,9 @@ def test_a_graphed_generation_decodes_and_counts_as_the_eager_one(captures, name
     assert graphed.generate_until(_requests()) == texts
     record, graphed_record = (lm.get_model_info()["sinkmask"] for lm in (eager, graphed))
     assert graphed_record["counters"] == record["counters"]
-    assert record["cuda_graph"] is False and graphed_record["cuda_graph"] is True
+    assert record["cuda_graph"] == {"setting": False, "generations": {"graphed": 0, "eager": 1}}
+    assert graphed_record["cuda_graph"] == {"setting": True,
+                                            "generations": {"graphed": 1, "eager": 0}}
     steps = record["counters"]["forward_passes"]
     # one generation of the three prompts: two eager steps, one captured, the rest replayed
     assert captures == {"captures": 1, "replays": steps - graphed_steps.WARM_UP_STEPS - 1}
@@ -151,8 +153,68 @@ def test_auto_graphs_the_steps_where_they_can_run_and_nowhere_else(captures, mon
     host_reading.generate_until(_requests())
     assert captures["captures"] == 1
 
+    # a checkpoint that honours no padded form splits its batches by length anyway: graphed
+    ignoring = _lm("llada", model_class="tests.tiny:IgnoresPaddingLlada")
+    assert ignoring.cuda_graph is True and ignoring.padding == "unpadded"
+    assert ignoring.generate_until(_requests()) == \
+        _lm("llada", cuda_graph=False, model_class="tests.tiny:IgnoresPaddingLlada"
+            ).generate_until(_requests())
+    assert captures["captures"] > 1
+    assert ignoring.get_model_info()["sinkmask"]["cuda_graph"]["setting"] == "auto"
+
+    # weights on more devices than one (device_map over GPUs): eager; true refuses them
+    monkeypatch.setattr(graphed_steps, "spread", lambda model, device: "a model on two GPUs")
+    assert _lm("llada").cuda_graph is False
+    with pytest.raises(ValueError, match="cuda_graph=true cannot capture a model on two GPUs"):
+        _lm("llada", cuda_graph=True)
+
     monkeypatch.setattr(graphed_steps, "runs_on", lambda device: False)  # a CPU
     assert _lm("llada").cuda_graph is False
+
+
+def test_true_says_why_it_splits_the_batches_of_a_checkpoint_that_reads_the_host(captures,
+                                                                                  caplog):
+    """Every padded form the code honours reads the host: cuda_graph=true splits the batches by
+    length and says that this, not the code, is why (auto would pad and run eagerly)."""
+    lm = _lm("llada", cuda_graph=True, model_class="tests.tiny:HostReadingLlada")
+    assert lm.padding == "attention_bias"  # it honours a form free of host work: no split
+    caplog.clear()
+    lm = _lm("llada", cuda_graph=True, model_class="tests.tiny:AlwaysHostReadingLlada")
+    assert lm.cuda_graph is True and lm.padding == "unpadded"
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "cuda_graph=true cannot capture" in said and "as attention_mask" in said
+    assert "does not honour" not in said
+
+
+def test_weights_off_the_device_are_named():
+    model = torch.nn.Module()
+    model.a = torch.nn.Linear(2, 2)
+    assert graphed_steps.spread(model, "cpu") is None
+    model.b = torch.nn.Linear(2, 2, device="meta")
+    assert graphed_steps.spread(model, "cpu") == "a model with weights on meta beside cpu"
+
+
+def test_a_step_runs_with_its_inputs_device_current(monkeypatch):
+    """A graph and its streams belong to the current CUDA device, which --device cuda:1 does
+    not set."""
+    import contextlib
+
+    entered = []
+    monkeypatch.setattr(torch.cuda, "device", lambda d: entered.append(d) or contextlib.nullcontext())
+    on_gpu_1 = type("OnGpu1", (), {"is_cuda": True, "device": torch.device("cuda", 1)})()
+    with graphed_steps._on_device_of((None, torch.zeros(1), on_gpu_1)):
+        pass
+    assert entered == [torch.device("cuda", 1)]
+    assert isinstance(graphed_steps._on_device_of((torch.zeros(1),)), contextlib.nullcontext)
+
+
+def test_a_failed_capture_says_what_to_do_by_its_cause():
+    hint = graphed_steps._capture_hint
+    assert "lower batch_size" in hint(torch.OutOfMemoryError("CUDA out of memory"))
+    assert "reads a tensor's value on the host" in hint(graphed_steps.HostWork("aten.item"))
+    assert "reads a tensor's value" in hint(RuntimeError("operation not permitted when stream "
+                                                         "is capturing"))
+    assert hint(RuntimeError("an unknown error")).startswith("Set cuda_graph=false")
 
 
 def test_observed_passes_are_refused():
