@@ -161,6 +161,7 @@ class Variant(NamedTuple):
     top_k: int
     block: int  # keys held per program: the power of two at or above Sk
     head_dim: int
+    value_dim: int
     gqa: bool
 
     @classmethod
@@ -169,7 +170,7 @@ class Variant(NamedTuple):
         return cls(sc.query.device, sc.dtype, None if m is None else m.dtype,
                    history is not None, previous is not None, top_k,
                    max(16, 1 << (sc.n_k - 1).bit_length()), sc.query.shape[-1],
-                   sc.key.shape[1] != sc.heads)
+                   sc.value.shape[-1], sc.key.shape[1] != sc.heads)
 
 
 # variants auto has run in this process: True once the first call agreed with the fused path,
