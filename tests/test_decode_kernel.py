@@ -241,7 +241,11 @@ def test_kernels_launch_on_their_tensors_device():
     (device_map) must not launch a layer's kernel on another layer's device."""
     assert isinstance(fused_mass.on_device(torch.device("cpu")), type(nullcontext()))
     with mock.patch.object(torch.cuda, "device", lambda device: ("entered", device)):
-        assert fused_mass.on_device(torch.device("cuda", 1)) == ("entered", torch.device("cuda", 1))
+        with mock.patch.object(torch.cuda, "device_count", lambda: 2):
+            assert fused_mass.on_device(torch.device("cuda", 1)) == ("entered",
+                                                                    torch.device("cuda", 1))
+        with mock.patch.object(torch.cuda, "device_count", lambda: 1):  # nothing to switch
+            assert isinstance(fused_mass.on_device(torch.device("cuda", 0)), type(nullcontext()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
