@@ -54,7 +54,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parent
 NOT_CELL_CODE = (
     "cli", "table", "figures", "text_format", "versus", "paired", "seed_stats", "stability",
     "sink_trace", "experiments",
-    "zoo.report", "zoo.report_markdown", "zoo.sink_stats", "zoo.install", "zoo.train", "zoo.training_loop", "zoo.objectives",
+    "zoo.report", "zoo.report_markdown", "zoo.sink_stats", "zoo.install", "zoo.train",
+    "zoo.training_loop", "zoo.objectives",
     "zoo.batches", "zoo.pool", "zoo.gpu_zoo", "zoo.quick_eval", "zoo.save_checkpoint",
     "zoo.sink_embedding", "zoo.tokenizer",
 )
