@@ -183,6 +183,21 @@ def test_a_card_without_params_is_refused_with_a_message_not_a_crash(tmp_path):
         check_one_recipe("m", {s: tmp_path / str(s) for s in cards})
 
 
+def test_a_card_older_than_the_weight_decay_field_reads_as_the_decay_it_trained_with(tmp_path):
+    """Cards written before ``weight_decay`` was recorded were trained at 0.01: they pool with a
+    new card at 0.01 and are refused beside one at another decay."""
+    from lm_eval_sinkmask.zoo.install import check_one_recipe, recipe
+
+    base = {"params": 1_000_000, "steps": 10, "batch_size": 16}
+    for seed, extra in {0: {}, 1: {"weight_decay": 0.01}, 2: {"weight_decay": 0.1}}.items():
+        (tmp_path / str(seed)).mkdir()
+        (tmp_path / str(seed) / "train_info.json").write_text(json.dumps({**base, **extra}))
+    assert recipe(tmp_path / "0")["weight_decay"] == 0.01
+    check_one_recipe("m", {s: tmp_path / str(s) for s in (0, 1)})
+    with pytest.raises(ValueError, match=r"\(weight_decay differ"):
+        check_one_recipe("m", {s: tmp_path / str(s) for s in (0, 2)})
+
+
 def test_a_staged_seed_0_leaves_the_package_until_it_is_promoted(zoo_run):
     """Staging commits a GPU seed 0 without touching the package that the committed results
     rest on; promotion later moves it in whole and empties the staging folder."""

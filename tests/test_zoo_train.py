@@ -14,12 +14,13 @@ from lm_eval_sinkmask.zoo.modeling import TinyDreamModel, TinyLladaModel
 def test_training_script_writes_loadable_checkpoints(tmp_path):
     train.main(["--out", str(tmp_path), "--size", "test", "--steps-arm", "2",
                 "--steps-llada", "2", "--steps-dream", "2", "--eval-gsm", "1",
-                "--eval-code", "1", "--seed", "0"])
+                "--eval-code", "1", "--seed", "0", "--weight-decay", "0.1"])
     for name in ("arm", "llada", "dream"):
         path = tmp_path / name
         info = json.loads((path / "train_info.json").read_text())
-        assert info["steps"] == 2 and info["final_loss"] > 0
-        assert "final training loss" in (path / "README.md").read_text().lower()
+        assert info["steps"] == 2 and info["final_loss"] > 0 and info["weight_decay"] == 0.1
+        card = (path / "README.md").read_text().lower()
+        assert "final training loss" in card and "weight decay 0.1" in card
     tok = AutoTokenizer.from_pretrained(tmp_path / "llada")
     assert tok.mask_token_id is not None and tok("a").input_ids[0] == tok.bos_token_id
     assert isinstance(AutoModel.from_pretrained(tmp_path / "llada"), TinyLladaModel)
@@ -306,6 +307,47 @@ def test_an_earlier_plan_under_another_recipe_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="batch_size"):
         gpu_zoo.step_plan(args, tmp_path)
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_weight_decay_reaches_the_optimizer():
+    """A parameter whose gradient is zero moves by the decoupled decay alone: one step at the
+    peak lr multiplies it by 1 - lr * weight_decay."""
+    kept = torch.nn.Parameter(torch.ones(3))
+    model = torch.nn.Module()
+    model.kept = kept
+
+    class Stream:  # one batch per step; the loss ignores it
+        def next(self, batch_size, levels, pad_region):
+            return None, None, torch.ones(1, dtype=torch.bool)
+
+    def loss_fn(m, ids, region, valid):
+        return 0.0 * m.kept.sum()
+
+    training_loop.train("t", model, Stream(), loss_fn, None, 1, 0.5, 1, 0.0, False, warmup=1,
+                        weight_decay=0.2)
+    assert torch.allclose(kept.detach(), torch.full((3,), 1 - 0.5 * 0.2))
+
+
+def test_a_plan_made_before_weight_decay_was_a_flag_counts_as_the_old_default(tmp_path,
+                                                                            monkeypatch):
+    """plan.json files written before ``--weight-decay`` existed were trained at AdamW decay
+    0.01: a later seed at 0.01 reuses their steps, one at another decay is refused."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    first = _probed_plan(tmp_path, monkeypatch)
+    plan = json.loads(first.read_text())
+    del plan["args"]["weight_decay"]
+    first.write_text(json.dumps(plan))
+    later = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "1", "--plan", str(first)])
+    assert gpu_zoo.reused_plan(later, first)["steps"] == plan["steps"]
+    other = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "1", "--plan", str(first),
+                                "--weight-decay", "0.1"])
+    with pytest.raises(SystemExit, match="weight_decay"):
+        gpu_zoo.reused_plan(other, first)
+    launched = []
+    monkeypatch.setattr(gpu_zoo.subprocess, "Popen", lambda cmd, **kw: launched.append(cmd))
+    gpu_zoo._launch(other, 1, "llada", [], tmp_path / "logs" / "x.log")
+    assert launched[0][launched[0].index("--weight-decay") + 1] == "0.1"
 
 
 def test_a_plan_is_reused_whatever_row_groups_either_run_computed_with(tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ def _launch(args, seed: int, chain: str, extra: list[str], log: Path) -> subproc
            "--pool-gsm", str(args.pool_gsm), "--pool-code", str(args.pool_code),
            "--warmup", str(args.warmup), "--lr-arm", str(args.lr_arm),
            "--lr-llada", str(args.lr_llada), "--lr-dream", str(args.lr_dream),
-           "--threads", "1", *extra]
+           "--weight-decay", str(args.weight_decay), "--threads", "1", *extra]
     log.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
@@ -77,16 +77,19 @@ def step_counts(times: dict[str, float], minutes: float, arm_share: float) -> di
 
 
 # the arguments that make the recipe: a plan's steps are reused only under the same ones
-RECIPE = ("size", "batch_size", "warmup", "lr_arm", "lr_llada", "lr_dream", "pool_gsm",
-          "pool_code", "arm_share")
+RECIPE = ("size", "batch_size", "warmup", "lr_arm", "lr_llada", "lr_dream", "weight_decay",
+          "pool_gsm", "pool_code", "arm_share")
+# what a plan made before a recipe argument existed was trained with
+RECIPE_BEFORE = {"weight_decay": "0.01"}
 
 
 def reused_plan(args, earlier_file: Path) -> dict:
     """The step counts of an earlier run (its ``plan.json``), so that a seed trained in another
     session trains the same steps as the seeds before it; refused under another recipe."""
     earlier = json.loads(Path(earlier_file).read_text())
-    differ = {k: (earlier["args"].get(k), str(getattr(args, k))) for k in RECIPE
-              if earlier["args"].get(k) != str(getattr(args, k))}
+    made = {k: earlier["args"].get(k, RECIPE_BEFORE.get(k)) for k in RECIPE}
+    now = {k: str(getattr(args, k)) for k in RECIPE}
+    differ = {k: (made[k], now[k]) for k in RECIPE if made[k] != now[k]}
     if differ:
         raise SystemExit(f"{earlier_file} was made under another recipe (earlier, now): {differ}")
     return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
@@ -128,6 +131,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lr-arm", type=float, default=2e-3)
     ap.add_argument("--lr-llada", type=float, default=2e-3)
     ap.add_argument("--lr-dream", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.01, help="zoo.train --weight-decay")
     ap.add_argument("--pool-gsm", type=int, default=800_000)
     ap.add_argument("--pool-code", type=int, default=50_000)
     ap.add_argument("--probe-steps", type=int, default=20)

@@ -47,7 +47,10 @@ STAGED_NAME = "staged_seed0"  # seed 0 awaiting promotion into the package, besi
 
 # what a checkpoint's train_info.json says about how it was made, seed and hardware aside: two
 # seeds of one model are runs of the same experiment only where all of these agree
-RECIPE_FIELDS = ("arch", "params", "steps", "batch_size", "lr", "gen_len", "train_desc")
+RECIPE_FIELDS = ("arch", "params", "steps", "batch_size", "lr", "weight_decay", "gen_len",
+                 "train_desc")
+# what a card written before a field existed was trained with
+FIELD_BEFORE = {"weight_decay": 0.01}
 
 
 def recipe(checkpoint) -> dict | None:
@@ -60,7 +63,7 @@ def recipe(checkpoint) -> dict | None:
         info = json.loads(card.read_text())
     except ValueError as e:  # the one-line refusal names the card, not only the JSON position
         raise ValueError(f"{card}: not valid JSON ({e})") from None
-    return {field: info.get(field) for field in RECIPE_FIELDS}
+    return {field: info.get(field, FIELD_BEFORE.get(field)) for field in RECIPE_FIELDS}
 
 
 def recipe_label(r: dict) -> str:

@@ -26,7 +26,7 @@ mini_code: HumanEval-format small Python functions). **Not a claim about 8B mode
 - Parameters: {params:,}
 - Training: {train_desc}
 - Command: `{command}`
-- Steps: {steps}, batch size {batch_size}, peak lr {lr}
+- Steps: {steps}, batch size {batch_size}, peak lr {lr}, AdamW weight decay {weight_decay}
 - Final training loss (mean of the last 200 steps): {final_loss}
 - Train time: {train_seconds} s on {hardware}; tokens seen (prompt and answer region, padding
   excluded): {tokens_seen:,}

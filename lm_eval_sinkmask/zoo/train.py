@@ -117,6 +117,9 @@ def _parser():
                     help="keep each model's whole training state here and resume from it")
     ap.add_argument("--warmup", type=int, default=100, help="warmup steps")
     ap.add_argument("--lr-llada", type=float, default=2e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.01,
+                    help="AdamW's decoupled weight decay, every model (the recipe's other "
+                         "lever on attention sinks besides data: larger decay favours them)")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--probe", type=int, default=None, metavar="N",
                     help="time N steps per model (after N warm-up steps), print "
@@ -204,7 +207,7 @@ class Run:
             pool = pool_mod.load_or_build(args.pool or "runs/zoo_pool.pt", args.pool_gsm,
                                           args.pool_code)
         card_fields = dict(batch_size=args.batch_size, row_groups=args.row_groups,
-                           seed=args.seed, hardware=hardware,
+                           weight_decay=args.weight_decay, seed=args.seed, hardware=hardware,
                            command=command, mask_id=tok.mask_token_id, gen_len=GEN_LEN)
         return cls(args, tok, device, pool, card_fields)
 
@@ -244,7 +247,7 @@ class Run:
             resume.parent.mkdir(parents=True, exist_ok=True)
         return train(name, model, stream, loss_fn, s.minutes, s.steps, s.lr, a.batch_size,
                      s.ramp, s.pad_region, log_every=a.log_every, warmup=a.warmup,
-                     resume=resume)
+                     resume=resume, weight_decay=a.weight_decay)
 
     def store(self, name, model, info, schedule, card, model_tok=None):
         """Check ``model`` on the first test problems (``quick_eval``), complete its training

@@ -14,7 +14,7 @@ from .batches import curriculum
 
 
 def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, pad_region,
-          log_every=50, warmup=100, resume=None, save_every_s=120):
+          log_every=50, warmup=100, resume=None, save_every_s=120, weight_decay=0.01):
     """Train for ``steps`` steps, or (steps None) for ``minutes`` of wall clock; the
     learning-rate schedule (warmup, cosine to 10%) and the curriculum follow the same
     progress fraction.
@@ -25,7 +25,8 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
     so a step-count run cut off by a time limit continues where it stopped."""
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01,
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98),
+                            weight_decay=weight_decay,
                             **({"fused": True} if cuda else {}))
     start, step, losses, elapsed0 = time.time(), 0, [], 0.0
     tokens = torch.zeros((), dtype=torch.long, device=device)  # valid tokens trained on
