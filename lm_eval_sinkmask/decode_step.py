@@ -205,7 +205,7 @@ def misselected(got: Decoded, rows: torch.Tensor, key_valid: torch.Tensor, eps: 
     in_k = key_valid[:, None, :] & (rows > 0)
     scores = got.scores.masked_fill(~in_k, 0.0)
     n = in_k.sum(dim=-1, keepdim=True)
-    threshold = (scores.sum(dim=-1, keepdim=True) - scores) / (n - 1).clamp(min=1) + eps
+    threshold = metric.sink_threshold(scores, (n - 1).clamp(min=1), eps)
     tested = in_k & (n > 1)  # the keys Eq. 3 tests; no other key is a sink
     near = tested & ((scores - threshold).abs() <= THRESHOLD_RTOL * threshold.abs().clamp(min=1))
     if (((tested & (scores > threshold)) != got.sinks) & ~near).any():

@@ -68,8 +68,14 @@ def find_sinks(scores: torch.Tensor, key_valid: torch.Tensor, eps: float) -> tor
 def _above_the_others(scores, others, several, eps):
     """Eq. 3's test of scores that are 0 outside K: ``others`` = max(|K| - 1, 1) in the
     scores' dtype, ``several``: in K, and K holds another key."""
+    return several & (scores > sink_threshold(scores, others, eps))
+
+
+def sink_threshold(scores: torch.Tensor, others: torch.Tensor, eps: float) -> torch.Tensor:
+    """The score each key must exceed to be a sink (Eq. 3): the mean of the other keys' scores
+    plus eps. ``scores`` are 0 outside K; ``others`` = max(|K| - 1, 1)."""
     total = scores.sum(dim=-1, keepdim=True)
-    return several & (scores > (total - scores) / others + eps)
+    return (total - scores) / others + eps
 
 
 class KeyCounts(NamedTuple):
