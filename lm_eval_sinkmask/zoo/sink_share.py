@@ -1,0 +1,101 @@
+"""Judge freshly trained DLM checkpoints by the zoo's sink bar before installing them.
+
+    python -m lm_eval_sinkmask.zoo.sink_share runs/a/llada runs/b/llada --traces 8
+
+A recipe search (``zoo.train`` with another ``--weight-decay``, say) ends in checkpoint folders
+that the report card cannot read until they are installed as zoo seeds. This traces each one
+exactly as the report does (unmasked mini_gsm generations of the task's length, eps = 3, the
+first test prompts) and prints the share of (layer, head) pairs with at least one sink on
+average over a generation's steps, the mean over the generations with its standard error, by
+layer, beside the recipe fields that tell the runs apart. Traces are kept under ``--out``, one
+folder per checkpoint content, so a rerun with more ``--traces`` only traces the new prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .install import FIELD_BEFORE
+from .report import GEN_LENGTH, SINK_BAR, trace_sinks
+from .sink_stats import combine
+
+TASK = "mini_gsm_sinkmask"
+
+
+def trace_folder(out: Path, digest: str) -> Path:
+    """Where a checkpoint's traces lie: by content, so retrained weights are traced afresh."""
+    return Path(out) / digest[:16]
+
+
+def sink_share(checkpoint: str, traces: int, out: Path, device: str = "cpu") -> dict[str, Any]:
+    """The report's sink statistics (:func:`zoo.sink_stats.combine`) of ``checkpoint`` over its
+    first ``traces`` mini_gsm test generations, tracing those not saved under ``out`` yet."""
+    from transformers import AutoTokenizer
+
+    from ..provenance import checkpoint_digest
+    from ..sink_trace import Trace, trace_generation
+    from . import data
+
+    digest = checkpoint_digest(checkpoint)
+    folder = trace_folder(out, digest)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    summaries = []
+    for i, doc in enumerate(data.mini_gsm_test()[:traces]):
+        prompt_folder = folder / f"gsm_{i}"
+        if not Trace.stands(prompt_folder, gen_length=GEN_LENGTH[TASK], checkpoint=digest):
+            trace_generation(checkpoint, data.gsm_prompt(doc), gen_length=GEN_LENGTH[TASK],
+                             device=device, name=str(checkpoint)).save(prompt_folder)
+        summaries.append(trace_sinks(prompt_folder, tok))
+    return combine(summaries)
+
+
+def card(checkpoint: str) -> dict[str, Any]:
+    """The training record beside the weights (``train_info.json``; a field added since reads
+    as what older runs trained with), {} where there is none."""
+    path = Path(checkpoint) / "train_info.json"
+    return {**FIELD_BEFORE, **json.loads(path.read_text())} if path.is_file() else {}
+
+
+def row(checkpoint: str, stats: dict[str, Any]) -> str:
+    info = card(checkpoint)
+    share, err = stats["share_of_pairs_with_sink"], stats["share_stderr"]
+    spread = "" if err is None else f" ± {err:.1%}"
+    layers = " ".join(f"{x:.0%}".rstrip("%") for x in stats["share_by_layer"] or [])
+    verdict = "met" if share >= SINK_BAR else "**not met**"
+    return (f"| {checkpoint} | {info.get('seed', '?')} | {info.get('weight_decay', '?')} "
+            f"| {info.get('steps', '?')} x {info.get('batch_size', '?')} "
+            f"| {info.get('final_loss', '?')} | {stats['generations']} | {share:.1%}{spread} "
+            f"| {layers} | {verdict} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("checkpoints", nargs="+", help="DLM checkpoint folders (zoo.train --out/NAME)")
+    ap.add_argument("--traces", type=int, default=8,
+                    help="mini_gsm generations traced per checkpoint [%(default)s]; the report "
+                         "card traces 16")
+    ap.add_argument("--out", type=Path, default=Path("runs/sink_share"),
+                    help="where the traces are kept [%(default)s]")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    if args.traces < 1:
+        ap.error("--traces must be at least 1")
+    missing = [c for c in args.checkpoints if not (Path(c) / "config.json").is_file()]
+    if missing:
+        ap.error(f"not checkpoint folders (no config.json): {missing}")
+    print(f"Pairs with a sink (bar: at least {SINK_BAR:.0%}), eps = 3, unmasked "
+          f"{GEN_LENGTH[TASK]}-token mini_gsm generations; by layer, first to last, in percent.\n")
+    print("| checkpoint | seed | weight decay | steps x batch | final loss | generations "
+          "| pairs with a sink | by layer | bar |")
+    print("|---|---:|---:|---|---:|---:|---|---|---|")
+    for checkpoint in args.checkpoints:
+        print(row(checkpoint, sink_share(checkpoint, args.traces, args.out, args.device)),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
