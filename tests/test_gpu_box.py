@@ -193,6 +193,24 @@ def test_the_run_remembers_its_seeds_and_a_first_call_must_name_them(tmp_path):
     assert other.returncode == 2 and "trains seeds 2, not 1" in other.stdout
 
 
+def test_a_lever_trial_takes_the_kept_plan_as_steps_only(tmp_path):
+    """ZOO_PLAN_FLAG=--steps-from hands the kept plan to gpu_zoo as step counts for a trial
+    of a changed recipe (ZOO_ARGS); without it the plan goes as --plan, which refuses one."""
+    bin_dir, run, out, kept = (tmp_path / n for n in ("bin", "run", "out", "kept"))
+    for folder in (bin_dir, run, out, kept, tmp_path / "wheels"):
+        folder.mkdir()
+    (tmp_path / "wheels" / ".installed").touch()
+    (kept / "plan.json").write_text("{}")
+    _stub(bin_dir / "python3", f'echo "$*" >> {tmp_path / "calls"}\n')
+    env = dict(_box_env(bin_dir, run, tmp_path / "wheels", out), SINKMASK_ZOO_SEEDS=str(kept),
+               ZOO_ARGS="--weight-decay 0.1", ZOO_PLAN_FLAG="--steps-from")
+    subprocess.run(["tools/gpu_box/zoo_call.sh", "1", "none", "7", "0"], cwd=REPO, env=env,
+                   capture_output=True, timeout=60)
+    start = next(c for c in (tmp_path / "calls").read_text().splitlines() if "gpu_zoo" in c)
+    assert f"--weight-decay 0.1 --steps-from {kept / 'plan.json'}" in start
+    assert "--plan" not in start
+
+
 def _tiny_plan(path):
     """A step plan of a few steps under the rehearsal's recipe, as a first session leaves."""
     recipe = {"size": "test", "batch_size": "8", "warmup": "2", "lr_arm": "0.002",

@@ -350,6 +350,27 @@ def test_a_plan_made_before_weight_decay_was_a_flag_counts_as_the_old_default(tm
     assert launched[0][launched[0].index("--weight-decay") + 1] == "0.1"
 
 
+def test_a_lever_trial_trains_the_steps_of_a_plan_made_under_another_recipe(tmp_path,
+                                                                          monkeypatch):
+    """``--steps-from`` keeps the earlier steps so that a trial changes one setting only, and
+    its plan says which; ``--plan`` beside it is refused (two sources of steps)."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    first = _probed_plan(tmp_path, monkeypatch)
+    monkeypatch.setattr(gpu_zoo, "probe", lambda args, out: pytest.fail("probed again"))
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    args = gpu_zoo.parse_args(["--out", str(trial), "--seeds", "0", "--weight-decay", "0.1",
+                               "--steps-from", str(first)])
+    plan = gpu_zoo.step_plan(args, trial)
+    assert plan["steps"] == json.loads(first.read_text())["steps"]
+    assert plan["recipe_changed"] == {"weight_decay": ["0.01", "0.1"]}
+    both = gpu_zoo.parse_args(["--out", str(tmp_path / "x"), "--plan", str(first),
+                               "--steps-from", str(first)])
+    with pytest.raises(SystemExit, match="give one"):
+        gpu_zoo.step_plan(both, tmp_path)
+
+
 def test_a_plan_is_reused_whatever_row_groups_either_run_computed_with(tmp_path, monkeypatch):
     """Row groups change which positions a step computes, not the loss, gradient or noise,
     so a seed trained on them pools with seeds trained on the batch as drawn."""

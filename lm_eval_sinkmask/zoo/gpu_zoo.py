@@ -96,13 +96,31 @@ def reused_plan(args, earlier_file: Path) -> dict:
             "steps_from": str(earlier_file), "args": {k: str(v) for k, v in vars(args).items()}}
 
 
+def trial_plan(args, earlier_file: Path) -> dict:
+    """An earlier run's step counts under a recipe that differs from it on purpose (a lever
+    trial: the same steps, one setting changed); the plan names what differs, and the cards
+    record the recipe, so ``zoo.install`` never pools the trial with the earlier seeds."""
+    earlier = json.loads(Path(earlier_file).read_text())
+    made = {k: earlier["args"].get(k, RECIPE_BEFORE.get(k)) for k in RECIPE}
+    now = {k: str(getattr(args, k)) for k in RECIPE}
+    return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
+            "steps_from": str(earlier_file),
+            "recipe_changed": {k: [made[k], now[k]] for k in RECIPE if made[k] != now[k]},
+            "args": {k: str(v) for k, v in vars(args).items()}}
+
+
 def step_plan(args, out: Path) -> dict:
     """The step counts, fixed once per run: those it started with (a resumed run), else an
-    earlier run's (``--plan``), else the probe's."""
+    earlier run's (``--plan``, or ``--steps-from`` for a trial of another recipe), else the
+    probe's."""
     plan_file = out / "plan.json"
     if plan_file.exists():
         return json.loads(plan_file.read_text())
-    if args.plan:
+    if args.plan and args.steps_from:
+        raise SystemExit("--plan and --steps-from both name the step counts: give one")
+    if args.steps_from:
+        plan = trial_plan(args, args.steps_from)
+    elif args.plan:
         plan = reused_plan(args, args.plan)
     else:
         times = probe(args, out)
@@ -136,7 +154,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--pool-code", type=int, default=50_000)
     ap.add_argument("--probe-steps", type=int, default=20)
     ap.add_argument("--plan", type=Path, default=None, metavar="PLAN_JSON",
-                    help="take the step counts of this earlier run's plan.json (no probe)")
+                    help="take the step counts of this earlier run's plan.json (no probe); "
+                         "refused under another recipe")
+    ap.add_argument("--steps-from", type=Path, default=None, metavar="PLAN_JSON",
+                    help="a lever trial: the step counts of this plan.json under a recipe "
+                         "that differs from its own (e.g. --weight-decay), which plan.json "
+                         "records")
     ap.add_argument("--quick-eval", default="100,50", metavar="GSM,CODE",
                     help="test problems each training run checks its model on")
     ap.add_argument("--eval-batch-size", type=int, default=64)

@@ -23,7 +23,8 @@
 #   each, 64 MiB together).
 # Unpack every archive into runs/zoo2, then `python -m lm_eval_sinkmask.zoo.install runs/zoo2
 # --seeds SEEDS`. ZOO_ARGS adds gpu_zoo options; ZOO_RUN moves its folder, ZOO_SITE the
-# wheels' (env.sh).
+# wheels' (env.sh). A lever trial (ZOO_ARGS="--weight-decay 0.1", say) trains the kept plan's
+# steps under its changed recipe with ZOO_PLAN_FLAG=--steps-from (--plan refuses it).
 set -uo pipefail
 wait_s=${1:?usage: zoo_call.sh WAIT_S [none|a|b|ab] [MINUTES] [SEEDS]}
 part=${2:-none}
@@ -69,7 +70,8 @@ start_tests() {
 
 if [ ! -f $run/DONE ] && ! alive $run/gpu_zoo.pid; then
     start gpu_zoo python3 -m lm_eval_sinkmask.zoo.gpu_zoo --out $run --seeds $seeds \
-        --minutes "$minutes" ${ZOO_ARGS:-} $([ -f $kept_plan ] && echo --plan $kept_plan)
+        --minutes "$minutes" ${ZOO_ARGS:-} \
+        $([ -f $kept_plan ] && echo ${ZOO_PLAN_FLAG:---plan} $kept_plan)
 fi
 # WAIT_S counts from this call's start (SECONDS), the install included, and no sleep passes
 # it: the box kills a command at 600 s, and a killed call writes no status.txt
