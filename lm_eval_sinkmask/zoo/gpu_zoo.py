@@ -83,13 +83,19 @@ RECIPE = ("size", "batch_size", "warmup", "lr_arm", "lr_llada", "lr_dream", "wei
 RECIPE_BEFORE = {"weight_decay": "0.01"}
 
 
+def recipe_change(args, earlier: dict) -> dict[str, list[str]]:
+    """{argument: [earlier plan's value, this run's]} for each :data:`RECIPE` argument that
+    differs (as text, as plans keep them)."""
+    made = {k: earlier["args"].get(k, RECIPE_BEFORE.get(k)) for k in RECIPE}
+    now = {k: str(getattr(args, k)) for k in RECIPE}
+    return {k: [made[k], now[k]] for k in RECIPE if made[k] != now[k]}
+
+
 def reused_plan(args, earlier_file: Path) -> dict:
     """The step counts of an earlier run (its ``plan.json``), so that a seed trained in another
     session trains the same steps as the seeds before it; refused under another recipe."""
     earlier = json.loads(Path(earlier_file).read_text())
-    made = {k: earlier["args"].get(k, RECIPE_BEFORE.get(k)) for k in RECIPE}
-    now = {k: str(getattr(args, k)) for k in RECIPE}
-    differ = {k: (made[k], now[k]) for k in RECIPE if made[k] != now[k]}
+    differ = recipe_change(args, earlier)
     if differ:
         raise SystemExit(f"{earlier_file} was made under another recipe (earlier, now): {differ}")
     return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
@@ -101,11 +107,8 @@ def trial_plan(args, earlier_file: Path) -> dict:
     trial: the same steps, one setting changed); the plan names what differs, and the cards
     record the recipe, so ``zoo.install`` never pools the trial with the earlier seeds."""
     earlier = json.loads(Path(earlier_file).read_text())
-    made = {k: earlier["args"].get(k, RECIPE_BEFORE.get(k)) for k in RECIPE}
-    now = {k: str(getattr(args, k)) for k in RECIPE}
     return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
-            "steps_from": str(earlier_file),
-            "recipe_changed": {k: [made[k], now[k]] for k in RECIPE if made[k] != now[k]},
+            "steps_from": str(earlier_file), "recipe_changed": recipe_change(args, earlier),
             "args": {k: str(v) for k, v in vars(args).items()}}
 
 
