@@ -65,7 +65,8 @@ def row(checkpoint: str, stats: dict[str, Any]) -> str:
     spread = "" if err is None else f" ± {err:.1%}"
     layers = " ".join(f"{x:.0%}".rstrip("%") for x in stats["share_by_layer"] or [])
     verdict = "met" if share >= SINK_BAR else "**not met**"
-    return (f"| {checkpoint} | {info.get('seed', '?')} | {info.get('weight_decay', '?')} "
+    return (f"| {checkpoint} | {info.get('seed', '?')} | {info.get('lr', '?')} "
+            f"| {info.get('weight_decay', '?')} "
             f"| {info.get('steps', '?')} x {info.get('batch_size', '?')} "
             f"| {info.get('final_loss', '?')} | {stats['generations']} | {share:.1%}{spread} "
             f"| {layers} | {verdict} |")
@@ -88,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"not checkpoint folders (no config.json): {missing}")
     print(f"Pairs with a sink (bar: at least {SINK_BAR:.0%}), eps = 3, unmasked "
           f"{GEN_LENGTH[TASK]}-token mini_gsm generations; by layer, first to last, in percent.\n")
-    print("| checkpoint | seed | weight decay | steps x batch | final loss | generations "
-          "| pairs with a sink | by layer | bar |")
-    print("|---|---:|---:|---|---:|---:|---|---|---|")
+    print("| checkpoint | seed | peak lr | weight decay | steps x batch | final loss "
+          "| generations | pairs with a sink | by layer | bar |")
+    print("|---|---:|---:|---:|---|---:|---:|---|---|---|")
     for checkpoint in args.checkpoints:
         print(row(checkpoint, sink_share(checkpoint, args.traces, args.out, args.device)),
               flush=True)
