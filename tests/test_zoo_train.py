@@ -339,11 +339,11 @@ def test_a_plan_made_before_weight_decay_was_a_flag_counts_as_the_old_default(tm
     del plan["args"]["weight_decay"]
     first.write_text(json.dumps(plan))
     later = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "1", "--plan", str(first)])
-    assert gpu_zoo.reused_plan(later, first)["steps"] == plan["steps"]
+    assert gpu_zoo.earlier_plan(later, first)["steps"] == plan["steps"]
     other = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "1", "--plan", str(first),
                                 "--weight-decay", "0.1"])
     with pytest.raises(SystemExit, match="weight_decay"):
-        gpu_zoo.reused_plan(other, first)
+        gpu_zoo.earlier_plan(other, first)
     launched = []
     monkeypatch.setattr(gpu_zoo.subprocess, "Popen", lambda cmd, **kw: launched.append(cmd))
     gpu_zoo._launch(other, 1, "llada", [], tmp_path / "logs" / "x.log")

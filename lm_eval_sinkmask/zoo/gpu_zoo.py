@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from ..atomic_write import written_whole
+from .install import FIELD_BEFORE
 
 CHAINS = ("arm,dream", "llada", "llada_sink")
 
@@ -79,8 +80,8 @@ def step_counts(times: dict[str, float], minutes: float, arm_share: float) -> di
 # the arguments that make the recipe: a plan's steps are reused only under the same ones
 RECIPE = ("size", "batch_size", "warmup", "lr_arm", "lr_llada", "lr_dream", "weight_decay",
           "pool_gsm", "pool_code", "arm_share")
-# what a plan made before a recipe argument existed was trained with
-RECIPE_BEFORE = {"weight_decay": "0.01"}
+# what a plan made before a recipe argument existed was trained with (as text, as plans keep it)
+RECIPE_BEFORE = {"weight_decay": str(FIELD_BEFORE["weight_decay"])}
 
 
 def recipe_change(args, earlier: dict) -> dict[str, list[str]]:
@@ -91,24 +92,18 @@ def recipe_change(args, earlier: dict) -> dict[str, list[str]]:
     return {k: [made[k], now[k]] for k in RECIPE if made[k] != now[k]}
 
 
-def reused_plan(args, earlier_file: Path) -> dict:
+def earlier_plan(args, earlier_file: Path, trial: bool = False) -> dict:
     """The step counts of an earlier run (its ``plan.json``), so that a seed trained in another
-    session trains the same steps as the seeds before it; refused under another recipe."""
+    session trains the same steps as the seeds before it; refused under another recipe. A
+    ``trial`` (a lever trial: the same steps, a setting changed on purpose) takes them anyway
+    and its plan names what differs; the cards record the recipe, so ``zoo.install`` never
+    pools the trial with the earlier seeds."""
     earlier = json.loads(Path(earlier_file).read_text())
     differ = recipe_change(args, earlier)
-    if differ:
+    if differ and not trial:
         raise SystemExit(f"{earlier_file} was made under another recipe (earlier, now): {differ}")
     return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
-            "steps_from": str(earlier_file), "args": {k: str(v) for k, v in vars(args).items()}}
-
-
-def trial_plan(args, earlier_file: Path) -> dict:
-    """An earlier run's step counts under a recipe that differs from it on purpose (a lever
-    trial: the same steps, one setting changed); the plan names what differs, and the cards
-    record the recipe, so ``zoo.install`` never pools the trial with the earlier seeds."""
-    earlier = json.loads(Path(earlier_file).read_text())
-    return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
-            "steps_from": str(earlier_file), "recipe_changed": recipe_change(args, earlier),
+            "steps_from": str(earlier_file), **({"recipe_changed": differ} if trial else {}),
             "args": {k: str(v) for k, v in vars(args).items()}}
 
 
@@ -121,10 +116,8 @@ def step_plan(args, out: Path) -> dict:
         return json.loads(plan_file.read_text())
     if args.plan and args.steps_from:
         raise SystemExit("--plan and --steps-from both name the step counts: give one")
-    if args.steps_from:
-        plan = trial_plan(args, args.steps_from)
-    elif args.plan:
-        plan = reused_plan(args, args.plan)
+    if args.plan or args.steps_from:
+        plan = earlier_plan(args, args.plan or args.steps_from, trial=bool(args.steps_from))
     else:
         times = probe(args, out)
         plan = {"seconds_per_step": times,

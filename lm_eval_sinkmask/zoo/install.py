@@ -53,17 +53,24 @@ RECIPE_FIELDS = ("arch", "params", "steps", "batch_size", "lr", "weight_decay", 
 FIELD_BEFORE = {"weight_decay": 0.01}
 
 
-def recipe(checkpoint) -> dict | None:
-    """How a zoo checkpoint folder was trained (:data:`RECIPE_FIELDS` of its
-    ``train_info.json``), or None for a folder without one (not a zoo checkpoint)."""
+def training_card(checkpoint) -> dict | None:
+    """A zoo checkpoint folder's training record (``train_info.json``; a field added since it
+    was written reads as :data:`FIELD_BEFORE`), or None for a folder without one (not a zoo
+    checkpoint)."""
     card = Path(checkpoint) / "train_info.json"
     if not card.is_file():
         return None
     try:
-        info = json.loads(card.read_text())
+        return {**FIELD_BEFORE, **json.loads(card.read_text())}
     except ValueError as e:  # the one-line refusal names the card, not only the JSON position
         raise ValueError(f"{card}: not valid JSON ({e})") from None
-    return {field: info.get(field, FIELD_BEFORE.get(field)) for field in RECIPE_FIELDS}
+
+
+def recipe(checkpoint) -> dict | None:
+    """How a zoo checkpoint folder was trained (:data:`RECIPE_FIELDS` of its
+    :func:`training_card`), or None for a folder without one."""
+    info = training_card(checkpoint)
+    return None if info is None else {field: info.get(field) for field in RECIPE_FIELDS}
 
 
 def recipe_label(r: dict) -> str:

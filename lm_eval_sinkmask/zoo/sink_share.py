@@ -14,11 +14,10 @@ folder per checkpoint content, so a rerun with more ``--traces`` only traces the
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from .install import FIELD_BEFORE
+from .install import training_card
 from .report import GEN_LENGTH, SINK_BAR, trace_sinks
 from .sink_stats import combine
 
@@ -52,15 +51,8 @@ def sink_share(checkpoint: str, traces: int, out: Path, device: str = "cpu") -> 
     return combine(summaries)
 
 
-def card(checkpoint: str) -> dict[str, Any]:
-    """The training record beside the weights (``train_info.json``; a field added since reads
-    as what older runs trained with), {} where there is none."""
-    path = Path(checkpoint) / "train_info.json"
-    return {**FIELD_BEFORE, **json.loads(path.read_text())} if path.is_file() else {}
-
-
 def row(checkpoint: str, stats: dict[str, Any]) -> str:
-    info = card(checkpoint)
+    info = training_card(checkpoint) or {}
     share, err = stats["share_of_pairs_with_sink"], stats["share_stderr"]
     spread = "" if err is None else f" ± {err:.1%}"
     layers = " ".join(f"{x:.0%}".rstrip("%") for x in stats["share_by_layer"] or [])
