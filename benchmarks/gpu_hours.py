@@ -400,7 +400,8 @@ def measured_prompt_tokens(tokenizer_name: str, gsm8k_dir: str | None) -> dict[s
 # -- report ---------------------------------------------------------------------------------
 
 
-def render(rows: list[dict], device_name: str, on_gpu: bool, args) -> str:
+def render(rows: list[dict], checks: list[str], device_name: str, on_gpu: bool, args) -> str:
+    """The report's markdown; ``checks`` are the failed sanity checks of ``rows``."""
     unit = "GPU-h" if on_gpu else "CPU-h (NOT a GPU estimate)"
     lines = []
     if not on_gpu:
@@ -424,7 +425,6 @@ def render(rows: list[dict], device_name: str, on_gpu: bool, args) -> str:
                      f"| {step[0]} | {step[1]} | {r['ratio']:.2f} | {r['tflops']:.3g} "
                      f"| {r['hours'][0]:.2f} | {r['hours'][1]:.2f} | {r['cell_total']:.2f} |")
     lines.append("")
-    checks = failed_checks(rows)
     if checks:
         lines += ["**Checks failed: do not adopt these numbers**; time more layer counts, "
                   "further apart (--layers), or more repeats:", ""]
@@ -542,10 +542,10 @@ def main(argv=None, timer=None) -> dict:
                 sys.stdout.flush()
     # smoke mode keeps the real problem counts: the arithmetic is what it checks
     rows = cell_rows(timings, PROBLEMS)
-    text = render(rows, device_name, on_gpu, args)
-    print(text)
+    checks = failed_checks(rows)
+    print(render(rows, checks, device_name, on_gpu, args))
     result = {"device": device_name, "on_gpu": on_gpu, "quick": args.quick,
-              "checks_failed": failed_checks(rows),
+              "checks_failed": checks,
               "detect_backend": args.detect_backend, "candidates": args.candidates,
               "graphs": args.graphs,
               "prompt_tokens": plen, "gen_tokens": gens, "layers": layer_counts,
