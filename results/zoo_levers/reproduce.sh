@@ -5,14 +5,15 @@
 # 0.1 for seeds 0 and 1; peak lr 4e-3), and the zoo's recipe over half the steps (seeds 0
 # and 1) and twice the steps (seed 0). Dream-style models adapted from the first CPU zoo's
 # ARM (git d09e265c^; d 128, 4 layers, 0.9M parameters), 1,800 steps at batch 64, seeds 0
-# and 1, peak lr 1e-3 (the zoo's) and 2e-3, and the zoo's over 3,600 steps (seed 0). Each judged by the report card's sink rule on 8 traced mini_gsm
-# generations. About 15-28 minutes a model on one core (3,600 steps: 36-60); two at a time.
+# and 1, peak lr 1e-3 (the zoo's) and 2e-3, and the zoo's over 3,600 steps (seed 0). Each
+# judged by the report card's sink rule on 8 traced mini_gsm generations. About 15-28 minutes a model on one core (3,600 steps: 36-60); two at a time.
 # Run it from the checkout's root (it takes the first zoo's ARM from git).
 #
 #   results/zoo_levers/reproduce.sh [RUNS_DIR]     # default runs/zoo_levers
 set -euo pipefail
 runs=${1:-runs/zoo_levers}
 mkdir -p "$runs"
+arm_rev=d09e265c^ arm="$runs/arm_v1/arm"  # the first CPU zoo's ARM, the Dream-style models' start
 common=(--size full --batch-size 64 --row-groups 2 --threads 1 --warmup 100
         --eval-gsm 50 --eval-code 25 --log-every 300)
 llada() {  # NAME SEED STEPS EXTRA...: one model, skipped when its checkpoint is there
@@ -25,7 +26,7 @@ dream() {  # NAME SEED STEPS EXTRA...: adapted from the first CPU zoo's ARM
     local name=$1 seed=$2 steps=$3; shift 3
     [ -f "$runs/$name/dream/train_info.json" ] && return 0
     python -m lm_eval_sinkmask.zoo.train --out "$runs/$name" --models dream "${common[@]}" \
-        --dream-from "$runs/arm_v1/arm" --steps-dream "$steps" --seed "$seed" "$@" \
+        --dream-from "$arm" --steps-dream "$steps" --seed "$seed" "$@" \
         > "$runs/$name.log" 2>&1
 }
 for seed in 0 1 2; do
@@ -41,11 +42,10 @@ for seed in 0 1; do
     llada "s${seed}_base_900" "$seed" 900 &
 done
 wait
-arm="$runs/arm_v1/arm"
 if [ ! -f "$arm/model.safetensors" ]; then
     mkdir -p "$arm"
-    for f in $(git ls-tree --name-only d09e265c^ lm_eval_sinkmask/zoo/checkpoints/arm/); do
-        git show "d09e265c^:$f" > "$arm/$(basename "$f")"
+    for f in $(git ls-tree --name-only "$arm_rev" lm_eval_sinkmask/zoo/checkpoints/arm/); do
+        git show "$arm_rev:$f" > "$arm/$(basename "$f")"
     done
 fi
 for seed in 0 1; do
@@ -58,4 +58,5 @@ dream d0_base_3600 0 3600 &
 wait
 python -m lm_eval_sinkmask.zoo.sink_share "$runs"/s{0,1,2}_base/llada "$runs"/s{0,1}_wd0.1/llada \
     "$runs"/s{0,1,2}_lr0.004/llada "$runs"/s{0,1}_base_900/llada "$runs"/s0_base_3600/llada \
-    "$runs"/d{0,1}_base/dream "$runs"/d{0,1}_lr0.002/dream "$runs"/d0_base_3600/dream --traces 8 --out "$runs/traces"
+    "$runs"/d{0,1}_base/dream "$runs"/d{0,1}_lr0.002/dream "$runs"/d0_base_3600/dream \
+    --traces 8 --out "$runs/traces"
