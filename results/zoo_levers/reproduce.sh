@@ -5,8 +5,11 @@
 # 0.1 for seeds 0 and 1; peak lr 4e-3), and the zoo's recipe over half the steps (seeds 0
 # and 1) and twice the steps (seed 0). Dream-style models adapted from the first CPU zoo's
 # ARM (git d09e265c^; d 128, 4 layers, 0.9M parameters), 1,800 steps at batch 64, seeds 0
-# and 1, peak lr 1e-3 (the zoo's) and 2e-3, and the zoo's over 3,600 steps (seed 0). Each
-# judged by the report card's sink rule on 8 traced mini_gsm generations. About 15-28 minutes a model on one core (3,600 steps: 36-60); two at a time.
+# and 1, peak lr 1e-3 (the zoo's), 2e-3 and 5e-4, and the zoo's over 900 steps (seeds 0 and 1)
+# and 3,600 (seed 0); and, in seeds 0, 1 and 2, an ARM of the same shape trained here (1,600
+# steps at batch 64) under peak lr 2e-3 (the GPU zoo's) and 4e-3, each followed by its
+# Dream-style model. Each judged by the report card's sink rule on 8 traced mini_gsm
+# generations. About 15-37 minutes a model on one core (3,600 steps: 36-60); two at a time.
 # Run it from the checkout's root (it takes the first zoo's ARM from git).
 #
 #   results/zoo_levers/reproduce.sh [RUNS_DIR]     # default runs/zoo_levers
@@ -28,6 +31,12 @@ dream() {  # NAME SEED STEPS EXTRA...: adapted from the first CPU zoo's ARM
     python -m lm_eval_sinkmask.zoo.train --out "$runs/$name" --models dream "${common[@]}" \
         --dream-from "$arm" --steps-dream "$steps" --seed "$seed" "$@" \
         > "$runs/$name.log" 2>&1
+}
+arm_dream() {  # NAME SEED EXTRA...: an ARM trained here, then its Dream-style model
+    local name=$1 seed=$2; shift 2
+    [ -f "$runs/$name/dream/train_info.json" ] && return 0
+    python -m lm_eval_sinkmask.zoo.train --out "$runs/$name" --models arm,dream "${common[@]}" \
+        --steps-arm 1600 --steps-dream 1800 --seed "$seed" "$@" > "$runs/$name.log" 2>&1
 }
 for seed in 0 1 2; do
     llada "s${seed}_base" "$seed" 1800 &
@@ -56,7 +65,22 @@ done
 llada s0_base_3600 0 3600 &
 dream d0_base_3600 0 3600 &
 wait
+for seed in 0 1; do
+    dream "d${seed}_base_900" "$seed" 900 &
+done
+wait
+for seed in 0 1; do
+    dream "d${seed}_lr0.0005" "$seed" 1800 --lr-dream 0.0005 &
+done
+wait
+for seed in 0 1 2; do
+    arm_dream "a${seed}_arm0.002" "$seed" --lr-arm 0.002 &
+    arm_dream "a${seed}_arm0.004" "$seed" --lr-arm 0.004 &
+    wait
+done
 python -m lm_eval_sinkmask.zoo.sink_share "$runs"/s{0,1,2}_base/llada "$runs"/s{0,1}_wd0.1/llada \
     "$runs"/s{0,1,2}_lr0.004/llada "$runs"/s{0,1}_base_900/llada "$runs"/s0_base_3600/llada \
     "$runs"/d{0,1}_base/dream "$runs"/d{0,1}_lr0.002/dream "$runs"/d0_base_3600/dream \
+    "$runs"/d{0,1}_base_900/dream "$runs"/d{0,1}_lr0.0005/dream \
+    "$runs"/a{0,1,2}_arm0.00{2,4}/{arm,dream} \
     --traces 8 --out "$runs/traces"
