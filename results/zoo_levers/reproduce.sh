@@ -19,24 +19,20 @@ mkdir -p "$runs"
 arm_rev=d09e265c^ arm="$runs/arm_v1/arm"  # the first CPU zoo's ARM, the Dream-style models' start
 common=(--size full --batch-size 64 --row-groups 2 --threads 1 --warmup 100
         --eval-gsm 50 --eval-code 25 --log-every 300)
-llada() {  # NAME SEED STEPS EXTRA...: one model, skipped when its checkpoint is there
-    local name=$1 seed=$2 steps=$3; shift 3
-    [ -f "$runs/$name/llada/train_info.json" ] && return 0
-    python -m lm_eval_sinkmask.zoo.train --out "$runs/$name" --models llada "${common[@]}" \
-        --steps-llada "$steps" --seed "$seed" "$@" > "$runs/$name.log" 2>&1
-}
-dream() {  # NAME SEED STEPS EXTRA...: adapted from the first CPU zoo's ARM
-    local name=$1 seed=$2 steps=$3; shift 3
-    [ -f "$runs/$name/dream/train_info.json" ] && return 0
-    python -m lm_eval_sinkmask.zoo.train --out "$runs/$name" --models dream "${common[@]}" \
-        --dream-from "$arm" --steps-dream "$steps" --seed "$seed" "$@" \
+run() {  # NAME SEED LAST ARGS...: one training run, skipped when its LAST model's card is there
+    local name=$1 seed=$2 last=$3; shift 3
+    [ -f "$runs/$name/$last/train_info.json" ] && return 0
+    python -m lm_eval_sinkmask.zoo.train --out "$runs/$name" "${common[@]}" --seed "$seed" "$@" \
         > "$runs/$name.log" 2>&1
 }
+llada() {  # NAME SEED STEPS EXTRA...: a LLaDA-style model from scratch
+    run "$1" "$2" llada --models llada --steps-llada "$3" "${@:4}"
+}
+dream() {  # NAME SEED STEPS EXTRA...: adapted from the first CPU zoo's ARM
+    run "$1" "$2" dream --models dream --dream-from "$arm" --steps-dream "$3" "${@:4}"
+}
 arm_dream() {  # NAME SEED EXTRA...: an ARM trained here, then its Dream-style model
-    local name=$1 seed=$2; shift 2
-    [ -f "$runs/$name/dream/train_info.json" ] && return 0
-    python -m lm_eval_sinkmask.zoo.train --out "$runs/$name" --models arm,dream "${common[@]}" \
-        --steps-arm 1600 --steps-dream 1800 --seed "$seed" "$@" > "$runs/$name.log" 2>&1
+    run "$1" "$2" dream --models arm,dream --steps-arm 1600 --steps-dream 1800 "${@:3}"
 }
 for seed in 0 1 2; do
     llada "s${seed}_base" "$seed" 1800 &
@@ -67,12 +63,9 @@ dream d0_base_3600 0 3600 &
 wait
 for seed in 0 1; do
     dream "d${seed}_base_900" "$seed" 900 &
-done
-wait
-for seed in 0 1; do
     dream "d${seed}_lr0.0005" "$seed" 1800 --lr-dream 0.0005 &
+    wait
 done
-wait
 for seed in 0 1 2; do
     arm_dream "a${seed}_arm0.002" "$seed" --lr-arm 0.002 &
     arm_dream "a${seed}_arm0.004" "$seed" --lr-arm 0.004 &
