@@ -57,7 +57,7 @@ NOT_CELL_CODE = (
     "zoo.report", "zoo.report_markdown", "zoo.sink_stats", "zoo.install", "zoo.train",
     "zoo.training_loop", "zoo.objectives",
     "zoo.batches", "zoo.pool", "zoo.gpu_zoo", "zoo.quick_eval", "zoo.save_checkpoint",
-    "zoo.sink_embedding", "zoo.tokenizer", "zoo.sink_share",
+    "zoo.sink_embedding", "zoo.tokenizer", "zoo.sink_share", "zoo.split_shares",
 )
 # Modules whose code runs only inside a masked attention call (top_k > 0): detection (the
 # materialised sweep, the fused kernels, FlexAttention, the one-row decoding kernel), the Eq. 3

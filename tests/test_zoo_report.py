@@ -112,25 +112,37 @@ def test_report_reads_cells_from_elsewhere_and_judges_every_checkpoint(tmp_path)
     assert acc[("llada", 0)][gsm]["value"] == 0.55 and acc[("llada", 0)][gsm]["n"] == 300
     assert acc[("llada", 0)][code]["value"] == 0.70  # not the stale 0.10 of the earlier folder
 
-    share = lambda x: {"share_of_pairs_with_sink": x, "generations": 1, "mean_sinks_per_pair": 1.0,  # noqa: E731
-                       "top_tokens": [], "top_positions": []}
-    sinks = {("llada", 0): share(0.7), ("llada", 1): share(0.3), ("arm (last_row)", 0): share(1.0)}
+    share = lambda x, n=16: {"share_of_pairs_with_sink": x, "generations": n,  # noqa: E731
+                             "share_stderr": 0.01, "mean_sinks_per_pair": 1.0,
+                             "top_tokens": [], "top_positions": []}
+    # the first generations' full traces describe the sinks; the bar reads the whole split's
+    sinks = {("llada", 0): share(0.3), ("llada", 1): share(0.7), ("arm (last_row)", 0): share(1.0)}
+    shares = {("llada", 0): share(0.7, 300), ("llada", 1): share(0.3, 300),
+              ("llada", 2): share(0.9, 128), ("arm (last_row)", 0): share(1.0, 300),
+              ("dream", 1): share(0.6, 300)}
     recipe = lambda name, seed: "2.0M params, 10 steps x 4"  # noqa: E731
-    rep = report.build_report(acc, sinks, list(report.ZOO_NAMES), recipe_of=recipe)
+    rep = report.build_report(acc, sinks, list(report.ZOO_NAMES), recipe_of=recipe,
+                              shares=shares)
     rows = {(c["model"], c["seed"]): c["bars"] for c in rep["checkpoints"]}
     assert rows[("llada", 0)] == {gsm: "met", code: "met", "sinks": "met"}
     assert rows[("llada", 1)] == {gsm: "not met", code: "met", "sinks": "not met"}
-    assert rows[("llada", 2)]["sinks"] is None  # not traced: not judged
+    assert rows[("llada", 2)]["sinks"] == "partial"  # 128 of 300 generations: never judged
+    assert rows[("dream", 1)] == {gsm: None, code: None, "sinks": "met"}  # traced, not evaluated
+    assert report.build_report(acc, sinks, ["llada"], recipe_of=recipe)["checkpoints"][0][
+        "bars"]["sinks"] is None  # no records of the whole split: not judged
     assert rows[("arm", 0)] == {gsm: "met", code: None, "sinks": None}
     assert rows[("arm", 1)][gsm] == "partial"  # 120 of 300 problems: never judged
     summary = rep["summary"]["llada"]
     assert summary[gsm]["mean"] == pytest.approx(0.5) and summary[gsm]["std"] == pytest.approx(0.05)
     assert (summary[gsm]["min"], summary[gsm]["max"], summary[gsm]["seeds"]) == (0.45, 0.55, 3)
     assert summary["bars_met"] == {gsm: [2, 3], code: [3, 3], "sinks": [1, 2]}
+    assert summary["share_of_pairs_with_sink"]["mean"] == pytest.approx((0.7 + 0.3 + 0.9) / 3)
     md = report_markdown.markdown({**rep, "cells_read": ["results/zoo/gpu_eval"]})
     assert "--seeds 0,1,2 --cells results/zoo/gpu_eval`" in md  # how to regenerate it
     assert ("| llada | 1 | 2.0M params, 10 steps x 4 | 0.450 ± 0.010 (n=300) | **not met** "
-            "(>= 0.50) | 0.900 ± 0.010 (n=100) | met (>= 0.60) | 30% | **not met** (>= 50%) |") in md
+            "(>= 0.50) | 0.900 ± 0.010 (n=100) | met (>= 0.60) | 30.0% ± 1.0% (n=300) | "
+            "**not met** (>= 50%) |") in md
+    assert "| 90.0% ± 1.0% (n=128) | not judged (n=128 of 300) |" in md
     assert ("| arm | 1 | 2.0M params, 10 steps x 4 | 0.970 ± 0.010 (n=120) | not judged "
             "(n=120 of 300) |") in md
     assert "| llada | 2.0M params, 10 steps x 4 | 3 | 0.500 ± 0.050 (0.450-0.550, n=3) |" in md

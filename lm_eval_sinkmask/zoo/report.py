@@ -9,9 +9,11 @@
    may also come from elsewhere (``--cells DIR``, e.g. a ``sinkmask sweep --seeds 0,1,2
    --top-k 0`` folder computed on a GPU): any K=0 cell of a zoo checkpoint run with the
    family's default sampler counts.
-2. Sinks: a few mini_gsm generations per checkpoint traced through the intercept
-   (``sink_trace``), eps = 3. DLMs score keys over all queries; the ARM is traced under both
-   query rules (``last_row``, the paper's, and ``all_rows``). Per checkpoint: the mean number of
+2. Sinks: mini_gsm generations traced through the intercept (``sink_trace``), eps = 3. DLMs
+   score keys over all queries; the ARM is traced under both query rules (``last_row``, the
+   paper's, and ``all_rows``). The sink bar is judged like the accuracy bars, on the whole test
+   split: every problem's generation, kept as a compact record (:mod:`zoo.split_shares`). The
+   first few generations are kept whole, for the descriptive statistics: the mean number of
    Eq. 3 sinks per (layer, head) per step, the share of (layer, head) pairs with at least one
    sink on average over a generation's steps, and the most common sink tokens and positions.
 3. Value norms: whether the sinks' value vectors are small ("One Token Is Enough" explains
@@ -40,6 +42,7 @@ from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
 from .data import N_TEST_CODE, N_TEST_GSM
 from .install import RECIPE_FIELDS, recipe, recipe_label
 from .sink_stats import combine, low_norm_verdict, sink_summary
+from .split_shares import read_split_shares, run_split_shares
 
 TASKS = ("mini_gsm_sinkmask", "mini_code_sinkmask")
 SPLIT_SIZE = {"mini_gsm_sinkmask": N_TEST_GSM, "mini_code_sinkmask": N_TEST_CODE}  # whole test splits
@@ -47,8 +50,10 @@ GEN_LENGTH = {task: max_gen_toks(task) for task in TASKS}  # the traced generati
 # the zoo v2 bars, unmasked, whole test splits: (mini_gsm exact match, mini_code pass@1)
 TARGETS = {"arm": (0.90, 0.60), "dream": (0.60, 0.60), "llada": (0.50, 0.60),
            "llada_sink": (0.50, 0.60)}
-# every DLM checkpoint must have sinks: at least this share of its (layer, head) pairs
+# every DLM checkpoint must have sinks: at least this share of its (layer, head) pairs, on
+# average over the generations of the whole mini_gsm test split
 SINK_BAR = 0.5
+EPS = 3.0  # Eq. 3's threshold for every trace the report makes
 ARM_RULES = ("last_row", "all_rows")
 # model_args that leave an unmasked run's sampler at the family default (anything else, e.g.
 # block_length=1, is another experiment and not read as the checkpoint's accuracy)
@@ -79,6 +84,11 @@ def traced_variants(models: list[str]) -> list[tuple[str, str, str]]:
         else:
             out.append((m, m, ""))
     return out
+
+
+def bar_variants(models: list[str]) -> list[tuple[str, str, str]]:
+    """The traced variants the sink bar reads, one per model (:func:`main_label`)."""
+    return [v for v in traced_variants(models) if v[0] == main_label(v[1])]
 
 
 def main_label(name: str) -> str:
@@ -113,7 +123,7 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
                                 checkpoint=checkpoint_digest(ref)):
                     continue  # this trace version, this length, these weights
                 trace_generation(ref, prompt,
-                                 gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
+                                 gen_length=GEN_LENGTH["mini_gsm_sinkmask"], eps=EPS,
                                  model_args=args, device=device,
                                  name=f"{label} seed {seed}").save(folder)
                 print(f"traced {label} seed {seed} {folder.name}", flush=True)
@@ -242,10 +252,14 @@ def accuracy_verdict(model: str, task: str, result: dict[str, Any] | None) -> st
     return "met" if result["value"] >= bar else "not met"
 
 
-def sink_verdict(model: str, stats: dict[str, Any] | None) -> str | None:
-    if model == "arm" or stats is None:
+def sink_verdict(model: str, shares: dict[str, Any] | None) -> str | None:
+    """Like :func:`accuracy_verdict`, from the share of pairs with a sink over the test split's
+    generations (:func:`zoo.split_shares.read_split_shares`); the ARM has no sink bar."""
+    if model == "arm" or shares is None:
         return None
-    return "met" if stats["share_of_pairs_with_sink"] >= SINK_BAR else "not met"
+    if shares["generations"] < N_TEST_GSM:
+        return "partial"
+    return "met" if shares["share_of_pairs_with_sink"] >= SINK_BAR else "not met"
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -286,11 +300,13 @@ def recipe_labels(found: list) -> list[str]:
     return labels
 
 
-def build_report(acc, sinks, models: list[str], recipe_of=installed_recipe) -> dict[str, Any]:
+def build_report(acc, sinks, models: list[str], recipe_of=installed_recipe,
+                 shares=None) -> dict[str, Any]:
     """Checkpoint rows (model x seed, with their verdicts) and per-model spreads across seeds
     (one per training recipe: seeds of different recipes are not runs of one experiment).
-    ``recipe_of(name, seed)``: the checkpoint's recipe dict, a label, or None."""
-    checkpoints = checkpoint_rows(acc, sinks, models)
+    ``recipe_of(name, seed)``: the checkpoint's recipe dict, a label, or None; ``shares``: the
+    sink bar's records over the test split, by (variant label, seed)."""
+    checkpoints = checkpoint_rows(acc, sinks, models, shares or {})
     for name in {c["model"] for c in checkpoints}:
         rows = [c for c in checkpoints if c["model"] == name]
         for c, label in zip(rows, recipe_labels([recipe_of(name, c["seed"]) for c in rows])):
@@ -299,11 +315,12 @@ def build_report(acc, sinks, models: list[str], recipe_of=installed_recipe) -> d
             "targets": TARGETS, "sink_bar": SINK_BAR, "split_size": SPLIT_SIZE}
 
 
-def checkpoint_rows(acc, sinks, models: list[str]) -> list[dict[str, Any]]:
+def checkpoint_rows(acc, sinks, models: list[str], shares) -> list[dict[str, Any]]:
     """One row per (model, seed) with an accuracy cell or a trace, in ``models`` order, then by
-    seed: its results, its traced variants' sinks and its verdict on each bar."""
+    seed: its results, its traced variants' sinks, its share of pairs with a sink over the test
+    split and its verdict on each bar."""
     keys = sorted({k for k in acc if k[0] in models}
-                  | {(traced_name(label), seed) for label, seed in sinks},
+                  | {(traced_name(label), seed) for label, seed in (*sinks, *shares)},
                   key=lambda k: (models.index(k[0]) if k[0] in models else len(models), k[1]))
     checkpoints = []
     for name, seed in keys:
@@ -311,9 +328,10 @@ def checkpoint_rows(acc, sinks, models: list[str]) -> list[dict[str, Any]]:
         stats = {label: sinks[(label, seed)] for label, _, _ in traced_variants([name])
                  if (label, seed) in sinks}
         bars = {task: accuracy_verdict(name, task, results.get(task)) for task in TASKS}
-        bars["sinks"] = sink_verdict(name, stats.get(main_label(name)))
+        split = shares.get((main_label(name), seed))
+        bars["sinks"] = sink_verdict(name, split)
         checkpoints.append({"model": name, "seed": seed, "accuracy": results, "sinks": stats,
-                            "bars": bars})
+                            "split_shares": split, "bars": bars})
     return checkpoints
 
 
@@ -338,8 +356,7 @@ def _spreads(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
         values = [c["accuracy"][task]["value"] for c in rows if task in c["accuracy"]]
         if values:
             entry[task] = spread(values)
-    shares = [c["sinks"][main_label(name)]["share_of_pairs_with_sink"] for c in rows
-              if main_label(name) in c["sinks"]]
+    shares = [c["split_shares"]["share_of_pairs_with_sink"] for c in rows if c["split_shares"]]
     if shares:
         entry["share_of_pairs_with_sink"] = spread(shares)
     entry["bars_met"] = {bar: [sum(c["bars"][bar] == "met" for c in rows),
@@ -354,11 +371,32 @@ def read_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[st
     """The report of what ``out`` (and the ``cells`` folders) hold, as ``report.json`` keeps it."""
     acc = read_accuracy([out, *cells])
     sinks = read_sinks(out, models)
-    report = build_report(acc, sinks, models)
+    report = build_report(acc, sinks, models, shares=installed_shares(out, models))
     report["cells_read"] = [str(c) for c in cells]  # for the report's regenerate line
     report["low_norm_values"] = {f"{label} seed {seed}": low_norm_verdict(v.get("value_norms"))
                                  for (label, seed), v in sinks.items()}
     return report
+
+
+def installed_shares(out: Path, models: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The sink bar's records in ``out`` that were traced on the zoo checkpoints installed now
+    (records of an earlier training of a name are left out and listed, as stale cells are)."""
+    from ..provenance import checkpoint_digest
+
+    shares, stale = {}, []
+    for (label, seed), s in read_split_shares(out, bar_variants(models)).items():
+        try:
+            now = checkpoint_digest(f"zoo:{traced_name(label)}@{seed}")
+        except ValueError:  # that seed is not installed here
+            now = None
+        if s["checkpoint"] == now:
+            shares[(label, seed)] = s
+        else:
+            stale.append(f"{label} seed {seed}")
+    if stale:
+        print("zoo report: left out the sink records of checkpoints not installed now: "
+              + ", ".join(stale), flush=True)
+    return shares
 
 
 def write_report(out: Path, models: list[str], cells: list[Path] = ()) -> dict[str, Any]:
@@ -389,9 +427,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="test problems per task (default: the whole splits; bars are judged "
                          "only on whole splits)")
     ap.add_argument("--traces", type=int, default=16,
-                    help="mini_gsm generations traced per checkpoint [%(default)s]: the share of "
-                         "pairs with a sink varies by tens of points from one generation to "
-                         "another; 16 pin its mean down to about 2 points")
+                    help="mini_gsm generations traced and kept whole per checkpoint, for the "
+                         "sinks' tokens, positions and value norms [%(default)s]")
+    ap.add_argument("--bar-generations", type=int, default=N_TEST_GSM,
+                    help="mini_gsm generations the sink bar is judged on [the whole test split, "
+                         "%(default)s]: the share of pairs with a sink varies by tens of points "
+                         "from one prompt to another, and fewer leave the bar unjudged")
+    ap.add_argument("--trace-cache", type=Path, default=None, metavar="DIR",
+                    help="keep the full traces of the sink bar's generations here (outside the "
+                         "results: about 200 KB each), and reuse those `zoo.sink_share --out DIR` "
+                         "made")
     ap.add_argument("--jobs", type=int, default=2, help="sweep cells run at once")
     ap.add_argument("--device", default="cpu", help="e.g. cuda for the accuracy cells and traces")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -402,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-traces", action="store_true", help="trace nothing")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the report")
     args = ap.parse_args(argv)
+    if not 1 <= args.bar_generations <= N_TEST_GSM:
+        ap.error(f"--bar-generations must be between 1 and the test split's {N_TEST_GSM}")
+    if args.traces < 0:
+        ap.error("--traces must be at least 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = [m for m in args.models.split(",") if m]
@@ -422,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         run_accuracy(out, models, seeds, args.limit, args.jobs, args.device, args.batch_size)
     if not args.report_only and not args.skip_traces:
         run_traces(out, models, seeds, args.traces, args.device)
+        run_split_shares(out, bar_variants(models), seeds, GEN_LENGTH["mini_gsm_sinkmask"], EPS,
+                         args.device, args.bar_generations, args.trace_cache)
     write_report(out, list(ZOO_NAMES), args.cells)  # everything saved, not only what ran now
     print((out / "report.md").read_text())
     return 0

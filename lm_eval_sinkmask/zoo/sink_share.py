@@ -7,8 +7,11 @@ that the report card cannot read until they are installed as zoo seeds. This tra
 exactly as the report does (unmasked mini_gsm generations of the task's length, eps = 3, the
 first test prompts) and prints the share of (layer, head) pairs with at least one sink on
 average over a generation's steps, the mean over the generations with its standard error, by
-layer, beside the recipe fields that tell the runs apart. Traces are kept under ``--out``, one
-folder per checkpoint content, so a rerun with more ``--traces`` only traces the new prompts.
+layer, beside the recipe fields that tell the runs apart. Runs that differ in one setting are
+best compared on the same prompts (the prompts move every model's share the same way); the
+bar itself is judged on the whole test split (``--traces 300``), as the report judges it.
+Traces are kept under ``--out``, one folder per checkpoint content (the layout of the report's
+``--trace-cache``), so a rerun with more ``--traces`` only traces the new prompts.
 """
 
 from __future__ import annotations
@@ -18,15 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from .install import training_card
-from .report import GEN_LENGTH, SINK_BAR, trace_sinks
+from .report import EPS, GEN_LENGTH, SINK_BAR, trace_sinks
 from .sink_stats import combine
+from .split_shares import cache_folder
 
 TASK = "mini_gsm_sinkmask"
-
-
-def trace_folder(out: Path, digest: str) -> Path:
-    """Where a checkpoint's traces lie: by content, so retrained weights are traced afresh."""
-    return Path(out) / digest[:16]
 
 
 def sink_share(checkpoint: str, traces: int, out: Path, device: str = "cpu") -> dict[str, Any]:
@@ -39,14 +38,14 @@ def sink_share(checkpoint: str, traces: int, out: Path, device: str = "cpu") -> 
     from . import data
 
     digest = checkpoint_digest(checkpoint)
-    folder = trace_folder(out, digest)
+    folder = cache_folder(out, digest)
     tok = AutoTokenizer.from_pretrained(checkpoint)
     summaries = []
     for i, doc in enumerate(data.mini_gsm_test()[:traces]):
         prompt_folder = folder / f"gsm_{i}"
         if not Trace.stands(prompt_folder, gen_length=GEN_LENGTH[TASK], checkpoint=digest):
             trace_generation(checkpoint, data.gsm_prompt(doc), gen_length=GEN_LENGTH[TASK],
-                             device=device, name=str(checkpoint)).save(prompt_folder)
+                             eps=EPS, device=device, name=str(checkpoint)).save(prompt_folder)
         summaries.append(trace_sinks(prompt_folder, tok))
     return combine(summaries)
 
@@ -69,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("checkpoints", nargs="+", help="DLM checkpoint folders (zoo.train --out/NAME)")
     ap.add_argument("--traces", type=int, default=8,
                     help="mini_gsm generations traced per checkpoint [%(default)s]; the report "
-                         "card traces 16")
+                         "card judges the bar on all 300 (the first few prompts are no fair "
+                         "sample of the split, but the same prompts serve to compare runs)")
     ap.add_argument("--out", type=Path, default=Path("runs/sink_share"),
                     help="where the traces are kept [%(default)s]")
     ap.add_argument("--device", default="cpu")

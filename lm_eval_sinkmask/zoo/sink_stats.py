@@ -40,20 +40,25 @@ def sink_summary(n_sinks: np.ndarray, top_pos: np.ndarray, is_sink: np.ndarray,
     keys and which of them are sinks; ``token_at(step, pos)`` names the token a key held at
     that step (a DLM's canvas changes as it is decoded); positions as :func:`position_label`.
     """
-    per_pair = n_sinks.mean(axis=0)  # [L, H]: mean sinks per step
     tokens, positions = Counter(), Counter()
     for t, l, h, i in zip(*np.nonzero(is_sink)):
         pos = int(top_pos[t, l, h, i])
         tokens[token_at(int(t), pos)] += 1
         positions[position_label(pos, prompt_length, key_offset, n_tokens)] += 1
+    return {**pair_counts(n_sinks), "tokens": tokens, "positions": positions}
+
+
+def pair_counts(n_sinks: np.ndarray) -> dict[str, Any]:
+    """One traced generation's (layer, head) pairs with a sink, from its [T, L, H] Eq. 3 sink
+    counts per step: a pair has one when it averages at least one sink per step. JSON-ready:
+    all the sink bar needs of a generation."""
+    per_pair = n_sinks.mean(axis=0)  # [L, H]: mean sinks per step
     return {
         "mean_sinks_per_pair": float(per_pair.mean()),
         "pairs": int(per_pair.size),
         "pairs_with_sink": int((per_pair >= 1).sum()),
         # per layer, first to last: the share of its heads with at least one sink on average
         "share_by_layer": [float(x) for x in (per_pair >= 1).mean(axis=1)],
-        "tokens": tokens,
-        "positions": positions,
     }
 
 
@@ -73,11 +78,22 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
     if values and all(v is not None for v in values):  # (relative norms, is_sink, eps) each
         pooled = value_norm_summary(np.concatenate([v[0] for v in values]),
                                     np.concatenate([v[1] for v in values]), values[0][2])
-    shares = [s["pairs_with_sink"] / s["pairs"] for s in summaries]
-    by_layer = [s.get("share_by_layer") for s in summaries]
     return {
-        "generations": len(summaries),
-        "mean_sinks_per_pair": float(np.mean([s["mean_sinks_per_pair"] for s in summaries])),
+        **pair_shares(summaries),
+        "top_tokens": share(tokens),
+        "top_positions": share(positions),
+        "value_norms": pooled,
+    }
+
+
+def pair_shares(counts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several generations' :func:`pair_counts` (or summaries holding them): the mean share of
+    pairs with a sink, its standard error and range, sinks per pair, the share by layer."""
+    shares = [c["pairs_with_sink"] / c["pairs"] for c in counts]
+    by_layer = [c.get("share_by_layer") for c in counts]
+    return {
+        "generations": len(counts),
+        "mean_sinks_per_pair": float(np.mean([c["mean_sinks_per_pair"] for c in counts])),
         "share_of_pairs_with_sink": float(np.mean(shares)),
         # how precisely the generations traced pin the mean down (None below two generations)
         "share_stderr": _stderr(shares),
@@ -86,9 +102,6 @@ def combine(summaries: list[dict[str, Any]], top: int = 5) -> dict[str, Any]:
         # where the pairs with a sink sit: the mean over generations, layer by layer
         "share_by_layer": ([float(x) for x in np.mean(by_layer, axis=0)]
                            if all(b is not None for b in by_layer) else None),
-        "top_tokens": share(tokens),
-        "top_positions": share(positions),
-        "value_norms": pooled,
     }
 
 
