@@ -32,6 +32,7 @@ def test_a_folder_is_traced_as_the_report_traced_its_installed_seed(tmp_path, ca
     info = json.loads((folder / "train_info.json").read_text())
     line = next(r for r in table.splitlines() if r.startswith(f"| {folder} "))
     assert f"{expected['share_of_pairs_with_sink']:.1%}" in line
+    assert line.endswith("| not judged (n=2 of 300) |")  # the bar reads the whole split
     assert f"| {info['lr']} | 0.01 | {info['steps']} x {info['batch_size']} |" in line
     saved = sorted((tmp_path / "t").rglob("trace.npz"))
     assert len(saved) == 2

@@ -20,6 +20,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .data import N_TEST_GSM
 from .install import training_card
 from .report import EPS, GEN_LENGTH, SINK_BAR, trace_sinks
 from .sink_stats import combine
@@ -55,7 +56,10 @@ def row(checkpoint: str, stats: dict[str, Any]) -> str:
     share, err = stats["share_of_pairs_with_sink"], stats["share_stderr"]
     spread = "" if err is None else f" ± {err:.1%}"
     layers = " ".join(f"{x:.0%}".rstrip("%") for x in stats["share_by_layer"] or [])
-    verdict = "met" if share >= SINK_BAR else "**not met**"
+    if stats["generations"] < N_TEST_GSM:  # judged, as the report judges, on the whole split
+        verdict = f"not judged (n={stats['generations']} of {N_TEST_GSM})"
+    else:
+        verdict = "met" if share >= SINK_BAR else "**not met**"
     return (f"| {checkpoint} | {info.get('seed', '?')} | {info.get('lr', '?')} "
             f"| {info.get('weight_decay', '?')} "
             f"| {info.get('steps', '?')} x {info.get('batch_size', '?')} "
