@@ -108,3 +108,15 @@ def test_the_report_refuses_generation_counts_it_cannot_judge_on(argv, tmp_path,
     with pytest.raises(SystemExit):
         report.main(["--out", str(tmp_path), *argv])
     assert "must be" in capsys.readouterr().err
+
+
+def test_a_saved_trace_at_another_eps_is_traced_again(tmp_path, traced):
+    """A trace counts its sinks by Eq. 3 at the eps it was made with: one made at another eps
+    gives no record of the bar's eps."""
+    out = tmp_path / "zoo"
+    kept = report.trace_folder(out, "llada", 0) / "gsm_0"
+    shutil.copytree(COMMITTED / "gsm_0", kept)
+    meta = json.loads((kept / "meta.json").read_text())
+    (kept / "meta.json").write_text(json.dumps({**meta, "eps": 2.0}))
+    _run(out, 1)
+    assert len(traced) == 1

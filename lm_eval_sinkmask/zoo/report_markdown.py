@@ -116,8 +116,9 @@ def _summary_section(summary: dict[str, Any]) -> list[str]:
         "",
         "Mean ± sample standard deviation across seeds (n - 1 denominator), then min-max and "
         "the number of seeds; bars met: checkpoints meeting the bar / checkpoints judged "
-        "(whole split evaluated; for the sink bar, every problem's generation traced). Seeds trained under different recipes (model "
-        "size, steps x batch) are never pooled: one row per recipe.",
+        "(whole split evaluated; for the sink bar, every problem's generation traced). "
+        "Seeds trained under different recipes (model size, steps x batch) are never pooled: "
+        "one row per recipe.",
         "",
         "| model | recipe | checkpoints | mini_gsm | mini_code | pairs with a sink | "
         "mini_gsm bar met | mini_code bar met | sink bar met |",
@@ -143,9 +144,9 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
         f"## Sinks (eps = 3, {GEN_LENGTH['mini_gsm_sinkmask']}-token mini_gsm generations, unmasked)",
         "",
         "From the full traces of the first test problems' generations (the sink bar above "
-        "reads every problem's). Sinks per pair: mean number of Eq. 3 sinks per (layer, head) per step. Pairs with a "
-        "sink: the share of (layer, head) pairs with at least one sink on average over a "
-        "generation's steps, the mean over the generations ± its standard error (the sample "
+        "reads every problem's). Sinks per pair: mean number of Eq. 3 sinks per (layer, "
+        "head) per step. Pairs with a sink: the share of (layer, head) pairs with at least "
+        "one sink on average over a generation's steps, the mean over the generations ± its standard error (the sample "
         "standard deviation over generations / sqrt(generations); in parentheses the lowest "
         "and highest generation's share). Tokens and positions: how often each is among the sinks "
         "(of the 5 top-scoring keys recorded per step, layer and head), pooled over the "

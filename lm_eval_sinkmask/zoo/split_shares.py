@@ -62,9 +62,11 @@ def generation_counts(ref: str, prompt: str, *, header: dict[str, Any], model_ar
     (the report's own traces) or ``cache``, else traced now (and saved to ``cache``, if any)."""
     from ..sink_trace import Trace, trace_generation
 
-    for folder in (kept, cache):
-        if folder is not None and Trace.stands(folder, gen_length=header["gen_length"],
-                                               checkpoint=header["checkpoint"]):
+    for folder in (kept, cache):  # a saved trace counts its sinks by Eq. 3 at its own eps
+        if (folder is not None
+                and Trace.stands(folder, gen_length=header["gen_length"],
+                                 checkpoint=header["checkpoint"])
+                and Trace.saved_meta(folder)["eps"] == header["eps"]):
             return pair_counts(Trace.load(folder)["n_sinks"])
     trace = trace_generation(ref, prompt, gen_length=header["gen_length"], eps=header["eps"],
                              model_args=model_args, device=device, name=name)
