@@ -120,3 +120,18 @@ def test_a_saved_trace_at_another_eps_is_traced_again(tmp_path, traced):
     (kept / "meta.json").write_text(json.dumps({**meta, "eps": 2.0}))
     _run(out, 1)
     assert len(traced) == 1
+
+
+def test_records_made_by_parallel_workers_are_those_of_one_process(tmp_path, capsys):
+    """--jobs 2: each (variant, seed) file in its own spawned process, the same records (a
+    greedy generation of the first prompt, as the report's committed traces hold it)."""
+    out = tmp_path / "zoo"
+    both = LLADA + [("dream", "dream", "")]
+    split_shares.run_split_shares(out, both, [0], gen_length=64, eps=report.EPS, n_prompts=1,
+                                  jobs=2)
+    root = COMMITTED.parents[1]
+    for label in ("llada", "dream"):
+        saved = json.loads(split_shares.records_path(out, label, 0).read_text())
+        assert saved["generations"] == [
+            pair_counts(sink_trace.Trace.load(root / label / "seed0" / "gsm_0")["n_sinks"])]
+    assert "dream seed 0: 1 sink record(s)" in capsys.readouterr().out

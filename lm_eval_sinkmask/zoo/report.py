@@ -437,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the full traces of the sink bar's generations here (outside the "
                          "results: about 200 KB each), and reuse those `zoo.sink_share --out DIR` "
                          "made")
-    ap.add_argument("--jobs", type=int, default=2, help="sweep cells run at once")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="sweep cells, and checkpoints traced for the sink bar, run at once "
+                         "[%(default)s] (on a CPU with OMP_NUM_THREADS=1: one core each)")
     ap.add_argument("--device", default="cpu", help="e.g. cuda for the accuracy cells and traces")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--cells", action="append", type=Path, default=[], metavar="DIR",
@@ -449,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.bar_generations <= N_TEST_GSM:
         ap.error(f"--bar-generations must be between 1 and the test split's {N_TEST_GSM}")
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
     if args.traces < 0:
         ap.error("--traces must be at least 0")
     out = Path(args.out)
@@ -472,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only and not args.skip_traces:
         run_traces(out, models, seeds, args.traces, args.device)
         run_split_shares(out, bar_variants(models), seeds, GEN_LENGTH["mini_gsm_sinkmask"], EPS,
-                         args.device, args.bar_generations, args.trace_cache)
+                         args.device, args.bar_generations, args.trace_cache, args.jobs)
     write_report(out, list(ZOO_NAMES), args.cells)  # everything saved, not only what ran now
     print((out / "report.md").read_text())
     return 0

@@ -77,12 +77,37 @@ def generation_counts(ref: str, prompt: str, *, header: dict[str, Any], model_ar
 
 def run_split_shares(out: Path, variants: list[tuple[str, str, str]], seeds: list[int],
                      gen_length: int, eps: float, device: str = "cpu",
-                     n_prompts: int = N_TEST_GSM, cache: Path | None = None) -> None:
+                     n_prompts: int = N_TEST_GSM, cache: Path | None = None,
+                     jobs: int = 1) -> None:
     """Record every (variant, seed)'s first ``n_prompts`` mini_gsm test generations.
 
     ``variants``: (label, zoo name, model_args), as :func:`zoo.report.traced_variants` gives.
-    Resumable: records made on the same weights by the same trace version are kept.
+    ``jobs`` > 1 records that many (variant, seed) files at once, each in its own process (on
+    a CPU with ``OMP_NUM_THREADS=1``, one core each). Resumable: records made on the same
+    weights by the same trace version are kept.
     """
+    todo = [(variant, seed) for variant in variants for seed in seeds]
+    args = (gen_length, eps, device, n_prompts, cache)
+    if jobs == 1:
+        for variant, seed in todo:
+            record_generations(out, variant, seed, *args)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn: a fresh interpreter per worker, nothing inherited from a forked torch
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(record_generations, out, variant, seed, *args, progress=False):
+                   f"{variant[0]} seed {seed}" for variant, seed in todo}
+        for future in as_completed(futures):
+            print(f"{futures[future]}: {future.result()} sink record(s)", flush=True)
+
+
+def record_generations(out: Path, variant: tuple[str, str, str], seed: int, gen_length: int,
+                       eps: float, device: str, n_prompts: int, cache: Path | None,
+                       progress: bool = True) -> int:
+    """One (variant, seed)'s records, resumed and completed; returns how many it holds."""
     from tqdm.auto import tqdm
 
     from ..provenance import checkpoint_digest
@@ -90,26 +115,24 @@ def run_split_shares(out: Path, variants: list[tuple[str, str, str]], seeds: lis
     from . import data
     from .report import trace_folder
 
+    label, name, args = variant
     prompts = [data.gsm_prompt(d) for d in data.mini_gsm_test()[:n_prompts]]
-    for label, name, args in variants:
-        for seed in seeds:
-            ref = f"zoo:{name}@{seed}"
-            header = {"checkpoint": checkpoint_digest(ref), "trace_version": TRACE_VERSION,
-                      "gen_length": gen_length, "eps": eps}
-            path = records_path(out, label, seed)
-            records = load_records(path, header)
-            if len(records) >= len(prompts):
-                continue
-            for i in tqdm(range(len(records), len(prompts)), desc=f"{label} seed {seed}",
-                          initial=len(records), total=len(prompts)):
-                cached = None if cache is None else (
-                    cache_folder(cache, header["checkpoint"], args) / f"gsm_{i}")
-                records.append(generation_counts(
-                    ref, prompts[i], header=header, model_args=args, device=device,
-                    name=f"{label} seed {seed}", kept=trace_folder(out, label, seed) / f"gsm_{i}",
-                    cache=cached))
-                if len(records) % SAVE_EVERY == 0 or len(records) == len(prompts):
-                    save_records(path, header, records)
+    ref = f"zoo:{name}@{seed}"
+    header = {"checkpoint": checkpoint_digest(ref), "trace_version": TRACE_VERSION,
+              "gen_length": gen_length, "eps": eps}
+    path = records_path(out, label, seed)
+    records = load_records(path, header)
+    for i in tqdm(range(len(records), len(prompts)), desc=f"{label} seed {seed}",
+                  initial=len(records), total=len(prompts), disable=not progress):
+        cached = None if cache is None else (
+            cache_folder(cache, header["checkpoint"], args) / f"gsm_{i}")
+        records.append(generation_counts(
+            ref, prompts[i], header=header, model_args=args, device=device,
+            name=f"{label} seed {seed}", kept=trace_folder(out, label, seed) / f"gsm_{i}",
+            cache=cached))
+        if len(records) % SAVE_EVERY == 0 or len(records) == len(prompts):
+            save_records(path, header, records)
+    return len(records)
 
 
 def read_split_shares(out: Path, variants: list[tuple[str, str, str]]
