@@ -263,16 +263,18 @@ class Trace:
 
     @staticmethod
     def stands(folder: Path, *, gen_length: int, checkpoint: str | None,
-               min_version: int = TRACE_VERSION) -> bool:
+               min_version: int = TRACE_VERSION, eps: float | None = None) -> bool:
         """Whether a resumable run may keep the trace saved in ``folder``: one exists, of at
         least ``min_version`` (default: this version, so what a newer version records or
         computes differently is traced again), generated with ``gen_length`` new tokens on a
         checkpoint whose content digest (:func:`provenance.checkpoint_digest`) is
-        ``checkpoint``; a checkpoint retrained under the same name is traced again."""
+        ``checkpoint``; a checkpoint retrained under the same name is traced again. With
+        ``eps``, also recorded at that Eq. 3 threshold (its sink counts are that eps's)."""
         meta = Trace.saved_meta(folder)
         return (meta is not None and meta.get("trace_version", 1) >= min_version
                 and meta.get("gen_length") == gen_length
-                and checkpoint is not None and meta.get("checkpoint") == checkpoint)
+                and checkpoint is not None and meta.get("checkpoint") == checkpoint
+                and (eps is None or meta.get("eps") == eps))
 
     @classmethod
     def load(cls, folder: Path) -> Trace:

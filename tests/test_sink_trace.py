@@ -85,6 +85,10 @@ def test_a_saved_trace_stands_only_for_its_length_version_and_checkpoint(tmp_pat
     assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=4)
     assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:a")  # older than this code's
     assert not Trace.stands(tmp_path / "none", gen_length=64, checkpoint="sha256:a")
+    assert Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=3,
+                        eps=trace.meta["eps"])
+    assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=3,
+                            eps=trace.meta["eps"] + 1)  # its sinks were counted at another eps
 
 
 def test_figures_from_a_saved_trace(tmp_path):

@@ -102,9 +102,14 @@ def traced_name(label: str) -> str:
     return label.split(" (")[0]
 
 
+def variant_folder(label: str) -> str:
+    """A traced variant's folder name: ``arm (last_row)`` -> ``arm_last_row``."""
+    return label.replace(" (", "_").rstrip(")")
+
+
 def trace_folder(out: Path, label: str, seed: int) -> Path:
     """Where a variant's traces live: ``arm (last_row)``, seed 1 -> ``traces/arm_last_row/seed1``."""
-    return out / "traces" / label.replace(" (", "_").rstrip(")") / f"seed{seed}"
+    return out / "traces" / variant_folder(label) / f"seed{seed}"
 
 
 def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
@@ -120,7 +125,7 @@ def run_traces(out: Path, models: list[str], seeds: list[int], n_prompts: int,
                 folder = trace_folder(out, label, seed) / f"gsm_{i}"
                 ref = f"zoo:{name}@{seed}"  # recorded as is: a name, not this machine's path
                 if Trace.stands(folder, gen_length=GEN_LENGTH["mini_gsm_sinkmask"],
-                                checkpoint=checkpoint_digest(ref)):
+                                checkpoint=checkpoint_digest(ref), eps=EPS):
                     continue  # this trace version, this length, these weights
                 trace_generation(ref, prompt,
                                  gen_length=GEN_LENGTH["mini_gsm_sinkmask"], eps=EPS,

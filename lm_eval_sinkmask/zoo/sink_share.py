@@ -22,33 +22,27 @@ from typing import Any
 
 from .data import N_TEST_GSM
 from .install import training_card
-from .report import EPS, GEN_LENGTH, SINK_BAR, trace_sinks
-from .sink_stats import combine
-from .split_shares import cache_folder
+from .report import EPS, GEN_LENGTH, SINK_BAR
+from .sink_stats import pair_shares
+from .split_shares import cache_folder, generation_counts
 
 TASK = "mini_gsm_sinkmask"
 
 
 def sink_share(checkpoint: str, traces: int, out: Path, device: str = "cpu") -> dict[str, Any]:
-    """The report's sink statistics (:func:`zoo.sink_stats.combine`) of ``checkpoint`` over its
-    first ``traces`` mini_gsm test generations, tracing those not saved under ``out`` yet."""
-    from transformers import AutoTokenizer
-
+    """The report's share of pairs with a sink (:func:`zoo.sink_stats.pair_shares`) of
+    ``checkpoint`` over its first ``traces`` mini_gsm test generations, tracing those not saved
+    under ``out`` yet (the layout of the report's ``--trace-cache``)."""
     from ..provenance import checkpoint_digest
-    from ..sink_trace import Trace, trace_generation
     from . import data
 
-    digest = checkpoint_digest(checkpoint)
-    folder = cache_folder(out, digest)
-    tok = AutoTokenizer.from_pretrained(checkpoint)
-    summaries = []
-    for i, doc in enumerate(data.mini_gsm_test()[:traces]):
-        prompt_folder = folder / f"gsm_{i}"
-        if not Trace.stands(prompt_folder, gen_length=GEN_LENGTH[TASK], checkpoint=digest):
-            trace_generation(checkpoint, data.gsm_prompt(doc), gen_length=GEN_LENGTH[TASK],
-                             eps=EPS, device=device, name=str(checkpoint)).save(prompt_folder)
-        summaries.append(trace_sinks(prompt_folder, tok))
-    return combine(summaries)
+    header = {"checkpoint": checkpoint_digest(checkpoint), "gen_length": GEN_LENGTH[TASK],
+              "eps": EPS}
+    folder = cache_folder(out, header["checkpoint"])
+    return pair_shares([
+        generation_counts(checkpoint, data.gsm_prompt(doc), header=header, model_args="",
+                          device=device, name=str(checkpoint), cache=folder / f"gsm_{i}")
+        for i, doc in enumerate(data.mini_gsm_test()[:traces])])
 
 
 def row(checkpoint: str, stats: dict[str, Any]) -> str:

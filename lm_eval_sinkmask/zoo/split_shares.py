@@ -32,7 +32,9 @@ def cache_folder(cache: Path, digest: str, model_args: str = "") -> Path:
 
 def records_path(out: Path, label: str, seed: int) -> Path:
     """``arm (last_row)``, seed 1 -> ``OUT/shares/arm_last_row/seed1.json``."""
-    return Path(out) / "shares" / label.replace(" (", "_").rstrip(")") / f"seed{seed}.json"
+    from .report import variant_folder  # report imports this module
+
+    return Path(out) / "shares" / variant_folder(label) / f"seed{seed}.json"
 
 
 def load_records(path: Path, header: dict[str, Any]) -> list[dict[str, Any]]:
@@ -56,17 +58,17 @@ def save_records(path: Path, header: dict[str, Any], records: list[dict[str, Any
 
 
 def generation_counts(ref: str, prompt: str, *, header: dict[str, Any], model_args: str,
-                      device: str, name: str, kept: Path,
+                      device: str, name: str, kept: Path | None = None,
                       cache: Path | None = None) -> dict[str, Any]:
     """One generation's :func:`pair_counts`, from a full trace of it that stands in ``kept``
-    (the report's own traces) or ``cache``, else traced now (and saved to ``cache``, if any)."""
+    (the report's own traces) or ``cache``, else traced now (and saved to ``cache``, if any).
+    ``header``: the checkpoint's digest, the generation length and eps the trace must have."""
     from ..sink_trace import Trace, trace_generation
 
-    for folder in (kept, cache):  # a saved trace counts its sinks by Eq. 3 at its own eps
-        if (folder is not None
-                and Trace.stands(folder, gen_length=header["gen_length"],
-                                 checkpoint=header["checkpoint"])
-                and Trace.saved_meta(folder)["eps"] == header["eps"]):
+    for folder in (kept, cache):
+        if folder is not None and Trace.stands(folder, gen_length=header["gen_length"],
+                                               checkpoint=header["checkpoint"],
+                                               eps=header["eps"]):
             return pair_counts(Trace.load(folder)["n_sinks"])
     trace = trace_generation(ref, prompt, gen_length=header["gen_length"], eps=header["eps"],
                              model_args=model_args, device=device, name=name)
