@@ -82,7 +82,8 @@ class MaskingLMMixin:
     @contextmanager
     def masking(self, ids: torch.Tensor | None = None, valid: torch.Tensor | None = None,
                 in_place: bool = False) -> Iterator[MaskingStats]:
-        """Intercept attention for one batch of generation; state ends with the batch.
+        """Intercept attention for one batch of forward passes (a generation, a likelihood
+        batch, a batch-size probe); state ends with the batch.
 
         ``ids`` (with ``valid``, 1 on real tokens) are the batch's rows as the caller knows
         them: under ``mask_target=random`` each row draws from its own tokens' stream, so a

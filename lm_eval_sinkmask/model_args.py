@@ -109,7 +109,6 @@ ARGS: tuple[ModelArg, ...] = (
              "weights lie on several devices, or every padded form the code honours reads the "
              "host, eager otherwise; `true` refuses the first two and in the third splits "
              "batches by length; `false` always eager", (DLM,), "sampling"),
-    # -- loading
     # -- likelihood: LikelihoodSettings (likelihood.py)
     ModelArg("mc_num", "128", "Monte Carlo samples per scored continuation", (DLM,), "likelihood"),
     ModelArg("mc_batch_size", "32", "samples per forward pass (memory only: the estimate does not "
@@ -119,6 +118,7 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("greedy_check", "false", "also decode the continuation greedily and report lm-eval's "
              "`is_greedy` (only `output_type: loglikelihood` tasks such as LAMBADA read it; costs "
              "one forward pass per token). Off, it is false", (DLM,), "likelihood"),
+    # -- loading
     ModelArg("pretrained", "required", "hub id, local folder, or `zoo:arm`, `zoo:llada`, `zoo:dream`, "
              "`zoo:llada_sink` (the tiny checkpoints shipped with the package; `zoo:NAME@S` for "
              "training seed S)", BOTH, "loading"),

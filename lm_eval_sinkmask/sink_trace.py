@@ -25,8 +25,10 @@ count every key the model attends to, an extra sink token's included; ``meta["to
 
 Tracing an unmasked run: the intercept emits events only when ``top_k >= 1``, so the trace runs
 with ``top_k=1`` and an eps no score can exceed (``OBSERVE_EPS``): every call is scored, nothing
-qualifies, nothing is masked, and every call returns the model's own SDPA output, the tokens
-of an untraced top_k=0 run. ``top_k >= 1`` traces a masked run.
+qualifies, nothing is masked. On a CPU every call then returns the model's own SDPA output,
+so the tokens are those of an untraced top_k=0 run; on an accelerator the output comes from
+the fused masked path with no key hidden, equal up to the kernels' rounding. ``top_k >= 1``
+traces a masked run.
 """
 
 from __future__ import annotations
