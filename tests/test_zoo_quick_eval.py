@@ -36,3 +36,25 @@ def test_quick_eval_decodes_as_dlm_sinkmask_at_half_the_steps(name):
     assert quick.shape == (len(PROMPTS), GEN)
     assert torch.equal(quick, via_lm_eval) and torch.equal(quick, direct)
     assert len({tuple(row) for row in quick.tolist()}) > 1  # real decoding, not one constant
+
+
+def test_quick_eval_scores_gsm_as_the_tasks_strict_match():
+    """The task's filter and exact_match settings: the gold answer counts, thousands commas
+    are ignored as the task ignores them, another number or no ``####`` does not count."""
+    docs = data.mini_gsm_test()[:2]
+    gold = docs[0]["answer"].split("####")[-1].strip()
+    assert "," not in gold
+    wrong = str(int(gold) + 1)
+    generations = [docs[0]["answer"], f"so #### {wrong}"]
+    assert quick_eval.gsm_correct(generations, [docs[0], docs[0]]) == [True, False]
+    assert quick_eval.gsm_correct([f"... {gold}"], docs[:1]) == [False]  # no "####": strict
+    big = dict(docs[1], answer="work\n#### 1234")
+    assert quick_eval.gsm_correct(["it is #### 1,234"], [big]) == [True]
+
+
+def test_quick_eval_runs_code_in_the_sandbox_with_the_tasks_stops():
+    docs = data.mini_code_test()[:2]
+    until = quick_eval.task_config("mini_code_sinkmask")["generation_kwargs"]["until"]
+    solved = quick_eval.cut_at_stops(docs[0]["canonical_solution"] + "\ndef extra():\n", until)
+    assert solved == docs[0]["canonical_solution"]  # cut at "\ndef" as lm-eval cuts
+    assert quick_eval.code_passes([solved, "    return None\n"], docs) == [True, False]

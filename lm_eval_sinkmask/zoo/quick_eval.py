@@ -3,19 +3,20 @@ for the ARM, and for the DLMs the samplers ``dlm_sinkmask`` runs (``lm_eval_sink
 at the family's defaults) with half the denoising steps, on the first mini_gsm and mini_code
 test problems. Progress metric only: it runs after the last training step and nothing reads
 it back (no checkpoint choice, no early stop); the official numbers come through lm-eval.
-"""
 
-import re
-import subprocess
-import sys
+Scored as the tasks score: each task's YAML gives the generation budget and stop sequences,
+mini_gsm's strict-match filter and exact_match settings run through lm-eval's own filter and
+metric, and mini_code's programs run in the sandbox (``code_eval.execute``), never bare.
+"""
 
 import torch
 
 from .. import sink_token
+from ..code_eval import execute
 from ..families import diffusion_family_of, family_for
 from ..samplers import generate_block, generate_dream
+from ..tasks import TASKS_DIR, task_module
 from . import data
-from .batches import GEN_LEN
 
 # dlm_sinkmask's default is one token per step; two keep the check cheap at the end of a run
 TOKENS_PER_STEP = 2
@@ -70,27 +71,45 @@ def generate_dlm(model, tok, prompts, gen_len):
                           **common)
 
 
-def _gsm_correct(gen, doc):
-    m = re.search(r"#### (\-?[0-9\.\,]+)", gen)
-    gold = doc["answer"].split("####")[-1].strip()
-    return m is not None and m.group(1).replace(",", "") == gold
+def task_config(task: str) -> dict:
+    """A zoo task's YAML as lm-eval reads it (includes merged; ``!function`` left as text)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    return load_yaml(TASKS_DIR / "zoo" / f"{task}.yaml", resolve_func=False)
 
 
-def _code_passes(completion, doc):
-    program = (doc["prompt"] + completion + "\n\n" + doc["test"] +
-               f"\ncheck({doc['entry_point']})\n")
-    try:
-        r = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=5)
-        return r.returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
+def cut_at_stops(text: str, until: list[str]) -> str:
+    """A generation cut at the first of each stop sequence, as lm-eval's models cut it."""
+    for stop in until:
+        text = text.split(stop)[0]
+    return text
 
 
-def _truncate_code(gen):
-    """Stop sequences of HumanEval (the tasks cut the same way)."""
-    for stop in ("\nclass", "\ndef", "\n#", "\nif", "\nprint"):
-        gen = gen.split(stop)[0]
-    return gen
+def gsm_correct(generations: list[str], docs: list[dict]) -> list[bool]:
+    """mini_gsm's strict-match exact_match per problem: the task's regex filter (lm-eval's
+    ``RegexFilter``) and exact_match with the task's settings (lm-eval's metric)."""
+    from lm_eval.api.registry import get_metric
+    from lm_eval.filters.extraction import RegexFilter
+
+    task = task_config("mini_gsm_sinkmask")
+    (strict,) = [f for f in task["filter_list"] if f["name"] == "strict-match"]
+    regex = {k: v for k, v in strict["filter"][0].items() if k != "function"}
+    answers = RegexFilter(**regex).apply([[g] for g in generations], docs)
+    (metric,) = task["metric_list"]
+    settings = {k: v for k, v in metric.items()
+                if k not in ("metric", "aggregation", "higher_is_better")}
+    exact_match = get_metric(metric["metric"])
+    return [exact_match(predictions=[a[0]], references=[d["answer"]], **settings)[metric["metric"]]
+            == 1 for a, d in zip(answers, docs)]
+
+
+def code_passes(completions: list[str], docs: list[dict]) -> list[bool]:
+    """mini_code's pass@1 per problem: program = prompt + completion, the problem's test run
+    in the sandbox, all at once."""
+    test = task_module("humaneval").humaneval_test
+    outcomes = execute([(d["prompt"] + c, test(d)) for c, d in zip(completions, docs)],
+                       progress=False)
+    return [o.passed for o in outcomes]
 
 
 def quick_eval(model, tok, n_gsm, n_code, batch=32):
@@ -109,11 +128,14 @@ def quick_eval(model, tok, n_gsm, n_code, batch=32):
             else:
                 out += generate_arm(model, tok, chunk, max_new)
         return out
-    g = gen([data.gsm_prompt(d) for d in gsm], GEN_LEN)
-    c = gen([data.code_prompt(d) for d in code], 64)
-    res = {"mini_gsm_acc": sum(map(_gsm_correct, g, gsm)) / max(1, len(gsm)),
-           "mini_code_pass@1": sum(_code_passes(_truncate_code(x), d)
-                                   for x, d in zip(c, code)) / max(1, len(code)),
+    gsm_task, code_task = (task_config(t)["generation_kwargs"]
+                           for t in ("mini_gsm_sinkmask", "mini_code_sinkmask"))
+    g = [cut_at_stops(x, gsm_task["until"]) for x in
+         gen([data.gsm_prompt(d) for d in gsm], gsm_task["max_gen_toks"])]
+    c = [cut_at_stops(x, code_task["until"]) for x in
+         gen([data.code_prompt(d) for d in code], code_task["max_gen_toks"])]
+    res = {"mini_gsm_acc": sum(gsm_correct(g, gsm)) / max(1, len(gsm)),
+           "mini_code_pass@1": sum(code_passes(c, code)) / max(1, len(code)),
            "eval_n_gsm": len(gsm), "eval_n_code": len(code)}
     if g:
         res["example_gsm"] = g[0]
