@@ -145,8 +145,7 @@ def as_on_a_gpu(counter: OpCounter, candidate: tuple | None = None, one_row_kern
                                               lambda device: False))
         stack.enter_context(mock.patch.object(fused_mass, "triton_runs_on", lambda device: True))
         stack.enter_context(mock.patch.object(fused_mass, "_kernels", lambda: kernels))
-        one_row = types.SimpleNamespace(decode_kernel=_CountedKernel(counter, "decode_kernel"),
-                                        block_of=lambda n: n)
+        one_row = types.SimpleNamespace(decode_kernel=_CountedKernel(counter, "decode_kernel"))
         stack.enter_context(mock.patch.object(decode_step, "_kernels",
                                               lambda: one_row if one_row_kernel else None))
         if candidate is not None:

@@ -28,9 +28,9 @@ import triton.language as tl
 
 import taken_calls
 from lm_eval_sinkmask import compiled_tail, intercept
-from lm_eval_sinkmask._decode_kernels import (block_of, keeps_some, key_mask, store_selection,
-                                             top_k_of)
+from lm_eval_sinkmask._decode_kernels import keeps_some, key_mask, store_selection, top_k_of
 from lm_eval_sinkmask.decode_step import key_mask_view
+from lm_eval_sinkmask.fused_mass import block_of
 from lm_eval_sinkmask.metric import KeyCounts, key_counts
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows stay eager

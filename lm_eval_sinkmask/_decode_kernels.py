@@ -19,13 +19,6 @@ import triton
 import triton.language as tl
 
 
-def block_of(n: int) -> int:
-    """The power of two at or above ``n``, at least 16: a block holding ``n`` elements. In
-    Python, because ``triton.next_power_of_2`` is a JIT function whose call costs
-    microseconds per launch."""
-    return max(16, 1 << (n - 1).bit_length())
-
-
 @triton.jit
 def top_k_of(scores, sinks, offs, K: tl.constexpr):
     """The top-K sinks of one row by repeated argmax: the largest remaining sink, ties to the

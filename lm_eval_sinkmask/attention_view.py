@@ -18,6 +18,19 @@ import torch
 from .metric import KeyCounts, key_counts
 
 
+def sdpa_scale(scale, head_dim: int) -> float:
+    """The score scale SDPA uses: the call's own, else 1/sqrt(head_dim) (its formula, so that
+    every detection path scores as the model's attention does)."""
+    return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def hidden_below(dtype: torch.dtype) -> float:
+    """A float-mask entry at or below this hides its key: half the dtype's lowest value, so
+    that ``-inf`` and ``finfo.min`` (what models write) hide and any real bias shows. Exact in
+    float32 for every dtype, so the kernels compare against the same number."""
+    return float(torch.finfo(dtype).min) / 2
+
+
 @dataclass
 class Detection:
     """What one call's detection measured, by whichever path computed it: the input of the
@@ -157,7 +170,7 @@ class MaskView:
         float32 copy."""
         visible = m = self._rows_of_mask(r0, r1)
         if m is not None and m.dtype != torch.bool:
-            visible = m > torch.finfo(m.dtype).min / 2
+            visible = m > hidden_below(m.dtype)
         if self.is_causal:
             rows = torch.arange(r0, r1, device=self.device).unsqueeze(-1)
             causal = (rows >= torch.arange(self.n_k, device=self.device))[None, None]
@@ -225,8 +238,7 @@ class Scores:
 
     @cached_property
     def q(self) -> torch.Tensor:
-        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(self.query.shape[-1])
-        return self.query.float() * scale
+        return self.query.float() * sdpa_scale(self.scale, self.query.shape[-1])
 
     @cached_property
     def kt(self) -> torch.Tensor:

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from . import fused_mass, metric
-from .attention_view import Detection, MaskView, Scores
+from .attention_view import Detection, MaskView, Scores, hidden_below, sdpa_scale
 
 NAME = "fused_decode"  # the detection counter's name for the calls taken here
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows take the fused path
@@ -91,7 +91,7 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
     B, H, _, D = q.shape
     n_k, dv = k_.shape[-2], v.shape[-1]
     dev = q.device
-    scale = sc.scale if sc.scale is not None else D ** -0.5
+    scale = sdpa_scale(sc.scale, D)
     m, hidden_below = key_mask_view(mask.attn_mask, B, H, n_k)
     if m is None:
         m = q[:, :, 0]  # never read
@@ -126,8 +126,8 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
             H, H // k_.shape[1], n_k, n_old, n_prev, D, dv, float(scale), hidden_below, float(eps),
             HAS_MASK=mask.attn_mask is not None, MASK_BOOL=mask.attn_mask is not None
             and mask.attn_mask.dtype == torch.bool, HISTORY=history is not None,
-            HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=kern.block_of(n_k),
-            BLOCK_N=BLOCK_N, BLOCK_D=kern.block_of(D), BLOCK_DV=kern.block_of(dv), num_warps=4)
+            HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=fused_mass.block_of(n_k),
+            BLOCK_N=BLOCK_N, BLOCK_D=fused_mass.block_of(D), BLOCK_DV=fused_mass.block_of(dv), num_warps=4)
     new = Detection(new_mass, new_rows) if history is not None else None
     return Decoded(out, scores, sinks, chosen, tally[0], tally[1], new)
 
@@ -140,7 +140,7 @@ def key_mask_view(mask, B, H, n_k):
     m = mask.expand(B, H, 1, n_k)[:, :, 0]
     if mask.dtype == torch.bool:
         return m.view(torch.uint8), 0.0
-    return m, float(torch.finfo(mask.dtype).min) / 2
+    return m, hidden_below(mask.dtype)
 
 
 def _head_strides(t: torch.Tensor, H: int) -> tuple[int, int, int]:
@@ -169,7 +169,7 @@ class Variant(NamedTuple):
         m = sc.mask.attn_mask
         return cls(sc.query.device, sc.dtype, None if m is None else m.dtype,
                    history is not None, previous is not None, top_k,
-                   max(16, 1 << (sc.n_k - 1).bit_length()), sc.query.shape[-1],
+                   fused_mass.block_of(sc.n_k), sc.query.shape[-1],
                    sc.value.shape[-1], sc.key.shape[1] != sc.heads)
 
 

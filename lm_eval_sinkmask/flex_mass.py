@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import torch
 
-from .fused_mass import sdpa_scale
+from .attention_view import hidden_below, sdpa_scale
 
 # width of the value both calls are given: their outputs are discarded, and 16 is the smallest
 # head size flex's kernels take
@@ -137,7 +137,7 @@ def _make_plan(mask, is_causal, causal_offset, first_row, B, H, n_q, n_k, device
             # visible entries as bool, on the unexpanded mask: a float threshold inside the
             # mask_mod changes with the mask's dtype, and once it has changed TorchDynamo makes
             # it a symbolic CPU scalar, which inductor's flex lowering refuses on CUDA
-            m4 = m4 > torch.finfo(m4.dtype).min / 2
+            m4 = m4 > hidden_below(m4.dtype)
         m = rows_of(m4)
     if m is None and not is_causal:
         return _Plan(None, None, None)

@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 
+from .attention_view import hidden_below, sdpa_scale
 from .config import DETECT_BACKENDS as BACKENDS, check_choice
 
 logger = logging.getLogger(__name__)
@@ -47,9 +48,11 @@ BLOCK_N = 64
 SHORT_BLOCK_M = 16
 
 
-def sdpa_scale(scale, head_dim: int) -> float:
-    """The score scale SDPA uses: the call's own, else 1/sqrt(head_dim)."""
-    return float(scale) if scale is not None else head_dim ** -0.5
+def block_of(n: int) -> int:
+    """The power of two at or above ``n``, at least 16: a block holding ``n`` elements. In
+    Python, because ``triton.next_power_of_2`` is a JIT function whose call costs
+    microseconds per launch."""
+    return max(16, 1 << (n - 1).bit_length())
 
 
 @lru_cache(maxsize=None)
@@ -200,12 +203,6 @@ def column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, causal
                                block_m=block_m, block_n=block_n)
 
 
-def _hidden_below(mask: torch.Tensor) -> float:
-    """Float-mask entries at or below this hide their key (the intercept's mask view reads
-    ``mask > finfo.min / 2`` as visible; the value is exact in float32 for every dtype)."""
-    return float(torch.finfo(mask.dtype).min) / 2
-
-
 def _mask_strides(mask, B, H, n_q, n_k):
     """(tensor to read, its four strides, is bool) of a mask broadcastable to [B, H, Sq, Sk]."""
     if mask.dim() < 4:
@@ -240,7 +237,7 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
     if mask is not None:
         m, m_strides, is_bool = _mask_strides(mask, B, H, n_q, n_k)
-        below = 0.0 if is_bool else _hidden_below(mask)
+        below = 0.0 if is_bool else hidden_below(mask.dtype)
     else:
         m, m_strides, is_bool, below = q, (0, 0, 0, 0), False, 0.0  # never read
     common = (*q.stride(), *k.stride(), *m_strides, H, H // k.shape[1], n_q, n_k, D,
@@ -249,7 +246,7 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     # the tiles are upcast first; their products are exact in float32 either way
     flags = dict(HAS_MASK=mask is not None, MASK_BOOL=is_bool, CAUSAL=bool(is_causal),
                  IEEE=q.dtype == torch.float32, UPCAST=interpreting(), BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_D=max(16, 1 << (D - 1).bit_length()),
+                 BLOCK_N=block_n, BLOCK_D=block_of(D),
                  MASK_ROWS=mask is not None and mask_has_rows(mask, n_q), num_warps=4)
     with on_device(q.device):
         kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
@@ -276,7 +273,7 @@ def blocked_column_mass(q, k, weights, *, scale, mask=None, is_causal=False, cau
     w = weights.to(device=q.device, dtype=torch.float32).expand(B, n_q)
     if mask is not None:
         mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        below = None if mask.dtype == torch.bool else _hidden_below(mask)
+        below = None if mask.dtype == torch.bool else hidden_below(mask.dtype)
 
     def tile(r0, r1, c0, c1):
         s = (qf[:, :, r0:r1] @ kf[:, :, c0:c1].transpose(-1, -2)) * scale
