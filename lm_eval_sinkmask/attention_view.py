@@ -15,7 +15,7 @@ from functools import cached_property
 
 import torch
 
-from .metric import KeyCounts, key_counts
+from .metric import KeyCounts, key_counts, visible_rows
 
 
 def sdpa_scale(scale, head_dim: int) -> float:
@@ -104,7 +104,7 @@ class MaskView:
                 else self.key_visible[:, :, 0] * n_rows
             )
         else:
-            self.rows = sum((self.visible_chunk(r0, r1) & self.qv[:, :, r0:r1]).sum(dim=-2)
+            self.rows = sum(visible_rows(self.visible_chunk(r0, r1), self.qv[:, :, r0:r1, 0])
                             for r0, r1 in self.chunks(chunk))
         self.key_seen = keys_seen(key_valid, self.rows)
         # detect_backend=flex: its block masks for this mask, made by the first layer that

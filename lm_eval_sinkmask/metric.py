@@ -1,7 +1,9 @@
 """The sink metric (paper Eq. 3, docs/method.md section 2) as pure tensor functions.
 
-The intercept feeds these with attention statistics it accumulates query-chunk by query-chunk;
-nothing here knows about models, hooks or lm-eval.
+Two kinds: the definitions (:func:`column_mass`, :func:`sink_scores`, :func:`find_sinks`,
+:func:`select_sinks`), which the tests hold every faster path to, and the pieces the intercept
+runs per call (:func:`key_counts` once per mask, :func:`select_counted`, :func:`top_k_sinks`),
+which compose to exactly the definitions. Nothing here knows about models, hooks or lm-eval.
 
 Shapes: a leading ``...`` is any batch of (batch element, head) dimensions; the last dimension
 indexes keys.
