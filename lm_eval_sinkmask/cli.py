@@ -18,6 +18,9 @@ import os
 import sys
 from pathlib import Path
 
+from .config import ARM_RULES  # light: no torch, no lm-eval
+from .model_args import MODELS
+
 
 def _sweep(a: argparse.Namespace) -> int:
     from .sweep import process_rank, run_sweep
@@ -169,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-args-for", action="append", metavar="NAME:ARGS",
                    help="model_args for one model, e.g. llada:block_length=32 (repeatable; "
                         "repeats for one model add up)")
-    s.add_argument("--arm-rule", default="last_row", choices=["last_row", "all_rows"],
+    s.add_argument("--arm-rule", default="last_row", choices=ARM_RULES,
                    help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
     s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: cuda when available, else cpu)")
@@ -242,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=_figures)
 
     g = sub.add_parser("args", help="every model argument of dlm_sinkmask / arm_sinkmask, with default and meaning")
-    g.add_argument("--model", choices=["dlm_sinkmask", "arm_sinkmask"], default=None, help="one model (default: both)")
+    g.add_argument("--model", choices=MODELS, default=None, help="one model (default: both)")
     g.add_argument("--markdown", action="store_true", help="the README's tables instead")
     g.set_defaults(func=_args)
     return p

@@ -36,6 +36,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..config import ARM_RULES
 from ..seed_stats import sample_std
 from ..tasks import max_gen_toks
 from . import ZOO_NAMES, checkpoint_path, identify, installed_seeds
@@ -54,7 +55,6 @@ TARGETS = {"arm": (0.90, 0.60), "dream": (0.60, 0.60), "llada": (0.50, 0.60),
 # average over the generations of the whole mini_gsm test split
 SINK_BAR = 0.5
 EPS = 3.0  # Eq. 3's threshold for every trace the report makes
-ARM_RULES = ("last_row", "all_rows")
 # model_args that leave an unmasked run's sampler at the family default (anything else, e.g.
 # block_length=1, is another experiment and not read as the checkpoint's accuracy)
 NEUTRAL_ARGS = {"pretrained", "top_k", "eps", "arm_rule", "sink_token", "dtype",
