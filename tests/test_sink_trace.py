@@ -150,7 +150,7 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
         assert 1 <= m["steps"] <= 8
     n = trace["n_keys"]
     assert (trace["hist"].sum(-1) == n[:, None, None]).all()
-    assert m["trace_version"] == TRACE_VERSION and m["key_offset"] == 0 and m["value_norms"]["sinks"]["n"] >= 0
+    assert m["trace_version"] == TRACE_VERSION and m["key_offset"] == 0 and "n" in m["value_norms"]["sinks"]
     assert m["checkpoint"] == checkpoint_digest(str(tiny_dirs[kind]))
     assert trace["top_vnorm"].shape == trace["top_score"].shape
     assert np.isfinite(trace["top_vnorm"][..., 0]).all() and (trace["v_median"] > 0).all()
