@@ -28,7 +28,7 @@ from .masking_lm import MaskingLMMixin, resolve_pretrained
 
 @register_model("arm_sinkmask")
 class ARMSinkMaskLM(MaskingLMMixin, HFLM):
-    def __init__(self, pretrained, **kwargs: Any) -> None:
+    def __init__(self, pretrained=None, **kwargs: Any) -> None:
         pretrained, mask_config = _take_checked_args(pretrained, kwargs)
         # SDPA is what the intercept sees; eager or flash-attn would bypass it.
         if isinstance(pretrained, str):
@@ -39,7 +39,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         self._row_lengths: list[int] | None = None  # real tokens per row of the next loglikelihood batch
 
     @classmethod
-    def check_args(cls, pretrained, **kwargs: Any) -> None:
+    def check_args(cls, pretrained=None, **kwargs: Any) -> None:
         """Everything the constructor refuses before loading weights, without loading them
         (``sinkmask sweep`` runs it on every column before the first cell)."""
         _take_checked_args(pretrained, dict(kwargs))
@@ -122,10 +122,13 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
     """(checkpoint, masking config): our model_args checked against each other and against
     the checkpoint's config.json, and popped from ``kwargs`` (the rest goes to HFLM)."""
     model_args.check(model_args.ARM, kwargs)
+    model_args.normalise_hflm(kwargs)
     pretrained = resolve_pretrained(pretrained)
     mask_config = SinkMaskConfig.pop_from(kwargs)
     try:
         config = checkpoint_checks.read_config(pretrained, kwargs)
+    except checkpoint_checks.NoConfig:
+        raise
     except (OSError, ValueError):
         config = {}  # no readable config.json here: HFLM reports that itself
     _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))

@@ -2,8 +2,9 @@
 
 Reading ``config.json`` costs milliseconds and needs no remote code; loading an 8B checkpoint
 costs minutes. So every argument that can contradict the checkpoint (a layer it does not
-have, a mask id outside its vocabulary, an attention kernel the intercept cannot see) fails
-here, with the fix, before ``HFLM`` loads anything.
+have, a mask id it was not trained with, a model class of another architecture, a generation
+longer than its positions, an attention kernel the intercept cannot see) fails here, with the
+fix, before ``HFLM`` loads anything.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ _LOCATION_ARGS = ("subfolder", "cache_dir", "local_files_only", "force_download"
 # the names checkpoints use for their depth and vocabulary (LLaDA's own config: n_layers)
 _DEPTH_KEYS = ("num_hidden_layers", "n_layers", "num_layers")
 _VOCAB_KEYS = ("vocab_size", "embedding_size")
+# ... and their positions, in the order HFLM reads them (LLaDA's own: max_sequence_length,
+# which HFLM does not read and dlm_sinkmask does)
+_POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
+
+
+class NoConfig(FileNotFoundError):
+    """A local folder without config.json: nothing there says what model it holds."""
 
 
 def read_config(pretrained, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -30,6 +38,10 @@ def read_config(pretrained, kwargs: dict[str, Any]) -> dict[str, Any]:
     where = {k: kwargs[k] for k in _LOCATION_ARGS if kwargs.get(k) is not None}
     config, _ = transformers.PretrainedConfig.get_config_dict(
         pretrained, revision=kwargs.get("revision") or "main", **where)
+    if not config:  # what transformers returns for a local folder without one
+        folder = "/".join(filter(None, (pretrained, where.get("subfolder"))))
+        raise NoConfig(f"{folder} holds no config.json, so it is no checkpoint transformers can "
+                       "load: pass the folder that holds config.json and the weights")
     return config
 
 
@@ -83,7 +95,9 @@ def check_attention(mask: SinkMaskConfig, kwargs: dict[str, Any],
 
 def check_mask_id(mask_id: int | None, config: dict[str, Any]) -> None:
     """A mask id the embedding table does not hold would fail at the first forward pass, or
-    on a GPU as an opaque device-side assert."""
+    on a GPU as an opaque device-side assert; one other than the id the config declares would
+    run, and the model, asked to fill tokens it was never trained to fill, would score near 0
+    as if that were the method's effect."""
     if mask_id is None:
         return
     vocab = max((int(config[k]) for k in _VOCAB_KEYS if isinstance(config.get(k), int)), default=None)
@@ -92,3 +106,34 @@ def check_mask_id(mask_id: int | None, config: dict[str, Any]) -> None:
     if vocab is not None and mask_id >= vocab:
         raise ValueError(f"mask_id={mask_id} is outside the checkpoint's vocabulary of {vocab} "
                          "tokens (its config's vocab_size)")
+    declared = config.get("mask_token_id")
+    if isinstance(declared, int) and mask_id != declared:
+        raise ValueError(f"mask_id={mask_id}, but the checkpoint's config declares mask token "
+                         f"{declared}, the one it was trained to fill: drop mask_id from model_args")
+
+
+def check_model_class(model_class: Any, config: dict[str, Any]) -> None:
+    """A class of another architecture would load what weights match and start the rest from
+    random (transformers only warns), and the run would score noise as a result."""
+    declared = getattr(getattr(model_class, "config_class", None), "model_type", None)
+    model_type = config.get("model_type")
+    if declared and model_type and declared != model_type:
+        raise ValueError(f"model_class {model_class.__name__} is for model_type {declared!r}, but "
+                         f"the checkpoint's config says {model_type!r}: pass the class its "
+                         "auto_map or model card names, or drop model_class")
+
+
+def positions(config: dict[str, Any]) -> int | None:
+    """Positions one forward pass may take, as the config declares them (None: it names none
+    we know)."""
+    return next((int(config[k]) for k in _POSITION_KEYS if isinstance(config.get(k), int)), None)
+
+
+def check_generation_fits(gen_length: int | None, room: int | None) -> None:
+    """``gen_length`` must leave a prompt token within ``room`` (the positions a sequence of
+    text may use): checked per task once requests arrive, and here already when model_args
+    fix it, so the weights never load for a run that cannot start."""
+    if gen_length is not None and room is not None and gen_length >= room:
+        raise ValueError(f"gen_length {gen_length} leaves no prompt token within the "
+                         f"{room} positions a sequence of text may take here; lower gen_length "
+                         "or raise max_length in model_args")

@@ -27,6 +27,26 @@ def flag_value(value: Any) -> Any:
     return value
 
 
+def number_value(name: str, value: Any, kind: type) -> Any:
+    """A model_args number of ``kind`` (int or float) as lm-eval's arg-string parser makes it
+    ("5" -> 5), also from a dict given to ``simple_evaluate``, whose values stay strings; an
+    int setting takes 2.0 as 2. A bool (lm-eval reads "True" as one, never as 1), a string
+    that is no number, or a fractional int is refused here; ranges are the caller's check."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, str):
+        whole = kind is int and value.strip().lstrip("+-").isdigit()
+        try:
+            value = int(value) if whole else float(value)
+        except ValueError as e:
+            raise ValueError(f"{name} must be a number, got {value!r}") from e
+    if kind is int and isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        value = int(value)
+    return value
+
+
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     """Refuse a setting that is not one of its named choices, naming them all."""
     if value not in choices:
@@ -160,31 +180,16 @@ class SinkMaskConfig:
     def pop_from(cls, kwargs: dict[str, Any]) -> SinkMaskConfig:
         """Remove the masking keys from an lm-eval ``model_args`` dict and validate them.
 
-        lm-eval has already converted "5" to 5 and "3.0" to 3.0; strings that are not numbers
-        (e.g. "nan", "abc") arrive as floats or strings and are rejected here.
+        Numbers go through :func:`number_value`; "nan" and "inf" become floats that
+        validation refuses, "abc" is refused there.
         """
-
-        def number(name: str, value: Any, kind: type) -> Any:
-            if isinstance(value, bool):  # lm-eval reads "True" as a bool, never as 1
-                raise ValueError(f"{name} must be a number, got {value!r}")
-            if isinstance(value, str):
-                try:
-                    value = kind(value) if kind is int else float(value)
-                except ValueError as e:
-                    raise ValueError(f"{name} must be a number, got {value!r}") from e
-            if kind is int and isinstance(value, float):
-                if not value.is_integer():
-                    raise ValueError(f"{name} must be an integer, got {value!r}")
-                value = int(value)
-            return value
-
         args: dict[str, Any] = {}
         if "top_k" in kwargs:
-            args["top_k"] = number("top_k", kwargs.pop("top_k"), int)
+            args["top_k"] = number_value("top_k", kwargs.pop("top_k"), int)
         if "eps" in kwargs:
-            args["eps"] = number("eps", kwargs.pop("eps"), float)
+            args["eps"] = number_value("eps", kwargs.pop("eps"), float)
         if "mask_seed" in kwargs:
-            args["mask_seed"] = number("mask_seed", kwargs.pop("mask_seed"), int)
+            args["mask_seed"] = number_value("mask_seed", kwargs.pop("mask_seed"), int)
         for name in ("detect", "granularity", "arm_rule", "sink_token", "detect_backend",
                      "mask_target"):
             if name in kwargs:
@@ -192,5 +197,5 @@ class SinkMaskConfig:
         if "layers" in kwargs:
             args["layers"] = parse_layers(kwargs.pop("layers"))
         if "query_chunk" in kwargs:
-            args["query_chunk"] = number("query_chunk", kwargs.pop("query_chunk"), int)
+            args["query_chunk"] = number_value("query_chunk", kwargs.pop("query_chunk"), int)
         return cls(**args)

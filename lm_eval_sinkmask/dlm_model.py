@@ -20,7 +20,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from . import checkpoint_checks, graphed_steps, likelihood, model_args, sink_token, zoo
-from .config import SinkMaskConfig, flag_value
+from .config import SinkMaskConfig, flag_value, number_value
 from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
 from .padding_probe import UNPADDED, choose_padding
@@ -65,6 +65,7 @@ class _CheckedArgs:
              kwargs: dict[str, Any]) -> _CheckedArgs:
         """Check and pop our keys from ``kwargs``; what is left goes to HFLM."""
         model_args.check(model_args.DLM, kwargs)
+        model_args.normalise_hflm(kwargs)
         pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
@@ -75,13 +76,24 @@ class _CheckedArgs:
         family_ = family_for(config.get("model_type"), family)
         settings = DiffusionSettings.build(family_, user_settings)
         checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
+        if mask_id is not None:
+            mask_id = number_value("mask_id", mask_id, int)
         checkpoint_checks.check_mask_id(mask_id, config)
         checkpoint_checks.check_attention(mask_config, kwargs, family_.attn_implementation)
+        sink = sink_token.SinkToken.from_config(config)
+        if mask_config.sink_token == "exclude" and sink is None:
+            raise ValueError("sink_token=exclude: this checkpoint declares no extra sink token, "
+                             "so there is nothing to exclude and the run would be the plain "
+                             "masked one; drop sink_token from model_args")
+        positions = kwargs.get("max_length") or checkpoint_checks.positions(config)
+        checkpoint_checks.check_generation_fits(
+            settings.gen_length, None if positions is None else positions - (sink is not None))
         # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub repo):
         # model_class=models:MMadaModelLM
         auto = _import_object(model_class) if model_class is not None else None
+        checkpoint_checks.check_model_class(auto, config)
         return cls(pretrained, config, mask_config, family_, settings, likelihood_settings,
-                   sink_token.SinkToken.from_config(config), auto, cuda_graph)
+                   sink, auto, cuda_graph)
 
     @staticmethod
     def _cuda_graph(value: Any, mask_config: SinkMaskConfig, device: Any) -> bool | None:
@@ -106,7 +118,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
 
     def __init__(
         self,
-        pretrained: str | transformers.PreTrainedModel,
+        pretrained: str | transformers.PreTrainedModel | None = None,
         family: str | None = None,
         mask_id: int | None = None,
         model_class: str | None = None,
@@ -148,7 +160,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self._inputs = dict(self.family.padding_inputs()).get(self.padding, self.family.model_inputs)
 
     @classmethod
-    def check_args(cls, pretrained, family: str | None = None, mask_id: int | None = None,
+    def check_args(cls, pretrained=None, family: str | None = None, mask_id: int | None = None,
                    model_class: str | None = None, **kwargs: Any) -> None:
         """Everything the constructor refuses before loading weights, without loading them
         (``sinkmask sweep`` runs it on every column before the first cell)."""
@@ -419,7 +431,12 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             self._check_gen_kwargs(gen_kwargs, req.task_name)
             s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
             self._check_prompt_room(s.gen_length, req.task_name)
-            self.settings_per_task[req.task_name or "requests"] = {
+            task = req.task_name or "requests"
+            if task not in self.settings_per_task and s.gen_length != gen_kwargs["max_gen_toks"]:
+                logger.warning("%s: its requests ask for max_gen_toks=%s; gen_length=%d in model_args "
+                               "overrides it (recorded under config.sinkmask.sampler)",
+                               task, gen_kwargs["max_gen_toks"], s.gen_length)
+            self.settings_per_task[task] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
 
     def _check_prompt_room(self, gen_length: int, task: str | None) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from .config import flag_value
+from .config import flag_value, number_value
 
 
 @dataclass(frozen=True)
@@ -87,15 +87,7 @@ class LikelihoodSettings:
         args: dict[str, Any] = {}
         for name in ("mc_num", "mc_batch_size", "mc_seed"):
             if name in kwargs:
-                value = kwargs.pop(name)
-                if isinstance(value, float) and value.is_integer():
-                    value = int(value)
-                if isinstance(value, str):
-                    try:
-                        value = int(value)
-                    except ValueError:
-                        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-                args[name] = value
+                args[name] = number_value(name, kwargs.pop(name), int)
         if "greedy_check" in kwargs:
             args["greedy_check"] = flag_value(kwargs.pop("greedy_check"))
         return cls(**args)

@@ -24,6 +24,9 @@ logger = logging.getLogger("lm_eval.sinkmask")
 def resolve_pretrained(pretrained):
     """``zoo:llada`` (also ``zoo:arm``, ``zoo:dream``, ``zoo:llada_sink``) names a checkpoint
     shipped in the package (training seed 0); ``zoo:llada@2`` names another seed."""
+    if pretrained is None:
+        raise ValueError("model_args need pretrained=: a hub id, a local checkpoint folder, or "
+                         "zoo:llada (zoo:arm, zoo:dream, zoo:llada_sink)")
     if isinstance(pretrained, str) and pretrained.startswith("zoo:"):
         from .zoo import checkpoint_path, parse_ref
 
@@ -61,6 +64,8 @@ class MaskingLMMixin:
         self.loaded_with = {"tokenizer": _tokenizer_name(kwargs.get("tokenizer")),
                             "subfolder": kwargs.get("subfolder") or None}
         self.answers_read: answer_cache.AnswersRead | None = None  # set under --use_cache
+        if isinstance(kwargs.get("tokenizer"), str):  # tokenizer=zoo:dream, as pretrained=
+            kwargs["tokenizer"] = resolve_pretrained(kwargs["tokenizer"])
         super().__init__(pretrained, **kwargs)
 
     @classmethod

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .config import number_value
+
 DLM = "dlm_sinkmask"
 ARM = "arm_sinkmask"
 MODELS = (DLM, ARM)
@@ -42,7 +44,8 @@ ARGS: tuple[ModelArg, ...] = (
              "pass) or `current` (detect and mask within the same pass)", BOTH, "masking"),
     ModelArg("granularity", "head", "`head`, or `layer` (average heads first, mask the same keys "
              "in all heads)", BOTH, "masking"),
-    ModelArg("layers", "all", "subset of layers to mask, e.g. `layers=0-3;8`", BOTH, "masking"),
+    ModelArg("layers", "all", "subset of layers to mask, e.g. `layers=0-3;8` (in a shell, quote "
+             "the whole `--model_args` value: `;` would end the command)", BOTH, "masking"),
     ModelArg("arm_rule", "last_row", "query rows that score keys: `last_row` (the paper's) or "
              "`all_rows` (every causal row)", (ARM,), "masking"),
     ModelArg("query_chunk", "256", "query rows scored at once (bounds the extra memory)", BOTH,
@@ -133,7 +136,7 @@ FROM_PRETRAINED: dict[str, str] = {
     "attn_implementation": "attention kernel; we default to `sdpa`, the only one the intercept sees",
     "device_map": "accelerate device map",
     "low_cpu_mem_usage": "load weights shard by shard",
-    "torch_dtype": "older name of `dtype`",
+    "torch_dtype": "older name of `dtype`, taken as `dtype`",
     "quantization_config": "transformers quantization config",
     "load_in_8bit": "bitsandbytes 8-bit weights",
     "load_in_4bit": "bitsandbytes 4-bit weights",
@@ -220,6 +223,23 @@ def check(model: str, names: Iterable[str]) -> None:
             f"{', '.join(sorted(set(hflm_args()) - set(NOT_FOR[model])))}. Passed to from_pretrained: "
             f"{', '.join(FROM_PRETRAINED)}. `sinkmask args` explains each."
         )
+
+
+def normalise_hflm(kwargs: dict[str, Any]) -> None:
+    """HFLM's arguments in the form it needs, fixed before anything loads: ``max_length`` a
+    positive integer (HFLM reads 0 as unset, and a string from a dict of model_args would fail
+    after the weights load), and ``torch_dtype`` (transformers' older name) taken as ``dtype``,
+    which HFLM turns into a torch dtype, where from_pretrained would be handed the string."""
+    if kwargs.get("max_length") is not None:
+        value = kwargs["max_length"]
+        kwargs["max_length"] = number_value("max_length", value, int)
+        if kwargs["max_length"] < 1:
+            raise ValueError(f"max_length must be a positive integer, got {value!r}")
+    if "torch_dtype" in kwargs:
+        if "dtype" in kwargs:
+            raise ValueError("dtype and torch_dtype name one setting (torch_dtype is transformers' "
+                             "older name): pass dtype only")
+        kwargs["dtype"] = kwargs.pop("torch_dtype")
 
 
 def _wrong_model(model: str, other: str, name: str) -> str:

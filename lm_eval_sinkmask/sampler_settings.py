@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import check_choice, flag_value
+from .config import check_choice, flag_value, number_value
 from .families import FAMILIES, Family
 from .samplers import validate_block_args
 from .samplers.block import REMASKING
@@ -21,6 +21,9 @@ from .samplers.dream import ALGS as DREAM_ALGS
 from .samplers.dream import VARIANTS as DREAM_SAMPLERS
 
 PADDING_SIDES = ("left", "right")
+# the numeric settings, read as numbers whether lm-eval's arg-string parser or a dict gave them
+_INTEGERS = ("gen_length", "steps", "block_length", "sampling_top_k")
+_REALS = ("temperature", "cfg_scale", "alg_temp", "top_p")
 # settings one sampler reads and the other never does: set for the wrong family they would
 # change nothing, and the run would be recorded as if they had
 SAMPLER_ONLY = {
@@ -81,7 +84,7 @@ class DiffusionSettings:
         # lm-eval reads "true"/"false" as bools, and a bool is an int to Python: without the
         # bool checks, block_length=true would decode one token per block and logits_eos_inf=no
         # (a non-empty string) would switch the option on
-        for name in ("gen_length", "steps", "block_length", "sampling_top_k"):
+        for name in _INTEGERS:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -145,4 +148,8 @@ class DiffusionSettings:
         for flag in ("logits_eos_inf", "confidence_eos_eot_inf"):
             if flag in user:
                 user[flag] = flag_value(user[flag])
+        for names, kind in (_INTEGERS, int), (_REALS, float):
+            for name in names:  # a bool is left for validate to refuse in its own words
+                if user.get(name) is not None and not isinstance(user[name], bool):
+                    user[name] = number_value(name, user[name], kind)
         return user

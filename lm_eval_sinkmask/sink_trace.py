@@ -45,6 +45,7 @@ import torch
 from . import stability
 from .intercept import AttentionEvent
 from .metric import find_sinks
+from .sweep import default_device
 
 OBSERVE_EPS = 1e30
 # 2: stability summary in meta, optional watch_pos / watch_score arrays (version 1 had neither;
@@ -331,11 +332,6 @@ def value_norm_line(block: dict[str, Any] | None) -> str:
 
     return (f"value norm / head median: sinks {f('sinks')}; main sinks {f('main_sinks')}; "
             f"non-sink top keys {f('other_top_keys')}")
-
-
-def default_device() -> str:
-    """lm-eval's HFLM defaults to "cuda" even on a machine without one."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def parse_heads(text: str | None) -> list[tuple[int, int]] | None:

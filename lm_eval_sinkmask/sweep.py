@@ -133,7 +133,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         cell.folder.mkdir(parents=True)
     unsafe = cell.task in unsafe_tasks(tm, [cell.task])
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
-    device = plan.device or _default_device()
+    device = plan.device or default_device()
     started = time.time()
     # kept(): LLaDA's and MMaDA's code switch an SDPA kernel off process-wide (sdpa_backends)
     with _no_metadata_advice(), sdpa_backends.kept():
@@ -295,7 +295,8 @@ def record_grid(out: Path, grid: dict[str, Any]) -> dict[str, Any]:
     return grid
 
 
-def _default_device() -> str:
+def default_device() -> str:
+    """lm-eval's HFLM defaults to "cuda" even on a machine without one."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"

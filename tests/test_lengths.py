@@ -104,23 +104,26 @@ def test_a_prompt_keeps_its_end_and_max_length_minus_gen_length_tokens(tiny_dirs
     assert len(ids) == kept and ids[-1] == lm.tok_encode("books")[0]
 
 
-@pytest.mark.parametrize("args, asked, message", [
-    ({}, POSITIONS, rf"long_task: max_gen_toks {POSITIONS} .*max_length {POSITIONS}"),
-    ({"gen_length": POSITIONS}, 8, rf"gen_length {POSITIONS} .*max_length {POSITIONS}"),
-])
-def test_a_generation_that_leaves_no_prompt_token_fails_before_any_forward_pass(
-        tiny_dirs, args, asked, message):
+def test_a_generation_that_leaves_no_prompt_token_fails_before_any_forward_pass(tiny_dirs):
     """HFLM asserts it batch by batch, so a task asking too much failed only after the tasks
     sorted before it had run."""
     lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, block_length=4,
-              **RANDOM_LLADA, **args)
+              **RANDOM_LLADA)
     widths = record_widths(lm)
     fine = requests([words(3)], max_gen_toks=4)
-    too_long = [Instance("generate_until", {}, (words(3), {"until": ["?"], "max_gen_toks": asked}), 1,
-                         metadata=("long_task", 0, 1))]
-    with pytest.raises(ValueError, match=message):
+    too_long = [Instance("generate_until", {}, (words(3), {"until": ["?"], "max_gen_toks": POSITIONS}),
+                         1, metadata=("long_task", 0, 1))]
+    with pytest.raises(ValueError, match=rf"long_task: max_gen_toks {POSITIONS} .*max_length {POSITIONS}"):
         lm.generate_until(fine + too_long)
     assert widths == []
+
+
+def test_a_gen_length_that_leaves_no_prompt_token_fails_before_the_weights_load(tiny_dirs):
+    """Set in model_args, the length is known before any request: refused at once."""
+    with pytest.raises(ValueError, match=rf"gen_length {POSITIONS} leaves no prompt token within "
+                                         rf"the {POSITIONS} positions"):
+        make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, block_length=4,
+             gen_length=POSITIONS, **RANDOM_LLADA)
 
 
 def test_the_longest_generation_keeps_one_prompt_token(tiny_dirs):

@@ -87,7 +87,7 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"gen_length": "true", "block_length": 1}, r"gen_length must be a positive integer, got True"),
         ("dlm_sinkmask", "dream", {"sampling_top_k": "true"}, r"sampling_top_k must be a positive integer, got True"),
         ("dlm_sinkmask", "dream", {"top_p": "true"}, r"top_p must be a number in \(0, 1\], got True"),
-        ("dlm_sinkmask", "dream", {"top_p": "abc"}, r"top_p must be a number in \(0, 1\], got 'abc'"),
+        ("dlm_sinkmask", "dream", {"top_p": "abc"}, r"top_p must be a number, got 'abc'"),
         # a flag set to anything but true/false: "no" is a non-empty string, so it would switch it on
         ("dlm_sinkmask", "llada", {"logits_eos_inf": "no"}, r"logits_eos_inf must be true or false, got 'no'"),
         ("dlm_sinkmask", "llada", {"confidence_eos_eot_inf": 1}, r"confidence_eos_eot_inf must be true or false, got 1"),
@@ -104,6 +104,16 @@ def no_weight_loads(monkeypatch):
         # contradictions with the checkpoint, read off its config.json
         ("dlm_sinkmask", "llada", {"mask_id": 100000}, r"mask_id=100000 is outside the checkpoint's vocabulary of \d+ tokens"),
         ("dlm_sinkmask", "dream", {"mask_id": -1}, r"mask_id must be a token id"),
+        # inside the vocabulary, but not the token the model learnt to fill: it would run and
+        # score near 0, as if masking had done it
+        ("dlm_sinkmask", "llada", {"mask_id": 1}, r"mask_id=1, but the checkpoint's config declares mask token 4.*drop mask_id"),
+        ("dlm_sinkmask", "llada", {"model_class": "transformers:LlamaForCausalLM"}, r"model_class LlamaForCausalLM is for model_type 'llama', but the checkpoint's config says 'sinkmask_llada'"),
+        ("dlm_sinkmask", "dream", {"top_k": 1, "sink_token": "exclude"}, r"sink_token=exclude: this checkpoint declares no extra sink token.*drop sink_token"),
+        ("dlm_sinkmask", "llada", {"gen_length": 512, "block_length": 512}, r"gen_length 512 leaves no prompt token within the 512 positions.*lower gen_length or raise max_length"),
+        ("dlm_sinkmask", "dream", {"gen_length": 64, "max_length": 64}, r"gen_length 64 leaves no prompt token within the 64 positions"),
+        ("dlm_sinkmask", "llada", {"max_length": 0}, r"max_length must be a positive integer, got 0"),
+        ("arm_sinkmask", "llama", {"max_length": "abc"}, r"max_length must be a number, got 'abc'"),
+        ("arm_sinkmask", "llama", {"torch_dtype": "float16", "dtype": "float32"}, r"dtype and torch_dtype name one setting"),
         ("arm_sinkmask", "llama", {"top_k": 1, "attn_implementation": "eager"}, r"attn_implementation=eager bypasses torch\.nn\.functional\.scaled_dot_product_attention.*top_k=1 would mask nothing"),
         ("dlm_sinkmask", "dream", {"top_k": 5, "attn_implementation": "flash_attention_2"}, r"attn_implementation=flash_attention_2 bypasses.*Use attn_implementation=sdpa"),
         # LLaDA/MMaDA's remote code picks its own attention and its class declares no SDPA
@@ -126,6 +136,42 @@ def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):
                              confidence_eos_eot_inf="false")
     with pytest.raises(ValueError, match="logits_eos_inf must be true or false, got 'yes'"):
         DLMSinkMaskLM.check_args(str(config_only["llada"]), logits_eos_inf="yes")
+
+
+def test_a_dict_of_model_args_may_give_every_number_as_a_string(config_only, no_weight_loads):
+    """The arg-string parser turns "64" into 64; a dict keeps "64": each number is read the
+    same either way, and a string that is no integer is refused in the same words."""
+    from lm_eval_sinkmask.dlm_model import _CheckedArgs
+
+    kwargs = {"top_k": "5", "eps": "2", "gen_length": "64", "steps": "32.0", "block_length": "32",
+              "temperature": "0", "mc_num": "8", "max_length": "512"}
+    checked = _CheckedArgs.take(str(config_only["llada"]), None, "4", None, kwargs)
+    s = checked.settings
+    assert (checked.mask_config.top_k, checked.mask_config.eps) == (5, 2.0)
+    assert (s.gen_length, s.steps, s.block_length, s.temperature) == (64, 32, 32, 0.0)
+    assert checked.likelihood_settings.mc_num == 8 and kwargs == {"max_length": 512}
+    for name, value in (("gen_length", "64.5"), ("mc_num", "8.5"), ("top_k", "2.5")):
+        with pytest.raises(ValueError, match=f"{name} must be an integer, got {value}"):
+            _CheckedArgs.take(str(config_only["llada"]), None, None, None, {name: value})
+
+
+@pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
+def test_a_missing_pretrained_or_a_folder_without_config_is_named(model, tmp_path, no_weight_loads):
+    with pytest.raises(ValueError, match="model_args need pretrained=: a hub id, a local"):
+        get_model(model).create_from_arg_string("top_k=1")
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path} holds no config.json"):
+        make(model, tmp_path)
+
+
+def test_torch_dtype_is_taken_as_dtype(tiny_dirs):
+    import torch
+
+    assert make("arm_sinkmask", tiny_dirs["llama"], torch_dtype="float16").model.dtype == torch.float16
+
+
+def test_a_zoo_name_serves_as_tokenizer_too(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], tokenizer="zoo:llada")
+    assert lm.tokenizer.vocab_size == 842 and lm.loaded_with["tokenizer"] == "zoo:llada"  # as given
 
 
 def test_dlm_on_a_llama_does_not_suggest_forcing_a_family(config_only, no_weight_loads):
@@ -158,12 +204,16 @@ def test_task_dependent_sampler_constraints_fail_before_the_first_forward_pass(t
     assert forwards == [] and lm.mask_stats.forward_passes == 0
 
 
-def test_effective_sampler_settings_are_recorded(tiny_dirs):
+def test_effective_sampler_settings_are_recorded(tiny_dirs, caplog):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4)
     lm.generate_until([request(8)])
     sampler = lm.get_model_info()["sinkmask"]["sampler"]
     assert (sampler["gen_length"], sampler["steps"], sampler["block_length"]) == (8, 8, 4)
     assert sampler["per_task"] == {"mini_gsm_sinkmask": {"gen_length": 8, "steps": 8, "block_length": 4}}
+    assert "overrides" not in caplog.text
+    longer = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, gen_length=12)
+    longer.generate_until([request(8), request(8, i=1)])
+    assert caplog.text.count("mini_gsm_sinkmask: its requests ask for max_gen_toks=8; gen_length=12") == 1
     dream = make("dlm_sinkmask", tiny_dirs["dream"])
     dream.generate_until([request(6, task="t")])
     s = dream.get_model_info()["sinkmask"]["sampler"]

@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 
 CHECKPOINTS_DIR = Path(__file__).parent / "checkpoints"
-ZOO_MODEL_TYPES = ("sinkmask_llada", "sinkmask_dream")
 ZOO_NAMES = ("arm", "llada", "dream", "llada_sink")
 SEEDS_ENV = "SINKMASK_ZOO_SEEDS"
 # the repository's top-level zoo_seeds/ (not part of an installed wheel: set the env var there)
