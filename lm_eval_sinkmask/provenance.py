@@ -52,8 +52,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parent
 # and runs experiments (their outputs are not cells), and what trains and installs the zoo
 # (its product is a checkpoint, which has its own digest). A name covers its submodules.
 NOT_CELL_CODE = (
-    "cli", "table", "figures", "text_format", "versus", "paired", "seed_stats", "stability",
-    "sink_trace", "experiments",
+    "cli", "table", "table_layout", "figures", "text_format", "versus", "paired", "seed_stats",
+    "stability", "sink_trace", "experiments",
     "zoo.report", "zoo.report_markdown", "zoo.sink_stats", "zoo.install", "zoo.train",
     "zoo.training_loop", "zoo.objectives",
     "zoo.batches", "zoo.pool", "zoo.gpu_zoo", "zoo.quick_eval", "zoo.save_checkpoint",

@@ -20,6 +20,8 @@ import statistics
 from dataclasses import dataclass
 
 from .paired import mean_se
+from .table_layout import (delta_se, in_table_order, input_notes, layout, metric_and_sample_notes,
+                           row_label, write_csv)
 from .text_format import spread
 
 Run = tuple[int | None, int | None]  # (training seed, mask draw); None where the sweep lacks that axis
@@ -118,8 +120,6 @@ def run_unit(grid: dict) -> str:
 def aggregate(grid: dict, entries) -> dict[tuple[str, str, int], RunsCell]:
     """(model, task, K) -> :class:`RunsCell`, over the entries of the grid's seeds. A run's
     delta is taken against the unmasked cell of the same run, or (a draw) of the same seed."""
-    from .table import delta_se
-
     seeds = set(grid.get("seeds") or [None])
     by_cell: dict[tuple[str, str, int], dict[Run, object]] = {}
     for e in entries:
@@ -190,8 +190,6 @@ def runs_note(grid: dict) -> str:
 
 
 def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
-    from .table import input_notes, layout, metric_and_sample_notes
-
     idx = aggregate(grid, entries)
     drawn, unit = drawn_models(entries), run_unit(grid)
 
@@ -235,8 +233,6 @@ def _distinct(values) -> str:
 
 def csv_rows(grid: dict, entries) -> list[dict]:
     """One row per table cell: the aggregates, then every run's value, stderr and Δ."""
-    from .table import in_table_order, row_label
-
     out = []
     for task, k, m, c in in_table_order(grid, aggregate(grid, entries)):
         row = {
@@ -258,8 +254,6 @@ def csv_rows(grid: dict, entries) -> list[dict]:
 
 
 def csv_text(grid: dict, entries) -> str:
-    from .table import write_csv
-
     fields = ["task", "setting", "top_k", "model", "kind", "metric", "seeds",
               *(["draws"] if grid.get("mask_seeds") else []), "mean", "std", "min", "max",
               "stderr_mean", "delta_mean", "delta_std", "delta_se_mean", "n"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from . import paired
 from .seed_stats import (Run, drawn_models, missing_runs, multi_run, run_of, run_order, run_unit,
                          runs_wanted, sample_std)
+from .table_layout import row_label
 from .text_format import signed_with_se, spread
 
 
@@ -92,8 +93,6 @@ def compare(grid: dict, entries) -> list[Comparison]:
 
 def markdown_lines(grid: dict, comparisons: list[Comparison], digits: int) -> list[str]:
     """The "paired differences" section under the table (nothing without comparisons)."""
-    from .table import row_label
-
     if not comparisons:
         return []
     multi = multi_run(grid)

@@ -109,7 +109,8 @@ def read_cells(records: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any
 def input_lines(records: list[tuple[Path, dict[str, Any]]]) -> list[str]:
     """The report's footer naming the checkpoints and task versions the cells ran on; a folder
     whose cells disagree on them (two runs mixed) is refused, as ``sinkmask table`` refuses it."""
-    from ..table import check_one_input_each, entry_of, input_notes
+    from ..table import check_one_input_each, entry_of
+    from ..table_layout import input_notes
 
     entries = [entry_of(r, kind="dlm") for _, r in records]
     check_one_input_each(entries)
