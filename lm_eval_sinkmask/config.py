@@ -180,8 +180,8 @@ class SinkMaskConfig:
     def pop_from(cls, kwargs: dict[str, Any]) -> SinkMaskConfig:
         """Remove the masking keys from an lm-eval ``model_args`` dict and validate them.
 
-        Numbers go through :func:`number_value`; "nan" and "inf" become floats that
-        validation refuses, "abc" is refused there.
+        Numbers go through :func:`number_value`, which refuses "abc"; "nan" and "inf" become
+        floats that validation refuses.
         """
         args: dict[str, Any] = {}
         if "top_k" in kwargs:
