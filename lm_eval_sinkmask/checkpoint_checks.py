@@ -25,7 +25,8 @@ _POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequen
 
 
 class NoConfig(FileNotFoundError):
-    """A local folder without config.json: nothing there says what model it holds."""
+    """A checkpoint without config.json (and no GGUF file to read one from): nothing there
+    says what model it holds."""
 
 
 def read_config(pretrained, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -38,10 +39,12 @@ def read_config(pretrained, kwargs: dict[str, Any]) -> dict[str, Any]:
     where = {k: kwargs[k] for k in _LOCATION_ARGS if kwargs.get(k) is not None}
     config, _ = transformers.PretrainedConfig.get_config_dict(
         pretrained, revision=kwargs.get("revision") or "main", **where)
-    if not config:  # what transformers returns for a local folder without one
-        folder = "/".join(filter(None, (pretrained, where.get("subfolder"))))
-        raise NoConfig(f"{folder} holds no config.json, so it is no checkpoint transformers can "
-                       "load: pass the folder that holds config.json and the weights")
+    if not config and not kwargs.get("gguf_file"):  # HFLM reads a GGUF file's own config
+        # what transformers returns for a folder or hub repo without one
+        name = "/".join(filter(None, (pretrained, where.get("subfolder"))))
+        raise NoConfig(f"{name} has no config.json, so transformers cannot tell what model it "
+                       "holds: pass the checkpoint (folder or hub repo) with config.json and "
+                       "the weights")
     return config
 
 

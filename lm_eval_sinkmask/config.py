@@ -107,7 +107,8 @@ class SinkMaskConfig:
     sink_token: for checkpoints that declare an extra sink token (``sink_token.py``):
         "include" (default: Eq. 3 applies to every key, as for any model) lets it be chosen
         and masked like any sink; "exclude" never masks it, so top_k counts the other sinks.
-        It is scored and reported either way. No effect on models without the token.
+        It is scored and reported either way. ``dlm_sinkmask`` refuses "exclude" on a
+        checkpoint without the token, where it would change nothing.
     detect_backend: how detection gets each key's attention mass. "materialized": the
         probabilities of one query chunk at a time in float32 (the CPU path); "fused": row
         log-sum-exp then column sums over key tiles, never holding the probabilities

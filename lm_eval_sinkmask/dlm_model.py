@@ -55,6 +55,7 @@ class _CheckedArgs:
     settings: DiffusionSettings
     likelihood_settings: likelihood.LikelihoodSettings
     sink: sink_token.SinkToken | None  # an extra sink token the checkpoint declares
+    mask_id: int | None  # model_args' mask_id as a number (None: config, tokenizer, family)
     auto_model_class: Any  # model_class=module:Class, imported; None: transformers.AutoModel
     # each generation's step captured once and replayed (graphed_steps); None: auto, decided
     # once the model is placed
@@ -93,7 +94,7 @@ class _CheckedArgs:
         auto = _import_object(model_class) if model_class is not None else None
         checkpoint_checks.check_model_class(auto, config)
         return cls(pretrained, config, mask_config, family_, settings, likelihood_settings,
-                   sink, auto, cuda_graph)
+                   sink, mask_id, auto, cuda_graph)
 
     @staticmethod
     def _cuda_graph(value: Any, mask_config: SinkMaskConfig, device: Any) -> bool | None:
@@ -154,7 +155,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         self.settings_used: set[tuple[int, int, int | None]] = set()
         self.model.eval()
         disable_flash_attention(self.model)
-        self.mask_id = self._resolve_mask_id(mask_id, config)
+        self.mask_id = self._resolve_mask_id(checked.mask_id, config)
         self._init_masking(mask_config, rule="all")
         self.padding = self._probe_padding()
         self._inputs = dict(self.family.padding_inputs()).get(self.padding, self.family.model_inputs)

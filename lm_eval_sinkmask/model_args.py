@@ -228,13 +228,18 @@ def check(model: str, names: Iterable[str]) -> None:
 def normalise_hflm(kwargs: dict[str, Any]) -> None:
     """HFLM's arguments in the form it needs, fixed before anything loads: ``max_length`` a
     positive integer (HFLM reads 0 as unset, and a string from a dict of model_args would fail
-    after the weights load), and ``torch_dtype`` (transformers' older name) taken as ``dtype``,
-    which HFLM turns into a torch dtype, where from_pretrained would be handed the string."""
+    after the weights load), a ``tokenizer=zoo:NAME`` that names a zoo checkpoint, and
+    ``torch_dtype`` (transformers' older name) taken as ``dtype``, which HFLM turns into a
+    torch dtype, where from_pretrained would be handed the string."""
     if kwargs.get("max_length") is not None:
         value = kwargs["max_length"]
         kwargs["max_length"] = number_value("max_length", value, int)
         if kwargs["max_length"] < 1:
             raise ValueError(f"max_length must be a positive integer, got {value!r}")
+    if isinstance(kwargs.get("tokenizer"), str):
+        from .masking_lm import resolve_pretrained
+
+        resolve_pretrained(kwargs["tokenizer"])  # a zoo name or seed that is not there fails now
     if "torch_dtype" in kwargs:
         if "dtype" in kwargs:
             raise ValueError("dtype and torch_dtype name one setting (torch_dtype is transformers' "

@@ -159,7 +159,7 @@ def test_a_dict_of_model_args_may_give_every_number_as_a_string(config_only, no_
 def test_a_missing_pretrained_or_a_folder_without_config_is_named(model, tmp_path, no_weight_loads):
     with pytest.raises(ValueError, match="model_args need pretrained=: a hub id, a local"):
         get_model(model).create_from_arg_string("top_k=1")
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path} holds no config.json"):
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path} has no config.json"):
         make(model, tmp_path)
 
 
@@ -264,3 +264,14 @@ def test_unknown_arg_message_lists_what_is_valid():
         model_args.check("arm_sinkmask", ["top_k", "trust_remote_code", "attn_implementation", "epss"])
     msg = str(e.value)
     assert "Did you mean 'eps'?" in msg and "arm_rule" in msg and "dtype" in msg and "sinkmask args" in msg
+
+
+def test_tokenizer_zoo_names_mask_id_strings_and_gguf_are_settled_before_loading(config_only, tmp_path):
+    """What the sweep's pre-flight (check_args) must catch, and what it must let through."""
+    from lm_eval_sinkmask.arm_model import ARMSinkMaskLM
+    from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM, _CheckedArgs
+
+    with pytest.raises(ValueError, match="lada"):
+        DLMSinkMaskLM.check_args(str(config_only["llada"]), tokenizer="zoo:lada")
+    assert _CheckedArgs.take(str(config_only["llada"]), None, "4.0", None, {}).mask_id == 4
+    ARMSinkMaskLM.check_args(str(tmp_path), gguf_file="model.gguf")  # HFLM reads its config
