@@ -47,3 +47,18 @@ def test_an_unmasked_run_may_use_any_attention_kernel():
     checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), {})
     checkpoint_checks.check_attention(SinkMaskConfig(top_k=0), {"attn_implementation": "sdpa"}, None)
     checkpoint_checks.check_attention(SinkMaskConfig(top_k=1), {}, None)
+
+
+def test_a_model_class_must_be_of_the_checkpoints_architecture():
+    class Llama:  # what a transformers class declares of itself
+        config_class = type("LlamaConfig", (), {"model_type": "llama"})
+
+    class MMaDA:
+        config_class = type("MMadaConfig", (), {"model_type": "mmada"})
+
+    with pytest.raises(ValueError, match="model_class Llama is for model_type 'llama', but the "
+                                         "checkpoint's config says 'llada'"):
+        checkpoint_checks.check_model_class(Llama, {"model_type": "llada"})
+    checkpoint_checks.check_model_class(MMaDA, {"model_type": "llada"})  # LLaDA's code, its own type
+    checkpoint_checks.check_model_class(MMaDA, {"model_type": "mmada"})
+    checkpoint_checks.check_model_class(object, {"model_type": "llada"})  # declares nothing
