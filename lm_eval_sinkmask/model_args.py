@@ -230,7 +230,9 @@ def normalise_hflm(kwargs: dict[str, Any]) -> None:
     positive integer (HFLM reads 0 as unset, and a string from a dict of model_args would fail
     after the weights load), a ``tokenizer=zoo:NAME`` that names a zoo checkpoint, and
     ``torch_dtype`` (transformers' older name) taken as ``dtype``, which HFLM turns into a
-    torch dtype, where from_pretrained would be handed the string."""
+    torch dtype, where from_pretrained would be handed the string. And ``device``: see
+    :func:`placed_device`."""
+    kwargs["device"] = placed_device(kwargs.get("device"))
     if kwargs.get("max_length") is not None:
         value = kwargs["max_length"]
         kwargs["max_length"] = number_value("max_length", value, int)
@@ -245,6 +247,28 @@ def normalise_hflm(kwargs: dict[str, Any]) -> None:
             raise ValueError("dtype and torch_dtype name one setting (torch_dtype is transformers' "
                              "older name): pass dtype only")
         kwargs["dtype"] = kwargs.pop("torch_dtype")
+
+
+def placed_device(device: Any) -> str:
+    """The device HFLM will place the model on, refused before loading where torch has no
+    such device here. HFLM takes ``cuda`` or ``mps`` as given (``cuda`` is its default when
+    none is passed) and the run fails at the first tensor moved there, after the weights
+    load; other names it lacks (``cuda:0``, lm-eval's CLI default) it replaces by CUDA if
+    there is one, else the CPU. With none given, so do we."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ({e})") from None
+    missing = {"cuda": not torch.cuda.is_available(), "mps": not torch.backends.mps.is_available()}
+    if str(device) in ("cuda", "mps", "mps:0") and missing[kind]:
+        raise ValueError(f"device={device}: torch {torch.__version__} sees no {kind.upper()} "
+                         "device on this machine, so the run would fail once the weights had "
+                         "loaded; pass device=cpu (--device cpu), or run where there is one")
+    return str(device)
 
 
 def _wrong_model(model: str, other: str, name: str) -> str:

@@ -121,6 +121,7 @@ def test_what_a_replay_cannot_do_is_refused_before_the_weights_load(args, messag
         raise AssertionError("the config was read: the check came too late")
 
     monkeypatch.setattr(checkpoint_checks, "read_config", no_loading)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # device=cuda passes here
     with pytest.raises(ValueError, match=message):
         _lm("llada", **{"cuda_graph": True, **args})
 

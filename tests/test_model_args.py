@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
@@ -107,6 +108,8 @@ def no_weight_loads(monkeypatch):
         # inside the vocabulary, but not the token the model learnt to fill: it would run and
         # score near 0, as if masking had done it
         ("dlm_sinkmask", "llada", {"mask_id": 1}, r"mask_id=1, but the checkpoint's config declares mask token 4.*drop mask_id"),
+        ("dlm_sinkmask", "llada", {"model_class": "transformers:NoSuchModel"}, r"model_class=transformers:NoSuchModel names no class we can import .*package\.module:ClassName"),
+        ("dlm_sinkmask", "llada", {"model_class": "os.path:join"}, r"model_class=os\.path:join is a function, not a model class"),
         ("dlm_sinkmask", "llada", {"model_class": "transformers:LlamaForCausalLM"}, r"model_class LlamaForCausalLM is for model_type 'llama', but the checkpoint's config says 'sinkmask_llada'"),
         ("dlm_sinkmask", "dream", {"top_k": 1, "sink_token": "exclude"}, r"sink_token=exclude: this checkpoint declares no extra sink token.*drop sink_token"),
         ("dlm_sinkmask", "llada", {"gen_length": 512, "block_length": 512}, r"gen_length 512 leaves no prompt token within the 512 positions.*lower gen_length or raise max_length"),
@@ -128,6 +131,27 @@ def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_w
     assert "upgrade" not in str(e.value)  # never the advice to leave our transformers pin
 
 
+@pytest.mark.parametrize("model, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])
+def test_a_device_torch_does_not_have_here_is_refused_before_loading(
+        config_only, no_weight_loads, monkeypatch, model, kind):
+    """HFLM takes cuda (its default) and mps as given and failed after loading, at the first
+    tensor moved there; a name it does not list (lm-eval's CLI default cuda:0) it replaces."""
+    from lm_eval_sinkmask.model_args import placed_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for device, kind_ in (("cuda", "CUDA"), ("mps", "MPS")):
+        with pytest.raises(ValueError, match=rf"device={device}: torch .* sees no {kind_} device "
+                                             r"on this machine.*pass device=cpu"):
+            make(model, config_only[kind], device=device)
+    with pytest.raises(ValueError, match=r"device='gpu' is not a torch device"):
+        make(model, config_only[kind], device="gpu")
+    assert placed_device(None) == "cpu"  # HFLM's own default would be cuda
+    assert placed_device("cuda:0") == "cuda:0"  # HFLM's fallback: CUDA if any, else the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert placed_device(None) == placed_device("cuda") == "cuda"
+
+
 def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):
     """simple_evaluate(model_args={...}) hands values over unparsed: "true" is a string there."""
     from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM
@@ -142,6 +166,7 @@ def test_a_dict_of_model_args_may_give_every_number_as_a_string(config_only, no_
     """The arg-string parser turns "64" into 64; a dict keeps "64": each number is read the
     same either way, and a string that is no integer is refused in the same words."""
     from lm_eval_sinkmask.dlm_model import _CheckedArgs
+    from lm_eval_sinkmask.model_args import placed_device
 
     kwargs = {"top_k": "5", "eps": "2", "gen_length": "64", "steps": "32.0", "block_length": "32",
               "temperature": "0", "mc_num": "8", "max_length": "512"}
@@ -149,7 +174,7 @@ def test_a_dict_of_model_args_may_give_every_number_as_a_string(config_only, no_
     s = checked.settings
     assert (checked.mask_config.top_k, checked.mask_config.eps) == (5, 2.0)
     assert (s.gen_length, s.steps, s.block_length, s.temperature) == (64, 32, 32, 0.0)
-    assert checked.likelihood_settings.mc_num == 8 and kwargs == {"max_length": 512}
+    assert checked.likelihood_settings.mc_num == 8 and kwargs == {"max_length": 512, "device": placed_device(None)}
     for name, value in (("gen_length", "64.5"), ("mc_num", "8.5"), ("top_k", "2.5")):
         with pytest.raises(ValueError, match=f"{name} must be an integer, got {value}"):
             _CheckedArgs.take(str(config_only["llada"]), None, None, None, {name: value})
