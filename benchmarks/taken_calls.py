@@ -61,8 +61,8 @@ def previous_choice(run, layer: int, sc: Scores):
 
 def decision(run, layer: int, sc: Scores, out, selected, previous, n_previous, name: str):
     """The call's ``_Decision``, the run's state updated as the package updates it for a
-    call decided whole by one kernel (``_Run.taken``)."""
-    return run.taken(layer, sc, out, selected, previous, n_previous, name)
+    call decided whole by one kernel (``_Run._decided_whole``)."""
+    return run._decided_whole(layer, sc, out, selected, previous, n_previous, name)
 
 
 @contextmanager

@@ -3,8 +3,8 @@
 Reading ``config.json`` costs milliseconds and needs no remote code; loading an 8B checkpoint
 costs minutes. So every argument that can contradict the checkpoint (a layer it does not
 have, a mask id it was not trained with, a model class of another architecture, a generation
-longer than its positions, an attention kernel the intercept cannot see) fails here, with the
-fix, before ``HFLM`` loads anything.
+longer than its positions, an attention kernel the intercept cannot see, a sink token it does
+not declare) fails here, with the fix, before ``HFLM`` loads anything.
 """
 
 from __future__ import annotations
@@ -113,6 +113,16 @@ def check_mask_id(mask_id: int | None, config: dict[str, Any]) -> None:
     if isinstance(declared, int) and mask_id != declared:
         raise ValueError(f"mask_id={mask_id}, but the checkpoint's config declares mask token "
                          f"{declared}, the one it was trained to fill: drop mask_id from model_args")
+
+
+def check_sink_token(mask: SinkMaskConfig, sink: Any) -> None:
+    """``sink_token=exclude`` on a checkpoint that declares no extra sink token (``sink``:
+    the one its config declares, or None) would change nothing, and the run would be reported
+    as the exclusion ablation where it was the plain masked one."""
+    if mask.sink_token == "exclude" and sink is None:
+        raise ValueError("sink_token=exclude: this checkpoint declares no extra sink token, so "
+                         "there is nothing to exclude and the run would be the plain masked "
+                         "one; drop sink_token from model_args")
 
 
 def check_model_class(model_class: Any, config: dict[str, Any]) -> None:

@@ -3,13 +3,14 @@
 Built on lm-eval's ``HFLM`` so that loading, tokenisation, chat templates, batching by
 ``Collator``, ``until`` handling and accelerate ranks are lm-eval's own; only the generation
 step is ours: the family's diffusion sampler instead of ``model.generate``, and loglikelihood
-requests are scored by the Monte Carlo bound of :mod:`likelihood` instead of one causal pass.
+requests are scored by the Monte Carlo bound of :mod:`likelihood` instead of one causal pass
+(:mod:`mc_scoring`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
+import pkgutil
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from . import checkpoint_checks, graphed_steps, likelihood, model_args, sink_tok
 from .config import SinkMaskConfig, flag_value, number_value
 from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
+from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
 from .sampler_settings import DiffusionSettings
 from .samplers import generate_block, generate_dream
@@ -36,11 +38,16 @@ GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
 SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
 
 
-def _import_object(path: str):
-    module, _, name = path.partition(":")
-    if not name:
-        raise ValueError(f"model_class must look like 'package.module:ClassName', got {path!r}")
-    return getattr(importlib.import_module(module), name)
+def _import_class(path: str) -> type:
+    """``model_class=package.module:ClassName`` (or with a dot), imported."""
+    try:
+        found = pkgutil.resolve_name(path)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ValueError(f"model_class={path} names no class we can import ({e}); it must look "
+                         "like package.module:ClassName, with the package on PYTHONPATH") from None
+    if not isinstance(found, type):
+        raise ValueError(f"model_class={path} is a {type(found).__name__}, not a model class")
+    return found
 
 
 @dataclass(frozen=True)
@@ -82,16 +89,13 @@ class _CheckedArgs:
         checkpoint_checks.check_mask_id(mask_id, config)
         checkpoint_checks.check_attention(mask_config, kwargs, family_.attn_implementation)
         sink = sink_token.SinkToken.from_config(config)
-        if mask_config.sink_token == "exclude" and sink is None:
-            raise ValueError("sink_token=exclude: this checkpoint declares no extra sink token, "
-                             "so there is nothing to exclude and the run would be the plain "
-                             "masked one; drop sink_token from model_args")
+        checkpoint_checks.check_sink_token(mask_config, sink)
         positions = kwargs.get("max_length") or checkpoint_checks.positions(config)
         checkpoint_checks.check_generation_fits(
             settings.gen_length, None if positions is None else positions - (sink is not None))
         # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub repo):
         # model_class=models:MMadaModelLM
-        auto = _import_object(model_class) if model_class is not None else None
+        auto = _import_class(model_class) if model_class is not None else None
         checkpoint_checks.check_model_class(auto, config)
         return cls(pretrained, config, mask_config, family_, settings, likelihood_settings,
                    sink, mask_id, auto, cuda_graph)
@@ -111,7 +115,7 @@ class _CheckedArgs:
 
 
 @register_model("dlm_sinkmask")
-class DLMSinkMaskLM(MaskingLMMixin, HFLM):
+class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
     """A masked diffusion LM (family from ``config.model_type`` or ``family=``) with sinks
     masked per ``top_k``/``eps``/``detect``/``granularity``/``layers`` (see SinkMaskConfig)."""
 
@@ -129,12 +133,10 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         checked = _CheckedArgs.take(pretrained, family, mask_id, model_class, kwargs)
         pretrained, mask_config, config = checked.pretrained, checked.mask_config, checked.config
         self.family, self.settings = checked.family, checked.settings
-        self.likelihood = checked.likelihood_settings
+        self._init_scoring(checked.likelihood_settings)
         self.sink = checked.sink
         self.cuda_graph = checked.cuda_graph
         self.cuda_graph_auto = checked.cuda_graph is None  # graphs where they can run
-        self._mc_stderrs: list[float] = []  # per scored request, this process
-        self._run_mc_stderrs: list[float] = []  # all processes, filled after each request type
         if checked.auto_model_class is not None:
             self.AUTO_MODEL_CLASS = checked.auto_model_class
         if self.family.attn_implementation and isinstance(pretrained, str):
@@ -150,6 +152,7 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 raise ValueError(f"cuda_graph=true cannot capture {spread}: set "
                                  "cuda_graph=false or auto")
         self.generations = {"graphed": 0, "eager": 0}  # as run, for the record
+        self._sizing_length = 0  # longest sequence of the planned generations (0: max_length)
         # effective (gen_length, steps, block_length): per task as planned, and as run
         self.settings_per_task: dict[str, dict[str, int | None]] = {}
         self.settings_used: set[tuple[int, int, int | None]] = set()
@@ -209,8 +212,13 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
         """Only HFLM's batch-size search (``batch_size=auto``) calls this here: its rows go
         through a denoising step as the sampler runs it, under the masker and doubled for
-        classifier-free guidance, so the size found leaves room for both."""
+        classifier-free guidance, so the size found leaves room for both. HFLM's rows are
+        ``max_length`` long; they are cut to the longest sequence the run's generations will
+        hold (:meth:`_plan_requests`), since a pass's memory grows with its length: sized at
+        LLaDA's 4096 positions, a run of sequences a third as long would get a batch about a
+        third of what fits, and on a CPU the search took minutes."""
         guided = self.family.sampler == "block" and self.settings.cfg_scale > 0
+        inps = inps[:, : self._sizing_length or None]
         rows = torch.cat([inps, inps]) if guided else inps
         with torch.no_grad(), self.masking(rows):
             return self._forward(rows, torch.ones_like(rows))[: inps.shape[0]]
@@ -427,18 +435,35 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
         generation length does not fit the blocks fails now, not after hours of other tasks."""
         from lm_eval.models.utils import normalize_gen_kwargs
 
+        sizing = self.batch_size == "auto"
+        self._sizing_length = 0
         for req in requests:
             gen_kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
             self._check_gen_kwargs(gen_kwargs, req.task_name)
             s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
             self._check_prompt_room(s.gen_length, req.task_name)
             task = req.task_name or "requests"
-            if task not in self.settings_per_task and s.gen_length != gen_kwargs["max_gen_toks"]:
-                logger.warning("%s: its requests ask for max_gen_toks=%s; gen_length=%d in model_args "
-                               "overrides it (recorded under config.sinkmask.sampler)",
-                               task, gen_kwargs["max_gen_toks"], s.gen_length)
+            if task not in self.settings_per_task:
+                self._warn_about_settings(task, gen_kwargs["max_gen_toks"], s)
             self.settings_per_task[task] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
+            if sizing:  # HFLM keeps the last max_length - max_gen_toks tokens of a prompt
+                asked = self.settings.gen_length or gen_kwargs["max_gen_toks"]
+                prompt = self.tok_encode(req.args[0], left_truncate_len=self.max_length - asked)
+                self._sizing_length = max(self._sizing_length, len(prompt) + s.gen_length)
+
+    @staticmethod
+    def _warn_about_settings(task: str, max_gen_toks: int, s: DiffusionSettings) -> None:
+        """Once per task: settings that run, but not as a reader of the task would expect."""
+        if s.gen_length != max_gen_toks:
+            logger.warning("%s: its requests ask for max_gen_toks=%s; gen_length=%d in model_args "
+                           "overrides it (recorded under config.sinkmask.sampler)",
+                           task, max_gen_toks, s.gen_length)
+        if s.steps > s.gen_length:
+            logger.warning("%s: steps=%d for gen_length=%d: a pass unmasks a whole number of "
+                           "tokens, so at least %d of the %d denoising passes unmask none and "
+                           "only add time; steps <= gen_length is the useful range",
+                           task, s.steps, s.gen_length, s.steps - s.gen_length, s.steps)
 
     def _check_prompt_room(self, gen_length: int, task: str | None) -> None:
         """HFLM keeps max_length - gen_length prompt tokens and asserts that some remain, but
@@ -473,169 +498,6 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
                 f"(do_sample=True), but dlm_sinkmask samples at model_args temperature="
                 f"{self.settings.temperature:g}; put temperature={temperature:g} in model_args "
                 "instead of --gen_kwargs")
-
-    # -- log-likelihood (multiple choice, perplexity): the Monte Carlo bound of likelihood.py.
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        """lm-eval's disjoint rolling windows, each scored by the bound, summed per document.
-
-        The windows are lm-eval's (``context_len=1``: the first window follows the prefix
-        token, every later one the single token before it, the last one as many tokens before
-        it as fill the window), but one position shorter:
-        lm-eval sizes them for a causal model, which never feeds back a window's last token,
-        so a window of ``max_length`` predicted tokens plus its context token would not fit a
-        DLM, which reads them all. Each window's value is a lower bound on the log-likelihood
-        of its tokens given that short context, so their sum is a lower bound on lm-eval's
-        windowed log-likelihood (not on the document's given all that precedes each window),
-        and perplexities derived from it are upper bounds on the windowed perplexity.
-
-        Unlike HFLM it does not pad every rank to the largest number of windows: lm-eval runs
-        the model unwrapped on each rank (no DDP or FSDP), so no forward pass is collective and
-        a rank with fewer windows only waits at the report's gathers; padding would only add
-        ceil(mc_num / mc_batch_size) forward passes per padded window.
-        """
-        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-        from tqdm import tqdm
-
-        out = []
-        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="Rolling windows"):
-            (text,) = req.args
-            windows = [(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length - 1, context_len=1)]
-            scored = self._score(windows, disable_tqdm=True)
-            total = sum(value for value, _, _ in scored)
-            # the report counts requests: this document, with the standard error of its sum
-            self._mc_stderrs.append(likelihood.stderr_of_sum(
-                [(tuple(c), tuple(t)) for _, c, t in windows], [stderr for _, _, stderr in scored]))
-            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
-            out.append(total)
-        self._report()
-        return out
-
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
-        """(estimate, is_greedy) per (cache key, context ids, continuation ids) request, each
-        request's Monte Carlo standard error kept for the run's report (see _score)."""
-        scored = self._score(requests, disable_tqdm)
-        self._mc_stderrs.extend(stderr for _, _, stderr in scored)
-        return [(value, greedy) for value, greedy, _ in scored]
-
-    def _score(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool, float]]:
-        """(estimate, is_greedy, stderr) per (cache key, context ids, continuation ids) request.
-
-        Every Monte Carlo forward pass is its own masking scope, like the first step of a
-        generation: with ``detect=previous`` it masks the sinks detected on its own attention
-        (a pass has no earlier step of the same canvas; borrowing another sample's sinks would
-        make the estimate depend on sample order and mc_batch_size). ``detect=current`` does
-        the same thing here.
-
-        An empty continuation is answered (0.0, True), exactly, with no forward pass:
-        log p(nothing) = 0 and decoding no token reproduces it (lm-eval's ONNX model answers
-        the same; HFLM asserts it away, and the bound has no mask count in 1..0 to draw).
-        """
-        from tqdm import tqdm
-
-        scored = []
-        for key, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
-                                               desc="Monte Carlo loglikelihood"):
-            if continuation:
-                scored.append(self._score_one(list(context), list(continuation), greedy=key is not None))
-            else:
-                scored.append((0.0, True, 0.0))
-            if key is not None:  # rolling windows have no key; lm-eval caches their sum
-                self.cache_hook.add_partial("loglikelihood", key, scored[-1][:2])
-        return scored
-
-    def _score_one(self, context: list[int], continuation: list[int],
-                   greedy: bool) -> tuple[float, bool, float]:
-        """(estimate, is_greedy, stderr) of a non-empty continuation; is_greedy is checked
-        only when ``greedy`` and greedy_check are both on."""
-        ll = self.likelihood
-        shifted = self.family.sampler == "dream"  # Dream reads token j from position j - 1
-        cfg = self.settings.cfg_scale if self.family.sampler == "block" else 0.0
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            with self.masking(x):
-                return self._forward(x, torch.ones_like(x))
-
-        context, continuation = self._fit_window(context, continuation)
-        self._refuse_sink_token(context + continuation, "a loglikelihood request")  # as it runs
-        with torch.inference_mode():
-            est = likelihood.estimate(
-                forward, context, continuation, mask_id=self.mask_id, mc_num=ll.mc_num,
-                batch_size=ll.mc_batch_size, cfg_scale=cfg, shifted=shifted,
-                generator=likelihood.request_generator(ll.mc_seed, context, continuation),
-                device=self.device,
-            )
-        greedy = greedy and ll.greedy_check and self._greedy_matches(context, continuation)
-        return est.value, bool(greedy), est.stderr
-
-    def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
-        """Drop context tokens from the left until context + continuation fit max_length,
-        with a warning, as HFLM cuts a causal model's input (the question's end stays)."""
-        if len(continuation) >= self.max_length:
-            raise ValueError(
-                f"continuation of {len(continuation)} tokens does not fit max_length "
-                f"{self.max_length} with at least one context token"
-            )
-        keep = self.max_length - len(continuation)
-        if len(context) > keep:
-            logger.warning(
-                "a loglikelihood request of %d context and %d continuation tokens exceeds "
-                "max_length %d: its context is cut from the left to its last %d tokens",
-                len(context), len(continuation), self.max_length, keep)
-        return context[-keep:], continuation
-
-    def _greedy_matches(self, context: list[int], continuation: list[int]) -> bool:
-        """Whether greedy decoding of len(continuation) tokens (one per forward pass, most
-        confident first, sinks masked as in generation) reproduces the continuation."""
-        ids = torch.tensor([context], device=self.device)
-        n, s = len(continuation), self.settings
-        common = dict(mask_id=self.mask_id, gen_length=n, steps=n, temperature=0.0)
-        with torch.inference_mode(), self.masking(ids):
-            if self.family.sampler == "block":
-                got = generate_block(self._forward, ids, torch.ones_like(ids), block_length=n,
-                                     cfg_scale=s.cfg_scale, remasking="low_confidence",
-                                     variant=s.llada_sampler,
-                                     confidence_dtype=self.family.confidence_dtype, **common)
-            else:
-                got = self._greedy_dream(ids, n)
-        return got[0].tolist() == continuation
-
-    def _greedy_dream(self, ids: torch.Tensor, n: int) -> torch.Tensor:
-        """Dream's greedy decoding of n tokens, one per forward pass: [1, n].
-
-        Not generate_dream with steps = n: Dream's time schedule (1 down to eps, counts
-        truncated) then reveals no token on the first step and two on the last, so the last
-        two tokens (both, for a 2-token continuation) would be decoded in parallel. Here each
-        pass reveals the masked position that ``alg`` rates most confident (``origin``, which
-        picks positions at random, by probability as ``maskgit_plus``), read from the logits
-        one position to its left; ``dream_sampler`` decides, as in generation, whether the
-        mask token may be predicted and the dtype of the probabilities.
-        """
-        from .samplers.dream import confidence, sample_tokens
-
-        alg = "maskgit_plus" if self.settings.alg == "origin" else self.settings.alg
-        P = ids.shape[1]
-        x = torch.cat([ids, torch.full((1, n), self.mask_id, dtype=ids.dtype, device=ids.device)], 1)
-        for _ in range(n):
-            masked = (x[0, P:] == self.mask_id).nonzero()[:, 0]
-            logits = self._forward(x, torch.ones_like(x))[0, P - 1 + masked]
-            if self.settings.dream_sampler == "invariant":
-                logits = logits.float()
-                logits[:, self.mask_id] = -torch.inf
-            probs, sampled = sample_tokens(logits)
-            best = confidence(probs, sampled, alg).argmax()
-            x[0, P + masked[best]] = sampled[best]
-        return x[:, P:]
-
-    def _report(self) -> None:
-        """Also gather every process's Monte Carlo standard errors: under ``accelerate launch``
-        each rank scores its own share of the requests, and rank 0 writes the report."""
-        super()._report()
-        gathered = self.gather_object(self._mc_stderrs, dst=0)
-        if self.rank == 0:
-            self._run_mc_stderrs = [e for part in gathered for e in part]
 
     def answer_settings(self) -> dict:
         likelihood_settings = self.likelihood.as_dict()
@@ -684,12 +546,5 @@ class DLMSinkMaskLM(MaskingLMMixin, HFLM):
             "setting": "auto" if self.cuda_graph_auto else self.cuda_graph,
             "generations": dict(self.generations)}
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
-        # requests: lm-eval's, a rolling document one however many windows it takes; each
-        # request's standard error is that of the number lm-eval reads (0 for an exact answer)
-        info["sinkmask"]["likelihood"] = {
-            **self.likelihood.as_dict(),
-            "requests": len(self._run_mc_stderrs),
-            "mean_mc_stderr": (sum(self._run_mc_stderrs) / len(self._run_mc_stderrs)
-                               if self._run_mc_stderrs else None),
-        }
+        info["sinkmask"]["likelihood"] = self._scoring_record()
         return info

@@ -416,7 +416,8 @@ class _Run:
         got = decoded()
         if got.history is not None:
             self.history[layer] = got.history
-        return self.taken(layer, sc, got.out, got[1:6], previous, n_previous, decode_step.NAME)
+        return self._decided_whole(layer, sc, got.out, got[1:6], previous, n_previous,
+                                   decode_step.NAME)
 
     def _first_use(self, variant, decoded, layer: int, a: dict, chunk: int, previous):
         """``detect_backend=auto``'s check of a decoding-kernel variant: the call decided by
@@ -448,8 +449,8 @@ class _Run:
                 "would raise instead)", variant, problem)
         return ref._replace(out=out)
 
-    def taken(self, layer: int, sc: Scores, out, selected, previous, n_previous,
-              name: str) -> _Decision:
+    def _decided_whole(self, layer: int, sc: Scores, out, selected, previous, n_previous,
+                       name: str) -> _Decision:
         """The decision of a call that one kernel decided whole (``out``: its masked output;
         ``selected``: scores, sinks, chosen keys and their two counts), with the run's state
         kept as for any call: the detection counted under ``name``, this pass's choice kept

@@ -112,9 +112,10 @@ class MaskingLMMixin:
             check_calls_per_pass(calls, self._declared_layers)
 
     def _detect_batch_size(self, requests=None, pos: int = 0):
-        """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows at full
-        length. They go through the masker, so the memory they measure includes its own, but
-        they are not the run's, and counted they made most of a small run's sinks."""
+        """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows (of
+        ``max_length`` tokens, which ``dlm_sinkmask`` cuts to its run's longest). They go
+        through the masker, so the memory they measure includes its own, but they are not the
+        run's, and counted they made most of a small run's sinks."""
         self._sizing_batches = True
         try:
             size = super()._detect_batch_size(requests, pos)

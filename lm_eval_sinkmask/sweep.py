@@ -46,7 +46,9 @@ from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
 from .provenance import InputDigests, checkpoint_digest
-from .sweep_plan import RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings
+from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings,
+                         model_type_of)
+
 
 def versions() -> dict[str, str]:
     import platform
@@ -216,10 +218,7 @@ def compress_samples(folder: Path) -> None:
 
 def _model_type(path: str) -> str | None:
     try:
-        from .checkpoint_checks import read_config
-        from .masking_lm import resolve_pretrained
-
-        return read_config(resolve_pretrained(path), {}).get("model_type")
+        return model_type_of(path)
     except Exception:  # noqa: BLE001 - informational only
         return None
 

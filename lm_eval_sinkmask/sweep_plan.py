@@ -131,18 +131,23 @@ def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
     return kind
 
 
-def infer_kind(path: str) -> str:
-    """"dlm" when ``config.model_type`` belongs to a diffusion family (families.py), else "arm".
-
-    Reads the raw config dict, so remote-code checkpoints need no ``trust_remote_code`` here.
-    """
+def model_type_of(path: str) -> str | None:
+    """The ``model_type`` a checkpoint's config.json declares (``path``: a folder, hub repo or
+    zoo: reference), read from the raw dict, so remote-code checkpoints need no
+    ``trust_remote_code`` here."""
     from .checkpoint_checks import read_config
-    from .families import family_for
     from .masking_lm import resolve_pretrained
 
-    config = read_config(resolve_pretrained(path), {})
+    return read_config(resolve_pretrained(path), {}).get("model_type")
+
+
+def infer_kind(path: str) -> str:
+    """"dlm" when ``config.model_type`` belongs to a diffusion family (families.py), else "arm"."""
+    from .families import family_for
+
+    model_type = model_type_of(path)  # a checkpoint that is not there fails here
     try:
-        family_for(config.get("model_type"))
+        family_for(model_type)
         return "dlm"
     except ValueError:
         return "arm"

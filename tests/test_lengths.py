@@ -144,3 +144,17 @@ def test_llada_reads_max_length_from_max_sequence_length(tiny_dirs):
     assert lm.max_length == 64
     assert make("dlm_sinkmask", tiny_dirs["llada"], max_length=24).max_length == 24
 
+
+
+@pytest.mark.parametrize("kind, steps, warned", [("llada", 8, True), ("llada", 4, False),
+                                                 ("dream", 6, True), ("dream", 2, False)])
+def test_more_steps_than_tokens_are_said_to_waste_passes(tiny_dirs, caplog, kind, steps, warned):
+    """A pass unmasks a whole number of tokens, so passes past gen_length unmask none: they
+    cost time and change nothing a reader of steps= would expect."""
+    lm = make("dlm_sinkmask", tiny_dirs[kind], max_length=POSITIONS, steps=steps, gen_length=4,
+              **(dict(RANDOM_LLADA, block_length=4) if kind == "llada" else {}))
+    widths = record_widths(lm)
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        lm.generate_until(requests([words(3)], max_gen_toks=4))
+    assert ("of the %d denoising passes unmask none" % steps in caplog.text) is warned
+    assert len(widths) == steps  # the passes still run, as asked

@@ -191,13 +191,14 @@ def test_mmada_reference_scores_confidences_in_float64_as_mmadas_own_loop(batch)
 def test_dlm_sinkmask_decodes_with_its_familys_confidence_dtype(tiny_dirs, monkeypatch, family, dtype):
     """The model class hands each family's confidence dtype to the block sampler, in
     generation and in the greedy check of loglikelihood requests alike."""
-    from lm_eval_sinkmask import dlm_model
+    from lm_eval_sinkmask import dlm_model, mc_scoring
     from tests.test_models import make, requests
 
     seen = []
     real = dlm_model.generate_block
-    monkeypatch.setattr(dlm_model, "generate_block",
-                        lambda *a, **kw: seen.append(kw.get("confidence_dtype", "unset")) or real(*a, **kw))
+    for module in (dlm_model, mc_scoring):  # generation; the greedy check
+        monkeypatch.setattr(module, "generate_block",
+                            lambda *a, **kw: seen.append(kw.get("confidence_dtype", "unset")) or real(*a, **kw))
     lm = make("dlm_sinkmask", tiny_dirs["llada"], family=family, block_length=4, greedy_check=True)
     lm.generate_until(requests(max_gen_toks=8))
     lm._greedy_matches([5, 6, 7], [8, 9])

@@ -354,17 +354,22 @@ def test_dlm_batch_size_search_measures_a_masked_denoising_step(tiny_dirs, cfg_s
               cfg_scale=cfg_scale, batch_size="auto", max_batch_size=2, **RANDOM_LLADA)
     original_sdpa = torch.nn.functional.scaled_dot_product_attention
     sizing = []  # (rows, masked) of each forward pass of the search
+    widths = {True: set(), False: set()}  # sequence widths of the search's passes, the run's
 
     def record(module, args, kwargs):
+        ids = args[0] if args else kwargs["input_ids"]
+        widths[lm._sizing_batches].add(ids.shape[1])
         if lm._sizing_batches:
-            rows = (args[0] if args else kwargs["input_ids"]).shape[0]
-            sizing.append((rows, torch.nn.functional.scaled_dot_product_attention is not original_sdpa))
+            sizing.append((ids.shape[0], torch.nn.functional.scaled_dot_product_attention is not original_sdpa))
 
     lm.model.register_forward_pre_hook(record, with_kwargs=True)
     assert all(lm.generate_until(requests()))
     rows_per_prompt = 2 if cfg_scale else 1
     assert sizing and set(sizing) == {(2 * rows_per_prompt, True)}
     assert lm.mask_stats.forward_passes > 0
+    # sized at the run's longest sequence, not at max_length (attention's memory grows with
+    # the square of the length)
+    assert widths[True] == {max(widths[False])} and max(widths[False]) < lm.max_length
 
 
 @pytest.mark.parametrize("name, kind, args", [
