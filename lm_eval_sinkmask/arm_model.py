@@ -80,6 +80,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
             padding = padding_mask(lengths, inps.shape[1], inps.device)
             with self.masking(inps, padding), torch.no_grad(), self.autocast():
                 return self.model(input_ids=inps, attention_mask=padding).logits
+        inps = self._sizing_rows(inps)
         with self.masking(inps, attn_mask):
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 

@@ -152,7 +152,6 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                 raise ValueError(f"cuda_graph=true cannot capture {spread}: set "
                                  "cuda_graph=false or auto")
         self.generations = {"graphed": 0, "eager": 0}  # as run, for the record
-        self._sizing_length = 0  # longest sequence of the planned generations (0: max_length)
         # effective (gen_length, steps, block_length): per task as planned, and as run
         self.settings_per_task: dict[str, dict[str, int | None]] = {}
         self.settings_used: set[tuple[int, int, int | None]] = set()
@@ -212,13 +211,10 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
     def _model_call(self, inps: torch.Tensor, attn_mask=None, labels=None) -> torch.Tensor:
         """Only HFLM's batch-size search (``batch_size=auto``) calls this here: its rows go
         through a denoising step as the sampler runs it, under the masker and doubled for
-        classifier-free guidance, so the size found leaves room for both. HFLM's rows are
-        ``max_length`` long; they are cut to the longest sequence the run's generations will
-        hold (:meth:`_plan_requests`), since a pass's memory grows with its length: sized at
-        LLaDA's 4096 positions, a run of sequences a third as long would get a batch about a
-        third of what fits, and on a CPU the search took minutes."""
+        classifier-free guidance, so the size found leaves room for both; its rows as long
+        as the run's longest sequence (:meth:`_sizing_rows`)."""
         guided = self.family.sampler == "block" and self.settings.cfg_scale > 0
-        inps = inps[:, : self._sizing_length or None]
+        inps = self._sizing_rows(inps)
         rows = torch.cat([inps, inps]) if guided else inps
         with torch.no_grad(), self.masking(rows):
             return self._forward(rows, torch.ones_like(rows))[: inps.shape[0]]
@@ -435,8 +431,6 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         generation length does not fit the blocks fails now, not after hours of other tasks."""
         from lm_eval.models.utils import normalize_gen_kwargs
 
-        sizing = self.batch_size == "auto"
-        self._sizing_length = 0
         for req in requests:
             gen_kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
             self._check_gen_kwargs(gen_kwargs, req.task_name)
@@ -447,10 +441,6 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                 self._warn_about_settings(task, gen_kwargs["max_gen_toks"], s)
             self.settings_per_task[task] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
-            if sizing:  # HFLM keeps the last max_length - max_gen_toks tokens of a prompt
-                asked = self.settings.gen_length or gen_kwargs["max_gen_toks"]
-                prompt = self.tok_encode(req.args[0], left_truncate_len=self.max_length - asked)
-                self._sizing_length = max(self._sizing_length, len(prompt) + s.gen_length)
 
     @staticmethod
     def _warn_about_settings(task: str, max_gen_toks: int, s: DiffusionSettings) -> None:

@@ -82,6 +82,7 @@ class MaskingLMMixin:
         self.mask_stats = MaskingStats()  # this process, whole run
         self.run_mask_stats = MaskingStats()  # all processes, filled after each request type
         self._sizing_batches = False  # inside HFLM's batch-size search: passes not counted
+        self._sizing_width = 0  # the search's row length for this generate_until (0: HFLM's)
         self.batch_sizes_found: list[int] = []  # what each batch-size search returned, in order
 
     @contextmanager
@@ -112,10 +113,10 @@ class MaskingLMMixin:
             check_calls_per_pass(calls, self._declared_layers)
 
     def _detect_batch_size(self, requests=None, pos: int = 0):
-        """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows (of
-        ``max_length`` tokens, which ``dlm_sinkmask`` cuts to its run's longest). They go
-        through the masker, so the memory they measure includes its own, but they are not the
-        run's, and counted they made most of a small run's sinks."""
+        """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows (for
+        generation ``max_length`` long, which :meth:`_sizing_rows` cuts). They go through the
+        masker, so the memory they measure includes its own, but they are not the run's, and
+        counted they made most of a small run's sinks."""
         self._sizing_batches = True
         try:
             size = super()._detect_batch_size(requests, pos)
@@ -202,9 +203,36 @@ class MaskingLMMixin:
         return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def generate_until(self, requests, disable_tqdm: bool = False):
-        out = super().generate_until(requests, disable_tqdm=disable_tqdm)
+        self._sizing_width = self._longest_generation(requests) if self.batch_size == "auto" else 0
+        try:
+            out = super().generate_until(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._sizing_width = 0
         self._report()
         return out
+
+    def _longest_generation(self, requests) -> int:
+        """Tokens in the longest sequence these requests will hold: a prompt as HFLM cuts it
+        (its last ``max_length - max_gen_toks`` tokens) plus the tokens it asks for."""
+        from lm_eval.models.utils import normalize_gen_kwargs
+
+        longest = 0
+        for req in requests:
+            asked = normalize_gen_kwargs(req.args[1], self.max_gen_toks)["max_gen_toks"]
+            prompt = self.tok_encode(req.args[0], left_truncate_len=self.max_length - asked)
+            longest = max(longest, len(prompt) + asked)
+        return longest
+
+    def _sizing_rows(self, inps: torch.Tensor) -> torch.Tensor:
+        """HFLM's batch-size search for generation runs rows of ``max_length`` tokens; cut to
+        the longest sequence the requests will hold, since a pass's memory grows with its
+        length: sized at LLaDA's 4096 positions (or Llama 3.1's 131072, where only batch 1
+        is left, or none), a run of sequences a third as long would get a batch about a third
+        of what fits, and on a CPU the search took minutes. Rows of other passes pass as they
+        are."""
+        if self._sizing_batches and self._sizing_width:
+            return inps[:, : self._sizing_width]
+        return inps
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)

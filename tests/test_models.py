@@ -372,6 +372,27 @@ def test_dlm_batch_size_search_measures_a_masked_denoising_step(tiny_dirs, cfg_s
     assert widths[True] == {max(widths[False])} and max(widths[False]) < lm.max_length
 
 
+def test_arm_batch_size_search_measures_the_runs_longest_sequence(tiny_dirs):
+    """lm-eval's search for generation runs rows of max_length tokens (131072 for Llama 3.1,
+    where no batch of them fits): arm_sinkmask sizes at its longest prompt plus max_gen_toks,
+    and a later loglikelihood search keeps HFLM's own lengths."""
+    lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, batch_size="auto",
+              max_batch_size=2)
+    widths = {True: [], False: []}  # widths of the search's passes, of the run's
+    lm.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: widths[lm._sizing_batches].append(
+            (args[0] if args else kwargs["input_ids"]).shape[1]), with_kwargs=True)
+    assert all(lm.generate_until(requests(max_gen_toks=8)))
+    longest_prompt = max(len(lm.tok_encode(p)) for p in PROMPTS)
+    assert max(widths[False]) == longest_prompt  # the prefill; each later step is one token
+    assert set(widths[True]) == {longest_prompt + 8} and longest_prompt + 8 < lm.max_length
+    widths[True].clear()
+    assert lm._sizing_width == 0
+    lm.loglikelihood([Instance("loglikelihood", {}, (PROMPTS[1], " 16 books"), 0)])
+    # HFLM's own width: the request's tokens less the last, which a causal model never reads
+    assert set(widths[True]) == {len(lm.tok_encode(PROMPTS[1] + " 16 books")) - 1}
+
+
 @pytest.mark.parametrize("name, kind, args", [
     ("arm_sinkmask", "llama", ""),
     ("dlm_sinkmask", "llada", ",block_length=4,llada_sampler=invariant"),
