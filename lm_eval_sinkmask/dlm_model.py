@@ -39,7 +39,10 @@ SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
 
 
 def _import_class(path: str) -> type:
-    """``model_class=package.module:ClassName`` (or with a dot), imported."""
+    """``model_class=package.module:ClassName``, imported (the colon, so that an error inside
+    the module is reported as itself, not as a missing attribute of its package)."""
+    if ":" not in path:
+        raise ValueError(f"model_class must look like package.module:ClassName, got {path!r}")
     try:
         found = pkgutil.resolve_name(path)
     except (ValueError, ImportError, AttributeError) as e:
@@ -109,8 +112,7 @@ class _CheckedArgs:
             raise ValueError(f"cuda_graph must be auto, true or false, got {value!r}")
         if value:
             graphed_steps.refuse_unreplayable(mask_config, observers=())
-            if device is not None:  # else HFLM's default, checked once the model is placed
-                graphed_steps.check_device(device)
+            graphed_steps.check_device(device)  # again once placed (cuda:0 may fall back)
         return value
 
 
@@ -451,8 +453,9 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                            task, max_gen_toks, s.gen_length)
         if s.steps > s.gen_length:
             logger.warning("%s: steps=%d for gen_length=%d: a pass unmasks a whole number of "
-                           "tokens, so at least %d of the %d denoising passes unmask none and "
-                           "only add time; steps <= gen_length is the useful range",
+                           "tokens, so at least %d of the %d denoising passes unmask no token "
+                           "(they still run, and under detect=previous set the sinks the next "
+                           "pass masks); steps <= gen_length is the useful range",
                            task, s.steps, s.gen_length, s.steps - s.gen_length, s.steps)
 
     def _check_prompt_room(self, gen_length: int, task: str | None) -> None:

@@ -203,7 +203,9 @@ class MaskingLMMixin:
         return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
 
     def generate_until(self, requests, disable_tqdm: bool = False):
-        self._sizing_width = self._longest_generation(requests) if self.batch_size == "auto" else 0
+        # (a seq2seq model's search also runs labels of max_length: left as lm-eval sizes it)
+        sizing = self.batch_size == "auto" and self.backend == "causal"
+        self._sizing_width = self._longest_generation(requests) if sizing else 0
         try:
             out = super().generate_until(requests, disable_tqdm=disable_tqdm)
         finally:
@@ -226,10 +228,10 @@ class MaskingLMMixin:
     def _sizing_rows(self, inps: torch.Tensor) -> torch.Tensor:
         """HFLM's batch-size search for generation runs rows of ``max_length`` tokens; cut to
         the longest sequence the requests will hold, since a pass's memory grows with its
-        length: sized at LLaDA's 4096 positions (or Llama 3.1's 131072, where only batch 1
-        is left, or none), a run of sequences a third as long would get a batch about a third
-        of what fits, and on a CPU the search took minutes. Rows of other passes pass as they
-        are."""
+        length (at least linearly): sized at LLaDA's 4096 positions, a run of sequences a third
+        as long would get at most a third of the batch that fits; at Llama 3.1's 131072, where
+        one row's float32 log-probabilities take 67 GB, the search ends at batch 1; on a CPU it
+        took minutes. Rows of other passes pass as they are."""
         if self._sizing_batches and self._sizing_width:
             return inps[:, : self._sizing_width]
         return inps

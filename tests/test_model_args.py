@@ -109,6 +109,7 @@ def no_weight_loads(monkeypatch):
         # score near 0, as if masking had done it
         ("dlm_sinkmask", "llada", {"mask_id": 1}, r"mask_id=1, but the checkpoint's config declares mask token 4.*drop mask_id"),
         ("dlm_sinkmask", "llada", {"model_class": "transformers:NoSuchModel"}, r"model_class=transformers:NoSuchModel names no class we can import .*package\.module:ClassName"),
+        ("dlm_sinkmask", "llada", {"model_class": "transformers.LlamaForCausalLM"}, r"model_class must look like package\.module:ClassName, got 'transformers\.LlamaForCausalLM'"),
         ("dlm_sinkmask", "llada", {"model_class": "os.path:join"}, r"model_class=os\.path:join is a function, not a model class"),
         ("dlm_sinkmask", "llada", {"model_class": "transformers:LlamaForCausalLM"}, r"model_class LlamaForCausalLM is for model_type 'llama', but the checkpoint's config says 'sinkmask_llada'"),
         ("dlm_sinkmask", "dream", {"top_k": 1, "sink_token": "exclude"}, r"sink_token=exclude: this checkpoint declares no extra sink token.*drop sink_token"),

@@ -367,8 +367,8 @@ def test_dlm_batch_size_search_measures_a_masked_denoising_step(tiny_dirs, cfg_s
     rows_per_prompt = 2 if cfg_scale else 1
     assert sizing and set(sizing) == {(2 * rows_per_prompt, True)}
     assert lm.mask_stats.forward_passes > 0
-    # sized at the run's longest sequence, not at max_length (attention's memory grows with
-    # the square of the length)
+    # sized at the run's longest sequence, not at max_length (a pass's memory grows with its
+    # length)
     assert widths[True] == {max(widths[False])} and max(widths[False]) < lm.max_length
 
 
