@@ -150,7 +150,7 @@ def test_llada_reads_max_length_from_max_sequence_length(tiny_dirs):
                                                  ("dream", 6, True), ("dream", 2, False)])
 def test_more_steps_than_tokens_are_said_to_waste_passes(tiny_dirs, caplog, kind, steps, warned):
     """A pass unmasks a whole number of tokens, so passes past gen_length unmask none: they
-    cost time and change nothing a reader of steps= would expect."""
+    still run (and under detect=previous set the next pass's sinks), so the warning says so."""
     lm = make("dlm_sinkmask", tiny_dirs[kind], max_length=POSITIONS, steps=steps, gen_length=4,
               **(dict(RANDOM_LLADA, block_length=4) if kind == "llada" else {}))
     widths = record_widths(lm)
