@@ -545,9 +545,13 @@ class _Run:
 
         With a KV cache a decoding step computes one new query row; the rows of earlier steps
         are not recomputed. Their column mass and row counts (computed when they were new,
-        on unmasked attention, exactly as an uncached pass would) are kept per layer and added
-        to this call's, so s_j = |K| * mean_{i >= j} A_ij covers all rows. A call that is not
-        the continuation of the last one (same batch, keys = old keys + new rows) starts over.
+        on unmasked attention) are kept per layer and added to this call's, so
+        s_j = |K| * mean_{i >= j} A_ij covers all rows. Until a key is masked this equals an
+        uncached pass over the same tokens; after, the earlier rows keep the attention they had
+        when new (over hidden states shaped by the sinks masked until then), as the cache keeps
+        their keys and values. A call that is not the continuation of the last one (same
+        batch, keys = old keys + new rows) starts over, which only a call with a query row for
+        every key can do.
         """
         old = self._continued_history(layer, sc)
         if old is not None:
@@ -563,6 +567,16 @@ class _Run:
         if old is not None and old.mass.shape[0] == sc.batch and old.mass.shape[1] == sc.heads \
                 and old.mass.shape[-1] + sc.n_q == sc.n_k:
             return old
+        if sc.n_q != sc.n_k:
+            # e.g. a static cache: keys of a fixed length, past the rows kept so far
+            raise ValueError(
+                f"arm_rule=all_rows: an attention call of {sc.n_q} query rows over {sc.n_k} "
+                f"keys does not extend the rows kept so far "
+                f"({'none' if old is None else old.mass.shape[-1]}), so the rows before it "
+                "cannot be counted. The rule needs a KV cache that grows by each step's rows "
+                "(transformers' default dynamic cache; not cache_implementation=static or a "
+                "sliding window). Drop cache_implementation from --gen_kwargs, or use "
+                "arm_rule=last_row")
         return None
 
     def _history_before(self, layer: int, sc: Scores) -> Detection:

@@ -188,6 +188,10 @@ def assert_same_detection(fused, materialized):
 @pytest.mark.parametrize("rule", ["all", "last_row", "all_rows"])
 def test_fused_detection_equals_the_materialised_one(form, rule, backend):
     kwargs, kv_heads, n_q = _sdpa_forms()[form]
+    if rule == "all_rows" and n_q < 11:  # fewer rows than keys, with no earlier rows kept
+        with pytest.raises(ValueError, match="does not extend the rows kept so far"):
+            _events(backend, kwargs, kv_heads, n_q, rule=rule)
+        return
     run = {b: _events(b, kwargs, kv_heads, n_q, rule=rule) for b in (backend, "materialized")}
     assert_same_detection(run[backend], run["materialized"])
 

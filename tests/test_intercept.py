@@ -305,6 +305,31 @@ def test_arm_all_rows_rule_counts_every_row_under_a_kv_cache(granularity):
     assert not torch.allclose(last[-1].scores, steps[(5, 1)], atol=1e-3)
 
 
+@pytest.mark.parametrize("rule", ["all_rows", "last_row"])
+def test_a_static_kv_cache_is_refused_by_all_rows_only(rule):
+    """A static cache gives every step keys of a fixed length, so the all_rows history cannot
+    be extended: refused (it used to start over at every step, scoring the new row alone).
+    last_row reads only the current row and masks the same keys as under the default cache."""
+    model = tiny.build("llama").eval()
+    ids = torch.randint(5, 40, (2, 7), generator=torch.Generator().manual_seed(1))
+
+    def generate(**kw):
+        m = SinkMasker(SinkMaskConfig(top_k=1, eps=0.0, arm_rule=rule), rule=rule)
+        with torch.no_grad(), m.attach(model) as stats:
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=4, do_sample=False, pad_token_id=0, **kw)
+        return out, stats.keys_masked
+
+    dynamic, masked = generate()
+    assert masked > 0
+    if rule == "all_rows":
+        with pytest.raises(ValueError, match="cache_implementation=static"):
+            generate(cache_implementation="static")
+    else:
+        static, static_masked = generate(cache_implementation="static")
+        assert torch.equal(static, dynamic) and static_masked == masked
+
+
 def test_calls_outside_the_model_forward_are_untouched():
     q = k = v = torch.randn(1, 1, 4, 8)
     model = tiny.build("llada")
@@ -784,11 +809,14 @@ def test_sdpa_arguments_are_read_by_name_however_the_model_passes_them():
 class _ManyMasks(torch.nn.Module):
     """Attention calls that share one forward pass but not one mask: a key-padding mask, a
     sliding window of another tensor (GQA), the padding mask again, is_causal with no mask,
-    and a float bias read by fewer query rows. ``pad`` is edited in place between passes,
-    the same tensor with other contents, as a model that reuses its mask buffer would."""
+    and a float bias read by the last ``bias_rows`` query rows. ``pad`` is edited in place
+    between passes, the same tensor with other contents, as a model that reuses its mask
+    buffer would. Under the all_rows rule a call of fewer rows than keys must continue a KV
+    cache, which these passes are not: there the bias call reads every row."""
 
-    def __init__(self, batch=2, seq=12, heads=4, dim=8):
+    def __init__(self, batch=2, seq=12, heads=4, dim=8, bias_rows=3):
         super().__init__()
+        self.bias_rows = bias_rows
         g = torch.Generator().manual_seed(0)
         self.w = torch.randn(5, 3, heads * dim, heads * dim, generator=g) / dim ** 0.5
         self.heads, self.dim = heads, dim
@@ -811,14 +839,14 @@ class _ManyMasks(torch.nn.Module):
         out.append(sdpa(*self._qkv(2, x, h), self.pad))
         out.append(sdpa(*self._qkv(3, x, h), is_causal=True))
         q, k, v = self._qkv(4, x, h)
-        out.append(sdpa(q[:, :, -3:], k, v, attn_mask=self.bias))
+        out.append(sdpa(q[:, :, -self.bias_rows:], k, v, attn_mask=self.bias))
         return sum(o.sum() for o in out)
 
 
 def _many_masks_events(config, rule, passes=3, fresh_views=False, monkeypatch=None):
     if fresh_views:  # every call reads its mask anew: nothing shared between layers
         monkeypatch.setattr(MaskView, "fits", lambda self, *a: False)
-    model = _ManyMasks()
+    model = _ManyMasks(bias_rows=12 if rule == "all_rows" else 3)
     g = torch.Generator().manual_seed(1)
     m = SinkMasker(SinkMaskConfig(**config), rule=rule, observers=[])
     events = []
@@ -872,7 +900,7 @@ def test_the_stats_count_the_keys_each_call_blocked(config, rule):
     previous) or from this one: it must be the keys the call actually blocked, on the first
     pass, when the inputs change between passes, and when the batch size changes (a new
     batch starts afresh and blocks its own choice)."""
-    model = _ManyMasks(batch=2)
+    model = _ManyMasks(batch=2, bias_rows=12 if rule == "all_rows" else 3)
     heads = model.heads
     events = []
     m = SinkMasker(SinkMaskConfig(top_k=2, eps=0.0, **config), rule=rule, observers=[events.append])
