@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import likelihood
+from . import checkpoint_checks, likelihood
 from .masking_lm import logger
 from .samplers import generate_block
 
@@ -26,6 +26,17 @@ class MonteCarloScoringMixin:
         self.likelihood = settings
         self._mc_stderrs: list[float] = []  # per scored request, this process
         self._run_mc_stderrs: list[float] = []  # all processes, filled after each request type
+        # ((context, continuation), task) per request, in order, while loglikelihood runs:
+        # lm-eval hands _loglikelihood_tokens the strings and tokens, not the Instances
+        self._request_tasks: list[tuple[tuple, str | None]] = []
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        """lm-eval's, with each request's task kept for :meth:`_check_requests`."""
+        self._request_tasks = [(tuple(req.args), req.task_name) for req in requests]
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._request_tasks = []
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         """lm-eval's disjoint rolling windows, each scored by the bound, summed per document.
@@ -48,12 +59,18 @@ class MonteCarloScoringMixin:
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
         from tqdm import tqdm
 
+        per_document = [[(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
+            token_list=self.tok_encode(req.args[0]), prefix_token=self.prefix_token_id,
+            max_seq_len=self.max_length - 1, context_len=1)] for req in requests]
+        # every document's windows before the first forward pass (they fit by construction;
+        # a document holding the extra sink token is refused now, not after the others ran)
+        self._check_requests([w for windows in per_document for w in windows],
+                             [req.task_name for req, windows in zip(requests, per_document)
+                              for _ in windows])
         out = []
-        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="Rolling windows"):
+        for req, windows in tqdm(list(zip(requests, per_document)),
+                                 disable=disable_tqdm or self.rank != 0, desc="Rolling windows"):
             (text,) = req.args
-            windows = [(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length - 1, context_len=1)]
             scored = self._score(windows, disable_tqdm=True)
             total = sum(value for value, _, _ in scored)
             # the report counts requests: this document, with the standard error of its sum
@@ -66,7 +83,10 @@ class MonteCarloScoringMixin:
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
         """(estimate, is_greedy) per (cache key, context ids, continuation ids) request, each
-        request's Monte Carlo standard error kept for the run's report (see _score)."""
+        request's Monte Carlo standard error kept for the run's report (see _score).
+
+        Every request is checked (:meth:`_check_requests`) before the first is scored."""
+        self._check_requests(requests, self._tasks_of(requests))
         scored = self._score(requests, disable_tqdm)
         self._mc_stderrs.extend(stderr for _, _, stderr in scored)
         return [(value, greedy) for value, greedy, _ in scored]
@@ -110,7 +130,8 @@ class MonteCarloScoringMixin:
                 return self._forward(x, torch.ones_like(x))
 
         context, continuation = self._fit_window(context, continuation)
-        self._refuse_sink_token(context + continuation, "a loglikelihood request")  # as it runs
+        # (_check_requests refused it before any request was scored; kept for direct callers)
+        self._refuse_sink_token(context + continuation, "a loglikelihood request")
         with torch.inference_mode():
             est = likelihood.estimate(
                 forward, context, continuation, mask_id=self.mask_id, mc_num=ll.mc_num,
@@ -120,6 +141,62 @@ class MonteCarloScoringMixin:
             )
         greedy = greedy and ll.greedy_check and self._greedy_matches(context, continuation)
         return est.value, bool(greedy), est.stderr
+
+    def _tasks_of(self, requests) -> list[str | None]:
+        """Each request's task: lm-eval's loglikelihood tokenises its Instances in order, one
+        request each keyed by its (context, continuation); None where that is not the case
+        (requests passed here directly, rolling windows)."""
+        known = self._request_tasks
+        if len(known) == len(requests) and all(
+                key is not None and tuple(key) == args
+                for (key, _, _), (args, _) in zip(requests, known)):
+            return [task for _, task in known]
+        return [None] * len(requests)
+
+    def _check_requests(self, requests, tasks: list[str | None]) -> None:
+        """Refuse, before any forward pass, the requests no window can score: a continuation
+        that leaves no context token within max_length (:meth:`_fit_window` cuts longer
+        contexts from the left, as HFLM does, but cannot cut the continuation it scores), and
+        text holding the extra sink token. ``tasks``: each request's task (None: unknown).
+        lm-eval hands a run's requests of one type over together, all tasks' at once, so a
+        task that cannot be scored fails before the tasks before it spend their compute."""
+        too_long: dict[str, list[int]] = {}  # task -> its continuations' lengths, too long
+        asked: dict[str, int] = {}  # task -> its requests here
+        for (_, context, continuation), task in zip(requests, tasks):
+            task = task or "?"
+            asked[task] = asked.get(task, 0) + 1
+            if len(continuation) >= self.max_length:
+                too_long.setdefault(task, []).append(len(continuation))
+            elif continuation:  # an empty one is answered without a forward pass
+                keep = self.max_length - len(continuation)
+                self._refuse_sink_token(list(context)[-keep:] + list(continuation),
+                                        f"task {task}: a loglikelihood request")
+        if too_long:
+            raise ValueError(self._too_long_message(too_long, asked))
+
+    def _too_long_message(self, too_long: dict[str, list[int]], asked: dict[str, int]) -> str:
+        """What :meth:`_check_requests` says: per task, how many requests, how long, and the
+        max_length in model_args that would take them (within the checkpoint's positions)."""
+        longest = max(n for lengths in too_long.values() for n in lengths)
+        sink = 1 if self.sink is not None else 0
+        room = (f"max_length {self.max_length} (the model's {self._positions} positions less "
+                "the extra sink token)" if sink else f"max_length {self.max_length}")
+        tasks = "; ".join(
+            f"task {task}: {len(lengths)} of its {asked[task]} loglikelihood requests "
+            f"{'has a continuation' if len(lengths) == 1 else 'have continuations'} of "
+            f"{'' if len(set(lengths)) == 1 else 'up to '}{max(lengths)} tokens"
+            for task, lengths in sorted(too_long.items()))
+        needed = longest + 1 + sink  # model_args max_length: the continuation, a context token
+        declared = checkpoint_checks.positions(self.model.config.to_dict())
+        if declared is not None and needed > declared:
+            fix = (f"this checkpoint declares {declared} positions, fewer than the {needed} "
+                   "they need, so no max_length scores them: leave the task out or score it "
+                   "with a longer-context checkpoint")
+        else:
+            within = "" if declared is None else f" (the checkpoint declares {declared} positions)"
+            fix = f"raise max_length in model_args to at least {needed}{within}"
+        return (f"{tasks}; a continuation must leave at least one context token within "
+                f"{room}, so nothing was scored: {fix}")
 
     def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
         """Drop context tokens from the left until context + continuation fit max_length,

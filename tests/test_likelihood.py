@@ -11,6 +11,7 @@ from lm_eval.api.registry import get_model
 
 from lm_eval_sinkmask import likelihood
 from tests import tiny
+from tests.test_sink_token import sink_dir  # noqa: F401 - the saved sink checkpoint fixture
 
 
 def make(name, path, **args):
@@ -440,6 +441,71 @@ def test_the_rolling_report_counts_documents_and_their_standard_errors(tiny_dirs
     info = lm.get_model_info()["sinkmask"]["likelihood"]
     assert info["requests"] == len(texts)
     assert info["mean_mc_stderr"] == pytest.approx(sum(per_document) / len(texts))
+
+
+def test_a_request_that_cannot_fit_is_refused_before_any_is_scored(tiny_dirs):
+    # lm-eval hands over every task's loglikelihood requests at once: one whose continuation
+    # leaves no context token within max_length must fail before the others spend compute,
+    # naming its task, the lengths and the model_args fix; contexts too long are only cut
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2, max_length=16)
+    long_context = " ".join(["Tom has 3 apples and Anna has 12 books ."] * 3)
+    fits = [(long_context, " 3"), ("Anna has 12 books", " and Ben gives 4 more books .")]
+    too_long = ("Anna has", " and Ben gives 4 more books . Tom has 3 apples and 12 books .")
+    assert len(lm.tok_encode(long_context)) > lm.max_length
+    assert len(lm.tok_encode(too_long[1], add_special_tokens=False)) >= lm.max_length
+    calls = []
+    lm.model.register_forward_pre_hook(lambda m, args: calls.append(1))
+
+    def instances(pairs, task):
+        return [Instance("loglikelihood", {}, pair, i, metadata=(task, i, 1))
+                for i, pair in enumerate(pairs)]
+
+    requests = instances(fits, "fine_task") + instances(fits + [too_long], "long_task")
+    with pytest.raises(ValueError) as refused:
+        lm.loglikelihood(requests)
+    message = str(refused.value)
+    n = len(lm.tok_encode(too_long[1], add_special_tokens=False))
+    assert calls == [] and lm._mc_stderrs == []  # nothing was scored
+    assert message.startswith(f"task long_task: 1 of its 3 loglikelihood requests has a "
+                              f"continuation of {n} tokens;")
+    assert "fine_task" not in message and "within max_length 16" in message
+    assert f"raise max_length in model_args to at least {n + 1} (the checkpoint declares 512 " \
+        "positions)" in message
+    # as the message says: at that max_length every request is scored, long contexts cut
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2, max_length=n + 1)
+    assert all(math.isfinite(v) for v, _ in lm.loglikelihood(requests))
+
+
+def test_a_continuation_longer_than_the_checkpoint_is_refused_without_a_max_length_to_try(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2, max_length=16)
+    request = Instance("loglikelihood", {}, ("Anna has", " 7" * 600), 0, metadata=("huge", 0, 1))
+    with pytest.raises(ValueError, match=r"task huge: .* of 600 tokens; .*declares 512 positions, "
+                                         r"fewer than the 601 they need, so no max_length"):
+        lm.loglikelihood([request])
+
+
+def test_with_a_sink_token_the_refusals_come_first_and_count_its_position(sink_dir):
+    # the extra sink token takes one of max_length's positions (the fix says so), and text
+    # holding it is refused before any request is scored too, naming the task
+    lm = make("dlm_sinkmask", sink_dir, mc_num=2, max_length=16)
+    calls = []
+    lm.model.register_forward_pre_hook(lambda m, args: calls.append(1))
+    fine = Instance("loglikelihood", {}, ("Anna has 12 books", " 7"), 0, metadata=("t", 0, 1))
+    long = Instance("loglikelihood", {}, ("Anna has", " 7" * 15), 1, metadata=("t", 1, 1))
+    with pytest.raises(ValueError, match=r"task t: 1 of its 2 .* of 15 tokens; .* within max_length "
+                                         r"15 \(the model's 16 positions less the extra sink "
+                                         r"token\), .* to at least 17 \("):
+        lm.loglikelihood([fine, long])
+    sink = Instance("loglikelihood", {}, ("Anna has 12 books <|sink|>", " 7"), 1,
+                    metadata=("t", 1, 1))
+    with pytest.raises(ValueError, match="task t: a loglikelihood request holds the checkpoint's "
+                                         "extra sink token"):
+        lm.loglikelihood([fine, sink])
+    documents = [Instance("loglikelihood_rolling", {}, (text,), i, metadata=("wiki", i, 1))
+                 for i, text in enumerate(["Tom has 3 apples", "Anna has <|sink|> 12 books"])]
+    with pytest.raises(ValueError, match="task wiki: a loglikelihood request holds"):
+        lm.loglikelihood_rolling(documents)
+    assert calls == []
 
 
 def test_repeated_estimates_add_their_errors_not_their_variances():
