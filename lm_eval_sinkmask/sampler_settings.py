@@ -2,8 +2,9 @@
 overridden by ``model_args``, validated once when the model is built (before any weight loads)
 and resolved per request against the task's ``max_gen_toks``.
 
-A setting only the other family's sampler reads is refused rather than ignored, so a run is
-never recorded with a setting that changed nothing.
+A setting only the other family's sampler reads is refused rather than ignored, and so is one
+that the chosen mode of the family's own sampler never reads, so a run is never recorded with a
+setting that changed nothing.
 """
 
 from __future__ import annotations
@@ -111,6 +112,27 @@ class DiffusionSettings:
             check_choice("alg", self.alg, DREAM_ALGS)
         check_choice("llada_sampler", self.llada_sampler, LLADA_SAMPLERS)
         check_choice("dream_sampler", self.dream_sampler, DREAM_SAMPLERS)
+        self._refuse_unread(family)
+
+    def _refuse_unread(self, family: Family) -> None:
+        """A setting the chosen mode never reads would be recorded as if it had shaped the
+        answers. Only what the sampler provably skips is refused: ``top_p``/``sampling_top_k``
+        at temperature 0 still shape the confidences the other algs rank and, even under
+        ``origin``, which token wins the argmax of probabilities rounded to the model's dtype."""
+        if family.sampler == "dream" and self.alg == "origin" and self.alg_temp:
+            raise ValueError(
+                f"alg_temp={self.alg_temp:g} changes nothing under alg=origin, which reveals "
+                "each masked position with the same probability and ranks no confidences for "
+                "alg_temp to randomise; drop alg_temp, or pick alg=maskgit_plus, topk_margin or "
+                "entropy")
+        if (family.sampler == "block" and self.remasking == "random"
+                and self.confidence_eos_eot_inf and self.llada_sampler == "reference"):
+            raise ValueError(
+                "confidence_eos_eot_inf=true changes nothing under remasking=random with "
+                "llada_sampler=reference: as in LLaDA's generate.py, random remasking draws "
+                "its confidences uniformly and never reads those of EOS/EOT; drop "
+                "confidence_eos_eot_inf, or add llada_sampler=invariant, whose random "
+                "remasking unmasks EOS/EOT last")
 
     def for_request(self, max_gen_toks: int, family: Family, task: str | None = None) -> DiffusionSettings:
         """Settings for one request batch: gen_length from the task unless the user set it.
@@ -120,6 +142,16 @@ class DiffusionSettings:
         gen_length = self.gen_length or max_gen_toks
         steps = self.steps or gen_length
         block_length = self.block_length or gen_length
+        # model_args' gen_length and steps were checked >= 1, so only the task's max_gen_toks
+        # can leave nothing to generate (steps default to it); both samplers need a token
+        if gen_length < 1:
+            size = (f"a multiple of block_length={block_length}" if family.sampler == "block"
+                    else "N >= 1")
+            raise ValueError(
+                f"task {task or '?'}: max_gen_toks={max_gen_toks} leaves the sampler no token "
+                f"to generate (gen_length and steps must be at least 1). Fix: give the task a "
+                f"max_gen_toks of at least 1 (--gen_kwargs or its generation_kwargs), or add "
+                f"gen_length=N to model_args ({size}), which overrides it")
         if family.sampler == "block":
             try:
                 validate_block_args(gen_length, steps, block_length)

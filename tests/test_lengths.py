@@ -118,6 +118,27 @@ def test_a_generation_that_leaves_no_prompt_token_fails_before_any_forward_pass(
     assert widths == []
 
 
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("max_gen_toks", [0, -4])
+def test_a_task_that_asks_for_no_token_fails_before_any_forward_pass(tiny_dirs, kind, max_gen_toks):
+    """LLaDA's message used to crash building its own fix (no blocks: a division by zero) or
+    advise gen_length=0; Dream's passed the check and failed at its first decode, after the
+    tasks before it had run. A gen_length in model_args overrides the task's budget."""
+    args = dict(block_length=4, **RANDOM_LLADA) if kind == "llada" else {}
+    lm = make("dlm_sinkmask", tiny_dirs[kind], max_length=POSITIONS, **args)
+    widths = record_widths(lm)
+    empty = [Instance("generate_until", {}, (words(3), {"until": ["?"], "max_gen_toks": max_gen_toks}),
+                      1, metadata=("empty_task", 0, 1))]
+    size = "a multiple of block_length=4" if kind == "llada" else "N >= 1"
+    with pytest.raises(ValueError, match=rf"task empty_task: max_gen_toks={max_gen_toks} leaves the "
+                                         rf"sampler no token to generate .*Fix: .*max_gen_toks of at "
+                                         rf"least 1 .*gen_length=N to model_args \({size}\)"):
+        lm.generate_until(requests([words(3)], max_gen_toks=4) + empty)
+    assert widths == []
+    overridden = make("dlm_sinkmask", tiny_dirs[kind], max_length=POSITIONS, gen_length=4, **args)
+    assert len(overridden.generate_until(empty)) == 1
+
+
 def test_a_gen_length_that_leaves_no_prompt_token_fails_before_the_weights_load(tiny_dirs):
     """Set in model_args, the length is known before any request: refused at once."""
     with pytest.raises(ValueError, match=rf"gen_length {POSITIONS} leaves no prompt token within "

@@ -389,3 +389,82 @@ def test_blocks_of_one_token_decode_strictly_left_to_right():
     assert unmask_step(default, lay.generated).tolist() == [list(range(8, 0, -1))] * 2
     with pytest.raises(ValueError, match="multiple of the number of blocks"):
         validate_block_args(8, 4, 1)  # fewer steps than one-token blocks
+
+
+# ---- settings a sampler's mode never reads -----------------------------------------------
+# (refused by DiffusionSettings before any weight loads; these tests pin down why each is, or
+# is not, unread)
+
+
+@pytest.mark.parametrize("variant", ["invariant", "reference"])
+def test_dream_alg_temp_is_read_by_the_confidence_algs_only(model, variant):
+    ids, mask = padded(PROMPTS)
+    run = lambda **kw: generate_dream(model, ids, mask, **{**DREAM, "variant": variant},  # noqa: E731
+                                      generator=torch.Generator().manual_seed(0), **kw)
+    assert torch.equal(run(alg="origin", alg_temp=5.0), run(alg="origin", alg_temp=0.0))
+    assert not torch.equal(run(alg="entropy", alg_temp=5.0), run(alg="entropy", alg_temp=0.0))
+
+
+def test_dream_top_k_and_top_p_are_read_at_temperature_zero():
+    """Not refused at temperature 0: they renormalise the probabilities the confidence algs
+    rank, and even argmax (alg=origin) reads them where the model's dtype rounds two leaders'
+    probabilities apart in one distribution and together in the other."""
+    from lm_eval_sinkmask.samplers.dream import confidence, sample_tokens
+
+    logits = torch.zeros(1, 100)
+    logits[0, :2] = torch.tensor([0.996, 1.0])
+    logits = logits.bfloat16()  # the released checkpoints' dtype, the reference variant's
+    assert sample_tokens(logits)[1].item() == 1
+    assert sample_tokens(logits, top_k=2)[1].item() == 0 and sample_tokens(logits, top_p=0.5)[1].item() == 0
+    probs, x0 = sample_tokens(logits.float())
+    kept, _ = sample_tokens(logits.float(), top_k=2)
+    assert confidence(kept, x0, "entropy") > confidence(probs, x0, "entropy")
+
+
+def test_block_random_remasking_reads_eos_eot_confidences_only_when_invariant():
+    """LLaDA's random remasking (the reference) draws confidences without looking at the
+    tokens; the invariant variant still unmasks the suppressed ones last."""
+    rec = Recorder(toy(score=lambda r: torch.where(r % 4 == 0, 9.0, 1.0 + r),
+                       target=lambda r: torch.where(r % 4 == 0, 7, 3)))
+    ids, mask = padded([[1, 2, 3, 4]])
+    gen_cols = build_layout(ids, mask, gen_length=8, mask_id=MASK, padding_side="left").generated
+
+    def order(variant, suppressed):
+        rec.inputs.clear()
+        out = generate_block(rec, ids, mask, mask_id=MASK, gen_length=8, steps=8, block_length=4,
+                             remasking="random", variant=variant, suppress_confidence_ids=suppressed,
+                             generator=torch.Generator().manual_seed(0))
+        return out, unmask_step(rec, gen_cols)
+
+    plain, suppressed = order("reference", ()), order("reference", (7,))
+    assert torch.equal(plain[0], suppressed[0]) and torch.equal(plain[1], suppressed[1])
+    out, steps = order("invariant", (7,))
+    assert out[0, 0] == 7 and steps[0, 0] == 4 and steps[0, 4] == 8
+    assert not torch.equal(steps, order("invariant", ())[1])
+
+
+@pytest.mark.parametrize("kind, args, message", [
+    ("dream", dict(alg="origin", alg_temp="5"), r"alg_temp=5 changes nothing under alg=origin.*drop alg_temp, or pick alg=maskgit_plus"),
+    ("llada", dict(remasking="random", confidence_eos_eot_inf="true"),
+     r"confidence_eos_eot_inf=true changes nothing under remasking=random with llada_sampler=reference.*drop confidence_eos_eot_inf, or add llada_sampler=invariant"),
+])
+def test_a_setting_the_mode_never_reads_is_refused_before_loading(tiny_dirs, kind, args, message):
+    from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM
+
+    with pytest.raises(ValueError, match=message):
+        DLMSinkMaskLM.check_args(str(tiny_dirs[kind]), **args)
+
+
+@pytest.mark.parametrize("kind, args", [
+    ("dream", dict(alg="origin")),
+    ("dream", dict(alg="origin", alg_temp="0")),  # the default, said out loud
+    ("dream", dict(alg="entropy", alg_temp="5")),
+    ("dream", dict(alg="origin", top_p="0.9", sampling_top_k="5")),  # read: see above
+    ("llada", dict(remasking="random", confidence_eos_eot_inf="false")),
+    ("llada", dict(remasking="random", confidence_eos_eot_inf="true", llada_sampler="invariant")),
+    ("llada", dict(confidence_eos_eot_inf="true")),
+])
+def test_settings_the_mode_reads_are_accepted(tiny_dirs, kind, args):
+    from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM
+
+    DLMSinkMaskLM.check_args(str(tiny_dirs[kind]), **args)
