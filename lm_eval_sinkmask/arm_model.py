@@ -47,6 +47,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     def generate_until(self, requests, disable_tqdm: bool = False):
         for req in requests:
             self._refuse_beam_search(req.args[1], req.task_name)
+            self._refuse_fixed_cache(req.args[1], req.task_name)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
     def _refuse_beam_search(self, gen_kwargs: dict, task: str | None) -> None:
@@ -61,6 +62,22 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
                 "which reorders the KV cache between steps while the sink masker keeps each "
                 "row's previous sinks in place; arm_sinkmask masks greedy and sampled decoding "
                 "only. Drop num_beams from --gen_kwargs or the task, or run unmasked (top_k=0)")
+
+    def _refuse_fixed_cache(self, gen_kwargs: dict, task: str | None) -> None:
+        """all_rows adds each step's rows to those kept so far, which needs keys that grow by
+        them; a static, sliding or hybrid cache keeps a fixed number. The intercept refuses
+        such a call as it comes; named by the request or the checkpoint, it is refused here,
+        before the first forward pass."""
+        cache = gen_kwargs.get("cache_implementation") or getattr(
+            getattr(self.model, "generation_config", None), "cache_implementation", None)
+        if (self.mask_config.enabled and self.masker.rule == "all_rows" and isinstance(cache, str)
+                and any(kind in cache for kind in ("static", "sliding", "hybrid"))):
+            raise ValueError(
+                f"task {task or '?'}: arm_rule=all_rows counts every row of the sequence so far "
+                f"and needs a KV cache that grows by each step's rows; cache_implementation="
+                f"{cache} (from --gen_kwargs, the task or the checkpoint's generation_config.json) "
+                "keeps a fixed number of keys. Use arm_rule=last_row, or "
+                "--gen_kwargs cache_implementation=dynamic")
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         with self.masking(context, generation_kwargs.get("attention_mask")):
@@ -134,6 +151,7 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
         config = {}  # no readable config.json here: HFLM reports that itself
     _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
     checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
+    checkpoint_checks.check_max_length(kwargs.get("max_length"), config)
     checkpoint_checks.check_attention(mask_config, kwargs)
     return pretrained, mask_config
 

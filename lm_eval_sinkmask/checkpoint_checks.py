@@ -143,15 +143,47 @@ def check_model_class(model_class: Any, config: dict[str, Any]) -> None:
 
 def positions(config: dict[str, Any]) -> int | None:
     """Positions one forward pass may take, as the config declares them (None: it names none
-    we know)."""
-    return next((int(config[k]) for k in _POSITION_KEYS if isinstance(config.get(k), int)), None)
+    we know); a composite config's text model first, as HFLM reads it."""
+    for part in (config.get("text_config"), config):
+        if isinstance(part, dict):
+            found = next((int(part[k]) for k in _POSITION_KEYS if isinstance(part.get(k), int)), None)
+            if found is not None:
+                return found
+    return None
 
 
-def check_generation_fits(gen_length: int | None, room: int | None) -> None:
-    """``gen_length`` must leave a prompt token within ``room`` (the positions a sequence of
-    text may use): checked per task once requests arrive, and here already when model_args
-    fix it, so the weights never load for a run that cannot start."""
-    if gen_length is not None and room is not None and gen_length >= room:
-        raise ValueError(f"gen_length {gen_length} leaves no prompt token within the "
-                         f"{room} positions a sequence of text may take here; lower gen_length "
-                         "or raise max_length in model_args")
+def check_max_length(max_length: int | None, config: dict[str, Any]) -> None:
+    """``max_length`` within the positions the checkpoint declares: past them its position
+    encoding runs on lengths it was never trained on, and whatever that does to the scores
+    would be credited to the masking."""
+    declared = positions(config)
+    if max_length is not None and declared is not None and max_length > declared:
+        raise ValueError(f"max_length {max_length} is past the {declared} positions this "
+                         f"checkpoint declares (config.json): pass max_length <= {declared}, "
+                         "or leave it out")
+
+
+def raise_max_length_hint(needed: int, declared: int | None) -> str:
+    """How a message that asks for more room ends: raising max_length (model_args, in
+    positions) to ``needed``, where the checkpoint declares that many."""
+    if declared is None:
+        return f" or raise max_length in model_args to at least {needed}"
+    if needed <= declared:
+        return (f" or raise max_length in model_args to at least {needed} (the checkpoint "
+                f"declares {declared} positions)")
+    return ""
+
+
+def check_generation_fits(gen_length: int | None, max_length: int | None,
+                          config: dict[str, Any], sink: bool) -> None:
+    """``gen_length`` must leave a prompt token within the positions a sequence of text may
+    use (``max_length`` or the config's, less an extra sink token): checked per task once
+    requests arrive, and here already when model_args fix it, so the weights never load for
+    a run that cannot start."""
+    declared = positions(config)
+    length = max_length or declared
+    if gen_length is None or length is None or gen_length < length - sink:
+        return
+    raise ValueError(f"gen_length {gen_length} leaves no prompt token within the "
+                     f"{length - sink} positions a sequence of text may take here; lower "
+                     f"gen_length{raise_max_length_hint(gen_length + 1 + sink, declared)}")

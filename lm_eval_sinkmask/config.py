@@ -7,6 +7,7 @@ and so that the intercept, the metric and the lm-eval glue read the same values.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,8 +32,15 @@ def number_value(name: str, value: Any, kind: type) -> Any:
     """A model_args number of ``kind`` (int or float) as lm-eval's arg-string parser makes it
     ("5" -> 5), also from a dict given to ``simple_evaluate``, whose values stay strings; an
     int setting takes 2.0 as 2. A bool (lm-eval reads "True" as one, never as 1), a string
-    that is no number, or a fractional int is refused here; ranges are the caller's check."""
+    that is no number, or a fractional int is refused here; ranges are the caller's check.
+    Other number types (numpy's) become Python's."""
     if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif isinstance(value, numbers.Real):
+        value = float(value)
+    elif not isinstance(value, str):  # numpy's bool among them
         raise ValueError(f"{name} must be a number, got {value!r}")
     if isinstance(value, str):
         whole = kind is int and value.strip().lstrip("+-").isdigit()
@@ -63,7 +71,7 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
         return None
     if isinstance(value, (bool, float)):  # lm-eval reads "true" and "1.0" as these
         raise ValueError(f"layers must be layer indices such as 0-3;7, got {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):
         value = (value,)
     if isinstance(value, str):
         out: list[int] = []
@@ -81,6 +89,10 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
                 raise ValueError(f"layers: the range {part} is reversed (write {last}-{first})")
             out.extend(range(first, last + 1))
         value = out
+    value = list(value)
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in value):
+        # "[0.5,2.9]" reaches us as floats: int() would mask layers 0 and 2
+        raise ValueError(f"layers must be whole layer indices such as 0-3;7, got {value!r}")
     layers = tuple(sorted({int(v) for v in value}))
     if not layers:  # masking "no layer" would be an unmasked run reported as masked
         raise ValueError("layers selects no layer; leave it out (or layers=all) to mask every layer")
@@ -157,6 +169,11 @@ class SinkMaskConfig:
             check_choice(name, getattr(self, name), choices)
         if isinstance(self.mask_seed, bool) or not isinstance(self.mask_seed, int) or self.mask_seed < 0:
             raise ValueError(f"mask_seed must be an integer >= 0, got {self.mask_seed!r}")
+        if self.mask_seed != 0 and self.mask_target != "random":
+            # runs under several seeds would be one run recorded as several
+            raise ValueError(f"mask_seed={self.mask_seed} seeds the draws of mask_target=random "
+                             f"only; under mask_target={self.mask_target} it changes nothing. "
+                             "Add mask_target=random, or drop mask_seed")
         if self.detect_backend == "flex":  # before any weight loads, not at the first call
             from .flex_mass import require_flex
 

@@ -41,7 +41,7 @@ SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
 def _import_class(path: str) -> type:
     """``model_class=package.module:ClassName``, imported (the colon, so that an error inside
     the module is reported as itself, not as a missing attribute of its package)."""
-    if ":" not in path:
+    if not isinstance(path, str) or ":" not in path:
         raise ValueError(f"model_class must look like package.module:ClassName, got {path!r}")
     try:
         found = pkgutil.resolve_name(path)
@@ -93,9 +93,9 @@ class _CheckedArgs:
         checkpoint_checks.check_attention(mask_config, kwargs, family_.attn_implementation)
         sink = sink_token.SinkToken.from_config(config)
         checkpoint_checks.check_sink_token(mask_config, sink)
-        positions = kwargs.get("max_length") or checkpoint_checks.positions(config)
-        checkpoint_checks.check_generation_fits(
-            settings.gen_length, None if positions is None else positions - (sink is not None))
+        checkpoint_checks.check_max_length(kwargs.get("max_length"), config)
+        checkpoint_checks.check_generation_fits(settings.gen_length, kwargs.get("max_length"),
+                                                config, sink is not None)
         # checkpoints without an auto_map (e.g. MMaDA, whose class lives in its GitHub repo):
         # model_class=models:MMadaModelLM
         auto = _import_class(model_class) if model_class is not None else None
@@ -112,7 +112,7 @@ class _CheckedArgs:
             raise ValueError(f"cuda_graph must be auto, true or false, got {value!r}")
         if value:
             graphed_steps.refuse_unreplayable(mask_config, observers=())
-            graphed_steps.check_device(device)  # again once placed (cuda:0 may fall back)
+            graphed_steps.check_device(device)  # again once placed (accelerate places it itself)
         return value
 
 
@@ -466,9 +466,11 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         source = "gen_length" if self.settings.gen_length else "max_gen_toks"
         sink = (f" (the model's {self._positions} positions less the extra sink token)"
                 if self.sink is not None else "")
+        declared = checkpoint_checks.positions(self.model.config.to_dict())
         raise ValueError(
             f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
-            f"max_length {self.max_length}{sink}; lower {source} or raise max_length in model_args")
+            f"max_length {self.max_length}{sink}; lower {source}"
+            f"{checkpoint_checks.raise_max_length_hint(gen_length + 1 + (self.sink is not None), declared)}")
 
     def _check_gen_kwargs(self, gen_kwargs: dict, task: str | None) -> None:
         """The diffusion sampler reads only ``until`` and ``max_gen_toks`` from a request; how

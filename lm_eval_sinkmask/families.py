@@ -155,7 +155,7 @@ def family_for(model_type: str | None, override: str | None = None) -> Family:
     if override is not None:
         try:
             chosen = FAMILIES[override.lower()]
-        except KeyError:
+        except (KeyError, AttributeError):  # AttributeError: family=3 arrives as an int
             raise ValueError(
                 f"unknown family {override!r}; choose one of {sorted(FAMILIES)}"
             ) from None

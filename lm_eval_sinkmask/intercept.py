@@ -575,8 +575,8 @@ class _Run:
                 f"({'none' if old is None else old.mass.shape[-1]}), so the rows before it "
                 "cannot be counted. The rule needs a KV cache that grows by each step's rows "
                 "(transformers' default dynamic cache; not cache_implementation=static or a "
-                "sliding window). Drop cache_implementation from --gen_kwargs, or use "
-                "arm_rule=last_row")
+                "sliding window). Use arm_rule=last_row, or --gen_kwargs "
+                "cache_implementation=dynamic")
         return None
 
     def _history_before(self, layer: int, sc: Scores) -> Detection:

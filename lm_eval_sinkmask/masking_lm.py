@@ -27,6 +27,9 @@ def resolve_pretrained(pretrained):
     if pretrained is None:
         raise ValueError("model_args need pretrained=: a hub id, a local checkpoint folder, or "
                          "zoo:llada (zoo:arm, zoo:dream, zoo:llada_sink)")
+    if isinstance(pretrained, (bool, int, float)):  # lm-eval parses pretrained=123 as a number
+        raise ValueError(f"pretrained={pretrained!r}: pass a hub id, a local checkpoint folder "
+                         "or zoo:NAME")
     if isinstance(pretrained, str) and pretrained.startswith("zoo:"):
         from .zoo import checkpoint_path, parse_ref
 

@@ -37,8 +37,8 @@ class ModelArg:
 
 ARGS: tuple[ModelArg, ...] = (
     # -- masking: SinkMaskConfig (config.py)
-    ModelArg("top_k", "0", "sinks masked per (layer, head); 0 = unmasked. Table 1's eps0/eps1/eps2 "
-             "are 1/5/10", BOTH, "masking"),
+    ModelArg("top_k", "0", "sinks masked per (layer, head); 0 = unmasked. Table 1's columns "
+             "eps0/eps1/eps2 are K = 1/5/10 (not the `eps` threshold)", BOTH, "masking"),
     ModelArg("eps", "3.0", "Eq. 3 threshold, in uniform-share units", BOTH, "masking"),
     ModelArg("detect", "previous", "`previous` (mask the sinks found on the previous forward "
              "pass) or `current` (detect and mask within the same pass)", BOTH, "masking"),
@@ -85,7 +85,8 @@ ARGS: tuple[ModelArg, ...] = (
              "token to unmask", (DLM,), "sampling"),
     ModelArg("alg", "entropy", "Dream's unmasking order: `origin`, `maskgit_plus`, `topk_margin`, "
              "`entropy`", (DLM,), "sampling"),
-    ModelArg("alg_temp", "0", "Dream: randomness of the unmasking order", (DLM,), "sampling"),
+    ModelArg("alg_temp", "0", "Dream: randomness of the unmasking order (the confidence `alg`s; "
+             "`origin` reads none)", (DLM,), "sampling"),
     ModelArg("top_p", "none", "Dream token sampling: nucleus", (DLM,), "sampling"),
     ModelArg("sampling_top_k", "none", "Dream token sampling: top-k (named so it cannot be "
              "confused with the masking `top_k`)", (DLM,), "sampling"),
@@ -127,7 +128,7 @@ ARGS: tuple[ModelArg, ...] = (
              "training seed S)", BOTH, "loading"),
     ModelArg("mask_id", "config, tokenizer, family", "mask token id (LLaDA 126336, Dream 151666)",
              (DLM,), "loading"),
-    ModelArg("model_class", "`transformers.AutoModel`", "`module:Class` for checkpoints without "
+    ModelArg("model_class", "`transformers:AutoModel`", "`module:Class` for checkpoints without "
              "an `auto_map` (e.g. MMaDA)", (DLM,), "loading"),
 )
 
@@ -230,8 +231,9 @@ def normalise_hflm(kwargs: dict[str, Any]) -> None:
     positive integer (HFLM reads 0 as unset, and a string from a dict of model_args would fail
     after the weights load), a ``tokenizer=zoo:NAME`` that names a zoo checkpoint, and
     ``torch_dtype`` (transformers' older name) taken as ``dtype``, which HFLM turns into a
-    torch dtype, where from_pretrained would be handed the string. And ``device``: see
-    :func:`placed_device`."""
+    torch dtype, where from_pretrained would be handed the string; every dtype a floating
+    one torch has (HFLM looks the name up in torch only after the weights load). And
+    ``device``: see :func:`placed_device`."""
     kwargs["device"] = placed_device(kwargs.get("device"))
     if kwargs.get("max_length") is not None:
         value = kwargs["max_length"]
@@ -247,28 +249,67 @@ def normalise_hflm(kwargs: dict[str, Any]) -> None:
             raise ValueError("dtype and torch_dtype name one setting (torch_dtype is transformers' "
                              "older name): pass dtype only")
         kwargs["dtype"] = kwargs.pop("torch_dtype")
+    for name in DTYPE_ARGS:
+        if kwargs.get(name) is not None:
+            check_dtype(name, kwargs[name])
+
+
+# HFLM's arguments that name a dtype (it reads a string as torch.<name>)
+DTYPE_ARGS = ("dtype", "softmax_dtype", "mixed_precision_dtype", "bnb_4bit_compute_dtype")
+
+
+def check_dtype(name: str, value: Any) -> None:
+    """A floating torch dtype, by name (``bfloat16``) or as one; ``dtype`` may also be
+    ``auto`` (the checkpoint's own)."""
+    import torch
+
+    if name == "dtype" and value == "auto":
+        return
+    found = getattr(torch, value, None) if isinstance(value, str) else value
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ValueError(f"{name}={value} is not a floating torch dtype: use e.g. bfloat16, "
+                         "float16 or float32" + (", or auto" if name == "dtype" else ""))
 
 
 def placed_device(device: Any) -> str:
-    """The device HFLM will place the model on, refused before loading where torch has no
-    such device here. HFLM takes ``cuda`` or ``mps`` as given (``cuda`` is its default when
-    none is passed) and the run fails at the first tensor moved there, after the weights
-    load; other names it lacks (``cuda:0``, lm-eval's CLI default) it replaces by CUDA if
-    there is one, else the CPU. With none given, so do we."""
+    """The device HFLM will place the model on, refused before loading where that is not the
+    one asked for. HFLM takes ``cuda`` or ``mps`` as given (``cuda`` is its default when none
+    is passed) and the run fails at the first tensor moved there, after the weights load; a
+    CUDA name it does not list for this machine (``cuda:7`` with two GPUs) it silently
+    replaces by CUDA if there is one, else the CPU. ``cuda:0`` is the ``lm_eval`` command's
+    default device: without CUDA it means the CPU, as HFLM makes it. With none given (the
+    Python API), CUDA if there is one, else the CPU. Other accelerators (``xpu``, ``npu``,
+    ``hpu``) are HFLM's to place."""
     import torch
 
+    available = torch.cuda.is_available()
     if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if available else "cpu"
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device={device!r} is not a torch device ({e})") from None
-    missing = {"cuda": not torch.cuda.is_available(), "mps": not torch.backends.mps.is_available()}
-    if str(device) in ("cuda", "mps", "mps:0") and missing[kind]:
-        raise ValueError(f"device={device}: torch {torch.__version__} sees no {kind.upper()} "
-                         "device on this machine, so the run would fail once the weights had "
-                         "loaded; pass device=cpu (--device cpu), or run where there is one")
-    return str(device)
+    device = str(device)
+    mps = torch.backends.mps.is_available()
+    if device == "cuda:0" and not available:
+        return "cpu"
+    if (kind == "cuda" and not available) or (kind == "mps" and not mps):
+        if device in ("cuda", "mps", "mps:0"):
+            raise ValueError(f"device={device}: torch {torch.__version__} sees no {kind.upper()} "
+                             "device on this machine, so the run would fail once the weights "
+                             "had loaded; pass device=cpu (--device cpu), or run where there is one")
+        raise ValueError(f"device={device}: torch sees no {kind.upper()} device, so lm-eval's "
+                         "hf model would run on the CPU instead; pass device=cpu (--device cpu)")
+    gpus = torch.cuda.device_count()
+    if kind == "cuda" and device != "cuda" and device not in {f"cuda:{i}" for i in range(gpus)}:
+        raise ValueError(f"device={device}: this machine has {gpus} CUDA device(s), cuda:0 to "
+                         f"cuda:{gpus - 1}, so lm-eval's hf model would run on cuda instead; "
+                         "pass one of them")
+    if kind not in ("cpu", "cuda", "mps", "xpu", "npu", "hpu"):
+        raise ValueError(f"device={device}: lm-eval's hf model places models on cpu, cuda, mps "
+                         "or another accelerator it knows (xpu, npu, hpu), and would put this "
+                         "one on the CPU or CUDA instead; pass one of those")
+    return device
 
 
 def _wrong_model(model: str, other: str, name: str) -> str:
@@ -309,7 +350,8 @@ def markdown() -> str:
             out.append(f"| `{a.name}` | {where} | {a.default} | {a.meaning} |")
         out.append("")
     out.append("Any other argument of lm-eval's `hf` model (`dtype`, `device`, `batch_size`, "
-               "`trust_remote_code`, `revision`, ...) works as there, but for `backend` and "
+               "`trust_remote_code`, `revision`, ...) works as there, checked before loading "
+               "where `hf` would fail late or run elsewhere (below), but for `backend` and "
                "`softmax_dtype`, which `dlm_sinkmask` refuses (it would ignore them); `sinkmask "
                "args` lists them with the `from_pretrained` options we pass through.")
     return "\n".join(out)

@@ -197,6 +197,43 @@ def test_fused_detection_equals_the_materialised_one(form, rule, backend):
 
 
 @pytest.mark.parametrize("backend", FUSED_BACKENDS)
+def test_all_rows_over_a_prefill_and_a_continuation_of_several_rows(backend):
+    """A cached call of several rows after a prefill (a chunked prefill, or assisted
+    decoding): its rows add to the history kept so far, the same on every backend."""
+    torch.manual_seed(6)
+    B, H, S, D = 2, 3, 11, 8
+    q, k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    k[:, :, 4] *= 4  # a strong key, so that sinks exist
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    steps = [(q[:, :, :7], k[:, :, :7], v[:, :, :7], causal[:7, :7]),
+             (q[:, :, 7:], k, v, causal[7:])]  # 4 new rows over all 11 keys
+
+    def run(name, calls):
+        state, events, outs = {}, [], []
+
+        class Attn(torch.nn.Module):
+            def forward(self):
+                qq, kk, vv, mask = state["call"]
+                return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)
+
+        cfg = SinkMaskConfig(top_k=2, eps=0.0, detect_backend=name)
+        attn = Attn()
+        with torch.no_grad(), SinkMasker(cfg, rule="all_rows", observers=[events.append]).attach(attn):
+            for call in calls:
+                state["call"] = call
+                outs.append(attn())
+        return outs, events
+
+    fused, materialized = run(backend, steps), run("materialized", steps)
+    assert_same_detection(fused, materialized)
+    # the continuation scored keys over all 7 + 4 rows, as one uncached call over the 11 does
+    # (detection reads unmasked attention, and these inputs do not depend on earlier masks)
+    whole = run("materialized", [(q, k, v, causal)])[1][0].scores
+    for events in (fused[1], materialized[1]):
+        torch.testing.assert_close(events[-1].scores, whole, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
 @pytest.mark.parametrize("form", ["none", "float_B_1_S_S", "causal", "gqa_bool_per_row"])
 @pytest.mark.parametrize("detect", ["current", "previous"])
 def test_fused_detection_per_layer_and_detect_modes(form, detect, backend):

@@ -77,6 +77,8 @@ def no_weight_loads(monkeypatch):
         ("arm_sinkmask", "llama", {"layers": "a-b"}, r"layers must look like 0-3;7"),
         ("arm_sinkmask", "llama", {"layers": "1.0"}, r"layers must be layer indices such as 0-3;7, got 1\.0"),
         ("dlm_sinkmask", "llada", {"layers": "0--1"}, r"layers must be non-negative layer indices, got '0--1'"),
+        # seeds nothing but mask_target=random's draws: a seed sweep of one run
+        ("dlm_sinkmask", "llada", {"top_k": 1, "mask_seed": 5}, r"mask_seed=5 seeds the draws of mask_target=random only; under mask_target=sinks it changes nothing"),
         ("dlm_sinkmask", "dream", {"top_k": 1, "layers": "1;5-6"}, r"names layer\(s\) \[5, 6\], but the model has 2 layers \(0-1, from its config\)"),
         ("arm_sinkmask", "llama", {"top_k": 1, "layers": "2"}, r"names layer\(s\) \[2\], but the model has 2 layers"),
         # lm-eval reads True/False as bools: never a threshold of 1 or a chunk of 1 row
@@ -113,7 +115,18 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"model_class": "os.path:join"}, r"model_class=os\.path:join is a function, not a model class"),
         ("dlm_sinkmask", "llada", {"model_class": "transformers:LlamaForCausalLM"}, r"model_class LlamaForCausalLM is for model_type 'llama', but the checkpoint's config says 'sinkmask_llada'"),
         ("dlm_sinkmask", "dream", {"top_k": 1, "sink_token": "exclude"}, r"sink_token=exclude: this checkpoint declares no extra sink token.*drop sink_token"),
-        ("dlm_sinkmask", "llada", {"gen_length": 512, "block_length": 512}, r"gen_length 512 leaves no prompt token within the 512 positions.*lower gen_length or raise max_length"),
+        # with the checkpoint's own positions there is no max_length to raise
+        ("dlm_sinkmask", "llada", {"gen_length": 512, "block_length": 512}, r"gen_length 512 leaves no prompt token within the 512 positions a sequence of text may take here; lower gen_length$"),
+        ("dlm_sinkmask", "llada", {"gen_length": 256, "block_length": 256, "max_length": 256}, r"within the 256 positions .*; lower gen_length or raise max_length in model_args to at least 257 \(the checkpoint declares 512 positions\)"),
+        # raising max_length cannot help a gen_length past the checkpoint's positions
+        ("dlm_sinkmask", "llada", {"gen_length": 600, "block_length": 600, "max_length": 256}, r"within the 256 positions a sequence of text may take here; lower gen_length$"),
+        # past the declared positions, RoPE runs on lengths it never saw: a number masking did not make
+        ("dlm_sinkmask", "llada", {"max_length": 4096}, r"max_length 4096 is past the 512 positions this checkpoint declares"),
+        ("arm_sinkmask", "llama", {"max_length": 4096}, r"max_length 4096 is past the 512 positions"),
+        ("dlm_sinkmask", "llada", {"dtype": "float17"}, r"dtype=float17 is not a floating torch dtype.*bfloat16"),
+        ("arm_sinkmask", "llama", {"softmax_dtype": "int8"}, r"softmax_dtype=int8 is not a floating torch dtype"),
+        ("dlm_sinkmask", "llada", {"family": 3}, r"unknown family 3"),
+        ("dlm_sinkmask", "llada", {"model_class": 3}, r"model_class must look like package\.module:ClassName, got 3"),
         ("dlm_sinkmask", "dream", {"gen_length": 64, "max_length": 64}, r"gen_length 64 leaves no prompt token within the 64 positions"),
         ("dlm_sinkmask", "llada", {"max_length": 0}, r"max_length must be a positive integer, got 0"),
         ("arm_sinkmask", "llama", {"max_length": "abc"}, r"max_length must be a number, got 'abc'"),
@@ -132,11 +145,32 @@ def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_w
     assert "upgrade" not in str(e.value)  # never the advice to leave our transformers pin
 
 
+@pytest.mark.parametrize("layers", [[0.5, 2.9], [True], (1, "a")])
+def test_layers_given_as_a_list_must_hold_whole_indices(layers):
+    """lm-eval's CLI parser reads layers=[0.5,2.9] as a list of floats, as the Python API may
+    pass one: int() would have masked layers 0 and 2."""
+    with pytest.raises(ValueError, match=r"layers must be whole layer indices such as 0-3;7"):
+        SinkMaskConfig.pop_from({"layers": layers})
+    assert SinkMaskConfig.pop_from({"layers": [3, 1, 3]}).layers == (1, 3)
+
+
+def test_numbers_of_other_types_are_taken_as_python_numbers():
+    """numpy scalars from a researcher's own sweep loop: the values they hold, not a refusal."""
+    import numpy as np
+
+    config = SinkMaskConfig.pop_from({"top_k": np.int64(2), "eps": np.float32(3.0),
+                                      "layers": [np.int64(1)]})
+    assert (config.top_k, config.eps, config.layers) == (2, 3.0, (1,))
+    assert type(config.top_k) is int and type(config.eps) is float
+
+
 @pytest.mark.parametrize("model, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])
 def test_a_device_torch_does_not_have_here_is_refused_before_loading(
         config_only, no_weight_loads, monkeypatch, model, kind):
     """HFLM takes cuda (its default) and mps as given and failed after loading, at the first
-    tensor moved there; a name it does not list (lm-eval's CLI default cuda:0) it replaces."""
+    tensor moved there; a CUDA name it does not list for the machine (cuda:7 on two GPUs)
+    it replaces by CUDA or the CPU, and the run would say it ran where it did not. cuda:0,
+    the lm_eval command's default, stays the CPU without CUDA."""
     from lm_eval_sinkmask.model_args import placed_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -148,9 +182,22 @@ def test_a_device_torch_does_not_have_here_is_refused_before_loading(
     with pytest.raises(ValueError, match=r"device='gpu' is not a torch device"):
         make(model, config_only[kind], device="gpu")
     assert placed_device(None) == "cpu"  # HFLM's own default would be cuda
-    assert placed_device("cuda:0") == "cuda:0"  # HFLM's fallback: CUDA if any, else the CPU
+    # the lm_eval command passes cuda:0 when --device is not given: the CPU here, as in HFLM
+    assert placed_device("cuda:0") == "cpu"
+    # a name HFLM does not list for this machine it would silently replace
+    with pytest.raises(ValueError, match=r"device=cuda:1: torch sees no CUDA device, so lm-eval's "
+                                         r"hf model would run on the CPU instead"):
+        make(model, config_only[kind], device="cuda:1")
+    with pytest.raises(ValueError, match=r"device=meta: lm-eval's hf model places models on cpu, "
+                                         r"cuda, mps or another accelerator"):
+        placed_device("meta")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert placed_device(None) == placed_device("cuda") == "cuda"
+    assert placed_device("cuda:0") == "cuda:0" and placed_device("cuda:1") == "cuda:1"
+    with pytest.raises(ValueError, match=r"device=cuda:7: this machine has 2 CUDA device\(s\), "
+                                         r"cuda:0 to cuda:1, so lm-eval's hf model would run on cuda"):
+        placed_device("cuda:7")
 
 
 def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):

@@ -268,6 +268,28 @@ def test_a_masked_arm_refuses_beam_search_before_any_forward_pass(tiny_dirs, arm
     assert len(make("arm_sinkmask", tiny_dirs["llama"], top_k=0).generate_until(beams)) == 1
 
 
+@pytest.mark.parametrize("source", ["gen_kwargs", "generation_config"])
+def test_a_masked_all_rows_arm_refuses_a_fixed_size_cache_before_any_forward_pass(tiny_dirs, source):
+    """all_rows adds each step's rows to those kept so far: a static cache, asked for by the
+    request or by the checkpoint's generation_config, keeps a fixed number of keys. last_row
+    reads one row and runs with it."""
+    kwargs = {"max_gen_toks": 4}
+    if source == "gen_kwargs":
+        kwargs["cache_implementation"] = "static"
+    request = [Instance("generate_until", {}, (PROMPTS[0], kwargs), 0, metadata=("t", 0, 1))]
+    for rule in ("all_rows", "last_row"):
+        lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule=rule)
+        if source == "generation_config":
+            lm.model.generation_config.cache_implementation = "static"
+        if rule == "last_row":
+            assert len(lm.generate_until(request)) == 1
+            continue
+        with pytest.raises(ValueError, match=r"task t: arm_rule=all_rows .* cache_implementation="
+                                             r"static .* Use arm_rule=last_row"):
+            lm.generate_until(request)
+        assert lm.mask_stats.forward_passes == 0
+
+
 def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
     sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}

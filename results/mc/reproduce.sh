@@ -7,7 +7,7 @@
 # causal pass (lm-eval's HFLM); the DLMs with the Monte Carlo bound, 32 samples per choice
 # (mc_num=32, one forward pass of 32 rows). Deterministic: one thread per process, fixed batch
 # size, fixed seeds (the DLMs' samples and the random keys are seeded per request). About 11
-# minutes a seed on 2 cores (153 cells a seed).
+# minutes a seed on 2 cores (51 cells a seed, 153 in all).
 #
 #   results/mc/reproduce.sh [OUT]      # OUT defaults to results/mc (resumes, skips done cells)
 #
