@@ -149,9 +149,9 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
             self.cuda_graph = self._graphs_by_default(mask_config)
         elif self.cuda_graph:
             graphed_steps.check_device(self.device)
-            spread = graphed_steps.spread(self.model, self.device)
-            if spread is not None:
-                raise ValueError(f"cuda_graph=true cannot capture {spread}: set "
+            elsewhere = graphed_steps.weights_elsewhere(self.model, self.device)
+            if elsewhere is not None:
+                raise ValueError(f"cuda_graph=true cannot capture {elsewhere}: set "
                                  "cuda_graph=false or auto")
         self.generations = {"graphed": 0, "eager": 0}  # as run, for the record
         # effective (gen_length, steps, block_length): per task as planned, and as run
@@ -262,7 +262,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         if not graphed_steps.runs_on(self.device):
             return False
         why = graphed_steps.unreplayable(mask_config, observers=()) or \
-            graphed_steps.spread(self.model, self.device)
+            graphed_steps.weights_elsewhere(self.model, self.device)
         if why is not None:
             logger.info("cuda_graph=auto: denoising steps run eagerly, as a replay cannot "
                         "stand for %s", why)

@@ -106,7 +106,7 @@ def check_device(device: torch.device | str) -> None:
                          f"{device}: set cuda_graph=false or auto, or pass --device cuda")
 
 
-def spread(model: torch.nn.Module, device: torch.device | str) -> str | None:
+def weights_elsewhere(model: torch.nn.Module, device: torch.device | str) -> str | None:
     """Why a capture on ``device`` cannot hold ``model``'s pass: weights on other devices (a
     ``device_map`` over several GPUs, offloading), whose kernels a graph of ``device`` would
     not record; None where every parameter and buffer is on ``device``."""

@@ -164,7 +164,7 @@ def test_auto_graphs_the_steps_where_they_can_run_and_nowhere_else(captures, mon
     assert ignoring.get_model_info()["sinkmask"]["cuda_graph"]["setting"] == "auto"
 
     # weights on more devices than one (device_map over GPUs): eager; true refuses them
-    monkeypatch.setattr(graphed_steps, "spread", lambda model, device: "a model on two GPUs")
+    monkeypatch.setattr(graphed_steps, "weights_elsewhere", lambda model, device: "a model on two GPUs")
     assert _lm("llada").cuda_graph is False
     with pytest.raises(ValueError, match="cuda_graph=true cannot capture a model on two GPUs"):
         _lm("llada", cuda_graph=True)
@@ -190,9 +190,9 @@ def test_true_says_why_it_splits_the_batches_of_a_checkpoint_that_reads_the_host
 def test_weights_off_the_device_are_named():
     model = torch.nn.Module()
     model.a = torch.nn.Linear(2, 2)
-    assert graphed_steps.spread(model, "cpu") is None
+    assert graphed_steps.weights_elsewhere(model, "cpu") is None
     model.b = torch.nn.Linear(2, 2, device="meta")
-    assert graphed_steps.spread(model, "cpu") == "a model with weights on meta beside cpu"
+    assert graphed_steps.weights_elsewhere(model, "cpu") == "a model with weights on meta beside cpu"
 
 
 def test_a_step_runs_with_its_inputs_device_current(monkeypatch):

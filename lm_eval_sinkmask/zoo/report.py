@@ -267,7 +267,7 @@ def sink_verdict(model: str, shares: dict[str, Any] | None) -> str | None:
     return "met" if shares["share_of_pairs_with_sink"] >= SINK_BAR else "not met"
 
 
-def spread(values: list[float]) -> dict[str, Any]:
+def seed_summary(values: list[float]) -> dict[str, Any]:
     """Mean, sample standard deviation (n - 1; None below two values), min and max."""
     return {"mean": statistics.fmean(values), "std": sample_std(values),
             "min": min(values), "max": max(values), "seeds": len(values)}
@@ -360,10 +360,10 @@ def _spreads(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
     for task in TASKS:
         values = [c["accuracy"][task]["value"] for c in rows if task in c["accuracy"]]
         if values:
-            entry[task] = spread(values)
+            entry[task] = seed_summary(values)
     shares = [c["split_shares"]["share_of_pairs_with_sink"] for c in rows if c["split_shares"]]
     if shares:
-        entry["share_of_pairs_with_sink"] = spread(shares)
+        entry["share_of_pairs_with_sink"] = seed_summary(shares)
     entry["bars_met"] = {bar: [sum(c["bars"][bar] == "met" for c in rows),
                                sum(c["bars"][bar] in ("met", "not met") for c in rows)]
                          for bar in (*TASKS, "sinks")}  # [met, judged]
