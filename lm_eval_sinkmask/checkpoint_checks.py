@@ -163,15 +163,19 @@ def check_max_length(max_length: int | None, config: dict[str, Any]) -> None:
                          "or leave it out")
 
 
-def raise_max_length_hint(needed: int, declared: int | None) -> str:
-    """How a message that asks for more room ends: raising max_length (model_args, in
-    positions) to ``needed``, where the checkpoint declares that many."""
-    if declared is None:
-        return f" or raise max_length in model_args to at least {needed}"
-    if needed <= declared:
-        return (f" or raise max_length in model_args to at least {needed} (the checkpoint "
-                f"declares {declared} positions)")
-    return ""
+def raise_max_length_hint(needed: int, declared: int | None) -> str | None:
+    """The advice a message asking for more room gives: raise max_length (model_args, in
+    positions) to ``needed``; None where the checkpoint declares fewer, so none can help."""
+    if declared is not None and needed > declared:
+        return None
+    within = "" if declared is None else f" (the checkpoint declares {declared} positions)"
+    return f"raise max_length in model_args to at least {needed}{within}"
+
+
+def lower_or_raise(name: str, needed: int, declared: int | None) -> str:
+    """How a message that ``name`` (gen_length, max_gen_toks) leaves no room ends."""
+    hint = raise_max_length_hint(needed, declared)
+    return f"lower {name}" + (f" or {hint}" if hint else "")
 
 
 def check_generation_fits(gen_length: int | None, max_length: int | None,
@@ -185,5 +189,5 @@ def check_generation_fits(gen_length: int | None, max_length: int | None,
     if gen_length is None or length is None or gen_length < length - sink:
         return
     raise ValueError(f"gen_length {gen_length} leaves no prompt token within the "
-                     f"{length - sink} positions a sequence of text may take here; lower "
-                     f"gen_length{raise_max_length_hint(gen_length + 1 + sink, declared)}")
+                     f"{length - sink} positions a sequence of text may take here; "
+                     f"{lower_or_raise('gen_length', gen_length + 1 + sink, declared)}")

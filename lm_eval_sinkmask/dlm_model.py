@@ -26,7 +26,7 @@ from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
 from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
-from .sampler_settings import DiffusionSettings
+from .sampler_settings import DiffusionSettings, unread_settings
 from .samplers import generate_block, generate_dream
 
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
@@ -36,6 +36,9 @@ zoo.register()  # the tiny zoo's model classes load through transformers' Auto c
 GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
 # settings of sampling that greedy decoding ignores (transformers' generate does too)
 SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
+# model_args settings that one request type may read and another not (unread_settings)
+_REQUEST_SETTINGS = frozenset(DiffusionSettings.__dataclass_fields__) | frozenset(
+    likelihood.LikelihoodSettings.__dataclass_fields__) | {"cuda_graph"}
 
 
 def _import_class(path: str) -> type:
@@ -70,6 +73,7 @@ class _CheckedArgs:
     # each generation's step captured once and replayed (graphed_steps); None: auto, decided
     # once the model is placed
     cuda_graph: bool | None
+    given: frozenset[str]  # the sampler, likelihood and cuda_graph settings model_args set
 
     @classmethod
     def take(cls, pretrained, family: str | None, mask_id: int | None, model_class: str | None,
@@ -77,6 +81,7 @@ class _CheckedArgs:
         """Check and pop our keys from ``kwargs``; what is left goes to HFLM."""
         model_args.check(model_args.DLM, kwargs)
         model_args.normalise_hflm(kwargs)
+        given = frozenset(kwargs) & _REQUEST_SETTINGS
         pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
@@ -101,7 +106,7 @@ class _CheckedArgs:
         auto = _import_class(model_class) if model_class is not None else None
         checkpoint_checks.check_model_class(auto, config)
         return cls(pretrained, config, mask_config, family_, settings, likelihood_settings,
-                   sink, mask_id, auto, cuda_graph)
+                   sink, mask_id, auto, cuda_graph, given)
 
     @staticmethod
     def _cuda_graph(value: Any, mask_config: SinkMaskConfig, device: Any) -> bool | None:
@@ -136,6 +141,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         pretrained, mask_config, config = checked.pretrained, checked.mask_config, checked.config
         self.family, self.settings = checked.family, checked.settings
         self._init_scoring(checked.likelihood_settings)
+        self.settings_given = checked.given
+        self.request_types: set[str] = set()  # lm-eval's request types this process answered
         self.sink = checked.sink
         self.cuda_graph = checked.cuda_graph
         self.cuda_graph_auto = checked.cuda_graph is None  # graphs where they can run
@@ -191,6 +198,12 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         if not self._max_length and declared and not resolve_max_length(config, None, default=0):
             return int(declared)
         return super().max_length
+
+    @property
+    def _declared_positions(self) -> int | None:
+        """Positions the checkpoint's config declares (None: none we know), the most any
+        max_length may ask for."""
+        return checkpoint_checks.positions(self.model.config.to_dict())
 
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
@@ -416,6 +429,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         return generated
 
     def generate_until(self, requests, disable_tqdm: bool = False):
+        self.request_types.add("generate_until")
         self._plan_requests(requests)
         return super().generate_until(self._asking_gen_length(requests), disable_tqdm=disable_tqdm)
 
@@ -466,11 +480,11 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         source = "gen_length" if self.settings.gen_length else "max_gen_toks"
         sink = (f" (the model's {self._positions} positions less the extra sink token)"
                 if self.sink is not None else "")
-        declared = checkpoint_checks.positions(self.model.config.to_dict())
+        needed = gen_length + 1 + (self.sink is not None)
         raise ValueError(
             f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
-            f"max_length {self.max_length}{sink}; lower {source}"
-            f"{checkpoint_checks.raise_max_length_hint(gen_length + 1 + (self.sink is not None), declared)}")
+            f"max_length {self.max_length}{sink}; "
+            f"{checkpoint_checks.lower_or_raise(source, needed, self._declared_positions)}")
 
     def _check_gen_kwargs(self, gen_kwargs: dict, task: str | None) -> None:
         """The diffusion sampler reads only ``until`` and ``max_gen_toks`` from a request; how
@@ -542,4 +556,22 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
             "generations": dict(self.generations)}
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         info["sinkmask"]["likelihood"] = self._scoring_record()
+        info["sinkmask"]["unread_settings"] = self._unread_settings()
         return info
+
+    def _unread_settings(self) -> list[str] | None:
+        """model_args settings no request of this run read (warned about); None where that is
+        not known: no request yet, or answers read from a --use_cache db, whose requests never
+        came here."""
+        if not self.request_types or (self.answers_read is not None and self.answers_read.count):
+            return None
+        unread = unread_settings(self.settings_given, "generate_until" in self.request_types,
+                                 bool(self.request_types - {"generate_until"}),
+                                 self.likelihood.greedy_check)
+        if unread:
+            it = "it" if len(unread) == 1 else "them"
+            logger.warning(
+                "%s: set in model_args, but this run's requests (%s only) never read %s; the "
+                "results list %s under config.sinkmask.unread_settings", ", ".join(unread),
+                " and ".join(sorted(self.request_types)), it, it)
+        return unread

@@ -20,7 +20,7 @@ from .samplers import generate_block
 class MonteCarloScoringMixin:
     """Mix into :class:`~lm_eval_sinkmask.dlm_model.DLMSinkMaskLM`, before the masking mixin:
     it reads the model's ``family``, ``settings``, ``mask_id``, ``_forward``, ``masking`` and
-    ``_refuse_sink_token``."""
+    ``_refuse_sink_token``, and adds what it answers to ``request_types``."""
 
     def _init_scoring(self, settings: likelihood.LikelihoodSettings) -> None:
         self.likelihood = settings
@@ -32,6 +32,7 @@ class MonteCarloScoringMixin:
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """lm-eval's, with each request's task kept for :meth:`_check_requests`."""
+        self.request_types.add("loglikelihood")
         self._request_tasks = [(tuple(req.args), req.task_name) for req in requests]
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
@@ -58,6 +59,8 @@ class MonteCarloScoringMixin:
         """
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
         from tqdm import tqdm
+
+        self.request_types.add("loglikelihood_rolling")
 
         per_document = [[(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
             token_list=self.tok_encode(req.args[0]), prefix_token=self.prefix_token_id,
@@ -187,14 +190,11 @@ class MonteCarloScoringMixin:
             f"{'' if len(set(lengths)) == 1 else 'up to '}{max(lengths)} tokens"
             for task, lengths in sorted(too_long.items()))
         needed = longest + 1 + sink  # model_args max_length: the continuation, a context token
-        declared = checkpoint_checks.positions(self.model.config.to_dict())
-        if declared is not None and needed > declared:
-            fix = (f"this checkpoint declares {declared} positions, fewer than the {needed} "
-                   "they need, so no max_length scores them: leave the task out or score it "
-                   "with a longer-context checkpoint")
-        else:
-            within = "" if declared is None else f" (the checkpoint declares {declared} positions)"
-            fix = f"raise max_length in model_args to at least {needed}{within}"
+        declared = self._declared_positions
+        fix = checkpoint_checks.raise_max_length_hint(needed, declared) or (
+            f"this checkpoint declares {declared} positions, fewer than the {needed} they "
+            "need, so no max_length scores them: leave the task out or score it with a "
+            "longer-context checkpoint")
         return (f"{tasks}; a continuation must leave at least one context token within "
                 f"{room}, so nothing was scored: {fix}")
 

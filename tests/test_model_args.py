@@ -293,6 +293,45 @@ def test_effective_sampler_settings_are_recorded(tiny_dirs, caplog):
     assert (s["gen_length"], s["steps"]) == (6, 6) and s["per_task"]["t"]["gen_length"] == 6
 
 
+LL = [Instance("loglikelihood", {}, ("Question : 7 + 5 = ?", " 1 2"), 0),
+      Instance("loglikelihood", {}, ("Anna has 12 books", " and Ben"), 1)]
+# settings generation reads and a log-likelihood request never does (greedy_check off)
+GENERATION_ONLY = dict(gen_length=8, steps=4, block_length=4, temperature=0.5, remasking="random",
+                       logits_eos_inf="true", confidence_eos_eot_inf="true", padding_side="left",
+                       llada_sampler="invariant", cuda_graph="false")
+
+
+def test_generation_settings_leave_log_likelihoods_unchanged(tiny_dirs):
+    """What unread_settings claims: the settings it calls generation-only change no
+    log-likelihood (here every block-sampler one at once), while cfg_scale, which it says
+    both read, does."""
+    plain = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, mc_num=4)
+    set_ = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, mc_num=4, **GENERATION_ONLY)
+    guided = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, mc_num=4, cfg_scale=1.5)
+    want = plain.loglikelihood(LL)
+    assert set_.loglikelihood(LL) == want
+    assert guided.loglikelihood(LL) != want
+    assert set_.get_model_info()["sinkmask"]["unread_settings"] == sorted(GENERATION_ONLY)
+
+
+def test_settings_no_request_read_are_listed_and_warned_about(tiny_dirs, caplog):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], steps=8, mc_num=3, llada_sampler="invariant")
+    assert lm.get_model_info()["sinkmask"]["unread_settings"] is None  # no request yet
+    lm.loglikelihood(LL)
+    assert lm.get_model_info()["sinkmask"]["unread_settings"] == ["llada_sampler", "steps"]
+    assert ("llada_sampler, steps: set in model_args, but this run's requests (loglikelihood "
+            "only) never read them") in caplog.text
+    lm.generate_until([request(32)])  # a run with both kinds reads every setting
+    assert lm.get_model_info()["sinkmask"]["unread_settings"] == []
+    gen = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=3, greedy_check="true", cfg_scale=0.5)
+    gen.generate_until([request(32)])
+    assert gen.get_model_info()["sinkmask"]["unread_settings"] == ["greedy_check", "mc_num"]
+    checked = make("dlm_sinkmask", tiny_dirs["dream"], alg="maskgit_plus", greedy_check="true",
+                   mc_num=2)
+    checked.loglikelihood(LL)  # greedy_check decodes with alg: read
+    assert checked.get_model_info()["sinkmask"]["unread_settings"] == []
+
+
 # ------------------------------------------------------------ one table, three readers
 
 
