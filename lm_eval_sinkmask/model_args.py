@@ -232,8 +232,9 @@ def normalise_hflm(kwargs: dict[str, Any]) -> None:
     after the weights load), a ``tokenizer=zoo:NAME`` that names a zoo checkpoint, and
     ``torch_dtype`` (transformers' older name) taken as ``dtype``, which HFLM turns into a
     torch dtype, where from_pretrained would be handed the string; every dtype a floating
-    one torch has (HFLM looks the name up in torch only after the weights load). And
-    ``device``: see :func:`placed_device`."""
+    one torch has (HFLM looks the name up in torch only after the weights load); the batch
+    sizes and HFLM's options that would fail after loading. And ``device``: see
+    :func:`placed_device`."""
     kwargs["device"] = placed_device(kwargs.get("device"))
     if kwargs.get("max_length") is not None:
         value = kwargs["max_length"]
@@ -252,6 +253,48 @@ def normalise_hflm(kwargs: dict[str, Any]) -> None:
     for name in DTYPE_ARGS:
         if kwargs.get(name) is not None:
             check_dtype(name, kwargs[name])
+    check_batch_sizes(kwargs.get("batch_size"), kwargs.get("max_batch_size"))
+    check_hflm_options(kwargs)
+
+
+def check_batch_sizes(batch_size: Any, max_batch_size: Any) -> None:
+    """``batch_size`` a positive integer, ``auto`` or ``auto:N`` (N > 0 searches again N
+    times), and ``max_batch_size`` a positive integer: HFLM reads them only after the weights
+    have loaded."""
+    if batch_size is not None:
+        text = str(batch_size).strip()
+        if text.startswith("auto"):
+            schedule = text.split(":")
+            try:
+                ok = text == "auto" or (len(schedule) == 2 and schedule[0] == "auto"
+                                        and float(schedule[1]) > 0)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"batch_size={batch_size!r}: auto takes the form auto or auto:N "
+                                 "with N a positive number (how often to search again)")
+        elif number_value("batch_size", batch_size, int) < 1:
+            raise ValueError(f"batch_size must be a positive integer or auto, got {batch_size!r}")
+    if max_batch_size is not None and number_value("max_batch_size", max_batch_size, int) < 1:
+        raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+
+
+def check_hflm_options(kwargs: dict[str, Any]) -> None:
+    """HFLM's options that fail only once the weights have loaded: ``peft`` without the peft
+    package or together with ``delta``, ``enable_thinking`` without ``think_end_token``."""
+    import importlib.util
+
+    from .config import flag_value
+
+    if kwargs.get("peft"):
+        if kwargs.get("delta"):
+            raise ValueError("peft and delta both change the weights and HFLM takes only one: "
+                             "pass one of them")
+        if importlib.util.find_spec("peft") is None:
+            raise ValueError(f"peft={kwargs['peft']} needs the peft package: pip install peft")
+    if flag_value(kwargs.get("enable_thinking")) is True and kwargs.get("think_end_token") is None:
+        raise ValueError("enable_thinking=true needs think_end_token (the token or its id that "
+                         "ends the thinking, e.g. </think>), where the answer starts")
 
 
 # HFLM's arguments that name a dtype (it reads a string as torch.<name>)

@@ -131,6 +131,15 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"max_length": 0}, r"max_length must be a positive integer, got 0"),
         ("arm_sinkmask", "llama", {"max_length": "abc"}, r"max_length must be a number, got 'abc'"),
         ("arm_sinkmask", "llama", {"torch_dtype": "float16", "dtype": "float32"}, r"dtype and torch_dtype name one setting"),
+        # HFLM's own arguments that it reads only after the weights load
+        ("dlm_sinkmask", "llada", {"batch_size": "abc"}, r"batch_size must be a number, got 'abc'"),
+        ("arm_sinkmask", "llama", {"batch_size": 1.5}, r"batch_size must be an integer, got 1.5"),
+        ("dlm_sinkmask", "dream", {"batch_size": 0}, r"batch_size must be a positive integer or auto, got 0"),
+        ("arm_sinkmask", "llama", {"batch_size": "auto:x"}, r"batch_size='auto:x': auto takes the form auto or auto:N"),
+        ("dlm_sinkmask", "llada", {"batch_size": "autox"}, r"batch_size='autox': auto takes the form"),
+        ("dlm_sinkmask", "llada", {"max_batch_size": -2}, r"max_batch_size must be a positive integer, got -2"),
+        ("arm_sinkmask", "llama", {"peft": "/tmp/adapter", "delta": "/tmp/delta"}, r"peft and delta both change the weights"),
+        ("dlm_sinkmask", "llada", {"enable_thinking": "true"}, r"enable_thinking=true needs think_end_token"),
         ("arm_sinkmask", "llama", {"top_k": 1, "attn_implementation": "eager"}, r"attn_implementation=eager bypasses torch\.nn\.functional\.scaled_dot_product_attention.*top_k=1 would mask nothing"),
         ("dlm_sinkmask", "dream", {"top_k": 5, "attn_implementation": "flash_attention_2"}, r"attn_implementation=flash_attention_2 bypasses.*Use attn_implementation=sdpa"),
         # LLaDA/MMaDA's remote code picks its own attention and its class declares no SDPA
@@ -143,6 +152,22 @@ def test_bad_model_args_say_what_to_do_before_any_weight_loads(config_only, no_w
     with pytest.raises(ValueError, match=message) as e:
         make(model, config_only[kind], **args)
     assert "upgrade" not in str(e.value)  # never the advice to leave our transformers pin
+
+
+def test_peft_without_its_package_is_refused_before_loading(config_only, no_weight_loads, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    with pytest.raises(ValueError, match=r"peft=/tmp/adapter needs the peft package: pip install peft"):
+        make("arm_sinkmask", config_only["llama"], peft="/tmp/adapter")
+
+
+@pytest.mark.parametrize("batch_size", ["auto", "auto:4", "auto:0.5", "8", 8])
+def test_batch_sizes_hflm_takes_pass_the_check(batch_size):
+    from lm_eval_sinkmask.model_args import check_batch_sizes
+
+    check_batch_sizes(batch_size, "64")
 
 
 @pytest.mark.parametrize("layers", [[0.5, 2.9], [True], (1, "a")])
