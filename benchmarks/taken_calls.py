@@ -37,25 +37,16 @@ def in_scope(run, a: dict, max_keys: int) -> bool:
 def key_only_view(run, a: dict, chunk: int) -> MaskView | None:
     """The pass's view of the call's mask, where it does not depend on the query row and
     has no head axis (the candidates' scope); None otherwise."""
-    q = a["query"]
-    mask = run._mask_view(a.get("attn_mask"), a.get("is_causal", False), q.shape[0],
-                          q.shape[-2], a["key"].shape[-2], q.device, chunk)
-    if not decode_step.fits(mask):
-        return None
-    return mask
+    mask = run._call_view(a, chunk)
+    return mask if decode_step.fits(mask) else None
 
 
-def scores_of(a: dict, mask: MaskView) -> Scores:
-    return Scores(a["query"], a["key"], a["value"], mask, a.get("scale"),
-                  a.get("enable_gqa", False))
+# the call's attention and last pass's choice (unpadded, as the package's decoding kernel
+# reads it: the kernels read keys past S' as not chosen), as the package reads them
+scores_of = intercept._scores_of
 
 
 def previous_choice(run, layer: int, sc: Scores):
-    """(keys [B, H or 1, S' <= Sk], their number) chosen at this layer on the last pass, or
-    (None, None): as the package's decoding kernel reads them, unpadded (the kernels read
-    keys past S' as not chosen)."""
-    if run.config.detect != "previous":
-        return None, None
     return run._previous(layer, sc, padded=False)
 
 

@@ -26,7 +26,8 @@ from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
 from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
-from .sampler_settings import DiffusionSettings, unread_settings
+from .sampler_settings import DiffusionSettings
+from .unread_settings import REQUEST_SETTINGS, unread_settings
 from .samplers import generate_block, generate_dream
 
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
@@ -36,9 +37,6 @@ zoo.register()  # the tiny zoo's model classes load through transformers' Auto c
 GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
 # settings of sampling that greedy decoding ignores (transformers' generate does too)
 SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
-# model_args settings that one request type may read and another not (unread_settings)
-_REQUEST_SETTINGS = frozenset(DiffusionSettings.__dataclass_fields__) | frozenset(
-    likelihood.LikelihoodSettings.__dataclass_fields__) | {"cuda_graph"}
 
 
 def _import_class(path: str) -> type:
@@ -81,7 +79,7 @@ class _CheckedArgs:
         """Check and pop our keys from ``kwargs``; what is left goes to HFLM."""
         model_args.check(model_args.DLM, kwargs)
         model_args.normalise_hflm(kwargs)
-        given = frozenset(kwargs) & _REQUEST_SETTINGS
+        given = frozenset(kwargs) & REQUEST_SETTINGS
         pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
@@ -334,12 +332,13 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         self.settings_used.add((s.gen_length, s.steps, s.block_length))
         if self.padding != UNPADDED:
             generated = self._decode(context, prompt_mask, s).to(context.device)
-            return torch.cat([context, self._cut_at_special_stops(generated, stop)], dim=1)
-        lengths = prompt_mask.sum(1)
-        generated = torch.empty(context.shape[0], s.gen_length, dtype=torch.long, device=context.device)
-        for n in lengths.unique().tolist():  # equal lengths: no padding (build_layout drops it)
-            rows = (lengths == n).nonzero().squeeze(1)
-            generated[rows] = self._decode(context[rows], prompt_mask[rows], s).to(context.device)
+        else:
+            lengths = prompt_mask.sum(1)
+            generated = torch.empty(context.shape[0], s.gen_length, dtype=torch.long,
+                                    device=context.device)
+            for n in lengths.unique().tolist():  # equal lengths: no padding (build_layout drops it)
+                rows = (lengths == n).nonzero().squeeze(1)
+                generated[rows] = self._decode(context[rows], prompt_mask[rows], s).to(context.device)
         return torch.cat([context, self._cut_at_special_stops(generated, stop)], dim=1)
 
     def _refuse_sink_token(self, tokens: list[int], what: str) -> None:

@@ -126,7 +126,9 @@ class _Decision(NamedTuple):
     """One intercepted call's outcome (:meth:`_Run._decide`)."""
 
     sc: Scores  # the call's attention, as detection reads it
-    blocked: torch.Tensor  # [B, H, S_k] keys masked in this call
+    # [B, H or 1, S' <= S_k] keys masked in this call (padded to S_k wherever observers or
+    # the fused output read it)
+    blocked: torch.Tensor
     keep_all: bool  # blocked removes nothing: the model's own output serves
     out: torch.Tensor | None  # the masked output, where the detection sweep made it
     scores: torch.Tensor  # this pass's Eq. 3 scores, sinks and chosen keys
@@ -155,6 +157,11 @@ def _removes_nothing(blocked: torch.Tensor) -> bool:
     return _output_from_scores(blocked.device) and not bool(blocked.any())
 
 
+def _scores_of(a: dict, mask: MaskView) -> Scores:
+    """The attention of a call's arguments (:func:`_sdpa_arguments`), as detection reads it."""
+    return Scores(a["query"], a["key"], a["value"], mask, a["scale"], a["enable_gqa"])
+
+
 def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, chunk: int):
     """The attention output with ``blocked`` keys removed, from the original fused SDPA kernel
     given the model's mask with the blocked keys hidden.
@@ -179,6 +186,8 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
             return mask.masked_fill(drop, torch.finfo(mask.dtype).min)
         return ~drop if visible is None else visible > drop  # on bools, > is "and not"
 
+    if float_mask and m.is_causal:  # SDPA takes a mask or is_causal, never both
+        raise ValueError("SDPA was called with both attn_mask and is_causal=True")
     if m.key_only:
         if given is None:
             return original(q, k, v, attn_mask=_kept_keys(b), **kw)
@@ -192,8 +201,6 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
         visible = m.visible_chunk(r0, r1)
         drop = b & chunked_attention.row_keeps_some(visible, b, sc.n_k)
         mask = given if given is None or given.shape[-2] == 1 else given[..., r0:r1, :]
-        if float_mask and m.is_causal:  # SDPA takes a mask or is_causal, never both
-            raise ValueError("SDPA was called with both attn_mask and is_causal=True")
         out[:, :, r0:r1] = original(q[:, :, r0:r1], k, v, attn_mask=with_blocked(mask, visible, drop), **kw)
     return out
 
@@ -385,19 +392,22 @@ class _Run:
                 return decided
         return self._decide_by_parts(layer, a, chunk, backend)
 
+    def _call_view(self, a: dict, chunk: int) -> MaskView:
+        """The mask view of a call's arguments (:func:`_sdpa_arguments`)."""
+        query = a["query"]
+        return self._mask_view(a["attn_mask"], a["is_causal"], query.shape[0], query.shape[-2],
+                               a["key"].shape[-2], query.device, chunk)
+
     def _decide_one_row(self, layer: int, a: dict, chunk: int) -> _Decision | None:
         """A one-row call by :func:`decode_step.masked_decode`, or None where its mask is out
         of the kernel's scope or ``detect_backend=auto`` handed its variant to the fused path.
         Under auto a variant's first call is decided by the fused path and the kernel's
         decision of it is compared (:meth:`_first_use`)."""
-        query = a["query"]
-        mask = self._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0],
-                               query.shape[-2], a["key"].shape[-2], query.device, chunk)
+        mask = self._call_view(a, chunk)
         if not decode_step.fits(mask):
             return None
-        sc = Scores(query, a["key"], a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
-        previous, n_previous = self._previous(layer, sc, padded=False) \
-            if self.config.detect == "previous" else (None, None)
+        sc = _scores_of(a, mask)
+        previous, n_previous = self._previous(layer, sc, padded=False)
         history = self._history_before(layer, sc) if self.masker.rule == "all_rows" else None
         if history is not None and history.rows.shape[1] != 1:
             return None  # an earlier call's mask had a head axis: the kernel reads none
@@ -470,15 +480,12 @@ class _Run:
     def _decide_by_parts(self, layer: int, a: dict, chunk: int, backend: str) -> _Decision:
         """:meth:`_decide` by detection (``backend``: :func:`fused_mass.resolve`'s), the
         selection, and (where the detection sweep made it) the masked output."""
-        query = a["query"]
-        mask = self._mask_view(a.get("attn_mask"), a.get("is_causal", False), query.shape[0],
-                               query.shape[-2], a["key"].shape[-2], query.device, chunk)
-        sc = Scores(query, a["key"], a["value"], mask, a.get("scale"), a.get("enable_gqa", False))
+        sc = _scores_of(a, self._call_view(a, chunk))
+        mask = sc.mask
 
         # keys masked in this call: last pass's sinks, or (detect=current, or the first pass
         # of detect=previous) this pass's, known only once the sweep below has detected them
-        blocked, n_blocked = self._previous(layer, sc) if self.config.detect == "previous" \
-            else (None, None)
+        blocked, n_blocked = self._previous(layer, sc)
         keep_all = blocked is not None and _removes_nothing(blocked)
         # detect this pass's sinks; with last pass's sinks in hand the same sweep can also
         # make the masked output from its scores, where that beats a second fused call
@@ -487,7 +494,7 @@ class _Run:
         self.stats.count_detection(backend)
         per_layer = self.config.granularity == "layer"
         all_rows = self.masker.rule == "all_rows"
-        select = compiled_tail.selector(query.device, backend != "materialized", from_rows=all_rows)
+        select = compiled_tail.selector(sc.q.device, backend != "materialized", from_rows=all_rows)
         if all_rows:  # rows grow with this layer's history: its counts are this call's own
             det = self._with_history(layer, sc, det)
             key_seen = keys_seen(mask.key_valid, det.rows)
@@ -591,16 +598,16 @@ class _Run:
     def _previous(self, layer: int, sc: Scores, padded: bool = True
                   ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Sinks chosen at this layer on the previous pass, aligned to this pass's keys, and
-        their number; (None, None) where there are none to mask. ``padded=False``: the keys
-        as kept, S' <= Sk of them (a kernel that reads keys past S' as not chosen saves the
-        pad).
+        their number; (None, None) where there are none to mask (always under
+        ``detect=current``). ``padded=False``: the keys as kept, S' <= Sk of them (a kernel
+        that reads keys past S' as not chosen saves the pad).
 
         Keys only ever get appended between passes (KV cache) or stay fixed (DLM steps), so
         positions keep their meaning (the appended keys are not chosen: the number stays); a
         changed batch size (classifier-free guidance doubles it) starts afresh. A layer's
         head layout cannot change within a run.
         """
-        kept = self.previous.get(layer)
+        kept = self.previous.get(layer) if self.config.detect == "previous" else None
         if kept is None:
             return None, None
         prev = kept.keys

@@ -35,7 +35,8 @@ This module estimates the right-hand side from ``mc_num`` such samples:
   conservative for every g (there the samples look exactly like a constant g's), so this
   one is kept, as what it is.
 
-Everything except :func:`estimate` (which calls the model) is a pure tensor function.
+The sampling and scoring helpers are pure functions of their inputs (and of a seeded
+generator); only :func:`estimate` calls the model.
 """
 
 from __future__ import annotations

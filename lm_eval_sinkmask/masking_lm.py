@@ -109,11 +109,12 @@ class MaskingLMMixin:
         if self.mask_config.enabled and stats.attention_calls == 0:
             raise RuntimeError(NO_ATTENTION_HELP)
         if self.mask_config.enabled and stats.forward_passes:
-            # the config's depth was checked before loading; this catches a model whose
-            # attention calls per pass are fewer than the layers it declares
+            # layers= was checked against the config's depth before loading; a model whose
+            # passes make another number of attention calls than that depth fails here, and
+            # then layers= is checked against the calls it makes (for a config declaring none)
             calls = 1 + max(stats.layers)
-            check_layers(self.mask_config, calls, "attention calls per pass")
             check_calls_per_pass(calls, self._declared_layers)
+            check_layers(self.mask_config, calls, "attention calls per pass")
 
     def _detect_batch_size(self, requests=None, pos: int = 0):
         """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows (for

@@ -19,8 +19,9 @@ from .samplers import generate_block
 
 class MonteCarloScoringMixin:
     """Mix into :class:`~lm_eval_sinkmask.dlm_model.DLMSinkMaskLM`, before the masking mixin:
-    it reads the model's ``family``, ``settings``, ``mask_id``, ``_forward``, ``masking`` and
-    ``_refuse_sink_token``, and adds what it answers to ``request_types``."""
+    it reads that class's attributes (``family``, ``settings``, ``mask_id``, ``sink``,
+    ``_forward``, ``masking``, the positions...) and adds what it answers to
+    ``request_types``."""
 
     def _init_scoring(self, settings: likelihood.LikelihoodSettings) -> None:
         self.likelihood = settings

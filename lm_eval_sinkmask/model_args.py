@@ -215,7 +215,7 @@ def check(model: str, names: Iterable[str]) -> None:
             raise ValueError(f"{model} does not take lm-eval's {name!r}: {NOT_FOR[model][name]}. "
                              f"Drop {name} from model_args.")
         if name in {a.name for a in ours(other)}:
-            raise ValueError(_wrong_model(model, other, name))
+            raise ValueError(_wrong_model(model, name))
         guess = difflib.get_close_matches(name, sorted(valid), n=1)
         hint = f" Did you mean {guess[0]!r}?" if guess else ""
         raise ValueError(
@@ -355,7 +355,7 @@ def placed_device(device: Any) -> str:
     return device
 
 
-def _wrong_model(model: str, other: str, name: str) -> str:
+def _wrong_model(model: str, name: str) -> str:
     arg = next(a for a in ARGS if a.name == name)
     if model == ARM and arg.group == "masking":
         return (f"{name} is a {DLM} argument ({arg.meaning.replace('`', '')}); {ARM} has no use "

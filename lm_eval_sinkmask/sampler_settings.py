@@ -33,31 +33,6 @@ SAMPLER_ONLY = {
     "dream": ("alg", "alg_temp", "top_p", "sampling_top_k", "dream_sampler"),
 }
 
-# which of lm-eval's request types read a setting (the sampler's, the likelihood ones, and
-# cuda_graph): generation reads every one but the Monte Carlo ones, a log-likelihood request
-# those and cfg_scale, and with greedy_check also what its greedy decoding reads
-GENERATION_ONLY = ("gen_length", "steps", "block_length", "remasking", "temperature",
-                   "alg_temp", "top_p", "sampling_top_k", "padding_side", "logits_eos_inf",
-                   "confidence_eos_eot_inf", "cuda_graph")
-SCORING_ONLY = ("mc_num", "mc_batch_size", "mc_seed", "greedy_check")
-GREEDY_CHECK_READS = ("alg", "llada_sampler", "dream_sampler")
-
-
-def unread_settings(given, generated: bool, scored: bool, greedy_check: bool) -> list[str]:
-    """The settings of ``given`` that no request of a run read (``generated``: it had
-    generation requests; ``scored``: log-likelihood ones), e.g. ``steps`` on a multiple-choice
-    run. Accepted, since model_args cannot know the tasks, but a record that lists them as
-    the run's settings should say they changed nothing."""
-    def read(name: str) -> bool:
-        if name in GENERATION_ONLY or (name in GREEDY_CHECK_READS and not greedy_check):
-            return generated
-        if name in SCORING_ONLY:
-            return scored
-        return generated or scored
-
-    return sorted(name for name in given if not read(name))
-
-
 @dataclass(frozen=True)
 class DiffusionSettings:
     """Sampler settings: family defaults (``families.py``) overridden by ``model_args``.

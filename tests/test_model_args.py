@@ -339,6 +339,14 @@ def test_generation_settings_leave_log_likelihoods_unchanged(tiny_dirs):
     assert set_.get_model_info()["sinkmask"]["unread_settings"] == sorted(GENERATION_ONLY)
 
 
+def test_every_request_setting_says_which_requests_read_it():
+    from lm_eval_sinkmask import unread_settings as u
+
+    groups = (u.GENERATION_ONLY, u.SCORING_ONLY, u.GREEDY_CHECK_READS, u.BOTH)
+    named = [name for group in groups for name in group]
+    assert sorted(named) == sorted(u.REQUEST_SETTINGS)  # each once, none left out
+
+
 def test_settings_no_request_read_are_listed_and_warned_about(tiny_dirs, caplog):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], steps=8, mc_num=3, llada_sampler="invariant")
     assert lm.get_model_info()["sinkmask"]["unread_settings"] is None  # no request yet

@@ -1,0 +1,38 @@
+"""Which of lm-eval's request types read each ``dlm_sinkmask`` setting, so that a run can say
+which of its model_args changed nothing (``steps`` on a multiple-choice run, ``mc_num`` on a
+generation run). Such settings are accepted, since model_args cannot know the tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .likelihood import LikelihoodSettings
+from .sampler_settings import DiffusionSettings
+
+# read by generation only
+GENERATION_ONLY = ("gen_length", "steps", "block_length", "remasking", "temperature",
+                   "alg_temp", "top_p", "sampling_top_k", "padding_side", "logits_eos_inf",
+                   "confidence_eos_eot_inf", "cuda_graph")
+# read by log-likelihood requests only (the Monte Carlo estimate)
+SCORING_ONLY = tuple(LikelihoodSettings.__dataclass_fields__)
+# read by generation, and by log-likelihood requests only for greedy_check's decoding
+GREEDY_CHECK_READS = ("alg", "llada_sampler", "dream_sampler")
+# read by both: classifier-free guidance shapes every forward pass
+BOTH = ("cfg_scale",)
+# every setting above: the sampler's, the likelihood ones and cuda_graph
+REQUEST_SETTINGS = frozenset(DiffusionSettings.__dataclass_fields__) | frozenset(SCORING_ONLY) \
+    | {"cuda_graph"}
+
+
+def unread_settings(given: Iterable[str], generated: bool, scored: bool,
+                    greedy_check: bool) -> list[str]:
+    """The settings of ``given`` that no request of a run read; ``generated``: the run had
+    generation requests, ``scored``: log-likelihood ones."""
+    def read(name: str) -> bool:
+        if name in GENERATION_ONLY or (name in GREEDY_CHECK_READS and not greedy_check):
+            return generated
+        if name in SCORING_ONLY:
+            return scored
+        return generated or scored
+
+    return sorted(name for name in given if not read(name))
