@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from .config import flag_value, number_value
+from .samplers.block import guided_logits
 
 
 @dataclass(frozen=True)
@@ -133,11 +134,6 @@ def noisy_inputs(prompt: torch.Tensor, target: torch.Tensor, masks: torch.Tensor
 
 
 # ------------------------------------------------------------------------- scoring
-
-def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, cfg_scale: float) -> torch.Tensor:
-    """LLaDA's classifier-free guidance: uncond + (cfg_scale + 1) * (cond - uncond)."""
-    return uncond + (cfg_scale + 1) * (cond - uncond)
-
 
 def target_log_probs(logits: torch.Tensor, target: torch.Tensor, prompt_length: int,
                      shifted: bool = False) -> torch.Tensor:

@@ -242,7 +242,7 @@ class MonteCarloScoringMixin:
         one position to its left; ``dream_sampler`` decides, as in generation, whether the
         mask token may be predicted and the dtype of the probabilities.
         """
-        from .samplers.dream import confidence, sample_tokens
+        from .samplers.dream import confidence, sample_tokens, without_mask_token
 
         alg = "maskgit_plus" if self.settings.alg == "origin" else self.settings.alg
         P = ids.shape[1]
@@ -251,8 +251,7 @@ class MonteCarloScoringMixin:
             masked = (x[0, P:] == self.mask_id).nonzero()[:, 0]
             logits = self._forward(x, torch.ones_like(x))[0, P - 1 + masked]
             if self.settings.dream_sampler == "invariant":
-                logits = logits.float()
-                logits[:, self.mask_id] = -torch.inf
+                logits = without_mask_token(logits, self.mask_id)
             probs, sampled = sample_tokens(logits)
             best = confidence(probs, sampled, alg).argmax()
             x[0, P + masked[best]] = sampled[best]

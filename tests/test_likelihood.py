@@ -10,6 +10,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
 from lm_eval_sinkmask import likelihood
+from lm_eval_sinkmask.samplers.block import guided_logits
 from tests import tiny
 from tests.test_sink_token import sink_dir  # noqa: F401 - the saved sink checkpoint fixture
 
@@ -192,7 +193,7 @@ def test_cfg_scores_against_a_copy_with_the_prompt_masked():
     assert (x[4:, :2] == 0).all() and torch.equal(x[:4, :2], torch.tensor([[1, 2]] * 4))
     assert torch.equal(x[4:, 2:], x[:4, 2:])
     cond, uncond = c + torch.arange(9.0), c
-    exact = likelihood.guided_logits(cond, uncond, 0.5).log_softmax(-1)[[3, 4]].sum().item()
+    exact = guided_logits(cond, uncond, 0.5).log_softmax(-1)[[3, 4]].sum().item()
     assert est.value == pytest.approx(exact, abs=1e-5)
 
 
@@ -201,7 +202,7 @@ def test_guidance_moves_the_conditional_logits_away_from_the_unconditional_by_cf
     # conditional logits themselves, and extrapolated beyond them as cfg grows
     cond, uncond = torch.tensor([2.0, -1.0, 0.5]), torch.tensor([1.0, 1.0, 0.5])
     for cfg in (0.0, 0.5, 2.0):
-        torch.testing.assert_close(likelihood.guided_logits(cond, uncond, cfg),
+        torch.testing.assert_close(guided_logits(cond, uncond, cfg),
                                    cond + cfg * (cond - uncond))
 
 

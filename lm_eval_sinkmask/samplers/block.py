@@ -60,6 +60,12 @@ def transfer_counts(block_length: int, steps_per_block: int) -> list[int]:
     return [base + (i < extra) for i in range(steps_per_block)]
 
 
+def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, cfg_scale: float) -> torch.Tensor:
+    """LLaDA's classifier-free guidance: uncond + (cfg_scale + 1) * (cond - uncond), the
+    unconditional logits those of a copy with the prompt masked out."""
+    return uncond + (cfg_scale + 1) * (cond - uncond)
+
+
 def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator=None) -> torch.Tensor:
     """Gumbel-max in LLaDA's form: argmax(exp(l) / (-log u)^T) = argmax(l/T + Gumbel), a sample
     from softmax(l / T). Done in float64 as LLaDA does: in low precision the exp() and the
@@ -131,8 +137,7 @@ def generate_block(
             cols = lay.gen_cols[:, first:end]
             if cfg_scale > 0:  # classifier-free guidance: a copy with the prompt masked out
                 both = model_fn(torch.cat([x, x.masked_fill(lay.prompt, mask_id)]), attn)
-                cond, uncond = both[:B][rows, cols], both[B:][rows, cols]
-                logits = uncond + (cfg_scale + 1) * (cond - uncond)
+                logits = guided_logits(both[:B][rows, cols], both[B:][rows, cols], cfg_scale)
             else:
                 logits = model_fn(x, attn)[rows, cols]  # [B, len(cols), V]
             logits[..., banned] = -torch.inf

@@ -34,6 +34,14 @@ ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 VARIANTS = ("reference", "invariant")
 
 
+def without_mask_token(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """[N, V] logits in float32 with the mask token never predicted: the invariant
+    variant's rule (``logits`` is written to where it is float32 already)."""
+    logits = logits.float()
+    logits[:, mask_id] = -torch.inf
+    return logits
+
+
 def filter_logits(logits: torch.Tensor, top_p=None, top_k=None) -> torch.Tensor:
     """Nucleus (top_p) then top-k filtering; removed tokens get the dtype's lowest value, as in Dream."""
     lowest = torch.finfo(logits.dtype).min
@@ -126,8 +134,7 @@ def generate_dream(
         # softmax/sort over V, for one host sync per step (the size of the masked set).
         logits = model_fn(x, attn)[rows[masked], src[masked]]  # [N, V]
         if invariant:
-            logits = logits.float()
-            logits[:, mask_id] = -torch.inf
+            logits = without_mask_token(logits, mask_id)
         probs, sampled = sample_tokens(logits, temperature=temperature, top_p=top_p, top_k=top_k,
                                        generator=generator)
         x0 = torch.full_like(gen, mask_id).masked_scatter(masked, sampled)  # back to [B, G]
