@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import SinkMaskConfig
+from .config import SinkMaskConfig, is_int
 
 # ``from_pretrained`` options that say where config.json lives; HFLM forwards the same ones
 # to the weights, so both reads find the same checkpoint.
@@ -104,7 +104,7 @@ def check_mask_id(mask_id: int | None, config: dict[str, Any]) -> None:
     if mask_id is None:
         return
     vocab = max((int(config[k]) for k in _VOCAB_KEYS if isinstance(config.get(k), int)), default=None)
-    if isinstance(mask_id, bool) or not isinstance(mask_id, int) or mask_id < 0:
+    if not is_int(mask_id, 0):
         raise ValueError(f"mask_id must be a token id (an integer >= 0), got {mask_id!r}")
     if vocab is not None and mask_id >= vocab:
         raise ValueError(f"mask_id={mask_id} is outside the checkpoint's vocabulary of {vocab} "

@@ -55,6 +55,19 @@ def number_value(name: str, value: Any, kind: type) -> Any:
     return value
 
 
+def is_int(value: Any, minimum: int | None = None) -> bool:
+    """A Python int, at least ``minimum``: a bool is an int to Python, and lm-eval's parser
+    makes one of "true", so block_length=true would otherwise mean 1."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (minimum is None or value >= minimum))
+
+
+def is_finite(value: Any, minimum: float | None = None) -> bool:
+    """A finite int or float (not a bool), at least ``minimum``."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and (minimum is None or value >= minimum))
+
+
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     """Refuse a setting that is not one of its named choices, naming them all."""
     if value not in choices:
@@ -156,18 +169,17 @@ class SinkMaskConfig:
     mask_seed: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+        if not is_int(self.top_k):
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if (isinstance(self.eps, bool) or not isinstance(self.eps, (int, float))
-                or not math.isfinite(self.eps)):
+        if not is_finite(self.eps):
             raise ValueError(f"eps must be a finite number, got {self.eps!r}")
         for name, choices in (("detect", DETECT_MODES), ("granularity", GRANULARITIES),
                               ("arm_rule", ARM_RULES), ("sink_token", SINK_TOKEN_MODES),
                               ("detect_backend", DETECT_BACKENDS), ("mask_target", MASK_TARGETS)):
             check_choice(name, getattr(self, name), choices)
-        if isinstance(self.mask_seed, bool) or not isinstance(self.mask_seed, int) or self.mask_seed < 0:
+        if not is_int(self.mask_seed, 0):
             raise ValueError(f"mask_seed must be an integer >= 0, got {self.mask_seed!r}")
         if self.mask_seed != 0 and self.mask_target != "random":
             # runs under several seeds would be one run recorded as several
@@ -178,8 +190,7 @@ class SinkMaskConfig:
             from .flex_mass import require_flex
 
             require_flex()
-        if (isinstance(self.query_chunk, bool) or not isinstance(self.query_chunk, int)
-                or self.query_chunk < 1):
+        if not is_int(self.query_chunk, 1):
             raise ValueError(f"query_chunk must be a positive integer, got {self.query_chunk!r}")
 
     @property

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from .config import flag_value, number_value
+from .config import flag_value, is_int, number_value
 from .samplers.block import guided_logits
 
 
@@ -76,9 +76,9 @@ class LikelihoodSettings:
     def __post_init__(self) -> None:
         for name in ("mc_num", "mc_batch_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value, 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.mc_seed, bool) or not isinstance(self.mc_seed, int):
+        if not is_int(self.mc_seed):
             raise ValueError(f"mc_seed must be an integer, got {self.mc_seed!r}")
         if not isinstance(self.greedy_check, bool):
             raise ValueError(f"greedy_check must be true or false, got {self.greedy_check!r}")

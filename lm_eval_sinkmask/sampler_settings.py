@@ -9,11 +9,10 @@ setting that changed nothing.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import check_choice, flag_value, number_value
+from .config import check_choice, flag_value, is_finite, is_int, number_value
 from .families import FAMILIES, Family
 from .samplers import validate_block_args
 from .samplers.block import REMASKING
@@ -81,12 +80,12 @@ class DiffusionSettings:
         return settings
 
     def validate(self, family: Family) -> None:
-        # lm-eval reads "true"/"false" as bools, and a bool is an int to Python: without the
-        # bool checks, block_length=true would decode one token per block and logits_eos_inf=no
-        # (a non-empty string) would switch the option on
+        # lm-eval reads "true"/"false" as bools: without the type checks, block_length=true
+        # would decode one token per block and logits_eos_inf=no (a non-empty string) would
+        # switch the option on
         for name in _INTEGERS:
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and not is_int(value, 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("logits_eos_inf", "confidence_eos_eot_inf"):
             if not isinstance(getattr(self, name), bool):
@@ -95,12 +94,10 @@ class DiffusionSettings:
             value = getattr(self, name)
             if value is None and name == "alg_temp":  # Dream's own default: no randomness
                 continue
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < 0):
+            if not is_finite(value, 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         top_p = self.top_p
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                                  or not 0 < top_p <= 1):
+        if top_p is not None and not (is_finite(top_p) and 0 < top_p <= 1):
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         check_choice("padding_side", self.padding_side, PADDING_SIDES)
         if family.sampler == "block":

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .config import check_choice
+from .config import check_choice, is_int
 
 POSITIONS = ("start", "end")
 
@@ -37,7 +37,7 @@ class SinkToken:
     position: str = "start"
 
     def __post_init__(self) -> None:
-        if isinstance(self.token_id, bool) or not isinstance(self.token_id, int) or self.token_id < 0:
+        if not is_int(self.token_id, 0):
             raise ValueError(f"sink_token_id must be a non-negative integer, got {self.token_id!r}")
         check_choice("sink_token_position", self.position, POSITIONS)
 
