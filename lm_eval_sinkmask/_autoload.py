@@ -10,8 +10,9 @@ own modules and then, right after each has run:
 - ``lm_eval.models``: registers our two models as lazy placeholders, next to the built-ins;
 - ``lm_eval.tasks.manager``: appends our task folder to every ``TaskManager``'s include path
   (lm-eval's own tasks stay first and untouched);
-- ``lm_eval.evaluator``: ``simple_evaluate`` checks our tasks' data (GSM8K's local copy)
-  before it builds the model.
+- ``lm_eval.evaluator``: ``simple_evaluate`` checks our tasks' data (GSM8K's local copy),
+  and for tasks that run generated code the ``--confirm_run_unsafe_code`` flag and
+  ``SINKMASK_CODE_TIMEOUT``, before it builds the model.
 
 A step that fails warns and leaves lm-eval as it was (``run_callback``). Set
 ``LM_EVAL_SINKMASK_AUTOLOAD=0`` to turn it off.
@@ -67,9 +68,58 @@ def check_task_data_first(module) -> None:
 
         given = signature.bind_partial(*args, **kwargs).arguments
         check_data(given.get("tasks"), given.get("metadata"))
+        check_code_tasks(given)
         return original(*args, **kwargs)
 
     module.simple_evaluate = simple_evaluate
+
+
+def check_code_tasks(given: dict) -> None:
+    """Before the model loads: a requested task of our folder with ``unsafe_code`` needs the
+    confirmation and a valid ``SINKMASK_CODE_TIMEOUT`` (lm-eval and our scorer would only
+    find out after generating), and a task made for a chat template warns without one."""
+    configs = requested_task_configs(given.get("tasks"))
+    unsafe = sorted(name for name, config in configs.items() if config.get("unsafe_code"))
+    if unsafe and not given.get("confirm_run_unsafe_code"):
+        raise ValueError(
+            f"Attempted to run task(s) {', '.join(unsafe)} which are marked as unsafe (they "
+            "execute model-generated code). Set confirm_run_unsafe_code=True (lm_eval CLI: "
+            "--confirm_run_unsafe_code) to run them.")
+    if unsafe:
+        from lm_eval_sinkmask.code_eval import timeout_from_env
+
+        timeout_from_env()
+    chat = sorted(name for name, config in configs.items()
+                  if (config.get("metadata") or {}).get("needs_chat_template"))
+    if chat and not given.get("apply_chat_template"):
+        import warnings
+
+        warnings.warn(
+            f"{', '.join(chat)} asks the model for an answer in a chat turn; without "
+            "--apply_chat_template (apply_chat_template=True) the model continues raw text "
+            "and the score is not comparable. Add the flag, or use humaneval_sinkmask.",
+            RuntimeWarning, stacklevel=3)
+
+
+def requested_task_configs(tasks) -> dict:
+    """Name -> YAML config (``include:`` resolved) of every task of our folder that ``tasks``
+    names directly or through a tag; other tasks are lm-eval's to check."""
+    from lm_eval_sinkmask.tasks import TASKS_DIR, _read_yaml
+
+    requested = {t for t in tasks or () if isinstance(t, str)}
+    if not requested:
+        return {}
+    found = {}
+    for path in sorted(TASKS_DIR.rglob("*.yaml")):
+        config = _read_yaml(path)
+        while "include" in config:
+            base = _read_yaml(path.parent / config.pop("include"))
+            config = {**base, **config}
+        name = config.get("task", path.stem)
+        tags = config.get("tag") or ()
+        if name in requested or requested & ({tags} if isinstance(tags, str) else set(tags)):
+            found[name] = config
+    return found
 
 
 AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_task_folder,
@@ -77,7 +127,7 @@ AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_
 # what lm-eval goes on without when the step after that module fails (the others still apply)
 WITHOUT = {"lm_eval.models": "its models (" + ", ".join(MODELS) + ")",
            "lm_eval.tasks.manager": "its task folder (its tasks then need --include_path)",
-           "lm_eval.evaluator": "its data check before the model loads"}
+           "lm_eval.evaluator": "its data check and unsafe-code check before the model loads"}
 
 
 def run_callback(callback, module) -> None:

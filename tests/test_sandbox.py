@@ -255,3 +255,72 @@ def test_a_root_sandbox_without_a_network_namespace_says_so(monkeypatch):
     monkeypatch.setattr(sandbox.subprocess, "run", lambda *a, **k: refused)
     with pytest.warns(RuntimeWarning, match="no network namespace.*can reach the network"):
         probe()
+
+
+# ------------------------------------------------------- what correct programs need to import
+
+
+def test_a_correct_program_importing_numpy_passes():
+    # numpy calls os.putenv at import unless OPENBLAS_MAIN_FREE is set; the seatbelt removes
+    # os.putenv, so without it in the child's environment every numpy answer failed.
+    pytest.importorskip("numpy")
+    program = "import numpy as np\ndef add(a, b):\n    return np.add(a, b).item()\n"
+    outcome = run_program(program, TEST, FAST)
+    assert outcome.passed, outcome
+
+
+@pytest.mark.parametrize("module", [
+    "doctest", "pprint", "csv", "pickle", "difflib", "graphlib", "email.mime.text",
+    "json.tool", "importlib.util", "ctypes.util",
+])
+def test_a_program_importing_a_stdlib_module_that_is_not_preloaded_passes(module):
+    # As root the program runs under another uid, which cannot enter a Python installed under
+    # a 0700 /root (pyenv, conda): such imports used to fail with ModuleNotFoundError.
+    outcome = run_program(f"import {module}\n" + CORRECT, TEST, FAST)
+    assert outcome.passed, outcome
+
+
+def test_an_install_the_sandbox_uid_cannot_import_from_stops_the_run(monkeypatch):
+    from lm_eval_sinkmask import sandbox
+
+    failed = Outcome(False, "failed", "ModuleNotFoundError: No module named 'csv'", 0.1)
+    monkeypatch.setattr(sandbox, "_run_once", lambda *args: failed)
+    with pytest.raises(sandbox.SandboxError, match="No module named 'csv'.*chmod o\\+rx"):
+        sandbox._check_imports_after_uid_switch.__wrapped__(sandbox.sys.executable)
+
+
+def test_others_can_enter_needs_search_permission_on_every_parent():
+    from pathlib import Path
+
+    from lm_eval_sinkmask.sandbox import _others_can_enter
+
+    open_to_all = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)
+                   and os.access(d, os.W_OK) and _others_can_enter(d)]
+    if not open_to_all:
+        pytest.skip("no temporary directory here is open to other users")
+    tmp_path = Path(tempfile.mkdtemp(prefix="sinkmask-perms-", dir=open_to_all[0]))
+    inner = tmp_path / "closed" / "lib"
+    inner.mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(inner, 0o755)
+    os.chmod(tmp_path / "closed", 0o700)
+    assert not _others_can_enter(str(inner))
+    os.chmod(tmp_path / "closed", 0o711)
+    assert _others_can_enter(str(inner))
+    os.chmod(inner, 0o711)  # enterable, but its modules could not be listed
+    assert not _others_can_enter(str(inner))
+    shutil.rmtree(tmp_path)
+
+
+def test_the_seatbelt_also_closes_the_c_modules_behind_os():
+    # ``import posix`` reached os.unlink/system/kill/fork under another name.
+    program = (
+        "import posix, _posixsubprocess\n"
+        "for name in ('unlink', 'system', 'kill', 'fork', 'remove', 'rename'):\n"
+        "    assert getattr(posix, name) is None, name\n"
+        "assert _posixsubprocess.fork_exec is None\n"
+        "try:\n    posix.unlink('program.py')\nexcept TypeError:\n    pass\n"
+        "import os\nassert os.path.exists('program.py')\n" + CORRECT
+    )
+    outcome = run_program(program, TEST, FAST)
+    assert outcome.passed, outcome

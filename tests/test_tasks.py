@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,65 @@ def test_humaneval_instruct_sanitises_chat_answers(tasks):
     assert all(s["pass@1"] == 0.0 for s in score_responses(task, broken, docs)["create_test"])
 
 
+def humaneval_module():
+    from lm_eval_sinkmask.tasks import task_module
+
+    return task_module("humaneval")
+
+
+def test_sanitising_keeps_every_canonical_humaneval_program_whole(tasks):
+    import ast
+
+    sanitise = humaneval_module().sanitise
+    for doc in tasks["humaneval_sinkmask"].test_docs():
+        program = doc["prompt"] + doc["canonical_solution"]
+        assert ast.dump(ast.parse(sanitise(program))) == ast.dump(ast.parse(program)), doc["task_id"]
+
+
+def test_instruct_answers_with_wrong_examples_after_a_correct_function_pass(tasks):
+    # A chat answer often shows its function off: prints, asserts (sometimes wrong), a demo.
+    task = tasks["humaneval_sinkmask_instruct"]
+    docs = list(task.test_docs())
+    answers = [
+        f"```python\n{d['prompt']}{d['canonical_solution']}\n# Example usage\n"
+        f"print({d['entry_point']}())\nassert False, 'a wrong example'\n"
+        f"if __name__ == '__main__':\n    raise SystemExit(1)\n```\nThis works because ..."
+        for d in docs
+    ]
+    scores = score_responses(task, answers, docs)["create_test"]
+    assert [d["task_id"] for d, s in zip(docs, scores) if s["pass@1"] != 1.0] == []
+
+
+def test_the_block_that_defines_the_entry_point_is_the_answer():
+    he = humaneval_module()
+    answer = ("A helper first:\n```python\ndef close(a, b, t):\n    return abs(a - b) < t\n```\n"
+              "Then:\n```python\ndef has_close(xs, t):\n    return any(close(a, b, t) "
+              "for i, a in enumerate(xs) for b in xs[i + 1:])\n```\n")
+    assert he.extract_code(answer, "has_close").startswith("def has_close(")
+    assert he.extract_code(answer).startswith("def close(")  # no entry point: first with a def
+    program = he.program_from_answer("", answer, "has_close")
+    namespace = {}
+    exec(program, namespace)  # the helper of the other block comes along
+    assert namespace["has_close"]([1.0, 1.05], 0.1) is True
+
+
+def test_prose_around_an_unfenced_answer_is_dropped():
+    he = humaneval_module()
+    answer = "Here is the function:\ndef f(x):\n    return x + 1\nIt adds one.\nf(0)\n"
+    assert he.program_from_answer("", answer, "f") == "def f(x):\n    return x + 1\n"
+    body = "    return x + 1\n\nprint(f(1))\nThat is all."
+    assert he.program_from_answer("def f(x):\n", body, "f") == "def f(x):\n    return x + 1\n"
+
+
+def test_sanitising_keeps_imports_constants_and_classes_but_not_demo_assignments():
+    he = humaneval_module()
+    code = ("import math\nLIMIT = 10\nclass P:\n    pass\n@staticmethod\ndef g():\n    pass\n"
+            "def f(x):\n    return x\nresult = f(3)\nassert result == 4\nf(2)\n")
+    kept = he.sanitise(code)
+    assert kept == ("import math\nLIMIT = 10\nclass P:\n    pass\n@staticmethod\ndef g():\n"
+                    "    pass\ndef f(x):\n    return x\n")
+
+
 class CanonicalLM:
     """A stand-in model for the evaluator: answers each HumanEval prompt correctly."""
 
@@ -357,3 +417,51 @@ def test_stock_cli_runs_both_tasks_offline(tmp_path, gsm8k_dir):
     assert "exact_match,strict-match" in results["gsm8k_sinkmask"]
     assert "exact_match,flexible-extract" in results["gsm8k_sinkmask"]
     assert 0.0 <= results["humaneval_sinkmask"]["pass@1,create_test"] <= 1.0
+
+
+# --------------------------------------------- checks that must come before the model loads
+
+
+@pytest.fixture
+def model_loads(monkeypatch):
+    """Records every model load: the checks below must stop the run before there is one."""
+    import transformers
+
+    loads = []
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(cls)))
+    return loads
+
+
+def simple_evaluate_dlm(**kwargs):
+    from lm_eval import evaluator
+
+    return evaluator.simple_evaluate(model="dlm_sinkmask", model_args="pretrained=zoo:llada",
+                                     device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("requested", ["humaneval_sinkmask", "humaneval_sinkmask_instruct"])
+def test_unsafe_code_without_confirmation_fails_before_the_model_loads(model_loads, requested):
+    with pytest.raises(ValueError, match=rf"{requested}.*unsafe.*--confirm_run_unsafe_code"):
+        simple_evaluate_dlm(tasks=[requested])
+    assert model_loads == []
+
+
+@pytest.mark.parametrize("raw", ["3s", "0"])
+def test_a_bad_code_timeout_fails_before_the_model_loads(monkeypatch, model_loads, raw):
+    monkeypatch.setenv("SINKMASK_CODE_TIMEOUT", raw)
+    with pytest.raises(ValueError, match="SINKMASK_CODE_TIMEOUT"):
+        simple_evaluate_dlm(tasks=["humaneval_sinkmask"], confirm_run_unsafe_code=True)
+    assert model_loads == []
+
+
+def test_the_instruct_task_without_a_chat_template_warns():
+    from lm_eval_sinkmask._autoload import check_code_tasks
+
+    given = {"tasks": ["humaneval_sinkmask_instruct"], "confirm_run_unsafe_code": True}
+    with pytest.warns(RuntimeWarning, match="humaneval_sinkmask_instruct.*--apply_chat_template"):
+        check_code_tasks(given)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_code_tasks({**given, "apply_chat_template": True})
+        check_code_tasks({**given, "tasks": ["humaneval_sinkmask"]})

@@ -1,0 +1,72 @@
+"""The scorer around the sandbox: its result memo, its timeout setting, its failure report."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lm_eval_sinkmask import code_eval
+from lm_eval_sinkmask.sandbox import Outcome
+
+PASS = Outcome(True, "passed", "", 0.1)
+
+
+@pytest.fixture
+def fake_sandbox(monkeypatch):
+    """Every program "passes" at once; records how many were really run."""
+    runs = []
+
+    def run_programs(jobs, limits, **_):
+        runs.append(len(jobs))
+        return [PASS] * len(jobs)
+
+    monkeypatch.setattr(code_eval, "run_programs", run_programs)
+    monkeypatch.setattr(code_eval, "_memo", {})
+    return runs
+
+
+def test_a_full_memo_is_cleared_without_losing_this_calls_outcomes(monkeypatch, fake_sandbox):
+    monkeypatch.setattr(code_eval, "_MEMO_MAX", 3)
+    code_eval.execute([("a", "t"), ("b", "t")])
+    # "a" is a memo hit, "c" and "d" overflow the memo: it is cleared before they are stored
+    outcomes = code_eval.execute([("a", "t"), ("c", "t"), ("d", "t")])
+    assert outcomes == [PASS] * 3 and fake_sandbox == [2, 2]
+
+
+@pytest.mark.parametrize("raw", ["3s", "0", "-1", "nan", "inf", "ten"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(monkeypatch, raw):
+    monkeypatch.setenv(code_eval.TIMEOUT_ENV, raw)
+    with pytest.raises(ValueError, match="SINKMASK_CODE_TIMEOUT.*positive number"):
+        code_eval.default_limits()
+
+
+def test_a_timeout_setting_sets_wall_and_cpu_limits(monkeypatch):
+    monkeypatch.setenv(code_eval.TIMEOUT_ENV, "2.5")
+    limits = code_eval.default_limits()
+    assert limits.timeout_s == 2.5 and limits.cpu_s == 3
+    monkeypatch.delenv(code_eval.TIMEOUT_ENV)
+    assert code_eval.default_limits().timeout_s == 10.0
+
+
+def failed(detail, status="failed"):
+    return Outcome(False, status, detail, 0.1)
+
+
+def test_mostly_infrastructure_failures_are_reported(caplog):
+    outcomes = [PASS, failed("AssertionError"),
+                failed("timed out after 10s", "timeout"),
+                failed("ModuleNotFoundError: No module named 'doctest'"),
+                failed("ModuleNotFoundError: No module named 'doctest'")]
+    with caplog.at_level(logging.WARNING, logger=code_eval.__name__):
+        message = code_eval.warn_if_mostly_infrastructure(outcomes)
+    assert message and "3 of 4 failed programs (75%)" in message
+    assert "No module named 'doctest'" in message and "(2x)" in message
+    assert message in caplog.text
+
+
+def test_failures_of_the_models_own_code_are_not_reported():
+    outcomes = [failed("AssertionError"), failed("NameError: name 'x' is not defined"),
+                failed("timed out after 10s", "timeout")]
+    assert code_eval.warn_if_mostly_infrastructure(outcomes) is None
+    assert code_eval.warn_if_mostly_infrastructure([PASS, PASS]) is None
