@@ -30,7 +30,7 @@ def in_scope(run, a: dict, max_keys: int) -> bool:
     cfg, q = run.config, a["query"]
     return (a["key"].shape[-2] <= max_keys and fused_mass.triton_runs_on(q.device)
             and cfg.mask_target == "sinks"
-            and not (cfg.sink_token == "exclude" and run.masker.extra_keys is not None)
+            and run.masker.excluded_keys is None
             and q.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 

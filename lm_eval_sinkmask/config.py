@@ -114,6 +114,12 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
     return layers
 
 
+# the settings that name one of a few choices, and those choices
+_CHOICES = {"detect": DETECT_MODES, "granularity": GRANULARITIES, "arm_rule": ARM_RULES,
+            "sink_token": SINK_TOKEN_MODES, "detect_backend": DETECT_BACKENDS,
+            "mask_target": MASK_TARGETS}
+
+
 @dataclass(frozen=True)
 class SinkMaskConfig:
     """What to mask and how (docs/method.md sections 2-5).
@@ -175,9 +181,7 @@ class SinkMaskConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not is_finite(self.eps):
             raise ValueError(f"eps must be a finite number, got {self.eps!r}")
-        for name, choices in (("detect", DETECT_MODES), ("granularity", GRANULARITIES),
-                              ("arm_rule", ARM_RULES), ("sink_token", SINK_TOKEN_MODES),
-                              ("detect_backend", DETECT_BACKENDS), ("mask_target", MASK_TARGETS)):
+        for name, choices in _CHOICES.items():
             check_choice(name, getattr(self, name), choices)
         if not is_int(self.mask_seed, 0):
             raise ValueError(f"mask_seed must be an integer >= 0, got {self.mask_seed!r}")
@@ -219,8 +223,7 @@ class SinkMaskConfig:
             args["eps"] = number_value("eps", kwargs.pop("eps"), float)
         if "mask_seed" in kwargs:
             args["mask_seed"] = number_value("mask_seed", kwargs.pop("mask_seed"), int)
-        for name in ("detect", "granularity", "arm_rule", "sink_token", "detect_backend",
-                     "mask_target"):
+        for name in _CHOICES:
             if name in kwargs:
                 args[name] = str(kwargs.pop(name))
         if "layers" in kwargs:

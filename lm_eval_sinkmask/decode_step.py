@@ -51,13 +51,14 @@ def _kernels():
     return fused_mass.triton_module("_decode_kernels")
 
 
-def takes(config, rule: str, extra_keys, query: torch.Tensor, key: torch.Tensor) -> bool:
+def takes(config, rule: str, excluded_keys, query: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether a call is in the kernel's scope by its settings and shapes (the mask is asked
-    once its view is made: :func:`fits`)."""
+    once its view is made: :func:`fits`); ``excluded_keys``: the masker's keys never chosen
+    (the kernel chooses among all)."""
     return (query.shape[-2] == 1 and key.shape[-2] <= MAX_KEYS and query.dtype in DTYPES
             and rule in ("last_row", "all_rows") and config.granularity == "head"
             and config.mask_target == "sinks"
-            and not (config.sink_token == "exclude" and extra_keys is not None)
+            and excluded_keys is None
             and fused_mass.triton_runs_on(query.device) and _kernels() is not None)
 
 

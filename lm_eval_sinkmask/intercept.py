@@ -239,6 +239,12 @@ class SinkMasker:
         ``sink_token=exclude`` (they stay scored but are never chosen)."""
         self.extra_keys = keys
 
+    @property
+    def excluded_keys(self) -> torch.Tensor | None:
+        """bool [B, S]: the keys never chosen (the extra sink token under
+        ``sink_token=exclude``), or None."""
+        return self.extra_keys if self.config.sink_token == "exclude" else None
+
     # -- scoping --------------------------------------------------------------------------
 
     @contextmanager
@@ -299,8 +305,8 @@ class _Run:
         self.in_place = in_place  # choices written into the last ones' tensors (attach)
         # all_rows under a KV cache: per layer, the mass and row counts of every row so far
         self.history: dict[int, Detection] = {}
-        self.rows = rows  # each batch row's tokens: mask_target=random's seeds
-        self.row_seeds: dict[int, list[int]] = {}  # by the batch size of the call
+        self.row_tokens = rows  # each batch row's tokens: mask_target=random's seeds
+        self.seeds_by_batch: dict[int, list[int]] = {}  # by the batch size of the call
 
     def begin_pass(self, attention_mask) -> None:
         self.active = True
@@ -386,7 +392,7 @@ class _Run:
         other by detection, selection and output in turn (:meth:`_decide_by_parts`)."""
         backend = fused_mass.resolve(self.config.detect_backend, a["query"].device)
         if backend == "fused" and decode_step.takes(self.config, self.masker.rule,
-                                                    self.masker.extra_keys, a["query"], a["key"]):
+                                                    self.masker.excluded_keys, a["query"], a["key"]):
             decided = self._decide_one_row(layer, a, chunk)
             if decided is not None:
                 return decided
@@ -505,17 +511,17 @@ class _Run:
             selected = select(det.mass, mask.key_counts(per_layer, det.mass.dtype),
                               eps=self.config.eps, k=self.config.top_k, per_layer=per_layer)
         scores, sinks, chosen, n_sinks, n_chosen = selected
-        extra = self.masker.extra_keys
-        if self.config.sink_token == "exclude" and extra is not None:
-            if extra.shape != (sc.batch, sc.n_k):
+        excluded = self.masker.excluded_keys
+        if excluded is not None:
+            if excluded.shape != (sc.batch, sc.n_k):
                 raise ValueError(
-                    f"extra sink token keys have shape {tuple(extra.shape)}, but the attention "
-                    f"call has batch {sc.batch} and {sc.n_k} keys"
+                    f"extra sink token keys have shape {tuple(excluded.shape)}, but the "
+                    f"attention call has batch {sc.batch} and {sc.n_k} keys"
                 )
-            chosen = top_k_sinks(scores, sinks & ~extra[:, None].to(sinks.device), self.config.top_k)
+            chosen = top_k_sinks(scores, sinks & ~excluded[:, None].to(sinks.device), self.config.top_k)
             n_chosen = chosen.sum()
         if self.config.mask_target == "random":
-            chosen = self._random_control(layer, chosen, sinks, key_seen, extra)
+            chosen = self._random_control(layer, chosen, sinks, key_seen, excluded)
             n_chosen = chosen.sum()
         self.previous[layer] = _Chosen(chosen, n_chosen)
         if blocked is None:
@@ -523,18 +529,18 @@ class _Run:
             keep_all = _removes_nothing(blocked)
         return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen, n_sinks, n_blocked)
 
-    def _random_control(self, layer, chosen, sinks, key_seen, extra) -> torch.Tensor:
+    def _random_control(self, layer, chosen, sinks, key_seen, excluded) -> torch.Tensor:
         """``mask_target=random``: per (batch element, head), as many keys as the sinks just
         chosen, drawn from the keys Eq. 3 ranged over that are not sinks (never the extra
         sink token under ``sink_token=exclude``), from each row's own stream for this pass
         and layer."""
         eligible = key_seen[:, None]
-        if self.config.sink_token == "exclude" and extra is not None:
-            eligible = eligible & ~extra[:, None].to(eligible.device)
+        if excluded is not None:
+            eligible = eligible & ~excluded[:, None].to(eligible.device)
         batch = chosen.shape[0]
-        if batch not in self.row_seeds:
-            self.row_seeds[batch] = row_seeds(self.config.mask_seed, self.rows, batch)
-        seeds = self.row_seeds[batch]
+        if batch not in self.seeds_by_batch:
+            self.seeds_by_batch[batch] = row_seeds(self.config.mask_seed, self.row_tokens, batch)
+        seeds = self.seeds_by_batch[batch]
         draws = key_draws(key_seen, chosen.shape[1], seeds, self.stats.forward_passes, layer)
         return random_non_sinks(chosen, sinks, eligible, draws)
 
