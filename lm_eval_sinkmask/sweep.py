@@ -11,9 +11,12 @@ versions, the masking counters and the primary numbers. ``cell.json`` is written
 atomically, so a cell counts as done only when everything else is on disk; a rerun skips done
 cells, redoes a cell that a kill interrupted, and refuses a done cell whose request differs or
 whose checkpoint, task or package code has changed since (a retrained ``zoo:llada`` keeps its
-name, a fixed sampler keeps the version 0.1.0). The batch size and the device are not part of
-a cell's identity: a resume may use a bigger batch or another GPU (padding and kernels move
-the numbers at float-noise level only), and ``sinkmask table`` warns when a folder mixes them.
+name, a fixed sampler keeps the version 0.1.0), also a done cell outside the cells it adds.
+The digests are taken after the cell ran, and a cell whose inputs changed since the sweep began
+stops it unrecorded, rather than sit beside cells made of the old ones. The batch size and the
+device are not part of a cell's identity: a resume may use a bigger batch or another GPU
+(padding and kernels move the numbers at float-noise level only), and ``sinkmask table`` warns
+when a folder mixes them.
 Cells run one after another, in parallel processes (``jobs``) or sharded over ``accelerate
 launch`` ranks.
 
@@ -45,7 +48,8 @@ from typing import Any
 from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
-from .provenance import InputDigests, checkpoint_digest
+from .provenance import (InputDigests, changed_inputs, checkpoint_digest, installed_code_digest,
+                         installed_unmasked_code_digest, task_digest)
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings,
                          model_type_of)
 
@@ -63,13 +67,14 @@ def versions() -> dict[str, str]:
     return out
 
 
-def task_manager(plan: SweepPlan):
+def task_manager(plan: SweepPlan, done_tasks: tuple[str, ...] = ()):
     """One TaskManager for the whole sweep. Our folder (added by _autoload) and --include-path
-    first; lm-eval's ~10k built-in YAMLs are indexed only when a task needs them."""
+    first; lm-eval's ~10k built-in YAMLs are indexed only when a task needs them (one of the
+    plan's, or of the folder's ``done_tasks``, whose cells are checked against it)."""
     from lm_eval.tasks import TaskManager
 
     tm = TaskManager(include_path=plan.include_path or None, include_defaults=False)
-    if not all(t in tm.all_tasks for t in plan.tasks):
+    if not all(t in tm.all_tasks for t in [*plan.tasks, *done_tasks]):
         tm = TaskManager(include_path=plan.include_path or None)
     missing = [t for t in plan.tasks if t not in tm.all_tasks]
     if missing:
@@ -158,10 +163,14 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
             torch_random_seed=plan.seed,
             fewshot_random_seed=plan.seed,
         )
+    # rank 0's look at what the cell ran on decides for every rank
+    as_run = rank_zeros(None if results is None else inputs_as_run(cell, tm, results))
+    changed = changed_since_start(inputs, as_run)
+    if changed:  # no cell.json: the folder counts as interrupted
+        raise SystemExit(inputs_changed_message(cell, changed))
     if results is None:  # accelerate rank > 0: rank 0 writes
         return None
-    if inputs["checkpoint"] is None:  # a hub checkpoint that this run has just downloaded
-        inputs = {**inputs, "checkpoint": checkpoint_digest(cell.path, cell.revision)}
+    inputs = as_run
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     for name, task_samples in samples.items():
@@ -191,6 +200,35 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     with written_whole(cell.folder / "cell.json") as tmp:
         tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
+
+
+def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
+    """The digests of what the cell ran on, taken after it ran: the checkpoint the model hashed
+    as it loaded it, the task loaded afresh and the code this process imported (a ``--jobs``
+    worker imports it anew). Those taken at the sweep's start may no longer hold: weights
+    retrained or a YAML edited while the sweep runs keep every name."""
+    reported = (results.get("config") or {}).get("sinkmask") or {}
+    checkpoint = reported.get("checkpoint") or checkpoint_digest(cell.path, cell.revision)
+    with _no_metadata_advice():
+        task = task_digest(tm.load([cell.task])["tasks"][cell.task])
+    return {"checkpoint": checkpoint, "task": task, "package_code": installed_code_digest(),
+            "unmasked_code": installed_unmasked_code_digest()}
+
+
+def changed_since_start(start: dict[str, Any], as_run: dict[str, Any]) -> list[str]:
+    """What differs between the digests taken at the sweep's start and those a cell ran on; a
+    hub checkpoint that was not cached at the start (None) is the one the cell downloaded."""
+    if start["checkpoint"] is None:
+        start = {**start, "checkpoint": as_run["checkpoint"]}
+    return changed_inputs(start, as_run)
+
+
+def inputs_changed_message(cell: Cell, changed: list[str]) -> str:
+    return (f"{cell.label} {cell.task} K={cell.k} ran on other inputs than this sweep started "
+            f"with ({cell.path}, {cell.task} or lm-eval-sinkmask's code changed while it ran):\n  "
+            + "\n  ".join(changed) + f"\nThe sweep stopped without recording this cell, and the "
+            f"cells done before the change in {cell.plan.out} hold the old inputs: finish the "
+            "sweep in another --out folder, or restore the old inputs and rerun it here.")
 
 
 def run_settings(batch_size: int | str, device: str) -> dict[str, Any]:
@@ -312,6 +350,39 @@ def _free_memory() -> None:
         pass
 
 
+def stale_cells(records: dict[Path, dict[str, Any]], digests: InputDigests) -> list[str]:
+    """``path: what changed`` for each done cell (``cell.json`` path -> record) whose inputs
+    differ from today's (:func:`todays_inputs`): a sweep that only adds cells to the folder
+    refuses before it runs, rather than leave cells of two checkpoints or codes side by side."""
+    stale = []
+    for path, record in records.items():
+        changed = changed_inputs(record.get("inputs"), todays_inputs(record, digests))
+        if changed:
+            stale.append(f"{path.parent}: " + "; ".join(changed))
+    return stale
+
+
+def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, Any]:
+    """Today's digests of a done cell's checkpoint, task and package code, as far as they can
+    be taken here: a checkpoint that cannot be read is None (not compared), a task the task
+    manager does not know keeps the digest the cell recorded."""
+    from lm_eval.utils import simple_parse_args_string
+
+    request = record["request"]
+    args = simple_parse_args_string(request["model_args"])
+    revision = None if args.get("revision") is None else str(args["revision"])
+    try:
+        checkpoint = digests.checkpoint(str(args["pretrained"]), revision)
+    except Exception:  # noqa: BLE001 - e.g. a zoo seed not installed here: nothing to compare
+        checkpoint = None
+    task = request["task"]
+    known = task in digests.task_manager.all_tasks
+    recorded = (record.get("inputs") or {}).get("task") or {}
+    return {"checkpoint": checkpoint, "task": digests.task(task) if known else recorded,
+            "package_code": installed_code_digest(),
+            "unmasked_code": installed_unmasked_code_digest()}
+
+
 def refused_model_args(cells: list[Cell]) -> list[str]:
     """What each column's model class would refuse before loading weights, checked for every
     distinct model_args before the first cell: a typo in the last column fails now, not
@@ -353,15 +424,22 @@ def run_sweep(
         merge_grids(json.loads(grid_path.read_text()), plan.grid())
 
     # everything is checked before sweep.json records the grid: a typo stays out of the layout
-    tm = task_manager(plan)
+    done = {p: json.loads(p.read_text()) for p in cell_records(plan.out / "cells")}
+    tm = task_manager(plan, tuple(sorted({r["request"]["task"] for r in done.values()})))
     digests = InputDigests(tm)
     cells = plan.cells()
     with _no_metadata_advice():  # the task digests load every task once
         inputs = [digests.for_cell(c.path, c.task, c.revision) for c in cells]
-    pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
+        pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
+        planned = {c.folder / "cell.json" for c in cells}
+        stale = stale_cells({p: r for p, r in done.items() if p not in planned}, digests)
+    if stale:
+        raise SystemExit("done cells of this folder outside this sweep ran on other inputs than "
+                         "their checkpoint, task and lm-eval-sinkmask's code are now:\n  "
+                         + "\n  ".join(stale) + f"\n{RERUN_HELP}")
     todo = pending[:max_cells]
-    done = [json.loads(p.read_text())["request"] for p in cell_records(plan.out / "cells")]
-    mixed = mixed_settings(done + [cells[i].request() for i in todo])
+    mixed = mixed_settings([r["request"] for r in done.values()]
+                           + [cells[i].request() for i in todo])
     if mixed:
         raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
     refused = refused_model_args([cells[i] for i in todo])
@@ -420,8 +498,12 @@ def run_sweep(
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
                 futures = {pool.submit(_run_cell_job, plan, i, inputs[i]): cells[i] for i in todo}
-                for future in as_completed(futures):
-                    report(futures[future], future.result())
+                try:
+                    for future in as_completed(futures):
+                        report(futures[future], future.result())
+                except BaseException:  # e.g. inputs changed: start no further cell
+                    pool.shutdown(cancel_futures=True)
+                    raise
     if outcomes[HELD] and progress and process_rank() == 0:
         print(f"{outcomes[HELD]} cell(s) were running in other processes; once those finish, "
               "rerun this sweep to pick up any they did not complete", flush=True)

@@ -120,15 +120,25 @@ def parse_models(text: str, kind_of=None, seeds: list[int] | None = None) -> lis
 
 
 def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
-    """The given kind (a zoo reference is still resolved, so a missing seed fails now), or the
-    one read off the checkpoint."""
+    """The given kind (a zoo reference is still resolved and a local folder must exist, so a
+    missing seed or a mistyped path fails now, not at its column's first cell), or the one read
+    off the checkpoint."""
     if kind is None:
         return kind_of(path)
     if path.startswith("zoo:"):
         from .masking_lm import resolve_pretrained
 
         resolve_pretrained(path)
+    elif clearly_local(path) and not Path(path).expanduser().is_dir():
+        raise ValueError(f"checkpoint folder {path!r} does not exist")
     return kind
+
+
+def clearly_local(path: str) -> bool:
+    """Whether ``path`` can only name a local folder: absolute, starting with ``.`` or ``~``, or
+    with more than one ``/`` (a hub id is ``namespace/name``)."""
+    return (Path(path).expanduser().is_absolute() or path.startswith((".", "~"))
+            or path.count("/") > 1)
 
 
 def model_type_of(path: str) -> str | None:
@@ -258,6 +268,7 @@ class SweepPlan:
             "ks": self.ks,
             "eps": self.eps,
             "limit": self.limit,
+            "columns": self.column_settings(),
         }
         if self.seeds is not None:
             grid["seeds"] = self.seeds
@@ -268,6 +279,12 @@ class SweepPlan:
         if self.title:
             grid["title"] = self.title
         return grid
+
+    def column_settings(self) -> dict[str, dict[str, Any]]:
+        """Model name -> what every cell of its column shares (:func:`column_settings`), kept in
+        sweep.json so that a sweep starting in the folder with other settings is refused when
+        it merges its grid, before its first cell."""
+        return {m.name: column_settings(Cell(self, m, "", 0).request()) for m in self.models}
 
 
 @dataclass
@@ -380,7 +397,8 @@ def cell_records(cells: Path) -> list[Path]:
 def merge_grids(old: dict, new: dict) -> dict:
     """The grid of a folder swept again, perhaps wider: earlier models, tasks and K stay in the
     layout. Refused: a folder that would mix the layouts with and without a seed or draw axis,
-    a column whose path, kind or model args change, another eps, another --limit for a task
+    a column whose path, kind, model args or shared settings (``columns``: sweeps started at
+    once merge here, under the folder's lock) change, another eps, another --limit for a task
     already swept (each would put two experiments under one name)."""
     def union(a, b, key=lambda x: x):
         seen = {key(x) for x in a}
@@ -403,6 +421,12 @@ def merge_grids(old: dict, new: dict) -> dict:
     if old.get("eps", new["eps"]) != new["eps"]:
         raise SystemExit(f"this folder was swept at eps {old['eps']:g}, not {new['eps']:g}: "
                          "use another --out folder")
+    old_columns = old.get("columns") or {}  # none in a sweep.json older than the key
+    for name, settings in (new.get("columns") or {}).items():
+        before = old_columns.get(name, settings)
+        if before != settings:
+            raise SystemExit(f"column {name!r} mixes settings: {settings_differ(before, settings)} "
+                             "(swept here before with the first): use another --out folder")
     limits = task_limits(old)
     for task, limit in task_limits(new).items():
         if limits.setdefault(task, limit) != limit:
@@ -415,6 +439,8 @@ def merge_grids(old: dict, new: dict) -> dict:
     merged["limit"] = shared.pop() if len(shared) == 1 else limits
     if old.get("versus") or new.get("versus"):
         merged["versus"] = union(old.get("versus", []), new.get("versus", []), key=tuple)
+    if "columns" in old or "columns" in new:
+        merged["columns"] = {**old_columns, **(new.get("columns") or {})}
     if "title" in old and "title" not in new:
         merged["title"] = old["title"]
     return merged
@@ -456,7 +482,12 @@ def mixed_settings(requests: list[dict[str, Any]]) -> list[str]:
             if key[0] == "limit":
                 problems.append(f"column {key[1]!r} ran {key[2]} with --limit {first} and {value}")
             else:
-                differ = {k: [first.get(k), value.get(k)] for k in sorted({*first, *value})
-                          if first.get(k) != value.get(k)}
+                differ = settings_differ(first, value)
                 problems.append(f"column {key[1]!r} mixes settings: {differ}")
     return sorted(set(problems))
+
+
+def settings_differ(first: dict[str, Any], then: dict[str, Any]) -> dict[str, list]:
+    """setting -> [first value, then value], for the settings in which two columns differ."""
+    return {k: [first.get(k), then.get(k)] for k in sorted({*first, *then})
+            if first.get(k) != then.get(k)}

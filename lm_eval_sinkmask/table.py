@@ -104,7 +104,11 @@ def load_pooled(folders: list[Path], metrics: dict[str, str] | None = None
         if not r.grid.get("seeds"):
             raise ValueError(f"{r.folder} is not a sweep over training seeds (no --seeds): "
                              "pooling folders is for one grid run on different seeds")
-        differ = sorted(k for k in set(first.grid) | set(r.grid) if k not in ("seeds", "title")
+        # a folder swept before sweep.json kept its columns' settings is compared without them
+        # (its cells' own settings are, by the checks of one experiment)
+        compared = set(first.grid) | set(r.grid) if "columns" in first.grid and "columns" in r.grid \
+            else (set(first.grid) | set(r.grid)) - {"columns"}
+        differ = sorted(k for k in compared if k not in ("seeds", "title")
                         and first.grid.get(k) != r.grid.get(k))
         if differ:
             raise ValueError(f"{r.folder} ran another grid than {first.folder} "

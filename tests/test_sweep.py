@@ -70,7 +70,7 @@ def test_a_killed_sweep_resumes_to_the_same_table(tmp_path, tiny_dirs, tiny_task
     assert sorted(p.name for p in cell.iterdir()) == sorted([*record["results_files"], "cell.json"])
 
     # a rerun into the same folder with other settings refuses instead of mixing runs
-    with pytest.raises(SystemExit, match="different settings"):
+    with pytest.raises(SystemExit, match=r"column 'llama' mixes settings: \{'seed': \[0, 1\]\}"):
         run_sweep(plan_for(tiny_dirs, tiny_task, resumed, seed=1), progress=False)
 
 
@@ -392,3 +392,112 @@ def test_a_model_that_switches_sdpa_kernels_off_does_not_change_the_later_cells(
         assert torch.backends.cuda.mem_efficient_sdp_enabled() == before
     finally:
         torch.backends.cuda.enable_mem_efficient_sdp(before)
+
+
+# ---- inputs that change under a sweep --------------------------------------------------------
+
+def retrain(model: Path) -> None:
+    """New weights under the old name, as retraining a checkpoint in place gives."""
+    from safetensors.torch import load_file, save_file
+
+    [weights] = model.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, weights, metadata={"format": "pt"})
+
+
+def copied_llama_plan(tmp_path, tiny_dirs, tiny_task, out: str, ks: list[int]) -> SweepPlan:
+    """A one-column sweep of a copy of the tiny llama and of the tiny task, free to edit."""
+    import shutil
+
+    model, task = tmp_path / "llama", tmp_path / "task"
+    if not model.exists():
+        shutil.copytree(tiny_dirs["llama"], model)
+        shutil.copytree(tiny_task, task)
+    return SweepPlan(models=[ModelSpec("llama", str(model), "arm")], tasks=["tiny_gen"], ks=ks,
+                     out=tmp_path / out, limit=1, device="cpu", include_path=[str(task)])
+
+
+@pytest.mark.slow
+def test_inputs_that_change_while_a_sweep_runs_stop_it_without_recording_the_cell(
+        tmp_path, tiny_dirs, tiny_task, monkeypatch):
+    """Weights retrained or a YAML edited between two cells keep every name: the digests each
+    cell ran on, taken after it ran, catch them instead of the ones taken at the start."""
+    import shutil
+
+    import lm_eval
+
+    from lm_eval_sinkmask import sweep
+
+    edits = []  # [edit, cells before it]
+    evaluate = lm_eval.simple_evaluate
+
+    def edit_then_evaluate(*args, **kwargs):
+        if edits and edits[-1][1] == 0:
+            edits.pop()[0]()
+        elif edits:
+            edits[-1][1] -= 1
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", edit_then_evaluate)
+    model, yaml = tmp_path / "llama", tmp_path / "task" / "tiny_gen.yaml"
+    for out, edit, changed in (
+            ("weights", lambda: retrain(model), r"checkpoint sha256:\w+ -> sha256:\w+"),
+            ("yaml", lambda: yaml.write_text(yaml.read_text().replace("max_gen_toks: 8",
+                                                                      "max_gen_toks: 6")),
+             r"task config sha256:\w+ -> sha256:\w+")):
+        plan = copied_llama_plan(tmp_path, tiny_dirs, tiny_task, out, [0, 1])
+        shutil.copytree(tiny_dirs["llama"], model, dirs_exist_ok=True)  # the old weights again
+        edits.append([edit, 1])  # between the first cell and the second
+        with pytest.raises(SystemExit, match=rf"(?s)llama tiny_gen K=1 ran on other inputs than "
+                                             rf"this sweep started with.*{changed}.*cells done "
+                                             rf"before the change .* hold the old inputs"):
+            run_sweep(plan, progress=False)
+        assert [p.parent.name for p in plan.out.rglob("cell.json")] == ["k0"]
+        assert (plan.out / "cells/llama/tiny_gen/k1").is_dir()  # counts as interrupted
+
+    # a --jobs worker imports the package afresh: code edited since the start is caught too
+    yaml.write_text(yaml.read_text().replace("max_gen_toks: 6", "max_gen_toks: 8"))
+    monkeypatch.setattr(sweep, "installed_code_digest", lambda: "sha256:edited")
+    plan = copied_llama_plan(tmp_path, tiny_dirs, tiny_task, "code", [0])
+    with pytest.raises(SystemExit, match=r"package code sha256:\w+ -> sha256:edited"):
+        run_sweep(plan, progress=False)
+    assert not list(plan.out.rglob("cell.json"))
+
+
+@pytest.mark.slow
+def test_a_sweep_that_only_adds_cells_first_checks_every_done_cell_of_the_folder(
+        tmp_path, tiny_dirs, tiny_task):
+    """Done cells outside today's plan (another K here) were checked only by the closing table,
+    after the new cells had run beside them on other weights."""
+    assert run_sweep(copied_llama_plan(tmp_path, tiny_dirs, tiny_task, "out", [0]),
+                     progress=False) == 1
+    retrain(tmp_path / "llama")
+    plan = copied_llama_plan(tmp_path, tiny_dirs, tiny_task, "out", [1])
+    with pytest.raises(SystemExit, match=r"(?s)done cells of this folder outside this sweep.*"
+                                         r"tiny_gen/k0: checkpoint sha256:\w+ -> sha256:\w+"
+                                         r".*another --out folder"):
+        run_sweep(plan, progress=False)
+    assert not (plan.out / "cells/llama/tiny_gen/k1").exists()
+
+
+def test_todays_inputs_of_a_done_cell_are_taken_as_far_as_they_can_be_here(tiny_dirs):
+    from lm_eval_sinkmask.provenance import InputDigests, checkpoint_digest
+    from lm_eval_sinkmask.sweep import stale_cells, todays_inputs
+
+    class NoTasks:  # a task manager that knows none of the done cells' tasks
+        all_tasks: list[str] = []
+
+    digests = InputDigests(NoTasks())
+    recorded = {"checkpoint": "sha256:old", "task": {"version": 1, "config": "c", "docs": "d"}}
+    record = {"request": {"task": "gone", "model_args": f"pretrained={tiny_dirs['llama']},top_k=0"},
+              "inputs": recorded}
+    now = todays_inputs(record, digests)
+    assert now["checkpoint"] == checkpoint_digest(str(tiny_dirs["llama"]))
+    assert now["task"] == recorded["task"]  # unknown here: kept, not compared
+    assert stale_cells({Path("out/cells/a/gone/k0/cell.json"): record}, digests) == [
+        f"out/cells/a/gone/k0: checkpoint sha256:old -> {now['checkpoint']}"]
+    unreadable = {**record, "request": {**record["request"], "model_args": "pretrained=zoo:nope@9"}}
+    assert todays_inputs(unreadable, digests)["checkpoint"] is None
+    assert stale_cells({Path("x/cell.json"): unreadable}, digests) == []

@@ -230,3 +230,58 @@ def test_cells_of_one_column_must_share_every_setting_but_their_axes():
         "column 'arm' ran gsm with --limit 50 and 20"]
     assert mixed_settings([request(), {**request(k=1), "num_fewshot": 5}]) == [
         "column 'arm' mixes settings: {'num_fewshot': [None, 5]}"]
+
+
+def test_a_missing_local_checkpoint_with_an_explicit_kind_is_refused_at_once(tmp_path, monkeypatch):
+    """With its kind given nothing else reads the path, and it failed at its column's first
+    cell, after the earlier columns had run; a hub id (namespace/name) is left to the hub."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt" / "here").mkdir(parents=True)
+    for missing in ("/tmp/nonexistent-sinkmask", "./nope", "~/nope-sinkmask", "ckpt/a/b"):
+        with pytest.raises(ValueError, match=f"checkpoint folder '{missing}' does not exist"):
+            parse_models(f"bad=arm:{missing}")
+    assert [s.path for s in parse_models(f"a=arm:{tmp_path}/ckpt/here,b=dlm:./ckpt/here,"
+                                         "c=arm:org/model")] == [
+        f"{tmp_path}/ckpt/here", "./ckpt/here", "org/model"]
+
+
+def test_sweeps_of_other_column_settings_cannot_share_a_folder(tmp_path):
+    """Two sweeps started at once on one folder both passed every check and ran alternate
+    cells; sweep.json now keeps each column's settings, merged under the folder's lock."""
+    import json
+
+    from lm_eval_sinkmask.sweep import record_grid
+
+    def grid(**kw):
+        return SweepPlan(**{**dict(models=[ModelSpec("arm", "zoo:arm", "arm")], tasks=["gsm"],
+                                   ks=[0], out=tmp_path), **kw}).grid()
+
+    record_grid(tmp_path, grid())
+    for other, differ in ((dict(seed=1), "'seed': [0, 1]"),
+                          (dict(arm_rule="all_rows"), "'model_args': ['arm_rule=last_row"),
+                          (dict(model_args_extra="dtype=float32"), "'model_args'"),
+                          (dict(num_fewshot=2), "'num_fewshot': [None, 2]"),
+                          (dict(apply_chat_template=True), "'apply_chat_template': [False, True]")):
+        with pytest.raises(SystemExit, match=r"column 'arm' mixes settings: \{" + differ.replace(
+                "[", r"\[")):
+            record_grid(tmp_path, grid(ks=[1], **other))
+    assert record_grid(tmp_path, grid(ks=[1]))["ks"] == [0, 1]
+    assert json.loads((tmp_path / "sweep.json").read_text())["columns"]["arm"]["seed"] == 0
+
+    older = {k: v for k, v in grid().items() if k != "columns"}  # before sweep.json kept them
+    merged = merge_grids(older, grid(ks=[1], seed=1))
+    assert merged["ks"] == [0, 1] and merged["columns"]["arm"]["seed"] == 1
+    assert "columns" not in merge_grids(older, older)
+    with pytest.raises(SystemExit, match="column 'arm' mixes settings"):
+        merge_grids(merged, grid())
+
+
+def test_every_committed_sweep_json_still_merges(tmp_path):
+    import json
+    from pathlib import Path
+
+    committed = sorted(Path(__file__).parents[1].glob("results/*/sweep.json"))
+    assert committed
+    for path in committed:
+        grid = json.loads(path.read_text())
+        assert merge_grids(grid, grid) == grid
