@@ -20,7 +20,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import checkpoint_checks, model_args
+from . import checkpoint_checks, hflm_args, model_args
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
 from .masking_lm import MaskingLMMixin, resolve_pretrained
@@ -140,7 +140,7 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
     """(checkpoint, masking config): our model_args checked against each other and against
     the checkpoint's config.json, and popped from ``kwargs`` (the rest goes to HFLM)."""
     model_args.check(model_args.ARM, kwargs)
-    model_args.normalise_hflm(kwargs)
+    hflm_args.check_and_normalise(kwargs)
     pretrained = resolve_pretrained(pretrained)
     mask_config = SinkMaskConfig.pop_from(kwargs)
     try:

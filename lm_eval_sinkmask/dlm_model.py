@@ -20,7 +20,8 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import checkpoint_checks, graphed_steps, likelihood, model_args, sink_token, zoo
+from . import (checkpoint_checks, graphed_steps, hflm_args, likelihood, model_args, sink_token,
+               zoo)
 from .config import SinkMaskConfig, flag_value, number_value
 from .families import Family, disable_flash_attention, family_for
 from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
@@ -78,7 +79,7 @@ class _CheckedArgs:
              kwargs: dict[str, Any]) -> _CheckedArgs:
         """Check and pop our keys from ``kwargs``; what is left goes to HFLM."""
         model_args.check(model_args.DLM, kwargs)
-        model_args.normalise_hflm(kwargs)
+        hflm_args.check_and_normalise(kwargs)
         given = frozenset(kwargs) & REQUEST_SETTINGS
         pretrained = resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)

@@ -165,7 +165,7 @@ def test_peft_without_its_package_is_refused_before_loading(config_only, no_weig
 
 @pytest.mark.parametrize("batch_size", ["auto", "auto:4", "auto:0.5", "8", 8])
 def test_batch_sizes_hflm_takes_pass_the_check(batch_size):
-    from lm_eval_sinkmask.model_args import check_batch_sizes
+    from lm_eval_sinkmask.hflm_args import check_batch_sizes
 
     check_batch_sizes(batch_size, "64")
 
@@ -196,7 +196,7 @@ def test_a_device_torch_does_not_have_here_is_refused_before_loading(
     tensor moved there; a CUDA name it does not list for the machine (cuda:7 on two GPUs)
     it replaces by CUDA or the CPU, and the run would say it ran where it did not. cuda:0,
     the lm_eval command's default, stays the CPU without CUDA."""
-    from lm_eval_sinkmask.model_args import placed_device
+    from lm_eval_sinkmask.hflm_args import placed_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
@@ -239,7 +239,7 @@ def test_a_dict_of_model_args_may_give_every_number_as_a_string(config_only, no_
     """The arg-string parser turns "64" into 64; a dict keeps "64": each number is read the
     same either way, and a string that is no integer is refused in the same words."""
     from lm_eval_sinkmask.dlm_model import _CheckedArgs
-    from lm_eval_sinkmask.model_args import placed_device
+    from lm_eval_sinkmask.hflm_args import placed_device
 
     kwargs = {"top_k": "5", "eps": "2", "gen_length": "64", "steps": "32.0", "block_length": "32",
               "temperature": "0", "mc_num": "8", "max_length": "512"}

@@ -1,0 +1,136 @@
+"""lm-eval's own ``HFLM`` arguments, checked and put in the form it needs before any weight
+loads: HFLM reads several of them (a dtype name, the batch size, the device) only after the
+weights have loaded, where a typo costs the whole load, or replaces a device silently.
+Our own arguments are :mod:`model_args`' table and the settings classes'."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import flag_value, number_value
+
+# HFLM's arguments that name a dtype (it reads a string as torch.<name>)
+DTYPE_ARGS = ("dtype", "softmax_dtype", "mixed_precision_dtype", "bnb_4bit_compute_dtype")
+
+
+def check_and_normalise(kwargs: dict[str, Any]) -> None:
+    """HFLM's arguments in the form it needs, fixed before anything loads: ``max_length`` a
+    positive integer (HFLM reads 0 as unset, and a string from a dict of model_args would fail
+    after the weights load), a ``tokenizer=zoo:NAME`` that names a zoo checkpoint, and
+    ``torch_dtype`` (transformers' older name) taken as ``dtype``, which HFLM turns into a
+    torch dtype, where from_pretrained would be handed the string; every dtype a floating
+    one torch has (HFLM looks the name up in torch only after the weights load); the batch
+    sizes and HFLM's options that would fail after loading. And ``device``: see
+    :func:`placed_device`."""
+    kwargs["device"] = placed_device(kwargs.get("device"))
+    if kwargs.get("max_length") is not None:
+        value = kwargs["max_length"]
+        kwargs["max_length"] = number_value("max_length", value, int)
+        if kwargs["max_length"] < 1:
+            raise ValueError(f"max_length must be a positive integer, got {value!r}")
+    if isinstance(kwargs.get("tokenizer"), str):
+        from .masking_lm import resolve_pretrained
+
+        resolve_pretrained(kwargs["tokenizer"])  # a zoo name or seed that is not there fails now
+    if "torch_dtype" in kwargs:
+        if "dtype" in kwargs:
+            raise ValueError("dtype and torch_dtype name one setting (torch_dtype is transformers' "
+                             "older name): pass dtype only")
+        kwargs["dtype"] = kwargs.pop("torch_dtype")
+    for name in DTYPE_ARGS:
+        if kwargs.get(name) is not None:
+            check_dtype(name, kwargs[name])
+    check_batch_sizes(kwargs.get("batch_size"), kwargs.get("max_batch_size"))
+    check_hflm_options(kwargs)
+
+
+def check_batch_sizes(batch_size: Any, max_batch_size: Any) -> None:
+    """``batch_size`` a positive integer, ``auto`` or ``auto:N`` (N > 0 searches again N
+    times), and ``max_batch_size`` a positive integer: HFLM reads them only after the weights
+    have loaded."""
+    if batch_size is not None:
+        text = str(batch_size).strip()
+        if text.startswith("auto"):
+            schedule = text.split(":")
+            try:
+                ok = text == "auto" or (len(schedule) == 2 and schedule[0] == "auto"
+                                        and float(schedule[1]) > 0)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"batch_size={batch_size!r}: auto takes the form auto or auto:N "
+                                 "with N a positive number (how often to search again)")
+        elif number_value("batch_size", batch_size, int) < 1:
+            raise ValueError(f"batch_size must be a positive integer or auto, got {batch_size!r}")
+    if max_batch_size is not None and number_value("max_batch_size", max_batch_size, int) < 1:
+        raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+
+
+def check_hflm_options(kwargs: dict[str, Any]) -> None:
+    """HFLM's options that fail only once the weights have loaded: ``peft`` without the peft
+    package or together with ``delta``, ``enable_thinking`` without ``think_end_token``."""
+    import importlib.util
+
+    if kwargs.get("peft"):
+        if kwargs.get("delta"):
+            raise ValueError("peft and delta both change the weights and HFLM takes only one: "
+                             "pass one of them")
+        if importlib.util.find_spec("peft") is None:
+            raise ValueError(f"peft={kwargs['peft']} needs the peft package: pip install peft")
+    if flag_value(kwargs.get("enable_thinking")) is True and kwargs.get("think_end_token") is None:
+        raise ValueError("enable_thinking=true needs think_end_token (the token or its id that "
+                         "ends the thinking, e.g. </think>), where the answer starts")
+
+
+def check_dtype(name: str, value: Any) -> None:
+    """A floating torch dtype, by name (``bfloat16``) or as one; ``dtype`` may also be
+    ``auto`` (the checkpoint's own)."""
+    import torch
+
+    if name == "dtype" and value == "auto":
+        return
+    found = getattr(torch, value, None) if isinstance(value, str) else value
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ValueError(f"{name}={value} is not a floating torch dtype: use e.g. bfloat16, "
+                         "float16 or float32" + (", or auto" if name == "dtype" else ""))
+
+
+def placed_device(device: Any) -> str:
+    """The device HFLM will place the model on, refused before loading where that is not the
+    one asked for. HFLM takes ``cuda`` or ``mps`` as given (``cuda`` is its default when none
+    is passed) and the run fails at the first tensor moved there, after the weights load; a
+    CUDA name it does not list for this machine (``cuda:7`` with two GPUs) it silently
+    replaces by CUDA if there is one, else the CPU. ``cuda:0`` is the ``lm_eval`` command's
+    default device: without CUDA it means the CPU, as HFLM makes it. With none given (the
+    Python API), CUDA if there is one, else the CPU. Other accelerators (``xpu``, ``npu``,
+    ``hpu``) are HFLM's to place."""
+    import torch
+
+    available = torch.cuda.is_available()
+    if device is None:
+        return "cuda" if available else "cpu"
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ({e})") from None
+    device = str(device)
+    mps = torch.backends.mps.is_available()
+    if device == "cuda:0" and not available:
+        return "cpu"
+    if (kind == "cuda" and not available) or (kind == "mps" and not mps):
+        if device in ("cuda", "mps", "mps:0"):
+            raise ValueError(f"device={device}: torch {torch.__version__} sees no {kind.upper()} "
+                             "device on this machine, so the run would fail once the weights "
+                             "had loaded; pass device=cpu (--device cpu), or run where there is one")
+        raise ValueError(f"device={device}: torch sees no {kind.upper()} device, so lm-eval's "
+                         "hf model would run on the CPU instead; pass device=cpu (--device cpu)")
+    gpus = torch.cuda.device_count()
+    if kind == "cuda" and device != "cuda" and device not in {f"cuda:{i}" for i in range(gpus)}:
+        raise ValueError(f"device={device}: this machine has {gpus} CUDA device(s), cuda:0 to "
+                         f"cuda:{gpus - 1}, so lm-eval's hf model would run on cuda instead; "
+                         "pass one of them")
+    if kind not in ("cpu", "cuda", "mps", "xpu", "npu", "hpu"):
+        raise ValueError(f"device={device}: lm-eval's hf model places models on cpu, cuda, mps "
+                         "or another accelerator it knows (xpu, npu, hpu), and would put this "
+                         "one on the CPU or CUDA instead; pass one of those")
+    return device
