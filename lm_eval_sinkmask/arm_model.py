@@ -23,7 +23,8 @@ from lm_eval.models.huggingface import HFLM
 from . import checkpoint_checks, hflm_args, model_args
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
-from .masking_lm import MaskingLMMixin, resolve_pretrained
+from .masking_lm import MaskingLMMixin
+from .zoo import resolve_pretrained
 
 
 @register_model("arm_sinkmask")

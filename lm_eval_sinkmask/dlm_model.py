@@ -24,7 +24,7 @@ from . import (checkpoint_checks, graphed_steps, hflm_args, likelihood, model_ar
                zoo)
 from .config import SinkMaskConfig, flag_value, number_value
 from .families import Family, disable_flash_attention, family_for
-from .masking_lm import MaskingLMMixin, logger, resolve_pretrained
+from .masking_lm import MaskingLMMixin, logger
 from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
 from .sampler_settings import DiffusionSettings
@@ -81,7 +81,7 @@ class _CheckedArgs:
         model_args.check(model_args.DLM, kwargs)
         hflm_args.check_and_normalise(kwargs)
         given = frozenset(kwargs) & REQUEST_SETTINGS
-        pretrained = resolve_pretrained(pretrained)
+        pretrained = zoo.resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
         likelihood_settings = likelihood.LikelihoodSettings.pop_from(kwargs)

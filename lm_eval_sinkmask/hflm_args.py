@@ -29,7 +29,7 @@ def check_and_normalise(kwargs: dict[str, Any]) -> None:
         if kwargs["max_length"] < 1:
             raise ValueError(f"max_length must be a positive integer, got {value!r}")
     if isinstance(kwargs.get("tokenizer"), str):
-        from .masking_lm import resolve_pretrained
+        from .zoo import resolve_pretrained
 
         resolve_pretrained(kwargs["tokenizer"])  # a zoo name or seed that is not there fails now
     if "torch_dtype" in kwargs:

@@ -16,25 +16,10 @@ from .config import SinkMaskConfig
 from .intercept import NO_ATTENTION_HELP, SinkMasker
 from .masking_stats import MaskingStats
 from .random_control import row_tokens
+from .zoo import resolve_pretrained
 
 # a child of lm-eval's logger, so the CLI's --verbosity and format apply to our report
 logger = logging.getLogger("lm_eval.sinkmask")
-
-
-def resolve_pretrained(pretrained):
-    """``zoo:llada`` (also ``zoo:arm``, ``zoo:dream``, ``zoo:llada_sink``) names a checkpoint
-    shipped in the package (training seed 0); ``zoo:llada@2`` names another seed."""
-    if pretrained is None:
-        raise ValueError("model_args need pretrained=: a hub id, a local checkpoint folder, or "
-                         "zoo:llada (zoo:arm, zoo:dream, zoo:llada_sink)")
-    if isinstance(pretrained, (bool, int, float)):  # lm-eval parses pretrained=123 as a number
-        raise ValueError(f"pretrained={pretrained!r}: pass a hub id, a local checkpoint folder "
-                         "or zoo:NAME")
-    if isinstance(pretrained, str) and pretrained.startswith("zoo:"):
-        from .zoo import checkpoint_path, parse_ref
-
-        return str(checkpoint_path(*parse_ref(pretrained[len("zoo:"):])))
-    return pretrained
 
 
 def check_calls_per_pass(calls: int, layers: int | None) -> None:

@@ -95,7 +95,7 @@ def checkpoint_digest(path: str, revision: str | None = None) -> str | None:
     """The identity of a checkpoint's content; None when it cannot be read here (a hub name
     that is not in the local cache yet, at ``revision``: a branch, tag or commit, main when
     None)."""
-    from .masking_lm import resolve_pretrained
+    from .zoo import resolve_pretrained
 
     resolved = Path(resolve_pretrained(path)).expanduser()
     if resolved.is_dir():

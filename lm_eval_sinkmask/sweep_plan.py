@@ -126,7 +126,7 @@ def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
     if kind is None:
         return kind_of(path)
     if path.startswith("zoo:"):
-        from .masking_lm import resolve_pretrained
+        from .zoo import resolve_pretrained
 
         resolve_pretrained(path)
     elif clearly_local(path) and not Path(path).expanduser().is_dir():
@@ -146,7 +146,7 @@ def model_type_of(path: str) -> str | None:
     zoo: reference), read from the raw dict, so remote-code checkpoints need no
     ``trust_remote_code`` here."""
     from .checkpoint_checks import read_config
-    from .masking_lm import resolve_pretrained
+    from .zoo import resolve_pretrained
 
     return read_config(resolve_pretrained(path), {}).get("model_type")
 

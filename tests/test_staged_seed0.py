@@ -39,7 +39,7 @@ def _run(args, seeds, worktree=None):
 # what the command sees: where the package comes from, and the digest of each zoo:NAME and of
 # each lm_eval_sinkmask/zoo/checkpoints/NAME (the relative path results/mc/reproduce.sh and
 # results/tiny/sinks/reproduce.sh name, and cells record)
-SEEN = ("import lm_eval_sinkmask; from lm_eval_sinkmask.masking_lm import resolve_pretrained;"
+SEEN = ("import lm_eval_sinkmask; from lm_eval_sinkmask.zoo import resolve_pretrained;"
         " from lm_eval_sinkmask.provenance import checkpoint_digest;"
         " print(lm_eval_sinkmask.__file__);"
         " print(*(checkpoint_digest(resolve_pretrained(f'zoo:{n}')) for n in "

@@ -86,7 +86,7 @@ def test_seed_paths_and_the_seeded_cell_layout(tmp_path):
 
 def test_zoo_seeds_resolve_from_the_seeds_folder_or_fail_naming_it(tmp_path, monkeypatch):
     from lm_eval_sinkmask import zoo
-    from lm_eval_sinkmask.masking_lm import resolve_pretrained
+    from lm_eval_sinkmask.zoo import resolve_pretrained
 
     monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path))
     (tmp_path / "llada").mkdir()

@@ -63,6 +63,20 @@ def parse_ref(ref: str) -> tuple[str, int]:
     return name, int(seed) if sep else 0
 
 
+def resolve_pretrained(pretrained):
+    """``zoo:llada`` (also ``zoo:arm``, ``zoo:dream``, ``zoo:llada_sink``) names a checkpoint
+    shipped in the package (training seed 0); ``zoo:llada@2`` names another seed."""
+    if pretrained is None:
+        raise ValueError("model_args need pretrained=: a hub id, a local checkpoint folder, or "
+                         "zoo:llada (zoo:arm, zoo:dream, zoo:llada_sink)")
+    if isinstance(pretrained, (bool, int, float)):  # lm-eval parses pretrained=123 as a number
+        raise ValueError(f"pretrained={pretrained!r}: pass a hub id, a local checkpoint folder "
+                         "or zoo:NAME")
+    if isinstance(pretrained, str) and pretrained.startswith("zoo:"):
+        return str(checkpoint_path(*parse_ref(pretrained[len("zoo:"):])))
+    return pretrained
+
+
 def identify(path: str) -> tuple[str, int] | None:
     """(zoo name, seed) of a checkpoint reference, or None when it is not a zoo checkpoint:
     ``zoo:llada@1``, a path ending in ``zoo/checkpoints/llada`` (seed 0), in

@@ -109,7 +109,7 @@ def check_seeds_share_a_recipe(name: str, path_for_seed, seeds: list, folder: Pa
     in one table). ``path_for_seed(seed)`` is the checkpoint reference (``zoo:NAME@S`` or a
     path); a named seed must resolve, an earlier one no longer installed here is skipped.
     ``seeds`` [None] (no seed axis) checks that one checkpoint alone."""
-    from ..masking_lm import resolve_pretrained
+    from . import resolve_pretrained
 
     found = {s: resolve_pretrained(path_for_seed(s)) for s in seeds}
     grid = Path(folder) / "sweep.json"
