@@ -7,6 +7,7 @@ masked, which detection path served the calls) so that a masked run can show it 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -85,8 +86,10 @@ class MaskingStats:
                 f"attention_calls={self.attention_calls}, detection={self.detection!r}, "
                 f"layers={self._layers!r})")
 
-    def count_detection(self, backend: str) -> None:
-        self.detection[backend] = self.detection.get(backend, 0) + 1
+    def count_detection(self, backend: str, calls: int = 1) -> None:
+        self.detection[backend] = self.detection.get(backend, 0) + calls
+
+
 
     def defer_counts(self, counters: LayerCounters, n_sinks: torch.Tensor, n_blocked: torch.Tensor,
                      per_key: int) -> None:
@@ -106,8 +109,7 @@ class MaskingStats:
         for entry in pending:  # a model split over devices keeps its counts on each
             by_device.setdefault(entry[1].device, []).append(entry)
         for entries in by_device.values():
-            counts = torch.stack([t for _, sinks, masked, _ in entries for t in (sinks, masked)])
-            values = counts.tolist()
+            values = _stacked(entries).tolist()
             for (c, _, _, per_key), sinks, masked in zip(entries, values[::2], values[1::2]):
                 c.sinks_detected += sinks
                 c.keys_masked += masked * per_key
@@ -119,7 +121,7 @@ class MaskingStats:
         self.forward_passes += other.forward_passes
         self.attention_calls += other.attention_calls
         for backend, calls in other.detection.items():
-            self.detection[backend] = self.detection.get(backend, 0) + calls
+            self.count_detection(backend, calls)
         for index, c in other.layers.items():
             mine = self.layer(index)
             mine.calls += c.calls
@@ -164,27 +166,22 @@ class ReplayCounts:
         # nothing pending: the capture's own counts are then the list, and no settle (a host
         # sync, which a capture refuses) can fall inside it
         stats.settle()
-        before = self._python(stats)
+        before = _HostCounters.of(stats)
         self.stats = stats
         self.result = capture()
-        after = self._python(stats)
-        self.passes = after[0] - before[0]
-        self.calls = after[1] - before[1]
-        self.layer_calls = {n: c - before[2].get(n, 0) for n, c in after[2].items()}
-        self.detection = {b: c - before[3].get(b, 0) for b, c in after[3].items()}
+        after = _HostCounters.of(stats)
+        self.passes = after.passes - before.passes
+        self.calls = after.calls - before.calls
+        self.layer_calls = {n: c - before.layer_calls.get(n, 0) for n, c in after.layer_calls.items()}
+        self.detection = {b: c - before.detection.get(b, 0) for b, c in after.detection.items()}
         self.deferred, stats._pending = stats._pending, []
-
-    @staticmethod
-    def _python(stats: MaskingStats) -> tuple:
-        return (stats.forward_passes, stats.attention_calls,
-                {n: c.calls for n, c in stats._layers.items()}, dict(stats.detection))
 
     def add_counts(self) -> None:
         """The device counts of the pass just run; the first run of the captured pass (by
         the capture or just after it) is in the Python counters already."""
         if not self.deferred:
             return
-        values = torch.stack([t for _, sinks, masked, _ in self.deferred for t in (sinks, masked)])
+        values = _stacked(self.deferred)
         for i, (counters, _, _, per_key) in enumerate(self.deferred):
             self.stats.defer_counts(counters, values[2 * i], values[2 * i + 1], per_key)
         if self.stats.pending >= SETTLE_AT:  # as the intercept does between eager passes
@@ -198,5 +195,24 @@ class ReplayCounts:
         for n, c in self.layer_calls.items():
             s.layer(n).calls += c
         for backend, c in self.detection.items():
-            s.detection[backend] = s.detection.get(backend, 0) + c
+            s.count_detection(backend, c)
         self.add_counts()
+
+
+class _HostCounters(NamedTuple):
+    """The counters a pass adds in Python (the intercept's, not the device's)."""
+
+    passes: int
+    calls: int
+    layer_calls: dict[int, int]
+    detection: dict[str, int]
+
+    @classmethod
+    def of(cls, stats: MaskingStats) -> _HostCounters:
+        return cls(stats.forward_passes, stats.attention_calls,
+                   {n: c.calls for n, c in stats._layers.items()}, dict(stats.detection))
+
+
+def _stacked(entries: list) -> torch.Tensor:
+    """[2 n] the sinks and blocked keys of n deferred counts, interleaved, in one stack."""
+    return torch.stack([t for _, sinks, masked, _ in entries for t in (sinks, masked)])
