@@ -89,8 +89,6 @@ class MaskingStats:
     def count_detection(self, backend: str, calls: int = 1) -> None:
         self.detection[backend] = self.detection.get(backend, 0) + calls
 
-
-
     def defer_counts(self, counters: LayerCounters, n_sinks: torch.Tensor, n_blocked: torch.Tensor,
                      per_key: int) -> None:
         """Count one masked call's sinks and blocked keys (0-dim integer tensors, the compiled
