@@ -114,7 +114,8 @@ class MonteCarloScoringMixin:
         for key, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
                                                desc="Monte Carlo loglikelihood"):
             if continuation:
-                scored.append(self._score_one(list(context), list(continuation), greedy=key is not None))
+                scored.append(self._score_one(list(context), list(continuation),
+                                              check_greedy=key is not None))
             else:
                 scored.append((0.0, True, 0.0))
             if key is not None:  # rolling windows have no key; lm-eval caches their sum
@@ -122,9 +123,10 @@ class MonteCarloScoringMixin:
         return scored
 
     def _score_one(self, context: list[int], continuation: list[int],
-                   greedy: bool) -> tuple[float, bool, float]:
+                   check_greedy: bool) -> tuple[float, bool, float]:
         """(estimate, is_greedy, stderr) of a non-empty continuation; is_greedy is checked
-        only when ``greedy`` and greedy_check are both on."""
+        only when ``check_greedy`` (lm-eval reads it: not a rolling window) and greedy_check
+        are both on."""
         ll = self.likelihood
         shifted = self.family.sampler == "dream"  # Dream reads token j from position j - 1
         cfg = self.settings.cfg_scale if self.family.sampler == "block" else 0.0
@@ -143,7 +145,7 @@ class MonteCarloScoringMixin:
                 generator=likelihood.request_generator(ll.mc_seed, context, continuation),
                 device=self.device,
             )
-        greedy = greedy and ll.greedy_check and self._greedy_matches(context, continuation)
+        greedy = check_greedy and ll.greedy_check and self._greedy_matches(context, continuation)
         return est.value, bool(greedy), est.stderr
 
     def _tasks_of(self, requests) -> list[str | None]:
@@ -169,11 +171,11 @@ class MonteCarloScoringMixin:
         for (_, context, continuation), task in zip(requests, tasks):
             task = task or "?"
             asked[task] = asked.get(task, 0) + 1
-            if len(continuation) >= self.max_length:
+            kept = self._kept_context(context, continuation)
+            if kept is None:
                 too_long.setdefault(task, []).append(len(continuation))
             elif continuation:  # an empty one is answered without a forward pass
-                keep = self.max_length - len(continuation)
-                self._refuse_sink_token(list(context)[-keep:] + list(continuation),
+                self._refuse_sink_token(kept + list(continuation),
                                         f"task {task}: a loglikelihood request")
         if too_long:
             raise ValueError(self._too_long_message(too_long, asked))
@@ -202,18 +204,24 @@ class MonteCarloScoringMixin:
     def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
         """Drop context tokens from the left until context + continuation fit max_length,
         with a warning, as HFLM cuts a causal model's input (the question's end stays)."""
-        if len(continuation) >= self.max_length:
+        kept = self._kept_context(context, continuation)
+        if kept is None:
             raise ValueError(
                 f"continuation of {len(continuation)} tokens does not fit max_length "
                 f"{self.max_length} with at least one context token"
             )
-        keep = self.max_length - len(continuation)
-        if len(context) > keep:
+        if len(context) > len(kept):
             logger.warning(
                 "a loglikelihood request of %d context and %d continuation tokens exceeds "
                 "max_length %d: its context is cut from the left to its last %d tokens",
-                len(context), len(continuation), self.max_length, keep)
-        return context[-keep:], continuation
+                len(context), len(continuation), self.max_length, len(kept))
+        return kept, continuation
+
+    def _kept_context(self, context, continuation) -> list[int] | None:
+        """The context tokens a request keeps within max_length: its last ones, as HFLM cuts
+        a causal model's input; None where the continuation leaves no room for one."""
+        keep = self.max_length - len(continuation)
+        return list(context)[-keep:] if keep >= 1 else None
 
     def _greedy_matches(self, context: list[int], continuation: list[int]) -> bool:
         """Whether greedy decoding of len(continuation) tokens (one per forward pass, most
