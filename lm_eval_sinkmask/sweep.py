@@ -101,7 +101,8 @@ def zero_shot_tasks(tm, tasks: list[str]) -> list[str]:
 
 def primary_metric(task_results: dict[str, Any]) -> str | None:
     """The Table 1 metric of one task's lm-eval results: GSM8K-like tasks report exact_match
-    under the strict-match filter ("#### N", as the paper's GSM8K numbers), code tasks pass@1."""
+    under the strict-match filter ("#### N"; the paper does not say which filter it read, this
+    is our choice), code tasks pass@1. ``sinkmask table --metric`` reads another."""
     keys = [k for k in task_results if "," in k and "_stderr" not in k]
     for prefix in ("exact_match,strict-match", "pass@1,", "exact_match,", "acc,"):
         for k in keys:

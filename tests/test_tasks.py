@@ -223,6 +223,18 @@ def test_gsm8k_chat_gold_rationales_score_one(tasks):
         "2 * 3 = 6 4 + 6 = 10 10 - 1 = 9 The answer is 9.")
 
 
+def test_gsm8k_chat_strict_match_reads_a_number_that_ends_the_answer(tasks):
+    """A diffusion model's answer is cut at its EOS, so it can end at the number: lm-eval's
+    gsm8k_cot pattern needs a character after it and read "The answer is 18" as 1."""
+    task = tasks["gsm8k_sinkmask_chat"]
+    doc = list(task.test_docs())[0]
+    final = doc["cot_target"].rsplit("The answer is ", 1)[1].rstrip(".")
+    endings = [f"The answer is {final}", f"The answer is {final}\n", f"The answer is ${final}.",
+               f"The answer is {final}.", f"The answer is {int(final) + 1}"]
+    scores = score_responses(task, endings, [doc] * len(endings))["strict-match"]
+    assert [s["exact_match"] for s in scores] == [1.0, 1.0, 1.0, 1.0, 0.0]
+
+
 @pytest.mark.parametrize("num_fewshot, shots", [(None, 0), (2, 2)])
 def test_gsm8k_chat_is_zero_shot_unless_num_fewshot_asks_for_rationales(task_manager, gsm8k_dir, num_fewshot, shots):
     """lm-eval ignores --num_fewshot for a task whose YAML fixes it at 0; the chat variant
