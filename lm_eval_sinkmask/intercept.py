@@ -432,7 +432,8 @@ class _Run:
         got = decoded()
         if got.history is not None:
             self.history[layer] = got.history
-        return self._decided_whole(layer, sc, got.out, got[1:6], previous, n_previous,
+        selected = (got.scores, got.sinks, got.chosen, got.n_sinks, got.n_chosen)
+        return self._decided_whole(layer, sc, got.out, selected, previous, n_previous,
                                    decode_step.NAME)
 
     def _first_use(self, variant, decoded, layer: int, a: dict, chunk: int, previous):
