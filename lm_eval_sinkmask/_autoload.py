@@ -86,9 +86,10 @@ def check_code_tasks(given: dict) -> None:
             "execute model-generated code). Set confirm_run_unsafe_code=True (lm_eval CLI: "
             "--confirm_run_unsafe_code) to run them.")
     if unsafe:
-        from lm_eval_sinkmask.code_eval import timeout_from_env
+        from lm_eval_sinkmask.code_eval import TIMEOUT_ENV
+        from lm_eval_sinkmask.sandbox import Limits, positive_seconds
 
-        timeout_from_env()
+        positive_seconds(TIMEOUT_ENV, os.environ.get(TIMEOUT_ENV), Limits.timeout_s)
     chat = sorted(name for name, config in configs.items()
                   if (config.get("metadata") or {}).get("needs_chat_template"))
     if chat and not given.get("apply_chat_template"):

@@ -501,7 +501,7 @@ class _Run:
         self.stats.count_detection(backend)
         per_layer = self.config.granularity == "layer"
         all_rows = self.masker.rule == "all_rows"
-        select = compiled_tail.selector(sc.q.device, backend != "materialized", from_rows=all_rows)
+        select = compiled_tail.selector(sc.query.device, backend != "materialized", from_rows=all_rows)
         if all_rows:  # rows grow with this layer's history: its counts are this call's own
             det = self._with_history(layer, sc, det)
             key_seen = keys_seen(mask.key_valid, det.rows)

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import math
 import os
 import secrets
 import shutil
@@ -42,9 +44,12 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
+
+logger = logging.getLogger(__name__)
 
 # Uids handed to sandboxed programs when we run as root: one random uid per program, from a
 # range no real account uses, so "kill every process of this uid" kills only that program.
@@ -201,7 +206,61 @@ def run_programs(
         for future, i in futures.items():
             outcomes[i] = future.result()
             bar.update(1)
+    warn_if_mostly_infrastructure(outcomes)  # type: ignore[arg-type]
     return outcomes  # type: ignore[return-value]
+
+
+# Above this share of failures not caused by the answer's own logic, a warning says so.
+INFRASTRUCTURE_SHARE_TO_WARN = 0.5
+_INFRASTRUCTURE_MARKS = (
+    "ModuleNotFoundError", "ImportError", "'NoneType' object is not callable",
+    "sandbox",
+)
+
+
+
+def positive_seconds(name: str, raw: str | None, default: float) -> float:
+    """Seconds from a setting such as ``SINKMASK_CODE_TIMEOUT``: ``default`` when unset,
+    refused unless a positive finite number, since 0 would time every program out and score
+    0 without an error."""
+    if raw is None or not raw.strip():
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{name}={raw!r} is not a positive number of seconds; set it like "
+                         f"{name}=3 (the reference protocol) or unset it for the default "
+                         f"{default:g}")
+    return seconds
+
+
+def is_infrastructure_failure(outcome: Outcome) -> bool:
+    """A failure the answer's logic likely did not cause: a timeout, a missing module, a
+    function the seatbelt removed, a sandbox error."""
+    if outcome.passed:
+        return False
+    return outcome.status == "timeout" or any(m in outcome.detail for m in _INFRASTRUCTURE_MARKS)
+
+
+def warn_if_mostly_infrastructure(outcomes: Sequence[Outcome]) -> str | None:
+    """Log (and return) a warning when most failures look like the machine's, not the model's:
+    the score then measures the sandbox (timeout too short, a module missing), not the code."""
+    failures = [o for o in outcomes if not o.passed]
+    infrastructure = [o for o in failures if is_infrastructure_failure(o)]
+    if not failures or len(infrastructure) / len(failures) < INFRASTRUCTURE_SHARE_TO_WARN:
+        return None
+    (commonest, count), = Counter(o.detail for o in infrastructure).most_common(1)
+    message = (
+        f"{len(infrastructure)} of {len(failures)} failed programs "
+        f"({len(infrastructure) / len(failures):.0%}) failed for reasons outside their logic "
+        f"(timeouts, missing modules, removed functions, sandbox errors); commonest: "
+        f"{commonest!r} ({count}x). The score may measure the machine, not the model: check "
+        f"SINKMASK_CODE_TIMEOUT and the Python environment the sandbox runs."
+    )
+    logger.warning(message)
+    return message
 
 
 def default_workers() -> int:

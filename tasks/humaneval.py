@@ -11,10 +11,9 @@ Two prompt protocols, one per task YAML:
 
 from __future__ import annotations
 
-import ast
 import re
 
-from lm_eval_sinkmask.code_eval import execute, warn_if_mostly_infrastructure
+from lm_eval_sinkmask.code_eval import execute
 
 
 def load_humaneval(**_metadata):
@@ -46,98 +45,30 @@ def build_predictions_instruct(resps: list[list[str]], docs: list[dict]) -> list
     return _run_all(programs, docs)
 
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)(?:```|\Z)", re.S | re.I)
-_CODE_START = re.compile(r"^(?:from\s|import\s|def\s|async\s+def\s|class\s|@)", re.M)
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
-def extract_code(answer: str, entry_point: str | None = None) -> str:
-    """The code of a chat answer: its first fenced block that defines ``entry_point``, else the
-    first holding any ``def``, else the first block (an unclosed fence runs to the end). An
-    answer without a fence is taken whole, less any prose line before its first import/def."""
+def extract_code(answer: str) -> str:
+    """The code of a chat answer: its first fenced block holding a ``def`` (else the first
+    block; an unclosed fence runs to the end), or the whole answer if it has no fence."""
     blocks = _FENCE.findall(answer)
     if not blocks:
-        return _skip_leading_prose(answer)
-    defines_entry = [b for b in blocks if entry_point and _defines(b, entry_point)]
-    with_def = [b for b in blocks if re.search(r"^\s*def\s", b, re.M)]
-    return (defines_entry or with_def or blocks)[0]
-
-
-def _defines(code: str, entry_point: str) -> bool:
-    return re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M) is not None
-
-
-def _skip_leading_prose(answer: str) -> str:
-    """'Here is the code:' before an unfenced function; a bare body (indented) is kept as is."""
-    first = next((line for line in answer.splitlines() if line.strip()), "")
-    if first[:1].isspace() or _CODE_START.match(first):
         return answer
-    start = _CODE_START.search(answer)
-    return answer[start.start():] if start else answer
+    with_def = [b for b in blocks if re.search(r"^\s*def\s", b, re.M)]
+    return (with_def or blocks)[0]
 
 
 def program_from_answer(prompt: str, answer: str, entry_point: str) -> str:
-    """Prompt + code, sanitised: if the code redefines the entry point it follows the prompt
-    (whose stub, a docstring, is valid Python and keeps the prompt's imports and helpers);
-    otherwise it is taken as the body that continues the prompt. The definitions of the
-    answer's other blocks (a helper shown first) come before it."""
-    code = extract_code(answer, entry_point)
-    if _defines(code, entry_point):
-        helpers = "".join(sanitise(b) for b in _FENCE.findall(answer) if not _defines(b, entry_point))
-        return sanitise(f"{prompt}\n{helpers}\n{code}\n")
-    return sanitise(prompt + code)
-
-
-# Module-level statements a solution consists of; anything else at the top (prints, asserts,
-# example calls, ``if __name__ == "__main__":`` demos) is the answer showing itself off.
-_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def sanitise(program: str) -> str:
-    """Only the definitions of a program: its longest leading part that parses (prose after
-    an unfenced answer is a SyntaxError), keeping imports, functions, classes and simple
-    assignments that call none of its own functions. Module-level examples and asserts are
-    dropped: a wrong example in a chat answer must not fail a correct function. A program
-    with nothing that parses is returned unchanged (and fails, as it should)."""
-    lines = program.splitlines(keepends=True)
-    tree = _parse_longest_prefix(lines)
-    if tree is None:
-        return program
-    own_functions = {n.name for n in tree.body if isinstance(n, _DEFINITIONS[2:])}
-    kept = [n for n in tree.body if _is_definition(n, own_functions)]
-    return "".join("".join(lines[_first_line(n) - 1 : n.end_lineno]) for n in kept)
-
-
-def _parse_longest_prefix(lines: list[str]) -> ast.Module | None:
-    end = len(lines)
-    while end > 0:
-        try:
-            return ast.parse("".join(lines[:end]))
-        except SyntaxError as error:
-            bad = error.lineno or end
-            end = min(end - 1, max(bad - 1, 0))
-        except ValueError:  # a NUL byte
-            return None
-    return None
-
-
-def _is_definition(node: ast.stmt, own_functions: set[str]) -> bool:
-    if isinstance(node, _DEFINITIONS):
-        return True
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call)
-                 and isinstance(c.func, ast.Name)}
-        return all(isinstance(t, ast.Name) for t in targets) and not calls & own_functions
-    return False
-
-
-def _first_line(node: ast.stmt) -> int:
-    decorators = getattr(node, "decorator_list", [])
-    return min([node.lineno] + [d.lineno for d in decorators])
+    """Prompt + code: if the code redefines the entry point it follows the prompt (whose
+    stub, a docstring, is valid Python and keeps the prompt's imports and helpers);
+    otherwise it is taken as the body that continues the prompt."""
+    code = extract_code(answer)
+    if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M):
+        return f"{prompt}\n{code}\n"
+    return prompt + code
 
 
 def _run_all(programs: list[list[str]], docs: list[dict]) -> list[list[str]]:
     """Run every (program, test) of the task in parallel now; pass_at_k reads the memo."""
-    outcomes = execute([(p, humaneval_test(doc)) for ps, doc in zip(programs, docs) for p in ps])
-    warn_if_mostly_infrastructure(outcomes)
+    execute([(p, humaneval_test(doc)) for ps, doc in zip(programs, docs) for p in ps])
     return programs

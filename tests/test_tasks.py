@@ -280,9 +280,9 @@ def test_humaneval_instruct_sanitises_chat_answers(tasks):
 
 
 def humaneval_module():
-    from lm_eval_sinkmask.tasks import task_module
+    from lm_eval_sinkmask import code_answers
 
-    return task_module("humaneval")
+    return code_answers
 
 
 def test_sanitising_keeps_every_canonical_humaneval_program_whole(tasks):

@@ -1,0 +1,126 @@
+"""The code of a chat answer to a HumanEval prompt (``humaneval_sinkmask_instruct``): the
+fenced block that defines the entry point, cut to its definitions, after the prompt.
+
+A chat answer is prose around code: a helper in one block and the solution in another, an
+example call or a wrong example ``assert`` after the function, "This function works by..."
+after an unfenced answer. The program keeps what a solution is made of (imports, functions,
+classes, simple assignments), as evalplus's sanitiser does, so that the answer's own
+demonstrations neither fail a correct function nor pass a wrong one.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .code_eval import execute
+
+
+def humaneval_test(doc: dict) -> str:
+    """The test code that decides a HumanEval problem: its ``check`` run on the entry point."""
+    return f"{doc['test']}\n\ncheck({doc['entry_point']})\n"
+
+
+def build_predictions_instruct(resps: list[list[str]], docs: list[dict]) -> list[list[str]]:
+    """Filter: chat protocol, program built from the answer's code block; then run the tests."""
+    programs = [
+        [program_from_answer(doc["prompt"], r, doc["entry_point"]) for r in resp]
+        for resp, doc in zip(resps, docs)
+    ]
+    return _run_all(programs, docs)
+
+
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)(?:```|\Z)", re.S | re.I)
+_CODE_START = re.compile(r"^(?:from\s|import\s|def\s|async\s+def\s|class\s|@)", re.M)
+
+
+def extract_code(answer: str, entry_point: str | None = None) -> str:
+    """The code of a chat answer: its first fenced block that defines ``entry_point``, else the
+    first holding any ``def``, else the first block (an unclosed fence runs to the end). An
+    answer without a fence is taken whole, less any prose line before its first import/def."""
+    blocks = _FENCE.findall(answer)
+    if not blocks:
+        return _skip_leading_prose(answer)
+    defines_entry = [b for b in blocks if entry_point and _defines(b, entry_point)]
+    with_def = [b for b in blocks if re.search(r"^\s*def\s", b, re.M)]
+    return (defines_entry or with_def or blocks)[0]
+
+
+def _defines(code: str, entry_point: str) -> bool:
+    return re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.M) is not None
+
+
+def _skip_leading_prose(answer: str) -> str:
+    """'Here is the code:' before an unfenced function; a bare body (indented) is kept as is."""
+    first = next((line for line in answer.splitlines() if line.strip()), "")
+    if first[:1].isspace() or _CODE_START.match(first):
+        return answer
+    start = _CODE_START.search(answer)
+    return answer[start.start():] if start else answer
+
+
+def program_from_answer(prompt: str, answer: str, entry_point: str) -> str:
+    """Prompt + code, sanitised: if the code redefines the entry point it follows the prompt
+    (whose stub, a docstring, is valid Python and keeps the prompt's imports and helpers);
+    otherwise it is taken as the body that continues the prompt. The definitions of the
+    answer's other blocks (a helper shown first) come before it."""
+    code = extract_code(answer, entry_point)
+    if _defines(code, entry_point):
+        helpers = "".join(sanitise(b) for b in _FENCE.findall(answer) if not _defines(b, entry_point))
+        return sanitise(f"{prompt}\n{helpers}\n{code}\n")
+    return sanitise(prompt + code)
+
+
+# Module-level statements a solution consists of; anything else at the top (prints, asserts,
+# example calls, ``if __name__ == "__main__":`` demos) is the answer showing itself off.
+_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def sanitise(program: str) -> str:
+    """Only the definitions of a program: its longest leading part that parses (prose after
+    an unfenced answer is a SyntaxError), keeping imports, functions, classes and simple
+    assignments that call none of its own functions. Module-level examples and asserts are
+    dropped: a wrong example in a chat answer must not fail a correct function. A program
+    with nothing that parses is returned unchanged (and fails, as it should)."""
+    lines = program.splitlines(keepends=True)
+    tree = _parse_longest_prefix(lines)
+    if tree is None:
+        return program
+    own_functions = {n.name for n in tree.body if isinstance(n, _DEFINITIONS[2:])}
+    kept = [n for n in tree.body if _is_definition(n, own_functions)]
+    return "".join("".join(lines[_first_line(n) - 1 : n.end_lineno]) for n in kept)
+
+
+def _parse_longest_prefix(lines: list[str]) -> ast.Module | None:
+    end = len(lines)
+    while end > 0:
+        try:
+            return ast.parse("".join(lines[:end]))
+        except SyntaxError as error:
+            bad = error.lineno or end
+            end = min(end - 1, max(bad - 1, 0))
+        except ValueError:  # a NUL byte
+            return None
+    return None
+
+
+def _is_definition(node: ast.stmt, own_functions: set[str]) -> bool:
+    if isinstance(node, _DEFINITIONS):
+        return True
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call)
+                 and isinstance(c.func, ast.Name)}
+        return all(isinstance(t, ast.Name) for t in targets) and not calls & own_functions
+    return False
+
+
+def _first_line(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno] + [d.lineno for d in decorators])
+
+
+def _run_all(programs: list[list[str]], docs: list[dict]) -> list[list[str]]:
+    """Run every (program, test) of the task in parallel now; pass_at_k reads the memo."""
+    execute([(p, humaneval_test(doc)) for ps, doc in zip(programs, docs) for p in ps])
+    return programs
