@@ -218,7 +218,6 @@ _INFRASTRUCTURE_MARKS = (
 )
 
 
-
 def positive_seconds(name: str, raw: str | None, default: float) -> float:
     """Seconds from a setting such as ``SINKMASK_CODE_TIMEOUT``: ``default`` when unset,
     refused unless a positive finite number, since 0 would time every program out and score

@@ -106,9 +106,10 @@ def load_pooled(folders: list[Path], metrics: dict[str, str] | None = None
                              "pooling folders is for one grid run on different seeds")
         # a folder swept before sweep.json kept its columns' settings is compared without them
         # (its cells' own settings are, by the checks of one experiment)
-        compared = set(first.grid) | set(r.grid) if "columns" in first.grid and "columns" in r.grid \
-            else (set(first.grid) | set(r.grid)) - {"columns"}
-        differ = sorted(k for k in compared if k not in ("seeds", "title")
+        skipped = {"seeds", "title"}
+        if "columns" not in first.grid or "columns" not in r.grid:
+            skipped.add("columns")
+        differ = sorted(k for k in set(first.grid) | set(r.grid) if k not in skipped
                         and first.grid.get(k) != r.grid.get(k))
         if differ:
             raise ValueError(f"{r.folder} ran another grid than {first.folder} "
