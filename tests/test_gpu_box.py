@@ -50,8 +50,10 @@ esac
         if (run / "gpu_zoo.pid").exists():
             os.kill(int((run / "gpu_zoo.pid").read_text()), signal.SIGKILL)
     assert (tmp_path / "out" / "status.txt").read_text().startswith("zoo: running")
-    # the second the install took counts against the 2 s: at most 1 s of waiting is left
-    assert sum(int(s) for s in slept.read_text().split()) <= 1
+    # the second the install took counts against the 2 s: at most 1 s of waiting is left (none
+    # at all, and no sleep, when a loaded machine makes the install take the whole 2 s)
+    waited = slept.read_text().split() if slept.exists() else []
+    assert sum(int(s) for s in waited) <= 1
 
 
 def test_a_zoo_that_ended_unreaped_is_started_again(tmp_path):
