@@ -78,6 +78,8 @@ def check_code_tasks(given: dict) -> None:
     """Before the model loads: a requested task of our folder with ``unsafe_code`` needs the
     confirmation and a valid ``SINKMASK_CODE_TIMEOUT`` (lm-eval and our scorer would only
     find out after generating), and a task made for a chat template warns without one."""
+    from lm_eval_sinkmask.tasks import requested_task_configs
+
     configs = requested_task_configs(given.get("tasks"))
     unsafe = sorted(name for name, config in configs.items() if config.get("unsafe_code"))
     if unsafe and not given.get("confirm_run_unsafe_code"):
@@ -100,27 +102,6 @@ def check_code_tasks(given: dict) -> None:
             "--apply_chat_template (apply_chat_template=True) the model continues raw text "
             "and the score is not comparable. Add the flag, or use humaneval_sinkmask.",
             RuntimeWarning, stacklevel=3)
-
-
-def requested_task_configs(tasks) -> dict:
-    """Name -> YAML config (``include:`` resolved) of every task of our folder that ``tasks``
-    names directly or through a tag; other tasks are lm-eval's to check."""
-    from lm_eval_sinkmask.tasks import TASKS_DIR, _read_yaml
-
-    requested = {t for t in tasks or () if isinstance(t, str)}
-    if not requested:
-        return {}
-    found = {}
-    for path in sorted(TASKS_DIR.rglob("*.yaml")):
-        config = _read_yaml(path)
-        while "include" in config:
-            base = _read_yaml(path.parent / config.pop("include"))
-            config = {**base, **config}
-        name = config.get("task", path.stem)
-        tags = config.get("tag") or ()
-        if name in requested or requested & ({tags} if isinstance(tags, str) else set(tags)):
-            found[name] = config
-    return found
 
 
 AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_task_folder,

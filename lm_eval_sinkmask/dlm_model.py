@@ -199,6 +199,15 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         return super().max_length
 
     @property
+    def _max_length_said(self) -> str:
+        """``max_length`` as the too-long messages say it: with where it comes from when the
+        extra sink token takes a position."""
+        if self.sink is None:
+            return f"max_length {self.max_length}"
+        return (f"max_length {self.max_length} (the model's {self._positions} positions less "
+                "the extra sink token)")
+
+    @property
     def _declared_positions(self) -> int | None:
         """Positions the checkpoint's config declares (None: none we know), the most any
         max_length may ask for."""
@@ -478,12 +487,10 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         if gen_length < self.max_length:
             return
         source = "gen_length" if self.settings.gen_length else "max_gen_toks"
-        sink = (f" (the model's {self._positions} positions less the extra sink token)"
-                if self.sink is not None else "")
         needed = gen_length + 1 + (self.sink is not None)
         raise ValueError(
             f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
-            f"max_length {self.max_length}{sink}; "
+            f"{self._max_length_said}; "
             f"{checkpoint_checks.lower_or_raise(source, needed, self._declared_positions)}")
 
     def _check_gen_kwargs(self, gen_kwargs: dict, task: str | None) -> None:

@@ -290,8 +290,7 @@ class SinkMasker:
 class _Run:
     """State of one :meth:`SinkMasker.attach` block: the current pass, layer, previous sinks."""
 
-    def __init__(self, masker: SinkMasker, stats: MaskingStats, original, rows=None,
-                 in_place: bool = False):
+    def __init__(self, masker: SinkMasker, stats: MaskingStats, original, rows, in_place: bool):
         self.masker = masker
         self.config = masker.config
         self.stats = stats

@@ -185,8 +185,6 @@ class MonteCarloScoringMixin:
         max_length in model_args that would take them (within the checkpoint's positions)."""
         longest = max(n for lengths in too_long.values() for n in lengths)
         sink = 1 if self.sink is not None else 0
-        room = (f"max_length {self.max_length} (the model's {self._positions} positions less "
-                "the extra sink token)" if sink else f"max_length {self.max_length}")
         tasks = "; ".join(
             f"task {task}: {len(lengths)} of its {asked[task]} loglikelihood requests "
             f"{'has a continuation' if len(lengths) == 1 else 'have continuations'} of "
@@ -199,7 +197,7 @@ class MonteCarloScoringMixin:
             "need, so no max_length scores them: leave the task out or score it with a "
             "longer-context checkpoint")
         return (f"{tasks}; a continuation must leave at least one context token within "
-                f"{room}, so nothing was scored: {fix}")
+                f"{self._max_length_said}, so nothing was scored: {fix}")
 
     def _fit_window(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
         """Drop context tokens from the left until context + continuation fit max_length,

@@ -252,6 +252,13 @@ def installed_unmasked_code_digest() -> str:
     return unmasked_code_digest()
 
 
+def code_digests() -> dict[str, str]:
+    """The two code digests a cell records: the package's, and the part an unmasked cell's
+    number can come from."""
+    return {"package_code": installed_code_digest(),
+            "unmasked_code": installed_unmasked_code_digest()}
+
+
 class InputDigests:
     """The digests of a sweep's checkpoints, tasks and package code, each computed once."""
 
@@ -272,8 +279,7 @@ class InputDigests:
 
     def for_cell(self, path: str, task: str, revision: str | None = None) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint(path, revision), "task": self.task(task),
-                "package_code": installed_code_digest(),
-                "unmasked_code": installed_unmasked_code_digest()}
+                **code_digests()}
 
 
 def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any],

@@ -48,8 +48,7 @@ from typing import Any
 from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
-from .provenance import (InputDigests, changed_inputs, checkpoint_digest, installed_code_digest,
-                         installed_unmasked_code_digest, task_digest)
+from .provenance import InputDigests, changed_inputs, checkpoint_digest, code_digests, task_digest
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings,
                          model_type_of)
 
@@ -212,8 +211,7 @@ def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
     checkpoint = reported.get("checkpoint") or checkpoint_digest(cell.path, cell.revision)
     with _no_metadata_advice():
         task = task_digest(tm.load([cell.task])["tasks"][cell.task])
-    return {"checkpoint": checkpoint, "task": task, "package_code": installed_code_digest(),
-            "unmasked_code": installed_unmasked_code_digest()}
+    return {"checkpoint": checkpoint, "task": task, **code_digests()}
 
 
 def changed_since_start(start: dict[str, Any], as_run: dict[str, Any]) -> list[str]:
@@ -380,8 +378,7 @@ def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, An
     known = task in digests.task_manager.all_tasks
     recorded = (record.get("inputs") or {}).get("task") or {}
     return {"checkpoint": checkpoint, "task": digests.task(task) if known else recorded,
-            "package_code": installed_code_digest(),
-            "unmasked_code": installed_unmasked_code_digest()}
+            **code_digests()}
 
 
 def refused_model_args(cells: list[Cell]) -> list[str]:

@@ -70,22 +70,33 @@ def _read_yaml(path: Path) -> dict:
     return yaml.load(path.read_text(), Loader=_Loader)
 
 
-def _gsm8k_names() -> set[str]:
-    """Every --tasks name that runs a GSM8K task of the folder: the tasks and their tags."""
-    names = set()
-    for path in TASKS_DIR.glob("gsm8k_sinkmask*.yaml"):
+def requested_task_configs(tasks) -> dict:
+    """Name -> YAML config (``include:`` resolved) of every task of the folder that ``tasks``
+    (the --tasks list) names directly or through a tag; other tasks are lm-eval's to check."""
+    requested = {t for t in tasks or () if isinstance(t, str)}
+    if not requested:
+        return {}
+    found = {}
+    for path in sorted(TASKS_DIR.rglob("*.yaml")):
         config = _read_yaml(path)
-        names.add(config.get("task", path.stem))
-        names.update(config.get("tag") or [])
-    return names
+        while "include" in config:
+            base = _read_yaml(path.parent / config.pop("include"))
+            config = {**base, **config}
+        name = config.get("task", path.stem)
+        tags = config.get("tag") or ()
+        if name in requested or requested & ({tags} if isinstance(tags, str) else set(tags)):
+            found[name] = config
+    return found
 
 
 def check_data(tasks, metadata: dict | None = None) -> None:
     """Fail before any model loads when a requested GSM8K task, or a tag that holds one, has no
-    data to read (see ``gsm8k.check_available``); a no-op for every other task."""
-    requested = {t for t in tasks or () if isinstance(t, str)}
-    if any(t.startswith("gsm8k_sinkmask") for t in requested) or requested & _gsm8k_names():
+    data to read (see ``gsm8k.check_available``); a no-op for every other task. A name that
+    only starts like ours (a task lm-eval has not found yet) is checked too."""
+    names = {t for t in tasks or () if isinstance(t, str)} | set(requested_task_configs(tasks))
+    if any(name.startswith("gsm8k_sinkmask") for name in names):
         task_module("gsm8k").check_available((metadata or {}).get("gsm8k_dir"))
 
 
-__all__ = ["TASKS_DIR", "find_tasks_dir", "task_module", "max_gen_toks", "check_data"]
+__all__ = ["TASKS_DIR", "find_tasks_dir", "task_module", "max_gen_toks", "requested_task_configs",
+           "check_data"]

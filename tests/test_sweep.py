@@ -428,7 +428,7 @@ def test_inputs_that_change_while_a_sweep_runs_stop_it_without_recording_the_cel
 
     import lm_eval
 
-    from lm_eval_sinkmask import sweep
+    from lm_eval_sinkmask import provenance, sweep
 
     edits = []  # [edit, cells before it]
     evaluate = lm_eval.simple_evaluate
@@ -459,7 +459,8 @@ def test_inputs_that_change_while_a_sweep_runs_stop_it_without_recording_the_cel
 
     # a --jobs worker imports the package afresh: code edited since the start is caught too
     yaml.write_text(yaml.read_text().replace("max_gen_toks: 6", "max_gen_toks: 8"))
-    monkeypatch.setattr(sweep, "installed_code_digest", lambda: "sha256:edited")
+    monkeypatch.setattr(sweep, "code_digests",
+                        lambda: {**provenance.code_digests(), "package_code": "sha256:edited"})
     plan = copied_llama_plan(tmp_path, tiny_dirs, tiny_task, "code", [0])
     with pytest.raises(SystemExit, match=r"package code sha256:\w+ -> sha256:edited"):
         run_sweep(plan, progress=False)
