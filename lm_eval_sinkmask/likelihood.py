@@ -103,7 +103,8 @@ class LikelihoodSettings:
 def request_generator(seed: int, prompt: Sequence[int], target: Sequence[int]) -> torch.Generator:
     """A CPU generator seeded by ``seed`` and the request's tokens: the same request draws the
     same samples wherever and whenever it runs."""
-    digest = hashlib.blake2b(repr((int(seed), list(prompt), list(target))).encode(), digest_size=8)
+    tokens = [int(t) for t in prompt], [int(t) for t in target]  # numpy or torch ints alike
+    digest = hashlib.blake2b(repr((int(seed), *tokens)).encode(), digest_size=8)
     return torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
 
 
@@ -153,7 +154,8 @@ def elbo_samples(log_probs: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """[n] one Monte Carlo sample of the bound per row: (L / l) * sum of masked log-probs."""
     L = masks.shape[-1]
     counts = masks.sum(dim=-1)
-    return (log_probs * masks).sum(dim=-1) * (L / counts)
+    # where, not a product: an unmasked position's -inf (a token the model rules out) adds 0
+    return torch.where(masks, log_probs, 0.0).sum(dim=-1) * (L / counts)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ its own masking scope, and the standard error of each estimate is kept for the r
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from typing import Any
 
 import torch
@@ -34,11 +36,30 @@ class MonteCarloScoringMixin:
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """lm-eval's, with each request's task kept for :meth:`_check_requests`."""
         self.request_types.add("loglikelihood")
+        self._warn_if_greedy_is_read_unchecked(requests)
         self._request_tasks = [(tuple(req.args), req.task_name) for req in requests]
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         finally:
             self._request_tasks = []
+
+    def _warn_if_greedy_is_read_unchecked(self, requests) -> None:
+        """With greedy_check off every is_greedy is False without a check. lm-eval's ``acc``
+        of an ``output_type: loglikelihood`` task (LAMBADA: one request per document) is that
+        flag, so it would read 0 as if measured; multiple-choice tasks (a request per choice,
+        accuracy from comparing the log-likelihoods) never read it."""
+        if self.likelihood.greedy_check:
+            return
+        per_document = Counter((req.task_name, req.doc_id) for req in requests)
+        several = {task for (task, _), n in per_document.items() if n > 1}
+        single = sorted({str(task) for task, _ in per_document} - several)
+        if single:
+            logger.warning(
+                "%s: one loglikelihood request per document, the form whose lm-eval metric "
+                "acc is is_greedy, which greedy_check=false leaves unchecked and False: that "
+                "acc reads 0 without measuring anything. Add greedy_check=true to model_args "
+                "to measure it (one more forward pass per continuation token).",
+                ", ".join(single))
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         """lm-eval's disjoint rolling windows, each scored by the bound, summed per document.
@@ -76,7 +97,7 @@ class MonteCarloScoringMixin:
                                  disable=disable_tqdm or self.rank != 0, desc="Rolling windows"):
             (text,) = req.args
             scored = self._score(windows, disable_tqdm=True)
-            total = sum(value for value, _, _ in scored)
+            total = sum((value for value, _, _ in scored), 0.0)
             # the report counts requests: this document, with the standard error of its sum
             self._mc_stderrs.append(likelihood.stderr_of_sum(
                 [(tuple(c), tuple(t)) for _, c, t in windows], [stderr for _, _, stderr in scored]))
@@ -217,9 +238,11 @@ class MonteCarloScoringMixin:
 
     def _kept_context(self, context, continuation) -> list[int] | None:
         """The context tokens a request keeps within max_length: its last ones, as HFLM cuts
-        a causal model's input; None where the continuation leaves no room for one."""
+        a causal model's input; the prefix token for an empty one (a context of spaces, which
+        lm-eval moves into the continuation), as lm-eval scores a context of ""; None where
+        the continuation leaves no room for one."""
         keep = self.max_length - len(continuation)
-        return list(context)[-keep:] if keep >= 1 else None
+        return (list(context)[-keep:] or [self.prefix_token_id]) if keep >= 1 else None
 
     def _greedy_matches(self, context: list[int], continuation: list[int]) -> bool:
         """Whether greedy decoding of len(continuation) tokens (one per forward pass, most
@@ -276,5 +299,6 @@ class MonteCarloScoringMixin:
         rolling document one however many windows it takes); each request's standard error
         is that of the number lm-eval reads (0 for an exact answer)."""
         errors = self._run_mc_stderrs
+        known = errors and all(math.isfinite(e) for e in errors)  # mc_num=1 has no stderr
         return {**self.likelihood.as_dict(), "requests": len(errors),
-                "mean_mc_stderr": sum(errors) / len(errors) if errors else None}
+                "mean_mc_stderr": sum(errors) / len(errors) if known else None}

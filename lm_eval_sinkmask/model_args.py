@@ -96,13 +96,16 @@ ARGS: tuple[ModelArg, ...] = (
              "`generate.py` (confidences in the model's dtype, MMaDA's in float64 as its "
              "`mmu_generate`; `torch.topk`'s tie order, the mask "
              "token predictable, EOS/EOT taken out of the softmax under `confidence_eos_eot_inf`); "
-             "`invariant` gives the same tokens at every batch size and padding (float32, ties "
-             "to the leftmost position, the mask token never predicted)", (DLM,), "sampling"),
+             "`invariant` decodes a row as it would alone at every batch size and padding "
+             "(float32 confidences, ties to the leftmost position, the mask token never "
+             "predicted; a model run in bf16 can still round a near tie differently at another "
+             "batch shape)", (DLM,), "sampling"),
     ModelArg("dream_sampler", "reference", "Dream: `reference` decodes as Dream's own "
              "`diffusion_generate` (`torch.topk`'s tie order, the mask token predictable, the "
-             "model's dtype); `invariant` gives the same tokens at every batch size and padding "
-             "(float32, ties to the leftmost position, the mask token never predicted)", (DLM,),
-             "sampling"),
+             "model's dtype); `invariant` decodes a row as it would alone at every batch size and "
+             "padding (float32 probabilities, ties to the leftmost position, the mask token never "
+             "predicted; a model run in bf16 can still round a near tie differently at another "
+             "batch shape)", (DLM,), "sampling"),
     ModelArg("cuda_graph", "auto", "capture each generation's denoising step once as a CUDA "
              "graph and replay it at every later step (the first two run eagerly): the same "
              "tokens and counters, one launch per step where the masker's Python runs per "
@@ -120,7 +123,9 @@ ARGS: tuple[ModelArg, ...] = (
              "likelihood"),
     ModelArg("greedy_check", "false", "also decode the continuation greedily and report lm-eval's "
              "`is_greedy` (only `output_type: loglikelihood` tasks such as LAMBADA read it; costs "
-             "one forward pass per token). Off, it is false", (DLM,), "likelihood"),
+             "one forward pass per token). Off, it is false, and a task with one loglikelihood "
+             "request per document (the form whose `acc` is `is_greedy`) warns that its `acc` "
+             "reads 0 unmeasured", (DLM,), "likelihood"),
     # -- loading
     ModelArg("pretrained", "required", "hub id, local folder, or `zoo:arm`, `zoo:llada`, `zoo:dream`, "
              "`zoo:llada_sink` (the tiny checkpoints shipped with the package; `zoo:NAME@S` for "

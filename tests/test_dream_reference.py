@@ -146,6 +146,28 @@ def test_the_invariant_variant_is_not_dreams_loop(bf16_dream):
                     assert not torch.equal(got, expected), (n, model.fond, alg)
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_invariant_variant_of_a_float32_model_decodes_each_row_as_alone(side):
+    """The README's claim: the invariant sampler gives a padded row its tokens alone wherever
+    the model's own rounding does not move with the batch shape (float32 here; the same tiny
+    model in bfloat16, whose near-uniform logits tie most, moves a few of these)."""
+    model = FondOfMask(tiny.build("dream"), tiny.tokenizer().mask_token_id, fond=False)
+    inputs = FAMILIES["dream"].model_inputs
+
+    def decode(ids, mask, **kw):
+        return generate_dream(lambda x, m: model(**inputs(x, m)).logits, ids, mask,
+                              variant="invariant", padding_side=side, **kw)
+
+    ids, mask = prompts(3)
+    with torch.no_grad():
+        for alg in ALGS[:3]:
+            for steps in (GEN, GEN // 2, 3):
+                kw = dict(mask_id=model.mask_id, gen_length=GEN, steps=steps, alg=alg)
+                alone = [decode(ids[r:r + 1, mask[r].bool()], mask[r:r + 1, mask[r].bool()], **kw)
+                         for r in range(len(ids))]
+                assert torch.equal(decode(ids, mask, **kw), torch.cat(alone)), (alg, steps)
+
+
 def test_dlm_sinkmask_decodes_dream_as_dreams_loop_by_default(tiny_dirs):
     from lm_eval.api.instance import Instance
     from lm_eval.api.registry import get_model

@@ -64,6 +64,14 @@ def test_request_generator_depends_on_seed_and_tokens_only():
     assert a == likelihood.request_generator(0, [1, 2], [3]).initial_seed()
     assert a != likelihood.request_generator(1, [1, 2], [3]).initial_seed()
     assert a != likelihood.request_generator(0, [1], [2, 3]).initial_seed()
+    # the same tokens as numpy or torch integers (whose reprs differ) draw the same samples
+    for ints in (np.array, torch.tensor):
+        assert a == likelihood.request_generator(0, ints([1, 2]), ints([3])).initial_seed()
+
+
+def test_a_token_the_model_rules_out_counts_only_where_it_is_masked():
+    log_probs = torch.tensor([[-1.0, -torch.inf, -2.0]])
+    assert likelihood.elbo_samples(log_probs, torch.tensor([[True, False, True]])).item() == -4.5
 
 
 # ------------------------------------------------------------------ the estimator
@@ -424,6 +432,49 @@ def test_loglikelihood_rolling_scores_a_text_longer_than_max_length(tiny_dirs):
     windows = [(None, c, t) for c, t in seen]
     again = sum(v for v, _ in lm._loglikelihood_tokens(windows, disable_tqdm=True))
     assert rolling == pytest.approx(again)
+
+
+def test_a_context_of_spaces_is_scored_after_the_prefix_token(tiny_dirs):
+    # lm-eval moves a context's trailing spaces into the continuation, so " " leaves no context
+    # token: Dream, which reads token j at j - 1, would fail on it after the others ran
+    for kind in ("llada", "dream"):
+        lm = make("dlm_sinkmask", tiny_dirs[kind], mc_num=2)
+        continuation = lm.tok_encode(" 7 apples")
+        [empty, prefix] = lm._loglikelihood_tokens(
+            [(("", "b"), [], continuation), (("", "b"), [lm.prefix_token_id], continuation)])
+        assert empty == prefix and math.isfinite(empty[0])
+        [(value, _)] = lm.loglikelihood([Instance("loglikelihood", {}, (" ", " 7"), 0)])
+        assert math.isfinite(value)
+
+
+def test_an_empty_document_scores_a_float_zero_and_one_sample_no_stderr(tiny_dirs):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=1)
+    [total] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("",), 0)])
+    assert total == 0.0 and isinstance(total, float)  # lm-eval sums these as floats
+    lm.loglikelihood(ll_requests(lm, PAIRS[:1]))
+    info = lm.get_model_info()["sinkmask"]["likelihood"]
+    assert info["requests"] == 2 and info["mean_mc_stderr"] is None  # not NaN, which JSON lacks
+
+
+@pytest.mark.parametrize("greedy_check", ["false", "true"])
+def test_a_task_whose_acc_reads_is_greedy_warns_while_greedy_check_is_off(tiny_dirs, caplog,
+                                                                       greedy_check):
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2, greedy_check=greedy_check)
+    context, continuation = PAIRS[0]
+    lambada = [Instance("loglikelihood", {}, (context, continuation), 0, metadata=("lam", d, 1))
+               for d in range(2)]  # one request per document
+    choices = [Instance("loglikelihood", {}, (context, c), i, metadata=("mc", 0, 1))
+               for i, c in enumerate((" 3", " 4"))]  # one request per choice
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        lm.loglikelihood(choices)
+        assert "is_greedy" not in caplog.text
+        lm.loglikelihood(lambada + choices)
+    warned = [r.getMessage() for r in caplog.records if "is_greedy" in r.getMessage()]
+    if greedy_check == "true":
+        assert warned == []
+    else:
+        assert len(warned) == 1 and warned[0].startswith("lam: ")
+        assert "acc reads 0 without measuring anything" in warned[0]
 
 
 def test_the_rolling_report_counts_documents_and_their_standard_errors(tiny_dirs):

@@ -16,8 +16,9 @@ predicted (such a position stays masked), and ``confidence_eos_eot_inf`` sets EO
 -inf before the softmax, so the other confidences renormalise (with low-confidence remasking
 only; LLaDA's random remasking ignores it). One difference is deliberate: at temperature > 0
 LLaDA's code removes only EOT from the softmax (its EOS assignment lands on the noisy copy of
-the logits); both are removed here. ``invariant`` gives the same tokens at every batch size and
-padding: float32 confidences, ties towards the leftmost position, the mask token never
+the logits); both are removed here. ``invariant`` decodes a row as it would alone at every batch
+size and padding (as far as the model's own logits do not round differently at another batch
+shape): float32 confidences, ties towards the leftmost position, the mask token never
 predicted, and EOS/EOT confidences set to the lowest finite value under either remasking.
 The reference matches LLaDA's tokens when decoding greedily with low-confidence remasking (the
 paper's protocol); with temperature > 0 or random remasking it draws from the same

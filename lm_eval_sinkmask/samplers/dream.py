@@ -14,7 +14,8 @@ Two variants. ``reference`` (the default) decodes as Dream's own ``diffusion_gen
 that scores match the ones Dream's authors report: the probabilities stay in the model's dtype
 (bfloat16 for the released checkpoints), the mask token may be predicted (such a position
 simply stays masked), and the tokens revealed are ``torch.topk``'s choice over the whole row,
-ties included. ``invariant`` gives the same tokens at every batch size and padding: float32
+ties included. ``invariant`` decodes a row as it would alone at every batch size and padding
+(as far as the model's own logits do not round differently at another batch shape): float32
 probabilities, the mask token never predicted, and ties broken towards the leftmost position.
 Both count the tokens to reveal per row, where Dream divides the batch's count by its size:
 the same number whenever the rows hold equally many masks (always at batch size 1). The
