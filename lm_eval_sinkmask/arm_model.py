@@ -144,6 +144,7 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
     hflm_args.check_and_normalise(kwargs)
     pretrained = resolve_pretrained(pretrained)
     mask_config = SinkMaskConfig.pop_from(kwargs)
+    checkpoint_checks.check_revision(pretrained, kwargs.get("revision"))
     try:
         config = checkpoint_checks.read_config(pretrained, kwargs)
     except checkpoint_checks.NoConfig:

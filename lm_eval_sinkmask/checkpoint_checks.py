@@ -9,6 +9,7 @@ not declare) fails here, with the fix, before ``HFLM`` loads anything.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .config import SinkMaskConfig, is_int
@@ -46,6 +47,16 @@ def read_config(pretrained, kwargs: dict[str, Any]) -> dict[str, Any]:
                        "holds: pass the checkpoint (folder or hub repo) with config.json and "
                        "the weights")
     return config
+
+
+def check_revision(pretrained, revision: Any) -> None:
+    """transformers loads a local folder as it is, whatever ``revision`` says, and the
+    results would record the revision as if it had picked the weights."""
+    if revision not in (None, "main") and isinstance(pretrained, str) and os.path.isdir(pretrained):
+        raise ValueError(
+            f"revision={revision} picks a commit of a hub repository, but {pretrained} is a "
+            "local folder, which transformers loads as it is: drop revision=, or pass the "
+            "hub id")
 
 
 def depth(config: dict[str, Any]) -> int | None:

@@ -87,6 +87,7 @@ class _CheckedArgs:
         likelihood_settings = likelihood.LikelihoodSettings.pop_from(kwargs)
         cuda_graph = cls._cuda_graph(kwargs.pop("cuda_graph", "auto"), mask_config,
                                      kwargs.get("device"))
+        checkpoint_checks.check_revision(pretrained, kwargs.get("revision"))
         config = checkpoint_checks.read_config(pretrained, kwargs)
         family_ = family_for(config.get("model_type"), family)
         settings = DiffusionSettings.build(family_, user_settings)

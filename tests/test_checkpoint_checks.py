@@ -62,3 +62,15 @@ def test_a_model_class_must_be_of_the_checkpoints_architecture():
     checkpoint_checks.check_model_class(MMaDA, {"model_type": "llada"})  # LLaDA's code, its own type
     checkpoint_checks.check_model_class(MMaDA, {"model_type": "mmada"})
     checkpoint_checks.check_model_class(object, {"model_type": "llada"})  # declares nothing
+
+
+@pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
+def test_a_revision_of_a_local_folder_is_refused_before_loading(tiny_dirs, model):
+    from lm_eval.api.registry import get_model
+
+    kind = "llada" if model == "dlm_sinkmask" else "llama"
+    arg_string = f"pretrained={tiny_dirs[kind]},device=cpu"
+    with pytest.raises(ValueError, match=r"revision=v1.0 picks a commit of a hub repository, "
+                                         r"but .* is a local folder"):
+        get_model(model).check_arg_string(arg_string + ",revision=v1.0")
+    get_model(model).check_arg_string(arg_string + ",revision=main")  # HFLM's default
