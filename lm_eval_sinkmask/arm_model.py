@@ -20,7 +20,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from . import checkpoint_checks, hflm_args, model_args
+from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
 from .masking_lm import MaskingLMMixin
@@ -47,22 +47,38 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         for req in requests:
-            self._refuse_beam_search(req.args[1], req.task_name)
+            self._refuse_reordered_cache(req.args[1], req.task_name)
             self._refuse_fixed_cache(req.args[1], req.task_name)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
-    def _refuse_beam_search(self, gen_kwargs: dict, task: str | None) -> None:
-        """Beam search moves each cache row to the beam it continues between steps, while the
-        masker keeps each row's previous sinks (and all_rows history) where they were: masked,
-        a beam would be masked with another beam's sinks, and the run recorded as the method.
-        Checked for every request before the first forward pass."""
-        beams = gen_kwargs.get("num_beams")
-        if self.mask_config.enabled and beams is not None and int(beams) > 1:
+    def _refuse_reordered_cache(self, gen_kwargs: dict, task: str | None) -> None:
+        """Beam search moves each cache row to the beam it continues between steps, and
+        prompt-lookup or assisted decoding run several candidate rows and then crop the cache
+        to the accepted ones, while the masker keeps each row's previous sinks (and all_rows
+        history) at the key indices they had: masked, a row would be masked with another
+        beam's sinks or a rejected candidate's, and the run recorded as the method. Asked for
+        by the request or by the checkpoint's generation_config.json; checked for every
+        request before the first forward pass."""
+        if not self.mask_config.enabled:
+            return
+        config = getattr(self.model, "generation_config", None)
+
+        def asked(name: str):
+            value = gen_kwargs.get(name)
+            return value if value is not None else getattr(config, name, None)
+
+        modes = [f"{name}={asked(name)}" for name in ("num_beams", "num_beam_groups")
+                 if asked(name) is not None and int(asked(name)) > 1]
+        modes += [f"{name}={asked(name)!r}" for name in ("prompt_lookup_num_tokens",
+                                                         "assistant_model")
+                  if asked(name) is not None]
+        if modes:
             raise ValueError(
-                f"task {task or '?'}: generation_kwargs ask for beam search (num_beams={beams}), "
-                "which reorders the KV cache between steps while the sink masker keeps each "
-                "row's previous sinks in place; arm_sinkmask masks greedy and sampled decoding "
-                "only. Drop num_beams from --gen_kwargs or the task, or run unmasked (top_k=0)")
+                f"task {task or '?'}: {', '.join(modes)} (from --gen_kwargs, the task or the "
+                "checkpoint's generation_config.json) reorders or crops the KV cache between "
+                "steps while the sink masker keeps each row's previous sinks at their key "
+                "indices; arm_sinkmask masks greedy and sampled decoding only. Drop it (for "
+                "a checkpoint's default: --gen_kwargs num_beams=1), or run unmasked (top_k=0)")
 
     def _refuse_fixed_cache(self, gen_kwargs: dict, task: str | None) -> None:
         """all_rows adds each step's rows to those kept so far, which needs keys that grow by
@@ -152,10 +168,43 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
     except (OSError, ValueError):
         config = {}  # no readable config.json here: HFLM reports that itself
     _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
+    if mask_config.enabled:
+        _refuse_sink_token(pretrained, config)
+        _refuse_short_sliding_window(config, kwargs.get("max_length"))
     checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
     checkpoint_checks.check_max_length(kwargs.get("max_length"), config)
     checkpoint_checks.check_attention(mask_config, kwargs)
     return pretrained, mask_config
+
+
+def _refuse_sink_token(pretrained, config: dict[str, Any]) -> None:
+    """A causal checkpoint declaring an extra sink token was trained with it in every
+    sequence; arm_sinkmask does not insert it, so the model would run on inputs it never saw
+    and the results say nothing of the token."""
+    if sink_token.SinkToken.from_config(config) is not None:
+        raise ValueError(
+            f"{pretrained} declares an extra sink token (sink_token_id in config.json), which "
+            "arm_sinkmask does not insert: its masked runs would decode inputs the model was "
+            "never trained on. Only dlm_sinkmask serves checkpoints with a sink token.")
+
+
+def _refuse_short_sliding_window(config: dict[str, Any], max_length: int | None) -> None:
+    """A sliding-window layer's cache drops its oldest key at each step once the window is
+    full, so the key indices the masker keeps from the last pass (``detect=previous``; the
+    all_rows history) would name the next token. Refused where a sequence can outgrow the
+    window: run with ``max_length`` at most the window."""
+    window = config.get("sliding_window")
+    sliding = (window is not None and config.get("use_sliding_window") is not False) or any(
+        "sliding" in str(kind) for kind in config.get("layer_types") or ())
+    if not sliding or not isinstance(window, int):
+        return
+    longest = max_length or config.get("max_position_embeddings")
+    if longest is None or longest > window:
+        raise ValueError(
+            f"the checkpoint's attention keeps a sliding window of {window} keys, whose cache "
+            f"drops the oldest key once full: the sinks the masker kept from the last step "
+            f"would then name other tokens. Pass max_length={window} (or less) in model_args "
+            "so that no sequence outgrows the window, or run unmasked (top_k=0)")
 
 
 def _refuse_diffusion_checkpoint(pretrained, model_type: str | None) -> None:

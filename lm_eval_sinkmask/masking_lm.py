@@ -258,6 +258,13 @@ class MaskingLMMixin:
                 "model, not an error; try a smaller eps to mask anyway)",
                 c.eps, total.attention_calls,
             )
+        elif c.enabled and total.attention_calls and not total.keys_masked:
+            logger.warning(
+                "sink masking was active and found %d sinks at eps=%g, but masked no key in %d "
+                "attention calls (under sink_token=exclude, say, every sink was the extra sink "
+                "token): this run is effectively unmasked",
+                total.sinks_detected, c.eps, total.attention_calls,
+            )
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()

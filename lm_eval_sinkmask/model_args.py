@@ -62,7 +62,8 @@ ARGS: tuple[ModelArg, ...] = (
              "which ran (`counters.detection`)", BOTH, "masking"),
     ModelArg("mask_target", "sinks", "`sinks` masks the top-k Eq. 3 sinks; `random` is the "
              "matched control: as many keys per (layer, head) and step, drawn from the keys that "
-             "are not sinks", BOTH, "masking"),
+             "are not sinks (an extra sink token too, unless `sink_token=exclude` takes it out "
+             "of both arms)", BOTH, "masking"),
     ModelArg("mask_seed", "0", "seeds the draws of `mask_target=random` (`sinkmask sweep "
              "--mask-seeds 0-7` runs one cell per draw)", BOTH, "masking"),
     # -- diffusion sampling: DiffusionSettings (sampler_settings.py); defaults per family in families.py

@@ -256,16 +256,26 @@ def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, 
 
 
 @pytest.mark.parametrize("arm_rule", ["last_row", "all_rows"])
-def test_a_masked_arm_refuses_beam_search_before_any_forward_pass(tiny_dirs, arm_rule):
-    """Beam search moves each cache row to the beam it continues between steps; the masker's
-    previous sinks and all_rows history stay with the row, so a beam would be masked with
-    another beam's sinks. Unmasked, beam search runs as lm-eval's hf model runs it."""
-    beams = [Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4, "num_beams": 2}), 0)]
+@pytest.mark.parametrize("mode", ["num_beams=2", "prompt_lookup_num_tokens=2",
+                                  "num_beams=2 in generation_config"])
+def test_a_masked_arm_refuses_reordered_caches_before_any_forward_pass(tiny_dirs, arm_rule, mode):
+    """Beam search moves each cache row to the beam it continues between steps, prompt-lookup
+    decoding crops the cache to the candidates it accepts; the masker's previous sinks and
+    all_rows history stay at their key indices, so a row would be masked with another beam's
+    or a rejected candidate's sinks. Unmasked, they run as lm-eval's hf model runs them."""
+    name, value = mode.split()[0].split("=")
+    gen_kwargs = {"max_gen_toks": 4}
+    if "generation_config" not in mode:
+        gen_kwargs[name] = int(value)
+    request = [Instance("generate_until", {}, (PROMPTS[0], gen_kwargs), 0)]
     masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule=arm_rule)
-    with pytest.raises(ValueError, match=r"num_beams=2.*top_k=0"):
-        masked.generate_until(beams)
+    plain = make("arm_sinkmask", tiny_dirs["llama"], top_k=0)
+    if "generation_config" in mode:
+        masked.model.generation_config.num_beams = plain.model.generation_config.num_beams = 2
+    with pytest.raises(ValueError, match=rf"{name}=2 \(from --gen_kwargs.*top_k=0"):
+        masked.generate_until(request)
     assert masked.mask_stats.forward_passes == 0
-    assert len(make("arm_sinkmask", tiny_dirs["llama"], top_k=0).generate_until(beams)) == 1
+    assert len(plain.generate_until(request)) == 1
 
 
 @pytest.mark.parametrize("source", ["gen_kwargs", "generation_config"])
@@ -454,3 +464,36 @@ def test_a_gen_length_longer_than_the_tasks_still_fits_max_length(tiny_dirs, mon
     long_prompt = " ".join(["Question : Tom has 3 apples ."] * 6)
     [text] = lm.generate_until(requests([long_prompt], max_gen_toks=8))
     assert widths and max(widths) + 16 <= 24
+
+
+@pytest.mark.parametrize("edit, args, message", [
+    ({"sink_token_id": 4}, {}, r"declares an extra sink token .* Only dlm_sinkmask serves"),
+    ({"sliding_window": 6}, {}, r"sliding window of 6 keys.*Pass max_length=6"),
+    ({"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]},
+     {"max_length": 7}, r"sliding window of 6 keys"),
+])
+def test_a_masked_arm_refuses_a_checkpoint_whose_inputs_or_cache_it_would_misplace(
+        tmp_path, tiny_dirs, edit, args, message):
+    """A causal checkpoint with an extra sink token (never inserted by arm_sinkmask), or with
+    a sliding window a sequence can outgrow (its cache drops keys, so the sinks kept from the
+    last step would name other tokens): refused from config.json, before any weight loads;
+    unmasked, or within the window, such a checkpoint is arm_sinkmask's to load."""
+    import json
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    config = json.loads((tiny_dirs["llama"] / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    def check(**more):
+        given = {"pretrained": folder, "device": "cpu", "top_k": 1, **args, **more}
+        get_model("arm_sinkmask").check_arg_string(",".join(f"{k}={v}" for k, v in given.items()))
+
+    with pytest.raises(ValueError, match=message):
+        check()
+    check(top_k=0)
+    if "sliding_window" in edit:
+        check(max_length=6)
+        unused = {**config, **edit, "use_sliding_window": False}
+        unused.pop("layer_types", None)
+        (folder / "config.json").write_text(json.dumps(unused))  # Qwen2's switch, off
+        check()

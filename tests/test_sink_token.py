@@ -267,3 +267,14 @@ def test_a_few_training_steps_of_llada_sink(tmp_path):
     assert sink == SinkToken(tok.convert_tokens_to_ids("<|sink|>"), "start")
     assert sink.token_id == len(tok) - 1 == model.config.vocab_size - 1
     assert "sink token" in (path / "README.md").read_text()
+
+
+def test_a_run_whose_only_sinks_are_the_excluded_token_reports_itself_unmasked(sink_dir, caplog):
+    """The tiny sink model's extra token is its one sink at this eps: under exclude nothing
+    is masked though sinks are counted, and the run must say it was effectively unmasked."""
+    lm = make("dlm_sinkmask", sink_dir, top_k=3, eps=0.05, sink_token="exclude", block_length=4)
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        lm.generate_until(requests(["Question : Tom has 3 apples . how many ?"]))
+    stats = lm.run_mask_stats
+    assert stats.sinks_detected > 0 and stats.keys_masked == 0
+    assert "masked no key" in caplog.text and "effectively unmasked" in caplog.text
