@@ -23,6 +23,7 @@ from lm_eval.models.huggingface import HFLM
 from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
+from .filler_requests import without_filler
 from .masking_lm import MaskingLMMixin
 from .zoo import resolve_pretrained
 
@@ -45,6 +46,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         (``sinkmask sweep`` runs it on every column before the first cell)."""
         _take_checked_args(pretrained, dict(kwargs))
 
+    @without_filler
     def generate_until(self, requests, disable_tqdm: bool = False):
         for req in requests:
             self._refuse_reordered_cache(req.args[1], req.task_name)

@@ -24,6 +24,7 @@ from . import (checkpoint_checks, graphed_steps, hflm_args, likelihood, model_ar
                zoo)
 from .config import SinkMaskConfig, flag_value, number_value
 from .families import Family, disable_flash_attention, family_for
+from .filler_requests import without_filler
 from .masking_lm import MaskingLMMixin, logger
 from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
@@ -160,7 +161,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
             if elsewhere is not None:
                 raise ValueError(f"cuda_graph=true cannot capture {elsewhere}: set "
                                  "cuda_graph=false or auto")
-        self.generations = {"graphed": 0, "eager": 0}  # as run, for the record
+        self.generations = {"graphed": 0, "eager": 0}  # as this process ran them
+        self.run_generations = dict(self.generations)  # all processes, filled by _report
         # effective (gen_length, steps, block_length): per task as planned, and as run
         self.settings_per_task: dict[str, dict[str, int | None]] = {}
         self.settings_used: set[tuple[int, int, int | None]] = set()
@@ -438,6 +440,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                 )
         return generated
 
+    @without_filler
     def generate_until(self, requests, disable_tqdm: bool = False):
         self.request_types.add("generate_until")
         self._plan_requests(requests)
@@ -547,6 +550,14 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
             draws.append(f"alg_temp={s.alg_temp:g}")
         return ", ".join(draws) or None
 
+    def _report(self) -> None:
+        """Also sum every process's count of graphed and eager generations: under
+        ``accelerate launch`` each rank decodes its own share."""
+        super()._report()
+        gathered = self.gather_object(dict(self.generations), dst=0)
+        if self.rank == 0:
+            self.run_generations = {mode: sum(g[mode] for g in gathered) for mode in self.generations}
+
     def get_model_info(self) -> dict:
         info = super().get_model_info()
         info["sinkmask"]["family"] = self.family.name
@@ -557,11 +568,11 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         info["sinkmask"]["sampler"] = sampler
         info["sinkmask"]["mask_id"] = self.mask_id
         info["sinkmask"]["padding"] = self.padding
-        # the setting, and how this process's generations ran under it (auto runs observed
-        # ones, sink traces, eagerly)
+        # the setting, and how the run's generations ran under it (auto runs observed ones,
+        # sink traces, eagerly)
         info["sinkmask"]["cuda_graph"] = {
             "setting": "auto" if self.cuda_graph_auto else self.cuda_graph,
-            "generations": dict(self.generations)}
+            "generations": dict(self.run_generations)}
         info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
         info["sinkmask"]["likelihood"] = self._scoring_record()
         info["sinkmask"]["unread_settings"] = self._unread_settings()

@@ -108,8 +108,10 @@ def resolve(backend: str, device: torch.device) -> str:
 # with the torch reference, False if it failed or disagreed (the call and every later one of
 # that variant take the materialised path)
 _CHECKED: dict[_Variant, bool] = {}
-# agreement asked of the first call: both sum exact float32 products in a different order,
-# which moves a mass (at most the number of rows) by ~1e-6 relative
+# agreement asked of the first call, in Eq. 3's units (|K| x a key's mass per weighted row,
+# the units eps is set in; on the mass itself an absolute tolerance would pass a whole uniform
+# share, 1/|K|, on a call of many keys): both sum exact float32 products in a different
+# order, which moves a score by ~1e-6 relative
 CHECK_RTOL = 1e-3
 CHECK_ATOL = 1e-3
 
@@ -165,9 +167,13 @@ def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
     try:
         got = column_mass(q, k, weights, scale=scale, use_triton=True, **kw)
         ref = blocked_column_mass(q, k, weights, scale=scale, **kw)
-        agree = bool(torch.allclose(got, ref, rtol=CHECK_RTOL, atol=CHECK_ATOL))
+        rows = weights.to(device=got.device, dtype=torch.float32).sum(-1).clamp(min=1)
+        units = k.shape[-2] / rows.view(-1, 1, 1)
+        got_scores, ref_scores = got * units, ref * units
+        agree = bool(torch.allclose(got_scores, ref_scores, rtol=CHECK_RTOL, atol=CHECK_ATOL))
         problem = None if agree else (
-            f"largest difference from the torch reference {float((got - ref).abs().max()):.3g}")
+            "largest score difference from the torch reference "
+            f"{float((got_scores - ref_scores).abs().max()):.3g}")
     except Exception as e:  # a compiler or driver problem of this environment
         got, problem = None, f"{type(e).__name__}: {e}"
     _CHECKED[variant] = problem is None

@@ -361,8 +361,11 @@ class _Run:
         elif out is None:
             out = _fused_masked_output(self.original, a, d.sc, d.blocked, chunk)
         if self.masker.observers:
-            event = AttentionEvent(self.stats.forward_passes, layer, d.scores, d.sinks, d.chosen,
-                                   d.blocked, value_norms=d.sc.v.norm(dim=-1))
+            # in place, the kept choices' tensors are overwritten by the next pass: copies
+            chosen, blocked = (d.chosen.clone(), d.blocked.clone()) if self.in_place else (
+                d.chosen, d.blocked)
+            event = AttentionEvent(self.stats.forward_passes, layer, d.scores, d.sinks, chosen,
+                                   blocked, value_norms=d.sc.v.norm(dim=-1))
             for observe in self.masker.observers:
                 observe(event)
         self.stats.defer_counts(counters, d.n_sinks, d.n_blocked, d.sc.heads // d.blocked.shape[1])

@@ -13,6 +13,7 @@ import torch
 from . import answer_cache
 from .checkpoint_checks import check_layers, depth
 from .config import SinkMaskConfig
+from .filler_requests import without_filler
 from .intercept import NO_ATTENTION_HELP, SinkMasker
 from .masking_stats import MaskingStats
 from .random_control import row_tokens
@@ -191,6 +192,7 @@ class MaskingLMMixin:
         dtype = getattr(self, "mixed_precision_dtype", None)
         return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
 
+    @without_filler
     def generate_until(self, requests, disable_tqdm: bool = False):
         # (a seq2seq model's search also runs labels of max_length: left as lm-eval sizes it)
         sizing = self.batch_size == "auto" and self.backend == "causal"
@@ -225,11 +227,13 @@ class MaskingLMMixin:
             return inps[:, : self._sizing_width]
         return inps
 
+    @without_filler
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         out = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         self._report()
         return out
 
+    @without_filler
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         out = super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
         self._report()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import checkpoint_checks, likelihood
+from .filler_requests import without_filler
 from .masking_lm import logger
 from .samplers import generate_block
 
@@ -33,6 +34,7 @@ class MonteCarloScoringMixin:
         # lm-eval hands _loglikelihood_tokens the strings and tokens, not the Instances
         self._request_tasks: list[tuple[tuple, str | None]] = []
 
+    @without_filler
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """lm-eval's, with each request's task kept for :meth:`_check_requests`."""
         self.request_types.add("loglikelihood")
@@ -61,6 +63,7 @@ class MonteCarloScoringMixin:
                 "to measure it (one more forward pass per continuation token).",
                 ", ".join(single))
 
+    @without_filler
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         """lm-eval's disjoint rolling windows, each scored by the bound, summed per document.
 

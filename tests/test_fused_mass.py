@@ -585,3 +585,22 @@ def test_cuda_kernels_match_the_torch_blocked_algorithm(case, dtype, gqa, first_
 def test_cuda_fused_detection_masks_what_the_materialised_path_masks(kind):
     run = _padded_model_runs(kind, "cuda")
     assert_same_detection(run["fused"], run["materialized"])
+
+
+def test_auto_checks_a_kernel_in_the_units_eps_is_set_in(monkeypatch):
+    """One row over many keys: each key's mass is about 1/|K|, so a kernel off by 9e-4 of mass
+    on every third key moves those scores by about half a uniform share (eps is in shares).
+    The first-use check must see that, and hand the variant to the materialised path."""
+    def off(q, k, w, **kw):
+        mass = fused_mass.blocked_column_mass(q, k, w, **kw)
+        mass[..., ::3] += 9e-4
+        return mass
+
+    calls = _auto_on_a_gpu(monkeypatch, off)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 1, 16, generator=g), torch.randn(1, 2, 512, 16, generator=g)
+    assert fused_mass.checked_column_mass(q, k, torch.ones(1, 1)) is None
+    assert calls == [True]
+    monkeypatch.setattr(fused_mass, "_CHECKED", {})
+    _auto_on_a_gpu(monkeypatch, fused_mass.blocked_column_mass)
+    assert fused_mass.checked_column_mass(q, k, torch.ones(1, 1)) is not None

@@ -374,3 +374,21 @@ def test_what_the_host_must_read_is_prepared_outside_the_graph():
             out = prepared(x, mask)
         assert torch.equal(out, model(**inputs(x, mask)).logits)
         assert sorted(prepared.kwargs) == ["attention_mask", "input_ids", "position_ids"]
+
+
+def test_an_observer_under_in_place_choices_keeps_what_each_call_chose():
+    """In place, a layer's kept choice is written over by the next pass: an observer's event
+    must hold a copy, or a stored event would show a later pass's keys."""
+    model = tiny.build("llada")
+    seen = {}
+    for in_place in (False, True):
+        events = []
+        masker = SinkMasker(VARYING, observers=[lambda e: events.append(
+            (e.chosen, e.blocked, e.chosen.clone(), e.blocked.clone()))])
+        with torch.inference_mode(), masker.attach(model, in_place=in_place):
+            for ids in _canvases(model.config.vocab_size):
+                model(input_ids=ids)
+        assert all(torch.equal(a, c) and torch.equal(b, d) for a, b, c, d in events)
+        seen[in_place] = [(c, d) for _, _, c, d in events]
+    assert len(seen[True]) > 2 and all(
+        torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(seen[False], seen[True]))
