@@ -484,6 +484,7 @@ def test_a_masked_arm_refuses_a_checkpoint_whose_inputs_or_cache_it_would_mispla
     folder.mkdir()
     config = json.loads((tiny_dirs["llama"] / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **edit}))
+
     def check(**more):
         given = {"pretrained": folder, "device": "cpu", "top_k": 1, **args, **more}
         get_model("arm_sinkmask").check_arg_string(",".join(f"{k}={v}" for k, v in given.items()))
