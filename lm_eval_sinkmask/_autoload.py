@@ -64,23 +64,22 @@ def check_task_data_first(module) -> None:
 
     @functools.wraps(original)
     def simple_evaluate(*args, **kwargs):
-        from lm_eval_sinkmask.tasks import check_data
+        from lm_eval_sinkmask.tasks import check_data, requested_task_configs
 
         given = signature.bind_partial(*args, **kwargs).arguments
-        check_data(given.get("tasks"), given.get("metadata"))
-        check_code_tasks(given)
+        configs = requested_task_configs(given.get("tasks"))
+        check_data(given.get("tasks"), configs, given.get("metadata"))
+        check_code_tasks(given, configs)
         return original(*args, **kwargs)
 
     module.simple_evaluate = simple_evaluate
 
 
-def check_code_tasks(given: dict) -> None:
-    """Before the model loads: a requested task of our folder with ``unsafe_code`` needs the
-    confirmation and a valid ``SINKMASK_CODE_TIMEOUT`` (lm-eval and our scorer would only
-    find out after generating), and a task made for a chat template warns without one."""
-    from lm_eval_sinkmask.tasks import requested_task_configs
-
-    configs = requested_task_configs(given.get("tasks"))
+def check_code_tasks(given: dict, configs: dict) -> None:
+    """Before the model loads: a requested task of our folder (``configs``, from
+    ``tasks.requested_task_configs``) with ``unsafe_code`` needs the confirmation and a valid
+    ``SINKMASK_CODE_TIMEOUT`` (lm-eval and our scorer would only find out after generating),
+    and a task made for a chat template warns without one."""
     unsafe = sorted(name for name, config in configs.items() if config.get("unsafe_code"))
     if unsafe and not given.get("confirm_run_unsafe_code"):
         raise ValueError(

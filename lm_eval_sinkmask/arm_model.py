@@ -64,16 +64,15 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         if not self.mask_config.enabled:
             return
         config = getattr(self.model, "generation_config", None)
-
-        def asked(name: str):
-            value = gen_kwargs.get(name)
-            return value if value is not None else getattr(config, name, None)
-
-        modes = [f"{name}={asked(name)}" for name in ("num_beams", "num_beam_groups")
-                 if asked(name) is not None and int(asked(name)) > 1]
-        modes += [f"{name}={asked(name)!r}" for name in ("prompt_lookup_num_tokens",
+        asked = {name: gen_kwargs[name] if gen_kwargs.get(name) is not None
+                 else getattr(config, name, None)
+                 for name in ("num_beams", "num_beam_groups", "prompt_lookup_num_tokens",
+                              "assistant_model")}
+        modes = [f"{name}={asked[name]}" for name in ("num_beams", "num_beam_groups")
+                 if asked[name] is not None and int(asked[name]) > 1]
+        modes += [f"{name}={asked[name]!r}" for name in ("prompt_lookup_num_tokens",
                                                          "assistant_model")
-                  if asked(name) is not None]
+                  if asked[name] is not None]
         if modes:
             raise ValueError(
                 f"task {task or '?'}: {', '.join(modes)} (from --gen_kwargs, the task or the "

@@ -192,8 +192,8 @@ class MaskingLMMixin:
         dtype = getattr(self, "mixed_precision_dtype", None)
         return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
 
-    @without_filler
     def generate_until(self, requests, disable_tqdm: bool = False):
+        # (each model's own generate_until drops lm-eval's filler copies before this runs)
         # (a seq2seq model's search also runs labels of max_length: left as lm-eval sizes it)
         sizing = self.batch_size == "auto" and self.backend == "causal"
         self._sizing_width = self._longest_generation(requests) if sizing else 0

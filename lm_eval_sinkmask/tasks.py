@@ -89,11 +89,12 @@ def requested_task_configs(tasks) -> dict:
     return found
 
 
-def check_data(tasks, metadata: dict | None = None) -> None:
+def check_data(tasks, configs: dict, metadata: dict | None = None) -> None:
     """Fail before any model loads when a requested GSM8K task, or a tag that holds one, has no
-    data to read (see ``gsm8k.check_available``); a no-op for every other task. A name that
-    only starts like ours (a task lm-eval has not found yet) is checked too."""
-    names = {t for t in tasks or () if isinstance(t, str)} | set(requested_task_configs(tasks))
+    data to read (see ``gsm8k.check_available``); a no-op for every other task. ``configs`` is
+    ``requested_task_configs(tasks)``. A name in ``tasks`` that only starts like ours (a task
+    lm-eval has not found yet) is checked too."""
+    names = {t for t in tasks or () if isinstance(t, str)} | set(configs)
     if any(name.startswith("gsm8k_sinkmask") for name in names):
         task_module("gsm8k").check_available((metadata or {}).get("gsm8k_dir"))
 

@@ -469,11 +469,15 @@ def test_a_bad_code_timeout_fails_before_the_model_loads(monkeypatch, model_load
 
 def test_the_instruct_task_without_a_chat_template_warns():
     from lm_eval_sinkmask._autoload import check_code_tasks
+    from lm_eval_sinkmask.tasks import requested_task_configs
+
+    def check(given):
+        check_code_tasks(given, requested_task_configs(given["tasks"]))
 
     given = {"tasks": ["humaneval_sinkmask_instruct"], "confirm_run_unsafe_code": True}
     with pytest.warns(RuntimeWarning, match="humaneval_sinkmask_instruct.*--apply_chat_template"):
-        check_code_tasks(given)
+        check(given)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check_code_tasks({**given, "apply_chat_template": True})
-        check_code_tasks({**given, "tasks": ["humaneval_sinkmask"]})
+        check({**given, "apply_chat_template": True})
+        check({**given, "tasks": ["humaneval_sinkmask"]})
