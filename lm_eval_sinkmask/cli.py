@@ -168,10 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "CUDA_VISIBLE_DEVICES, can share it: each skips the cells the others run)")
     s.add_argument("--limit", type=float, default=None, help="lm-eval --limit (count, or fraction < 1)")
     s.add_argument("--eps", type=float, default=3.0, help="Eq. 3 threshold [%(default)s]")
-    s.add_argument("--model-args-extra", default="", help="model_args appended for every model, e.g. dtype=bfloat16")
+    s.add_argument("--model-args-extra", default="",
+                   help="model_args appended for every model, e.g. dtype=bfloat16 (not top_k or "
+                        "eps: --top-k and --eps set those)")
     s.add_argument("--model-args-for", action="append", metavar="NAME:ARGS",
                    help="model_args for one model, e.g. llada:block_length=32 (repeatable; "
-                        "repeats for one model add up)")
+                        "repeats for one model add up; not top_k or eps)")
     s.add_argument("--arm-rule", default="last_row", choices=ARM_RULES,
                    help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")

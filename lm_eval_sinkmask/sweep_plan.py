@@ -202,6 +202,10 @@ def check_pairs(pairs: list[list[str]], models: list[str]) -> None:
                          f"are {models}")
 
 
+# model_args every cell sets last, and the sweep option that gives each
+SET_BY_SWEEP = {"top_k": "--top-k", "eps": "--eps"}
+
+
 @dataclass
 class SweepPlan:
     models: list[ModelSpec]
@@ -227,6 +231,7 @@ class SweepPlan:
     def __post_init__(self) -> None:
         check_pairs(self.versus, [m.name for m in self.models])
         check_limit(self.limit)
+        self._refuse_set_by_sweep()
         if self.mask_seeds is None:
             return
         drawn = [m for m in self.models if self.draws_random_keys(m)]
@@ -238,6 +243,22 @@ class SweepPlan:
         if fixed:
             raise ValueError(f"{fixed} set mask_seed themselves; with --mask-seeds the sweep sets "
                              "it per draw (drop it from their model args)")
+
+    def _refuse_set_by_sweep(self) -> None:
+        """Each cell's model_args end with its top_k and the sweep's eps, so the same setting
+        in the model args given would be overridden without a word: an eps ablation run as
+        ``--model-args-extra eps=1.5`` would run, and be recorded, at the default eps."""
+        from lm_eval.utils import simple_parse_args_string
+
+        given = [("--model-args-extra", self.model_args_extra)] + [
+            (f"--model-args-for {m.name}", m.args) for m in self.models]
+        clashes = [f"{name} in {where}" for where, args in given
+                   for name in simple_parse_args_string(args) if name in SET_BY_SWEEP]
+        if clashes:
+            raise ValueError("; ".join(clashes) + ": every cell's model_args end with the "
+                             "sweep's own (" + ", ".join(f"{k} from {v}" for k, v in
+                                                         SET_BY_SWEEP.items())
+                             + "), which would override it. Give it with that option instead")
 
     def _args_of(self, model: ModelSpec) -> dict[str, Any]:
         """The model_args that ``model`` adds to every cell (the sweep's, then its own), as

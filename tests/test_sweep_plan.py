@@ -285,3 +285,15 @@ def test_every_committed_sweep_json_still_merges(tmp_path):
     for path in committed:
         grid = json.loads(path.read_text())
         assert merge_grids(grid, grid) == grid
+
+
+@pytest.mark.parametrize("extra, for_model, named", [
+    ("eps=1.5", "", "eps in --model-args-extra"),
+    ("", "block_length=4,top_k=2", "top_k in --model-args-for llada"),
+])
+def test_model_args_the_sweep_sets_itself_are_refused(tmp_path, extra, for_model, named):
+    """A cell's model_args end with top_k and eps, so the same keys given as model args would
+    be overridden silently (an eps ablation recorded at the default eps)."""
+    llada = ModelSpec("llada", "zoo:llada", "dlm", for_model)
+    with pytest.raises(ValueError, match=f"{named}.*eps from --eps"):
+        SweepPlan(models=[llada], tasks=["t"], ks=[0, 1], out=tmp_path, model_args_extra=extra)
