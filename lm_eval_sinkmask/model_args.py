@@ -75,8 +75,9 @@ ARGS: tuple[ModelArg, ...] = (
     ModelArg("block_length", "32 (LLaDA/MMaDA)", "semi-autoregressive block; must divide "
              "`gen_length`, and the number of blocks must divide `steps`", (DLM,), "sampling"),
     ModelArg("remasking", "low_confidence", "or `random` (LLaDA/MMaDA)", (DLM,), "sampling"),
-    ModelArg("temperature", "0", "Gumbel-max sampling temperature, in float64; 0 = greedy",
-             (DLM,), "sampling"),
+    ModelArg("temperature", "0", "sampling temperature; 0 = greedy. LLaDA/MMaDA: Gumbel-max "
+             "in float64; Dream: a draw from the (top_p/sampling_top_k-filtered) softmax in the "
+             "model's dtype", (DLM,), "sampling"),
     ModelArg("cfg_scale", "0", "classifier-free guidance (LLaDA/MMaDA)", (DLM,), "sampling"),
     ModelArg("logits_eos_inf", "false", "LLaDA: never generate EOS (the end-of-text token "
              "LLaDA's own code takes out, id 126081 there, where the tokenizer has it; else the "
