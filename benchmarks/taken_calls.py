@@ -37,7 +37,7 @@ def in_scope(run, a: dict, max_keys: int) -> bool:
 def key_only_view(run, a: dict, chunk: int) -> MaskView | None:
     """The pass's view of the call's mask, where it does not depend on the query row and
     has no head axis (the candidates' scope); None otherwise."""
-    mask = run._call_view(a, chunk)
+    mask = run._mask_view(a, chunk)
     return mask if decode_step.fits(mask) else None
 
 

@@ -11,7 +11,7 @@ rows.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (built-in models register first; see _autoload)
@@ -23,7 +23,7 @@ from lm_eval.models.huggingface import HFLM
 from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
-from .filler_requests import without_filler
+from .filler_requests import PaddingWindows, without_filler
 from .masking_lm import MaskingLMMixin
 from .zoo import resolve_pretrained
 
@@ -39,6 +39,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         self.model.eval()
         self._init_masking(mask_config, rule=mask_config.arm_rule)
         self._row_lengths: list[int] | None = None  # real tokens per row of the next loglikelihood batch
+        self._padding_windows: PaddingWindows | None = None  # set in a rolling call of several processes
 
     @classmethod
     def check_args(cls, pretrained=None, **kwargs: Any) -> None:
@@ -119,11 +120,26 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         with self.masking(inps, attn_mask):
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
 
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        """HFLM's, with its padding windows (``PaddingWindows``) answered unrun: run, they
+        would add forward passes to the masking counters of a run of several processes."""
+        self._padding_windows = PaddingWindows() if self.world_size > 1 else None
+        try:
+            return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._padding_windows = None
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
-        if not self.mask_config.enabled or self.backend != "causal":
-            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm,
-                                                 override_bs=override_bs)
-        with self._recording_row_lengths():
+        if self._padding_windows is None:
+            return self._scored_tokens(requests, disable_tqdm, override_bs)
+        real = self._padding_windows.real(requests)
+        answers = self._scored_tokens(requests[:real], disable_tqdm, override_bs) if real else []
+        return answers + [(0.0, False)] * (len(requests) - real)  # HFLM drops these answers
+
+    def _scored_tokens(self, requests, disable_tqdm: bool, override_bs) -> list:
+        """HFLM's ``_loglikelihood_tokens``, masked ones recording each row's length."""
+        recording = self.mask_config.enabled and self.backend == "causal"
+        with self._recording_row_lengths() if recording else nullcontext():
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm,
                                                  override_bs=override_bs)
 

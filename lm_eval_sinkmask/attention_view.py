@@ -44,8 +44,8 @@ class MaskView:
     """One attention mask as the intercept reads it, built once per forward pass and shared by
     every layer given the same mask (in the models we know, one tensor serves every layer).
 
-    Holds the mask as one additive float term per chunk of query rows (0 visible, -inf
-    hidden), the key and query validity, the metric's query rows Q and, per key, how many of
+    Makes the mask into one additive float term per chunk of query rows on demand (0 visible,
+    -inf hidden), the key and query validity, the metric's query rows Q and, per key, how many of
     them can see it, and the Eq. 3 counts made of those (:meth:`key_counts`). Per attention
     call, only q/k/v (:class:`Scores`) and the blocked keys differ; each torch op is a
     kernel launch on a GPU and most of a tiny model's per-call cost on a CPU, so everything
@@ -155,20 +155,21 @@ class MaskView:
         """(additive bias, bool visibility) of query rows r0:r1, or None where unrestricted."""
         return self.bias_chunk(r0, r1), self.visible_chunk(r0, r1)
 
-    def _rows_of_mask(self, r0: int, r1: int) -> torch.Tensor | None:
+    def mask_rows(self, r0: int, r1: int) -> torch.Tensor | None:
+        """The model's mask at query rows r0:r1 (all of it where it has one row, or none)."""
         m = self.attn_mask
         return m if m is None or m.shape[-2] == 1 else m[..., r0:r1, :]
 
     def bias_chunk(self, r0: int, r1: int) -> torch.Tensor | None:
         """The float mask's rows r0:r1 in float32, or None (a bool mask, or none)."""
-        m = self._rows_of_mask(r0, r1)
+        m = self.mask_rows(r0, r1)
         return None if m is None or m.dtype == torch.bool else m.float()
 
     def visible_chunk(self, r0: int, r1: int) -> torch.Tensor | None:
         """Bool visibility of query rows r0:r1 (the mask and is_causal), or None where every
         key is visible. Apart from the bias: the callers that need only this skip its
         float32 copy."""
-        visible = m = self._rows_of_mask(r0, r1)
+        visible = m = self.mask_rows(r0, r1)
         if m is not None and m.dtype != torch.bool:
             visible = m > hidden_below(m.dtype)
         if self.is_causal:
@@ -212,8 +213,9 @@ class MaskView:
 
 
 class Scores:
-    """One attention call's inputs, normalised: 4-D float32 q/k/v with GQA expanded, and the
-    pass's :class:`MaskView` for the model's mask.
+    """One attention call's inputs: the model's q/k/v, their float32 GQA-expanded forms
+    (``q``, ``kt``, ``v``) made on first read, and the pass's :class:`MaskView` for the
+    model's mask.
 
     float32 inputs are used as they are (no copy); other dtypes are upcast once.
     """

@@ -210,6 +210,11 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         return (f"max_length {self.max_length} (the model's {self._positions} positions less "
                 "the extra sink token)")
 
+    def _max_length_needed(self, tokens: int) -> int:
+        """The model_args max_length that holds ``tokens`` after one context token (and the
+        extra sink token, where the checkpoint has one)."""
+        return tokens + 1 + (self.sink is not None)
+
     @property
     def _declared_positions(self) -> int | None:
         """Positions the checkpoint's config declares (None: none we know), the most any
@@ -245,13 +250,13 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         with torch.no_grad(), self.masking(rows):
             return self._forward(rows, torch.ones_like(rows))[: inps.shape[0]]
 
-    def _forward_with(self, inputs, x: torch.Tensor, mask: torch.Tensor,
+    def _forward_with(self, form, x: torch.Tensor, mask: torch.Tensor,
                       refuse_host_work: bool = False) -> torch.Tensor:
-        """:meth:`_forward` with the mask in the form ``inputs`` builds (the padding probe tries
+        """:meth:`_forward` with the mask in the input ``form`` given (the padding probe tries
         each form the family knows). ``refuse_host_work`` (for ``cuda_graph``): the model's
         pass must also do no work on the host that a capture refuses (else
         :class:`graphed_steps.HostWork`)."""
-        model_inputs = self._model_inputs(inputs, x, mask)
+        model_inputs = self._model_inputs(form, x, mask)
         if refuse_host_work:
             return graphed_steps.refusing_host_work(self._logits, model_inputs, None)
         return self._logits(model_inputs, None)
@@ -265,13 +270,13 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         """:meth:`_forward` on :meth:`_step_inputs`: the part a CUDA graph holds."""
         return self._logits(inputs, self.masker.set_extra_keys)
 
-    def _model_inputs(self, inputs, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
-        """The model's keyword inputs for x under ``mask`` in the form ``inputs`` builds; with
+    def _model_inputs(self, form, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+        """The model's keyword inputs for x under ``mask``, built by the input ``form``; with
         an extra sink token, sink_token inserts it and builds its own (the samplers see neither
         the token nor its logits)."""
         if self.sink is not None:
             return sink_token.prepared_inputs(x, mask, self.sink, self.family.takes_position_ids)
-        return inputs(x, mask)
+        return form(x, mask)
 
     def _logits(self, inputs: dict[str, Any], on_keys) -> torch.Tensor:
         """The model's logits on :meth:`_model_inputs` (the sink token's column stripped)."""
@@ -299,8 +304,9 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         forms are honoured, ``auto`` runs the steps eagerly on the first of them and ``true``
         splits the batches (a checkpoint that honours no form splits them either way)."""
         padding = self._choose_padding(refuse_host_work=self.cuda_graph)
-        honoured = padding if padding != UNPADDED or not self.cuda_graph else \
-            self._choose_padding(refuse_host_work=False)
+        honoured = padding
+        if padding == UNPADDED and self.cuda_graph:  # only forms that work on the host?
+            honoured = self._choose_padding(refuse_host_work=False)
         if honoured != padding and self.cuda_graph_auto:
             self.cuda_graph, padding = False, honoured
             logger.info("cuda_graph=auto: denoising steps run eagerly, as every padded form "
@@ -415,15 +421,14 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                                                       prepare=self._step_inputs)
             if family.sampler == "block":
                 eos = family.eos_ids(self.tokenizer)
+                eot = family.special_ids(self.tokenizer, family.eot_tokens)
                 generated = generate_block(
                     model_fn, context, prompt_mask,
-                    block_length=s.block_length or s.gen_length,
+                    block_length=s.block_length,
                     cfg_scale=s.cfg_scale,
                     remasking=s.remasking,
                     suppress_logit_ids=eos if s.logits_eos_inf else (),
-                    suppress_confidence_ids=(eos + family.special_ids(self.tokenizer, family.eot_tokens))
-                    if s.confidence_eos_eot_inf
-                    else (),
+                    suppress_confidence_ids=eos + eot if s.confidence_eos_eot_inf else (),
                     variant=s.llada_sampler,
                     confidence_dtype=family.confidence_dtype,
                     **common,
@@ -491,7 +496,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         if gen_length < self.max_length:
             return
         source = "gen_length" if self.settings.gen_length else "max_gen_toks"
-        needed = gen_length + 1 + (self.sink is not None)
+        needed = self._max_length_needed(gen_length)
         raise ValueError(
             f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
             f"{self._max_length_said}; "
@@ -532,10 +537,9 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
     def batch_dependent(self) -> str | None:
         """The reference samplers break ties where ``torch.topk`` does, which moves with the
         padding, and Dream's divides the batch's reveal count by its size."""
-        chosen = {"block": ("llada_sampler", self.settings.llada_sampler),
-                  "dream": ("dream_sampler", self.settings.dream_sampler)}.get(self.family.sampler)
-        if chosen and chosen[1] == "reference":
-            return "=".join(chosen)
+        name = {"block": "llada_sampler", "dream": "dream_sampler"}.get(self.family.sampler)
+        if name and getattr(self.settings, name) == "reference":
+            return f"{name}=reference"
         return None
 
     def random_sampling(self) -> str | None:
@@ -560,22 +564,23 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()
-        info["sinkmask"]["family"] = self.family.name
         sampler = {"name": self.family.sampler, **asdict(self.settings)}
         if len(self.settings_used) == 1:  # one setting for the whole run: the effective values
             (sampler["gen_length"], sampler["steps"], sampler["block_length"]), = self.settings_used
         sampler["per_task"] = self.settings_per_task
-        info["sinkmask"]["sampler"] = sampler
-        info["sinkmask"]["mask_id"] = self.mask_id
-        info["sinkmask"]["padding"] = self.padding
-        # the setting, and how the run's generations ran under it (auto runs observed ones,
-        # sink traces, eagerly)
-        info["sinkmask"]["cuda_graph"] = {
-            "setting": "auto" if self.cuda_graph_auto else self.cuda_graph,
-            "generations": dict(self.run_generations)}
-        info["sinkmask"]["sink_token"] = asdict(self.sink) if self.sink is not None else None
-        info["sinkmask"]["likelihood"] = self._scoring_record()
-        info["sinkmask"]["unread_settings"] = self._unread_settings()
+        info["sinkmask"].update(
+            family=self.family.name,
+            sampler=sampler,
+            mask_id=self.mask_id,
+            padding=self.padding,
+            # the setting, and how the run's generations ran under it (auto runs observed
+            # ones, sink traces, eagerly)
+            cuda_graph={"setting": "auto" if self.cuda_graph_auto else self.cuda_graph,
+                        "generations": dict(self.run_generations)},
+            sink_token=asdict(self.sink) if self.sink is not None else None,
+            likelihood=self._scoring_record(),
+            unread_settings=self._unread_settings(),
+        )
         return info
 
     def _unread_settings(self) -> list[str] | None:

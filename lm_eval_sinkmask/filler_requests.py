@@ -7,7 +7,9 @@ their forward passes to the masking counters and their Monte Carlo errors to the
 record, so a two-process run would report other totals than one process on the same
 documents. The copies are recognised (the last request repeated more often than its
 ``repeats``), left out, and answered with the last real answer, which is what they would
-have computed.
+have computed. HFLM's rolling log-likelihood pads once more, below the requests: each process
+runs as many windows as the busiest one, the extra ones copies of its first window
+(:class:`PaddingWindows`).
 """
 
 from __future__ import annotations
@@ -40,3 +42,20 @@ def without_filler(method):
         return list(out) + [out[-1]] * filler
 
     return wrapped
+
+
+class PaddingWindows:
+    """HFLM's ``loglikelihood_rolling`` under several processes gives each process as many
+    windows as the busiest one by appending copies of its first window (the same object) and
+    throws their answers away. Fed the batches in the order HFLM runs them, this says how many
+    windows of each are real: the copies come last, and no real window is that object twice."""
+
+    def __init__(self) -> None:
+        self.first = None
+
+    def real(self, windows) -> int:
+        """How many of this batch's ``windows``, from its start, are real."""
+        start = 0
+        if self.first is None and windows:
+            self.first, start = windows[0], 1
+        return len(windows) - sum(1 for w in windows[start:] if w is self.first)

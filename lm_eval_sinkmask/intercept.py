@@ -59,7 +59,8 @@ class AttentionEvent:
     layer: int
     scores: torch.Tensor  # [B, H or 1, Sk] Eq. 3 scores in uniform-share units
     sinks: torch.Tensor  # [B, H or 1, Sk] every key that qualifies under Eq. 3
-    chosen: torch.Tensor  # [B, H or 1, Sk] the top-k sinks (masked now or on the next pass)
+    chosen: torch.Tensor  # [B, H or 1, Sk] keys chosen to mask (the top-k sinks, or
+    #   mask_target=random's draws), masked now or on the next pass
     blocked: torch.Tensor  # [B, H or 1, Sk] keys actually removed from this call's softmax
     value_norms: torch.Tensor | None = None  # [B, H, Sk] L2 norm of each key's value vector
 
@@ -173,9 +174,9 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
     exp() turns into exactly zero weight, like the -inf of a bool mask.
     """
     q, k, v = a["query"], a["key"], a["value"]
-    kw = {"scale": a.get("scale"), "enable_gqa": a.get("enable_gqa", False)}
-    if not kw["enable_gqa"]:
-        del kw["enable_gqa"]  # older call sites and wrappers may not accept it
+    kw = {"scale": a["scale"]}
+    if a["enable_gqa"]:  # older call sites and wrappers may not accept it
+        kw["enable_gqa"] = a["enable_gqa"]
     b = blocked.unsqueeze(-2)  # [B, H or 1, 1, Sk]
     m = sc.mask
     given = m.attn_mask
@@ -200,9 +201,14 @@ def _fused_masked_output(original, a: dict, sc: Scores, blocked: torch.Tensor, c
     for r0, r1 in sc.chunks(chunk):
         visible = m.visible_chunk(r0, r1)
         drop = b & chunked_attention.row_keeps_some(visible, b, sc.n_k)
-        mask = given if given is None or given.shape[-2] == 1 else given[..., r0:r1, :]
+        mask = m.mask_rows(r0, r1)
         out[:, :, r0:r1] = original(q[:, :, r0:r1], k, v, attn_mask=with_blocked(mask, visible, drop), **kw)
     return out
+
+
+def _padded_keys(keys: torch.Tensor, n_k: int) -> torch.Tensor:
+    """Bool keys [..., n] of an earlier, shorter call, False on the n_k - n keys added since."""
+    return F.pad(keys, (0, n_k - keys.shape[-1]), value=False)
 
 
 def _kept_keys(b: torch.Tensor) -> torch.Tensor:
@@ -339,7 +345,7 @@ class _Run:
         if not self.config.enabled or not self.config.applies_to(layer):
             return self.original(*args, **kwargs)
         a = _sdpa_arguments(*args, **kwargs)
-        if a.get("dropout_p", 0.0):
+        if a["dropout_p"]:
             raise ValueError(
                 "sink masking needs deterministic attention: the model called SDPA with "
                 f"dropout_p={a['dropout_p']} (is it in training mode? call model.eval())"
@@ -400,18 +406,12 @@ class _Run:
                 return decided
         return self._decide_by_parts(layer, a, chunk, backend)
 
-    def _call_view(self, a: dict, chunk: int) -> MaskView:
-        """The mask view of a call's arguments (:func:`_sdpa_arguments`)."""
-        query = a["query"]
-        return self._mask_view(a["attn_mask"], a["is_causal"], query.shape[0], query.shape[-2],
-                               a["key"].shape[-2], query.device, chunk)
-
     def _decide_one_row(self, layer: int, a: dict, chunk: int) -> _Decision | None:
         """A one-row call by :func:`decode_step.masked_decode`, or None where its mask is out
         of the kernel's scope or ``detect_backend=auto`` handed its variant to the fused path.
         Under auto a variant's first call is decided by the fused path and the kernel's
         decision of it is compared (:meth:`_first_use`)."""
-        mask = self._call_view(a, chunk)
+        mask = self._mask_view(a, chunk)
         if not decode_step.fits(mask):
             return None
         sc = _scores_of(a, mask)
@@ -481,15 +481,14 @@ class _Run:
         if previous is None:
             blocked, n_blocked = chosen, n_chosen
         else:  # observers read the blocked keys key by key: only they need them padded
-            blocked = F.pad(previous, (0, sc.n_k - previous.shape[-1]), value=False) \
-                if self.masker.observers else previous
+            blocked = _padded_keys(previous, sc.n_k) if self.masker.observers else previous
             n_blocked = n_previous
         return _Decision(sc, blocked, False, out, scores, sinks, chosen, n_sinks, n_blocked)
 
     def _decide_by_parts(self, layer: int, a: dict, chunk: int, backend: str) -> _Decision:
         """:meth:`_decide` by detection (``backend``: :func:`fused_mass.resolve`'s), the
         selection, and (where the detection sweep made it) the masked output."""
-        sc = _scores_of(a, self._call_view(a, chunk))
+        sc = _scores_of(a, self._mask_view(a, chunk))
         mask = sc.mask
 
         # keys masked in this call: last pass's sinks, or (detect=current, or the first pass
@@ -547,8 +546,11 @@ class _Run:
         draws = key_draws(key_seen, chosen.shape[1], seeds, self.stats.forward_passes, layer)
         return random_non_sinks(chosen, sinks, eligible, draws)
 
-    def _mask_view(self, attn_mask, is_causal, batch, n_q, n_k, device, chunk) -> MaskView:
-        """The pass's view of this mask: made by the first layer, reused by the others."""
+    def _mask_view(self, a: dict, chunk: int) -> MaskView:
+        """The pass's view of the mask of a call's arguments (:func:`_sdpa_arguments`): made
+        by the first layer, reused by the others."""
+        query, attn_mask, is_causal = a["query"], a["attn_mask"], a["is_causal"]
+        batch, n_q, n_k, device = query.shape[0], query.shape[-2], a["key"].shape[-2], query.device
         view = self.mask_view
         if view is None or not view.fits(attn_mask, is_causal, batch, n_q, n_k):
             view = MaskView(attn_mask, is_causal, batch, n_q, n_k, device, self.token_valid,
@@ -623,7 +625,7 @@ class _Run:
         if prev.shape[0] != sc.batch or prev.shape[-1] > sc.n_k:
             return None, None
         if padded and prev.shape[-1] < sc.n_k:
-            prev = F.pad(prev, (0, sc.n_k - prev.shape[-1]), value=False)
+            prev = _padded_keys(prev, sc.n_k)
         # in place, the count is rewritten at the end of the call, before the run's record
         # reads what the call deferred: it defers a copy
         return prev, kept.count.clone() if self.in_place else kept.count

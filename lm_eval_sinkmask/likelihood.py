@@ -200,8 +200,9 @@ def estimate(
         m = masks[start:start + batch_size]
         x = noisy_inputs(prompt, target, m, mask_id)
         if cfg_scale > 0:
-            both = forward(torch.cat([x, x.clone().index_fill_(1, torch.arange(P, device=device), mask_id)]))
-            logits = guided_logits(both[: len(m)], both[len(m):], cfg_scale)
+            unprompted = x.clone()
+            unprompted[:, :P] = mask_id
+            logits = guided_logits(*forward(torch.cat([x, unprompted])).split(len(m)), cfg_scale)
         else:
             logits = forward(x)
         values.append(elbo_samples(target_log_probs(logits, target, P, shifted), m).double().cpu())

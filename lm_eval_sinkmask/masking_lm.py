@@ -92,15 +92,17 @@ class MaskingLMMixin:
             yield stats
         if not self._sizing_batches:
             self.mask_stats.merge(stats)
-        if self.mask_config.enabled and stats.attention_calls == 0:
-            raise RuntimeError(NO_ATTENTION_HELP)
-        if self.mask_config.enabled and stats.forward_passes:
-            # layers= was checked against the config's depth before loading; a model whose
-            # passes make another number of attention calls than that depth fails here, and
-            # then layers= is checked against the calls it makes (for a config declaring none)
-            calls = 1 + max(stats.layers)
-            check_calls_per_pass(calls, self._declared_layers)
-            check_layers(self.mask_config, calls, "attention calls per pass")
+        if self.mask_config.enabled:
+            if stats.attention_calls == 0:
+                raise RuntimeError(NO_ATTENTION_HELP)
+            if stats.forward_passes:
+                # layers= was checked against the config's depth before loading; a model whose
+                # passes make another number of attention calls than that depth fails here,
+                # and then layers= is checked against the calls it makes (for a config
+                # declaring none)
+                calls = 1 + max(stats.layers)
+                check_calls_per_pass(calls, self._declared_layers)
+                check_layers(self.mask_config, calls, "attention calls per pass")
 
     def _detect_batch_size(self, requests=None, pos: int = 0):
         """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows (for
@@ -255,14 +257,16 @@ class MaskingLMMixin:
             c.top_k, c.eps, c.detect, c.granularity, total.forward_passes,
             total.attention_calls, total.sinks_detected, total.keys_masked,
         )
-        if c.enabled and total.attention_calls and not total.sinks_detected:
+        if not (c.enabled and total.attention_calls):
+            return
+        if not total.sinks_detected:
             logger.warning(
                 "sink masking was active but no token qualified as a sink at eps=%g in %d "
                 "attention calls: this run is effectively unmasked (a real finding for this "
                 "model, not an error; try a smaller eps to mask anyway)",
                 c.eps, total.attention_calls,
             )
-        elif c.enabled and total.attention_calls and not total.keys_masked:
+        elif not total.keys_masked:
             logger.warning(
                 "sink masking was active and found %d sinks at eps=%g, but masked no key in %d "
                 "attention calls (under sink_token=exclude, say, every sink was the extra sink "

@@ -2,8 +2,8 @@
 Monte Carlo bound of :mod:`likelihood`.
 
 HFLM scores a continuation in one causal pass; a masked diffusion LM has no left-to-right
-factorisation, so each request here is ``mc_num`` forward passes with random masks, every pass
-its own masking scope, and the standard error of each estimate is kept for the report.
+factorisation, so each request here is ``mc_num`` randomly masked samples, ``mc_batch_size``
+per forward pass, every pass its own masking scope, and the standard error of each estimate is kept for the report.
 """
 
 from __future__ import annotations
@@ -208,13 +208,12 @@ class MonteCarloScoringMixin:
         """What :meth:`_check_requests` says: per task, how many requests, how long, and the
         max_length in model_args that would take them (within the checkpoint's positions)."""
         longest = max(n for lengths in too_long.values() for n in lengths)
-        sink = 1 if self.sink is not None else 0
         tasks = "; ".join(
             f"task {task}: {len(lengths)} of its {asked[task]} loglikelihood requests "
             f"{'has a continuation' if len(lengths) == 1 else 'have continuations'} of "
             f"{'' if len(set(lengths)) == 1 else 'up to '}{max(lengths)} tokens"
             for task, lengths in sorted(too_long.items()))
-        needed = longest + 1 + sink  # model_args max_length: the continuation, a context token
+        needed = self._max_length_needed(longest)
         declared = self._declared_positions
         fix = checkpoint_checks.raise_max_length_hint(needed, declared) or (
             f"this checkpoint declares {declared} positions, fewer than the {needed} they "

@@ -84,7 +84,7 @@ class KeyCounts(NamedTuple):
     """What Eq. 3 needs of a call besides its mass: the keys K, the rows that see each key and
     the counts made of them. They depend on the mask alone, so the layers of a forward pass
     that share one mask share these (the intercept makes them once per pass: each op is a
-    kernel launch on a GPU, and there are ten of them)."""
+    kernel launch on a GPU, and there are a dozen of them)."""
 
     unseen: torch.Tensor  # bool [B, H or 1, Sk]: not in K, or seen by no row of Q
     n_keys: torch.Tensor  # [B, 1, 1]: |K|, in the mass dtype

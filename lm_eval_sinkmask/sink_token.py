@@ -72,18 +72,15 @@ def insert(
     adjacent to the text), "end" just after the last one.
     """
     valid = valid.bool()
-    B, T = ids.shape
+    _, T = ids.shape
     if sink.position == "start":
         cols = valid.long().argmax(1)  # 0 for a row without real tokens
     else:
         cols = T - valid.flip(1).long().argmax(1)
         cols = torch.where(valid.any(1), cols, torch.zeros_like(cols))
     c = torch.arange(T + 1, device=ids.device)[None, :]
-    src = (c - (c > cols[:, None]).long()).clamp(0, max(T - 1, 0))
+    src = (c - (c > cols[:, None]).long()).clamp(0, T - 1)
     at = c == cols[:, None]
-    if T == 0:
-        new_ids = torch.full((B, 1), sink.token_id, dtype=ids.dtype, device=ids.device)
-        return new_ids, at, cols
     new_ids = ids.gather(1, src).masked_fill(at, sink.token_id)
     new_valid = valid.gather(1, src) | at
     return new_ids, new_valid, cols
@@ -94,7 +91,7 @@ def attention_mask(valid: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     every other real row sees every real key including the sink; padding neither attends nor
     is attended (as Dream's own padded mask)."""
     S = valid.shape[1]
-    is_sink = torch.arange(S, device=valid.device)[None, :] == cols[:, None]  # [B, S]
+    is_sink = key_columns(cols, S)  # [B, S]
     both_real = valid[:, :, None] & valid[:, None, :]
     return torch.where(is_sink[:, :, None], is_sink[:, None, :], both_real)[:, None]
 

@@ -5,9 +5,10 @@ requests only, and what each process counted is summed."""
 from types import SimpleNamespace
 
 import pytest
+import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_sinkmask.filler_requests import filler_count
+from lm_eval_sinkmask.filler_requests import PaddingWindows, filler_count
 from tests.test_models import PROMPTS, RANDOM_LLADA, make
 
 ARGS = {"dlm_sinkmask": dict(top_k=1, eps=0.0, block_length=4, mc_num=4, **RANDOM_LLADA),
@@ -35,6 +36,17 @@ def as_rank_0_of_2(lm, monkeypatch):
 
 def instances(kind, args):
     return [Instance(kind, {}, a, i, metadata=("t", i, 1)) for i, a in enumerate(args)]
+
+
+def test_padding_windows_are_the_first_window_again():
+    first, other = ("w0",), ("w1",)
+    windows = PaddingWindows()
+    assert windows.real([first, other]) == 2
+    assert windows.real([other, first, first]) == 1  # two copies of the first window at the end
+    assert windows.real([first]) == 0
+    alone = PaddingWindows()
+    assert alone.real([first, first]) == 1  # a process of one window, padded once
+    assert PaddingWindows().real([]) == 0
 
 
 @pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
@@ -65,3 +77,21 @@ def test_the_generation_modes_are_summed_over_processes(tiny_dirs, monkeypatch):
     lm.generate_until(instances("generate_until", [(PROMPTS[0], {"max_gen_toks": 8})]))
     assert lm.generations == {"graphed": 0, "eager": 1}  # this process's
     assert lm.get_model_info()["sinkmask"]["cuda_graph"]["generations"] == {"graphed": 0, "eager": 2}
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_the_arm_runs_no_padding_window_of_a_rolling_loglikelihood(tiny_dirs, monkeypatch,
+                                                                    batch_size):
+    """HFLM pads a process's rolling windows to the busiest process's count; the copies are
+    answered without a forward pass, so the counters equal one process's."""
+    args = [(p,) for p in PROMPTS[:3]]
+    alone = make("arm_sinkmask", tiny_dirs["llama"], batch_size=batch_size, **ARGS["arm_sinkmask"])
+    padded = as_rank_0_of_2(make("arm_sinkmask", tiny_dirs["llama"], batch_size=batch_size,
+                                 **ARGS["arm_sinkmask"]), monkeypatch)
+    # the partner has three windows more: HFLM pads this process with three copies
+    monkeypatch.setattr(padded, "all_gather", lambda t: torch.stack([t, t + 3]))
+    want = alone.loglikelihood_rolling(instances("loglikelihood_rolling", args))
+    got = padded.loglikelihood_rolling(instances("loglikelihood_rolling", args))
+    assert got == want
+    assert padded.run_mask_stats.as_dict() == alone.run_mask_stats.as_dict()
+    assert padded.run_mask_stats.forward_passes > 0
