@@ -10,6 +10,7 @@ not declare) fails here, with the fix, before ``HFLM`` loads anything.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from .config import SinkMaskConfig, is_int
@@ -59,9 +60,14 @@ def check_revision(pretrained, revision: Any) -> None:
             "hub id")
 
 
+def _ints(config: dict[str, Any], keys: tuple[str, ...]) -> Iterator[int]:
+    """The values of those of ``keys`` that ``config`` sets to an int, in the order of ``keys``."""
+    return (int(config[k]) for k in keys if isinstance(config.get(k), int))
+
+
 def depth(config: dict[str, Any]) -> int | None:
     """Number of transformer layers the config declares (None when it names none we know)."""
-    return next((int(config[k]) for k in _DEPTH_KEYS if isinstance(config.get(k), int)), None)
+    return next(_ints(config, _DEPTH_KEYS), None)
 
 
 def check_layers(mask: SinkMaskConfig, layers_in_model: int | None, where: str = "config") -> None:
@@ -114,7 +120,7 @@ def check_mask_id(mask_id: int | None, config: dict[str, Any]) -> None:
     as if that were the method's effect."""
     if mask_id is None:
         return
-    vocab = max((int(config[k]) for k in _VOCAB_KEYS if isinstance(config.get(k), int)), default=None)
+    vocab = max(_ints(config, _VOCAB_KEYS), default=None)
     if not is_int(mask_id, 0):
         raise ValueError(f"mask_id must be a token id (an integer >= 0), got {mask_id!r}")
     if vocab is not None and mask_id >= vocab:
@@ -157,7 +163,7 @@ def positions(config: dict[str, Any]) -> int | None:
     we know); a composite config's text model first, as HFLM reads it."""
     for part in (config.get("text_config"), config):
         if isinstance(part, dict):
-            found = next((int(part[k]) for k in _POSITION_KEYS if isinstance(part.get(k), int)), None)
+            found = next(_ints(part, _POSITION_KEYS), None)
             if found is not None:
                 return found
     return None

@@ -73,7 +73,8 @@ def program_from_answer(prompt: str, answer: str, entry_point: str) -> str:
 
 # Module-level statements a solution consists of; anything else at the top (prints, asserts,
 # example calls, ``if __name__ == "__main__":`` demos) is the answer showing itself off.
-_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_CALLABLES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_DEFINITIONS = (ast.Import, ast.ImportFrom, *_CALLABLES)
 
 
 def sanitise(program: str) -> str:
@@ -86,8 +87,8 @@ def sanitise(program: str) -> str:
     tree = _parse_longest_prefix(lines)
     if tree is None:
         return program
-    own_functions = {n.name for n in tree.body if isinstance(n, _DEFINITIONS[2:])}
-    kept = [n for n in tree.body if _is_definition(n, own_functions)]
+    own_callables = {n.name for n in tree.body if isinstance(n, _CALLABLES)}
+    kept = [n for n in tree.body if _is_definition(n, own_callables)]
     return "".join("".join(lines[_first_line(n) - 1 : n.end_lineno]) for n in kept)
 
 
@@ -104,14 +105,14 @@ def _parse_longest_prefix(lines: list[str]) -> ast.Module | None:
     return None
 
 
-def _is_definition(node: ast.stmt, own_functions: set[str]) -> bool:
+def _is_definition(node: ast.stmt, own_callables: set[str]) -> bool:
     if isinstance(node, _DEFINITIONS):
         return True
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call)
                  and isinstance(c.func, ast.Name)}
-        return all(isinstance(t, ast.Name) for t in targets) and not calls & own_functions
+        return all(isinstance(t, ast.Name) for t in targets) and not calls & own_callables
     return False
 
 

@@ -277,7 +277,7 @@ def markdown() -> str:
     return "\n".join(out)
 
 
-def text(model: str, with_lm_eval: bool = True) -> str:
+def text(model: str) -> str:
     """What ``sinkmask args`` prints for one model."""
     plain = lambda s: s.replace("`", "")  # noqa: E731
     width = max(len(n) for n in [a.name for a in ARGS] + list(FROM_PRETRAINED)) + 2
@@ -287,11 +287,10 @@ def text(model: str, with_lm_eval: bool = True) -> str:
         if rows:
             lines.append(f"  {plain(title.split(' (')[0])}:")
             lines += [f"    {a.name:<{width}}[{plain(a.default)}] {plain(a.meaning)}" for a in rows]
-    if with_lm_eval:
-        lines.append("  lm-eval's hf model (HFLM):")
-        for name, (default, doc) in hflm_args().items():
-            if name not in NOT_FOR[model]:
-                lines.append(f"    {name:<{width}}[{default}] {plain(doc)}")
-        lines.append("  passed to from_pretrained:")
-        lines += [f"    {n:<{width}}{plain(m)}" for n, m in FROM_PRETRAINED.items()]
+    lines.append("  lm-eval's hf model (HFLM):")
+    for name, (default, doc) in hflm_args().items():
+        if name not in NOT_FOR[model]:
+            lines.append(f"    {name:<{width}}[{default}] {plain(doc)}")
+    lines.append("  passed to from_pretrained:")
+    lines += [f"    {n:<{width}}{plain(m)}" for n, m in FROM_PRETRAINED.items()]
     return "\n".join(lines)

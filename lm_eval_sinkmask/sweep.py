@@ -17,8 +17,8 @@ stops it unrecorded, rather than sit beside cells made of the old ones. The batc
 device are not part of a cell's identity: a resume may use a bigger batch or another GPU
 (padding and kernels move the numbers at float-noise level only), and ``sinkmask table`` warns
 when a folder mixes them.
-Cells run one after another, in parallel processes (``jobs``) or sharded over ``accelerate
-launch`` ranks.
+Cells run one after another, in parallel processes (``jobs``), or one at a time under
+``accelerate launch``, each cell's requests split across the ranks.
 
 Several sweeps can share one folder (one per GPU, each with its own ``CUDA_VISIBLE_DEVICES``,
 or a restart while the old run goes on): a process claims a cell before running it
@@ -50,7 +50,7 @@ from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
 from .provenance import InputDigests, changed_inputs, checkpoint_digest, code_digests, task_digest
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings,
-                         model_type_of)
+                         model_type_of, requested_revision)
 
 
 def versions() -> dict[str, str]:
@@ -81,21 +81,19 @@ def task_manager(plan: SweepPlan, done_tasks: tuple[str, ...] = ()):
     return tm
 
 
+def _task_config(tm, name: str) -> dict[str, Any]:
+    """The YAML config the task manager indexed for task ``name`` ({} where it has none)."""
+    return getattr(tm.task_index.get(name), "cfg", None) or {}
+
+
 def unsafe_tasks(tm, tasks: list[str]) -> list[str]:
     """Tasks whose YAML sets ``unsafe_code`` (they execute model-written code)."""
-    out = []
-    for name in tasks:
-        entry = tm.task_index.get(name)
-        cfg = getattr(entry, "cfg", None) or {}
-        if cfg.get("unsafe_code"):
-            out.append(name)
-    return out
+    return [name for name in tasks if _task_config(tm, name).get("unsafe_code")]
 
 
 def zero_shot_tasks(tm, tasks: list[str]) -> list[str]:
     """Tasks whose YAML sets ``num_fewshot: 0``: lm-eval ignores ``--num_fewshot`` for them."""
-    return [name for name in tasks
-            if (getattr(tm.task_index.get(name), "cfg", None) or {}).get("num_fewshot") == 0]
+    return [name for name in tasks if _task_config(tm, name).get("num_fewshot") == 0]
 
 
 def primary_metric(task_results: dict[str, Any]) -> str | None:
@@ -138,7 +136,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         if cell.folder.exists():  # a previous run died inside this cell: start it afresh
             shutil.rmtree(cell.folder)
         cell.folder.mkdir(parents=True)
-    unsafe = cell.task in unsafe_tasks(tm, [cell.task])
+    unsafe = bool(unsafe_tasks(tm, [cell.task]))
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
     device = plan.device or default_device()
     started = time.time()
@@ -170,7 +168,6 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         raise SystemExit(inputs_changed_message(cell, changed))
     if results is None:  # accelerate rank > 0: rank 0 writes
         return None
-    inputs = as_run
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     for name, task_samples in samples.items():
@@ -183,7 +180,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     stderr = task_results.get(f"{name}_stderr,{filt}")
     record = {
         "request": cell.request(),
-        "inputs": inputs,
+        "inputs": as_run,
         "run": run_settings(plan.batch_size, device),
         "model_path": cell.path,
         "kind": cell.model.kind,
@@ -339,14 +336,11 @@ def default_device() -> str:
 
 
 def _free_memory() -> None:
-    gc.collect()
-    try:
-        import torch
+    import torch
 
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except ImportError:  # pragma: no cover
-        pass
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def stale_cells(records: dict[Path, dict[str, Any]], digests: InputDigests) -> list[str]:
@@ -369,7 +363,7 @@ def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, An
 
     request = record["request"]
     args = simple_parse_args_string(request["model_args"])
-    revision = None if args.get("revision") is None else str(args["revision"])
+    revision = requested_revision(args)
     try:
         checkpoint = digests.checkpoint(str(args["pretrained"]), revision)
     except Exception:  # noqa: BLE001 - e.g. a zoo seed not installed here: nothing to compare

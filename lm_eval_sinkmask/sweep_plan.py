@@ -60,14 +60,20 @@ def seed_path(path: str, seed: int | None) -> str:
     """
     if seed is None:
         return path
-    if path.startswith("zoo:") and "@" not in path and SEED_PLACEHOLDER not in path:
-        return f"{path}@{seed}"
     if SEED_PLACEHOLDER in path:
         return path.replace(SEED_PLACEHOLDER, str(seed))
+    if path.startswith("zoo:") and "@" not in path:
+        return f"{path}@{seed}"
     raise ValueError(
         f"with --seeds every model path must name its seed: use zoo:NAME (without @S) or a "
         f"{SEED_PLACEHOLDER} placeholder, e.g. /ckpt/llada-s{SEED_PLACEHOLDER}; got {path!r}"
     )
+
+
+def requested_revision(model_args: dict[str, Any]) -> str | None:
+    """The checkpoint revision parsed model_args ask for (None: the default branch)."""
+    revision = model_args.get("revision")
+    return None if revision is None else str(revision)
 
 
 def parse_seeds(text: str | None, option: str = "--seeds") -> list[int] | None:
@@ -355,8 +361,7 @@ class Cell:
         """The checkpoint revision this cell's model_args ask for (None: the default branch)."""
         from lm_eval.utils import simple_parse_args_string
 
-        revision = simple_parse_args_string(self.model_args).get("revision")
-        return None if revision is None else str(revision)
+        return requested_revision(simple_parse_args_string(self.model_args))
 
     def request(self) -> dict[str, Any]:
         """What identifies this cell's run; a done cell with a different request is an error."""
@@ -492,20 +497,19 @@ def column_settings(request: dict[str, Any]) -> dict[str, Any]:
 def mixed_settings(requests: list[dict[str, Any]]) -> list[str]:
     """One line per column whose cells ran with different settings (``column_settings``, and
     the limit within each task): such a column would average two experiments."""
-    seen: dict[tuple, dict[str, Any]] = {}
-    problems = []
+    settings_of: dict[str, dict[str, Any]] = {}
+    limit_of: dict[tuple[str, str], Any] = {}
+    problems = set()
     for request in requests:
-        for key, value in ((("settings", request["model"]), column_settings(request)),
-                           (("limit", request["model"], request["task"]), request.get("limit"))):
-            first = seen.setdefault(key, value)
-            if first == value:
-                continue
-            if key[0] == "limit":
-                problems.append(f"column {key[1]!r} ran {key[2]} with --limit {first} and {value}")
-            else:
-                differ = settings_differ(first, value)
-                problems.append(f"column {key[1]!r} mixes settings: {differ}")
-    return sorted(set(problems))
+        model, task = request["model"], request["task"]
+        settings, limit = column_settings(request), request.get("limit")
+        first = settings_of.setdefault(model, settings)
+        if first != settings:
+            problems.add(f"column {model!r} mixes settings: {settings_differ(first, settings)}")
+        first = limit_of.setdefault((model, task), limit)
+        if first != limit:
+            problems.add(f"column {model!r} ran {task} with --limit {first} and {limit}")
+    return sorted(problems)
 
 
 def settings_differ(first: dict[str, Any], then: dict[str, Any]) -> dict[str, list]:
