@@ -39,7 +39,7 @@ def _sweep(a: argparse.Namespace) -> int:
         limit=_lm_eval_limit(a.limit),
         model_args_extra=a.model_args_extra,
         arm_rule=a.arm_rule,
-        batch_size=a.batch_size,
+        batch_size=int(a.batch_size) if str(a.batch_size).isdigit() else a.batch_size,
         device=a.device,
         num_fewshot=a.num_fewshot,
         apply_chat_template=a.apply_chat_template,
@@ -64,7 +64,9 @@ def _check_one_recipe_per_model(models: list, seeds: list[int] | None, out: Path
     already holds, must share their training recipe (zoo checkpoints record it)."""
     from .zoo.install import check_seeds_share_a_recipe
 
-    for m in models if seeds else []:
+    if not seeds:
+        return
+    for m in models:
         check_seeds_share_a_recipe(m.name, m.path_for_seed, seeds, out)
 
 
@@ -101,7 +103,6 @@ def _sinks(a: argparse.Namespace) -> int:
     import numpy as np
 
     from . import stability
-    from .figures import draw_all
     from .sink_trace import parse_heads, trace_generation, value_norm_line
 
     parse_heads(a.heads)  # fail on a typo before loading the model
@@ -118,8 +119,7 @@ def _sinks(a: argparse.Namespace) -> int:
         share = trace.share_on_position(p)
         print(f"attention share on position {p}: mean {np.nanmean(share):.3f} over steps, layers and heads"
               if np.isfinite(share).any() else f"attention share on position {p}: position not in the sequence")
-    for name, path in draw_all(folder, a.heads).items():
-        print(f"{name}: {path}")
+    _print_figures(folder, a.heads)
     return 0
 
 
@@ -132,15 +132,21 @@ def _positions(text: str | None) -> list[int]:
 
 def _figures(a: argparse.Namespace) -> int:
     from . import stability
-    from .figures import draw_all
     from .sink_trace import Trace, value_norm_line
 
     trace = Trace.load(Path(a.folder))
     print(stability.line(trace.meta.get("stability") or trace.stability()))  # version-1 traces lack it
     print(value_norm_line(trace.value_norms()))  # None before version 3
-    for name, path in draw_all(Path(a.folder), a.heads).items():
-        print(f"{name}: {path}")
+    _print_figures(Path(a.folder), a.heads)
     return 0
+
+
+def _print_figures(folder: Path, heads: str | None) -> None:
+    """Draw a trace folder's figures and say where each went."""
+    from .figures import draw_all
+
+    for name, path in draw_all(folder, heads).items():
+        print(f"{name}: {path}")
 
 
 def _args(a: argparse.Namespace) -> int:
@@ -255,8 +261,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "batch_size", None) is not None and str(args.batch_size).isdigit():
-        args.batch_size = int(args.batch_size)
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit

@@ -8,12 +8,13 @@ its attention evenly).
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from .sink_trace import Trace, evenly_spaced_steps, parse_heads
+from .sink_trace import LOW_VALUE_NORM, Trace, evenly_spaced_steps, parse_heads
 from .text_format import or_na
 
 FIGURES = {
@@ -29,6 +30,11 @@ FIGURES = {
 # a per-(layer, head) heatmap writes its numbers into the cells up to this many cells; beyond,
 # they overlap into noise
 NUMBERED_CELLS = 256
+
+
+def _numbered_cells(L: int, H: int):
+    """Every (layer, head) of an L x H map small enough to write its numbers in, else none."""
+    return itertools.product(range(L), range(H)) if L * H <= NUMBERED_CELLS else ()
 
 
 def _plt():
@@ -115,11 +121,9 @@ def fig_main_sink_heatmap(trace: Trace, path: Path) -> Path:
     L, H = mean.shape
     fig, ax = plt.subplots(figsize=(max(7.5, 0.45 * H + 3), max(4.0, 0.4 * L + 2.2)))
     im = ax.imshow(mean, aspect="auto", cmap="viridis", origin="upper", interpolation="nearest")
-    if L * H <= NUMBERED_CELLS:
-        for l in range(L):
-            for h in range(H):
-                ax.text(h, l, f"{mean[l, h]:.3g}", ha="center", va="center", fontsize=7,
-                        color="white" if im.norm(mean[l, h]) < 0.6 else "black")
+    for l, h in _numbered_cells(L, H):
+        ax.text(h, l, f"{mean[l, h]:.3g}", ha="center", va="center", fontsize=7,
+                color="white" if im.norm(mean[l, h]) < 0.6 else "black")
     _layer_head_axes(ax, L, H)
     fig.colorbar(im, ax=ax, label="main sink score (x uniform share)")
     ax.set_title(
@@ -155,10 +159,12 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
     is_sink = trace.top_is_sink()
     pos = trace["top_pos"][..., 0].astype(float)
     fig, ax = plt.subplots(figsize=(9, 4.8))
+    drawn = False  # any sink in these heads
     for l, h in heads:
         if l >= pos.shape[1] or h >= pos.shape[2]:
             raise ValueError(f"head {l}:{h} is outside the trace's {pos.shape[1]} layers x {pos.shape[2]} heads")
         y = np.where(is_sink[:, l, h], pos[:, l, h], np.nan)
+        drawn |= bool(np.isfinite(y).any())
         ax.plot(steps, y, marker="o", markersize=3.5, linewidth=1.3, label=f"layer {l}, head {h}")
     P = trace.meta["prompt_length"] + trace.key_offset  # in key positions, like top_pos
     ax.axhline(P - 0.5, color="grey", linestyle=":", linewidth=1)
@@ -177,7 +183,7 @@ def fig_sink_position(trace: Trace, path: Path, heads: list[tuple[int, int]] | N
     # every key position: the text's, plus an extra sink token before it (key_offset) or after it
     S = max(len(tokens) + trace.key_offset, int(trace["n_keys"].max()))
     ax.set_ylim(S - 0.5, -0.5)  # whole sequence, position 0 at the top
-    if not np.isfinite(np.where(is_sink, pos, np.nan)[:, [l for l, _ in heads], [h for _, h in heads]]).any():
+    if not drawn:
         ax.text(0.5, 0.5, f"no Eq. 3 sink at eps={trace.meta['eps']:g} in these heads",
                 transform=ax.transAxes, ha="center", color="tab:red")
     ax.set_xlabel(_step_word(trace))
@@ -256,18 +262,16 @@ def fig_stability(trace: Trace, path: Path) -> Path:
         cmap = plt.get_cmap(kw.pop("cmap")).with_extremes(bad="lightgrey")
         im = ax.imshow(np.ma.masked_invalid(img), aspect="auto", origin="upper", interpolation="nearest",
                        cmap=cmap, **kw)
-        if L * H <= NUMBERED_CELLS:
-            for l in range(L):
-                for h in range(H):
-                    if not scored[l, h]:
-                        text = "not\nscored"
-                    elif not np.isfinite(img[l, h]):
-                        text = "-"
-                    else:
-                        text = f"{img[l, h]:.2f}"
-                    if img is keep and distinct[l, h] > 0:
-                        text += f"\n{int(distinct[l, h])} pos"
-                    ax.text(h, l, text, ha="center", va="center", fontsize=6.5)
+        for l, h in _numbered_cells(L, H):
+            if not scored[l, h]:
+                text = "not\nscored"
+            elif not np.isfinite(img[l, h]):
+                text = "-"
+            else:
+                text = f"{img[l, h]:.2f}"
+            if img is keep and distinct[l, h] > 0:
+                text += f"\n{int(distinct[l, h])} pos"
+            ax.text(h, l, text, ha="center", va="center", fontsize=6.5)
         _layer_head_axes(ax, L, H)
         fig.colorbar(im, ax=ax, label=label)
     g = block["aggregate"]
@@ -285,8 +289,6 @@ def fig_value_norms(trace: Trace, path: Path) -> Path:
     """Are sinks keys with small values? The value norm of each recorded top key relative to its
     head's median, for Eq. 3 sinks against top keys that are not sinks, and per (layer, head)
     for the main sink."""
-    from .sink_trace import LOW_VALUE_NORM
-
     plt = _plt()
     rel = trace["top_vnorm"].astype(np.float64)  # [T, L, H, n]
     is_sink = trace.top_are_sinks()
@@ -315,11 +317,9 @@ def fig_value_norms(trace: Trace, path: Path) -> Path:
     cmap = plt.get_cmap("coolwarm").with_extremes(bad="white")
     im = b.imshow(np.ma.masked_invalid(np.log2(med)), aspect="auto", cmap=cmap, vmin=-3, vmax=3,
                   origin="upper", interpolation="nearest")
-    if L * H <= NUMBERED_CELLS:
-        for l in range(L):
-            for h in range(H):
-                b.text(h, l, "-" if not np.isfinite(med[l, h]) else f"{med[l, h]:.2f}",
-                       ha="center", va="center", fontsize=7)
+    for l, h in _numbered_cells(L, H):
+        b.text(h, l, "-" if not np.isfinite(med[l, h]) else f"{med[l, h]:.2f}",
+               ha="center", va="center", fontsize=7)
     _layer_head_axes(b, L, H)
     fig.colorbar(im, ax=b, label="log2 of the ratio")
     b.set_title("main sink's value norm / head median, median over steps\n(blank: never a sink)",

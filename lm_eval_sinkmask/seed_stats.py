@@ -20,8 +20,8 @@ import statistics
 from dataclasses import dataclass
 
 from .paired import mean_se
-from .table_layout import (delta_se, in_table_order, input_notes, layout, metric_and_sample_notes,
-                           row_label, write_csv)
+from .table_layout import (K_NOTE, delta_se, in_table_order, input_notes, layout,
+                           metric_and_sample_notes, row_label, write_csv)
 from .text_format import spread
 
 Run = tuple[int | None, int | None]  # (training seed, mask draw); None where the sweep lacks that axis
@@ -108,8 +108,8 @@ def draw_notes(grid: dict, entries) -> dict[str, str]:
 
 def runs_wanted(grid: dict, drawn: bool, k: int) -> int:
     """How many runs a (model, K) cell has once the sweep is complete."""
-    seeds = len(grid.get("seeds") or [None])
-    return seeds * (len(grid["mask_seeds"]) if drawn and k != 0 else 1)
+    n_seeds = len(grid.get("seeds") or [None])
+    return n_seeds * (len(grid["mask_seeds"]) if drawn and k != 0 else 1)
 
 
 def run_unit(grid: dict) -> str:
@@ -202,9 +202,7 @@ def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
     lines, metrics = layout(grid, title, text_of, draw_notes(grid, entries))
     ns = sorted({n for c in idx.values() for n in c.ns})
     lines += ["",
-              runs_note(grid) + " K=k masks the k highest-scoring Eq. 3 sinks per layer and "
-              "head (the paper's eps0/eps1/eps2 columns are K=1/5/10). Per-run values and "
-              "min-max: table.csv.",
+              f"{runs_note(grid)} {K_NOTE} Per-run values and min-max: table.csv.",
               *metric_and_sample_notes(grid, metrics, ns, f"Samples per cell and {unit[:-1]}"),
               *input_notes(grid, entries)]
     return "\n".join(lines) + "\n"

@@ -197,44 +197,43 @@ class Trace:
         i = pos - self.key_offset
         return tokens[i] if 0 <= i < len(tokens) else None
 
-    def top_are_sinks(self, eps: float | None = None) -> np.ndarray:
-        """[T, L, H, topn] bool: which recorded top keys pass Eq. 3 at eps (default: the
-        trace's), s > (total - s) / (|K| - 1) + eps. NaN scores (fewer keys than topn) never do."""
-        eps = self.meta["eps"] if eps is None else eps
+    def top_are_sinks(self) -> np.ndarray:
+        """[T, L, H, topn] bool: which recorded top keys pass Eq. 3 at the trace's eps,
+        s > (total - s) / (|K| - 1) + eps. NaN scores (fewer keys than topn) never do."""
+        eps = self.meta["eps"]
         s = self.arrays["top_score"]
         n = self.arrays["n_keys"][:, None, None, None].astype(np.float64)
         others = (self.arrays["total"][..., None] - s) / np.maximum(n - 1, 1)
         return (n > 1) & (s > others + eps)
 
-    def top_is_sink(self, eps: float | None = None) -> np.ndarray:
-        """[T, L, H] bool: the top-scoring key passes Eq. 3 at eps (default: the trace's)."""
-        return self.top_are_sinks(eps)[..., 0]
+    def top_is_sink(self) -> np.ndarray:
+        """[T, L, H] bool: the top-scoring key passes Eq. 3 at the trace's eps."""
+        return self.top_are_sinks()[..., 0]
 
-    def main_sink(self, eps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def main_sink(self) -> tuple[np.ndarray, np.ndarray]:
         """[T, L, H] position (-1: no sink) and attention share of each step's main sink."""
         return stability.main_sink(self.arrays["top_pos"][..., 0], self.arrays["top_score"][..., 0],
-                                   self.arrays["n_keys"], self.top_is_sink(eps))
+                                   self.arrays["n_keys"], self.top_is_sink())
 
     def scored_heads(self) -> np.ndarray:
         """[L, H] bool: the heads the intercept scored at some step (all, unless ``layers=``)."""
         return np.isfinite(self.arrays["total"]).any(axis=0)
 
-    def stability(self, eps: float | None = None) -> dict[str, Any]:
+    def stability(self) -> dict[str, Any]:
         """Sink-stability summary, JSON-ready: per (layer, head) and aggregated."""
-        per_head = stability.head_stability(*self.main_sink(eps))
+        per_head = stability.head_stability(*self.main_sink())
         return {
-            "eps": self.meta["eps"] if eps is None else eps,
+            "eps": self.meta["eps"],
             "aggregate": stability.aggregate(per_head, scored=self.scored_heads()),
             "per_head": stability.to_json(per_head),
         }
 
-    def value_norms(self, eps: float | None = None) -> dict[str, Any] | None:
+    def value_norms(self) -> dict[str, Any] | None:
         """How large the sinks' value vectors are, relative to their head's median (JSON-ready);
         None for traces recorded before value norms were (version < 3)."""
         if "top_vnorm" not in self.arrays:
             return None
-        return value_norm_summary(self.arrays["top_vnorm"], self.top_are_sinks(eps),
-                                  self.meta["eps"] if eps is None else eps)
+        return value_norm_summary(self.arrays["top_vnorm"], self.top_are_sinks(), self.meta["eps"])
 
     def share_on_position(self, pos: int) -> np.ndarray:
         """[T, L, H] share of attention on key ``pos`` at every step (the extra sink token's).

@@ -59,7 +59,11 @@ def kept_pairs(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def keep_rate(pos: np.ndarray) -> np.ndarray:
     """Fraction of the qualifying step pairs whose main sink stays put; NaN without any pair."""
-    kept, pairs = kept_pairs(pos)
+    return _rate(*kept_pairs(pos))
+
+
+def _rate(kept: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """kept / pairs, NaN where there is no pair."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(pairs > 0, kept / np.maximum(pairs, 1), np.nan)
 
@@ -87,7 +91,7 @@ def head_stability(pos: np.ndarray, share: np.ndarray) -> dict[str, np.ndarray]:
     """
     kept, pairs = kept_pairs(pos)
     return {
-        "keep_rate": keep_rate(pos),
+        "keep_rate": _rate(kept, pairs),
         "distinct_positions": distinct_positions(pos),
         "main_share": main_share(share),
         "sink_steps": (np.asarray(pos) != NO_SINK).sum(axis=0),

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import paired, seed_stats, versus
 from .cell_claims import folder_locked
 from .sweep_plan import cell_records, check_pairs, mixed_settings
-from .table_layout import (PAIRED_NOTE, delta_se, in_table_order, input_notes, layout,
+from .table_layout import (K_NOTE, PAIRED_NOTE, delta_se, in_table_order, input_notes, layout,
                            metric_and_sample_notes, model_label, row_label, write_csv)
 from .text_format import fixed, signed_with_se
 
@@ -262,12 +262,9 @@ def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float
 
 def title_of(grid: dict, zoo: bool, title: str | None = None) -> str:
     """``title``, else the sweep's ``--title``, else the default; a zoo table says so in it."""
-    title = title or grid.get("title")
-    return with_zoo_note(title, zoo) if title else default_title(grid, zoo)
-
-
-def default_title(grid: dict, zoo: bool) -> str:
-    title = f"Accuracy under attention-sink masking (top-K Eq. 3 sinks masked, eps = {grid.get('eps', 3):g})"
+    title = title or grid.get("title") or (
+        "Accuracy under attention-sink masking (top-K Eq. 3 sinks masked, "
+        f"eps = {grid.get('eps', 3):g})")
     return with_zoo_note(title, zoo)
 
 
@@ -326,8 +323,7 @@ def _single_run_markdown(grid: dict, entries: list[Entry], title: str, digits: i
     ns = sorted({e.n for e in entries if e.n is not None})
     lines += ["",
               "Cells: mean ± standard error from lm-eval; in parentheses the absolute change from "
-              f"the unmasked run (K=0) ± {PAIRED_NOTE}. K=k masks the k highest-scoring Eq. 3 "
-              "sinks per layer and head (the paper's eps0/eps1/eps2 columns are K=1/5/10).",
+              f"the unmasked run (K=0) ± {PAIRED_NOTE}. {K_NOTE}",
               *metric_and_sample_notes(grid, metrics, ns, "Samples per cell")]
     if grid.get("seeds"):
         lines.append(f"Training seed: {grid['seeds'][0]}.")

@@ -16,6 +16,8 @@ from .sweep_plan import task_limits
 
 PAIRED_NOTE = ("its paired standard error (both runs scored the same problems: the standard error "
                "of the per-problem differences, shown where lm-eval's samples are kept)")
+K_NOTE = ("K=k masks the k highest-scoring Eq. 3 sinks per layer and head (the paper's "
+          "eps0/eps1/eps2 columns are K=1/5/10).")
 
 
 def row_label(k: int) -> str:

@@ -14,7 +14,7 @@ def fixed(x: float | None, digits: int, sign: bool = False) -> str:
     if x is None:
         return "n/a"
     s = f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-    return "+0." + "0" * digits if sign and float(s) == 0 else s
+    return f"{0:+.{digits}f}" if sign and float(s) == 0 else s
 
 
 def signed_with_se(diff: float, se: float | None, digits: int) -> str:

@@ -6,6 +6,7 @@ from lm_eval_sinkmask.text_format import fixed, or_na, percent, signed_with_se, 
 def test_a_change_that_rounds_to_zero_reads_plus_zero_from_either_side():
     assert fixed(-0.001, 2, sign=True) == fixed(0.001, 2, sign=True) == "+0.00"
     assert fixed(-0.05, 2, sign=True) == "-0.05" and fixed(0.05, 2) == "0.05"
+    assert fixed(0.3, 0, sign=True) == fixed(-0.3, 0, sign=True) == "+0"  # --digits 0: no "+0."
 
 
 def test_unknown_values_are_written_not_guessed():

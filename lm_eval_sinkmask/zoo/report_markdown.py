@@ -1,7 +1,8 @@
 """The zoo report card as Markdown (``report.md``): every checkpoint with its bars, each model
 across seeds, the sinks traced and their value norms.
 
-It renders what :func:`zoo.report.build_report` returns and computes nothing itself.
+It renders what :func:`zoo.report.read_report` returns (``build_report``'s report with the
+cells it read) and computes nothing itself.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .data import N_TEST_GSM
-from .report import GEN_LENGTH, SINK_BAR, SPLIT_SIZE, TARGETS, TASKS
+from ..text_format import or_na
+from .report import EPS, GEN_LENGTH, SINK_BAR, SPLIT_SIZE, TARGETS, TASKS
 from .sink_stats import low_norm_verdict
 
 
@@ -24,8 +26,9 @@ def _verdict_text(verdict: str | None, bar: str, n: int | None = None, size: int
 def _spread_text(s: dict[str, Any] | None, pct: bool = False) -> str:
     if s is None:
         return "-"
-    f = (lambda x: f"{x:.0%}") if pct else (lambda x: f"{x:.3f}")  # noqa: E731
-    std = "n/a" if s["std"] is None else f(s["std"])
+    spec = ".0%" if pct else ".3f"
+    f = lambda x: format(x, spec)  # noqa: E731
+    std = or_na(s["std"], spec)
     return f"{f(s['mean'])} ± {std} ({f(s['min'])}-{f(s['max'])}, n={s['seeds']})"
 
 
@@ -51,7 +54,7 @@ def _accuracy_text(r: dict[str, Any] | None) -> str:
     if r is None:
         return "-"
     dtype = f", {r['dtype']}" if r.get("dtype") else ""
-    se = "n/a" if r["stderr"] is None else f"{r['stderr']:.3f}"
+    se = or_na(r["stderr"], ".3f")
     return f"{r['value']:.3f} ± {se} (n={r['n']}{dtype})"
 
 
@@ -70,7 +73,7 @@ def _checkpoint_section(checkpoints: list[dict[str, Any]]) -> list[str]:
         + "; mini_code " + ", ".join(f"{m} >= {t[1]:.2f}" for m, t in TARGETS.items())
         + f"; sinks in at least {SINK_BAR:.0%} of the (layer, head) pairs of every DLM. "
         "A bar is judged only on the whole split. Pairs with a sink: the share of (layer, "
-        "head) pairs with at least one Eq. 3 sink (eps = 3) on average over a generation's "
+        f"head) pairs with at least one Eq. 3 sink (eps = {EPS:g}) on average over a generation's "
         f"steps, the mean over the {GEN_LENGTH['mini_gsm_sinkmask']}-token mini_gsm "
         "generations of every test problem (unmasked, greedy) ± its standard error; the "
         "share varies by tens of points from one prompt to another, so the first few prompts "
@@ -141,7 +144,7 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
 
     lines = [
         "",
-        f"## Sinks (eps = 3, {GEN_LENGTH['mini_gsm_sinkmask']}-token mini_gsm generations, unmasked)",
+        f"## Sinks (eps = {EPS:g}, {GEN_LENGTH['mini_gsm_sinkmask']}-token mini_gsm generations, unmasked)",
         "",
         "From the full traces of the first test problems' generations (the sink bar above "
         "reads every problem's). Sinks per pair: mean number of Eq. 3 sinks per (layer, "
@@ -206,8 +209,8 @@ def value_norm_section(sinks: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(f"| {label} | - | traces predate value norms: rerun the report | | | | n/a |")
             continue
         q, m, o = b["sinks"], b["main_sinks"], b["other_top_keys"]
-        f = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+        f = or_na  # ".2f"
         lines.append(f"| {label} | {q['n']} | {f(q['median'])} ({f(q['q25'])}-{f(q['q75'])}) | "
-                     f"{'n/a' if q['share_low'] is None else format(q['share_low'], '.0%')} | "
+                     f"{or_na(q['share_low'], '.0%')} | "
                      f"{f(m['median'])} | {f(o['median'])} | {low_norm_verdict(b)} |")
     return lines
