@@ -104,7 +104,12 @@ def earlier_plan(args, earlier_file: Path, trial: bool = False) -> dict:
         raise SystemExit(f"{earlier_file} was made under another recipe (earlier, now): {differ}")
     return {"seconds_per_step": earlier["seconds_per_step"], "steps": earlier["steps"],
             "steps_from": str(earlier_file), **({"recipe_changed": differ} if trial else {}),
-            "args": {k: str(v) for k, v in vars(args).items()}}
+            "args": _args_as_text(args)}
+
+
+def _args_as_text(args) -> dict[str, str]:
+    """The run's arguments as plans keep them (compared by :func:`recipe_change`)."""
+    return {k: str(v) for k, v in vars(args).items()}
 
 
 def step_plan(args, out: Path) -> dict:
@@ -122,7 +127,7 @@ def step_plan(args, out: Path) -> dict:
         times = probe(args, out)
         plan = {"seconds_per_step": times,
                 "steps": step_counts(times, args.minutes, args.arm_share),
-                "args": {k: str(v) for k, v in vars(args).items()}}
+                "args": _args_as_text(args)}
     with written_whole(plan_file) as tmp:  # read back by every restart
         tmp.write_text(json.dumps(plan, indent=1))
     return plan

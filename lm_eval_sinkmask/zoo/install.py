@@ -113,12 +113,13 @@ def check_seeds_share_a_recipe(name: str, path_for_seed, seeds: list, folder: Pa
 
     found = {s: resolve_pretrained(path_for_seed(s)) for s in seeds}
     grid = Path(folder) / "sweep.json"
-    earlier = json.loads(grid.read_text()).get("seeds") or [] if grid.is_file() else []
-    for s in sorted(set(earlier) - set(found)) if None not in found else []:
-        try:
-            found[s] = resolve_pretrained(path_for_seed(s))
-        except ValueError:  # an earlier run's seed, not installed here
-            continue
+    earlier = (json.loads(grid.read_text()).get("seeds") or []) if grid.is_file() else []
+    if None not in found:
+        for s in sorted(set(earlier) - set(found)):
+            try:
+                found[s] = resolve_pretrained(path_for_seed(s))
+            except ValueError:  # an earlier run's seed, not installed here
+                continue
     check_one_recipe(name, found)
 
 

@@ -35,7 +35,8 @@ def _tokenizer():
 
 
 def _chunk(args: tuple[str, int, int]) -> tuple[list[list[int]], list[int], list[int]]:
-    """One worker task: ``n`` problems of one kind from the stream named ``tag``."""
+    """One worker task: ``n`` problems of ``kind`` ("gsm" or "code") from the stream seeded
+    by (kind, index)."""
     kind, index, n = args
     tok = _tokenizer()
     rng = random.Random(f"pool-{kind}-{index}")

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [c for c in args.checkpoints if not (Path(c) / "config.json").is_file()]
     if missing:
         ap.error(f"not checkpoint folders (no config.json): {missing}")
-    print(f"Pairs with a sink (bar: at least {SINK_BAR:.0%}), eps = 3, unmasked "
+    print(f"Pairs with a sink (bar: at least {SINK_BAR:.0%}), eps = {EPS:g}, unmasked "
           f"{GEN_LENGTH[TASK]}-token mini_gsm generations; by layer, first to last, in percent.\n")
     print("| checkpoint | seed | peak lr | weight decay | steps x batch | final loss "
           "| generations | pairs with a sink | by layer | bar |")

@@ -409,14 +409,15 @@ def train_dream(run, arm):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if args.parallel:
-        return _run_parallel(argv if argv is not None else sys.argv[1:])
+        return _run_parallel(argv)
     if args.minutes_per_model is not None:
         args.minutes_arm = args.minutes_llada = args.minutes_dream = args.minutes_per_model
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    command = "python -m lm_eval_sinkmask.zoo.train " + " ".join(argv or sys.argv[1:])
+    command = "python -m lm_eval_sinkmask.zoo.train " + " ".join(argv)
     run = Run.start(args, command)
     models = args.models.split(",")
     arm = None

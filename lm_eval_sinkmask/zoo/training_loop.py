@@ -87,7 +87,7 @@ def train(name, model, batches, loss_fn, minutes, steps, lr, batch_size, ramp, p
         # or a later model of its chain cut off) takes no step again
         save_state()
     model.eval()
-    tail = losses[-min(200, len(losses)):]
+    tail = losses[-200:]  # the card's "mean of the last 200 steps"
     return {"steps": step, "final_loss": round(sum(tail) / len(tail), 4),
             "train_seconds": round(elapsed0 + time.time() - start, 1),
             "tokens_seen": int(tokens)}
