@@ -40,6 +40,11 @@ class Detection:
     rows: torch.Tensor  # [B, H or 1, Sk] valid query rows that can see each key
 
 
+def as_4d(mask: torch.Tensor) -> torch.Tensor:
+    """A 2-D to 4-D mask as a 4-D view, leading dims of 1 (SDPA broadcasts it the same way)."""
+    return mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
 class MaskView:
     """One attention mask as the intercept reads it, built once per forward pass and shared by
     every layer given the same mask (in the models we know, one tensor serves every layer).
@@ -67,7 +72,7 @@ class MaskView:
         if attn_mask is not None:
             if not 2 <= attn_mask.dim() <= 4:
                 raise ValueError(f"unsupported attn_mask shape {tuple(attn_mask.shape)}")
-            attn_mask = attn_mask.view((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+            attn_mask = as_4d(attn_mask)
             if attn_mask.shape[-2] > 1 and not is_causal and _rows_all_equal(attn_mask):
                 attn_mask = attn_mask[..., :1, :]
         self.attn_mask = attn_mask  # 4-D, broadcastable to [B, H, Sq, Sk]

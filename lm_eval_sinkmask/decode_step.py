@@ -93,7 +93,8 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
     n_k, dv = k_.shape[-2], v.shape[-1]
     dev = q.device
     scale = sdpa_scale(sc.scale, D)
-    m, hidden_below = key_mask_view(mask.attn_mask, B, H, n_k)
+    attn = mask.attn_mask
+    m, below = key_mask_view(attn, B, H, n_k)
     if m is None:
         m = q[:, :, 0]  # never read
     rows = mask.rows.expand(B, 1, n_k)
@@ -124,9 +125,9 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
             old_mass.stride(0), old_mass.stride(1), old_mass.stride(2),
             old_rows.stride(0), old_rows.stride(2), *_head_strides(prev, H),
             out.stride(0), out.stride(1), out.stride(3),
-            H, H // k_.shape[1], n_k, n_old, n_prev, D, dv, float(scale), hidden_below, float(eps),
-            HAS_MASK=mask.attn_mask is not None, MASK_BOOL=mask.attn_mask is not None
-            and mask.attn_mask.dtype == torch.bool, HISTORY=history is not None,
+            H, H // k_.shape[1], n_k, n_old, n_prev, D, dv, float(scale), below, float(eps),
+            HAS_MASK=attn is not None, MASK_BOOL=attn is not None and attn.dtype == torch.bool,
+            HISTORY=history is not None,
             HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=fused_mass.block_of(n_k),
             BLOCK_N=BLOCK_N, BLOCK_D=fused_mass.block_of(D), BLOCK_DV=fused_mass.block_of(dv),
             num_warps=4)

@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import torch
 
-from .attention_view import hidden_below, sdpa_scale
+from .attention_view import as_4d, hidden_below, sdpa_scale
 
 # width of the value both calls are given: their outputs are discarded, and 16 is the smallest
 # head size flex's kernels take
@@ -126,7 +126,7 @@ def _make_plan(mask, is_causal, causal_offset, first_row, B, H, n_q, n_k, device
     bias = None  # a float mask's values, added to the scores
     mb = mh = 1  # the block masks' batch and head sizes (1: the same for all)
     if mask is not None:
-        m4 = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        m4 = as_4d(mask)
         mb, mh = m4.shape[0], m4.shape[1]
 
         def rows_of(t):  # a view: nothing is copied

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from .attention_view import hidden_below, sdpa_scale
+from .attention_view import as_4d, hidden_below, sdpa_scale
 from .config import DETECT_BACKENDS as BACKENDS, check_choice
 
 logger = logging.getLogger(__name__)
@@ -104,10 +104,6 @@ def resolve(backend: str, device: torch.device) -> str:
     return backend
 
 
-# kernel variants "auto" has run on this process's devices: True if their first call agreed
-# with the torch reference, False if it failed or disagreed (the call and every later one of
-# that variant take the materialised path)
-_CHECKED: dict[_Variant, bool] = {}
 # agreement asked of the first call, in Eq. 3's units (|K| x a key's mass per weighted row,
 # the units eps is set in; on the mass itself an absolute tolerance would pass a whole uniform
 # share, 1/|K|, on a call of many keys): both sum exact float32 products in a different
@@ -140,6 +136,12 @@ class _Variant(NamedTuple):
                 f"{self.head_dim}{', GQA' if self.gqa else ''}")
 
 
+# kernel variants "auto" has run on this process's devices: True if their first call agreed
+# with the torch reference, False if it failed or disagreed (the call and every later one of
+# that variant take the materialised path)
+_CHECKED: dict[_Variant, bool] = {}
+
+
 def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
     """:func:`column_mass` for ``detect_backend=auto``, or None where the caller should use
     the materialised path instead.
@@ -147,14 +149,14 @@ def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
     Why: auto picks the Triton kernels for users who did not ask for them, and a kernel that a
     Triton or GPU generation compiles differently (or not at all) must not turn into an error
     or, worse, a wrong sink. So the first call of each kernel variant (device, dtype, mask
-    form and rows, tile height, head size) is checked against :func:`blocked_column_mass`, the same
+    form and rows, causal, tile height, head size, GQA) is checked against :func:`blocked_column_mass`, the same
     algorithm in torch, on that call's own inputs; a failure or disagreement logs one warning
     and that variant stays materialised for the rest of the process. ``detect_backend=fused``
     skips the check and raises.
     """
     mask = kw.get("mask")
-    rows = mask is not None and mask_has_rows(mask, q.shape[-2])
-    variant = _Variant(q.device, q.dtype, None if mask is None else mask.dtype, rows,
+    mask_rows = mask is not None and mask_has_rows(mask, q.shape[-2])
+    variant = _Variant(q.device, q.dtype, None if mask is None else mask.dtype, mask_rows,
                        bool(kw.get("is_causal")),
                        q.shape[-2] - kw.get("first_row", 0) <= SHORT_BLOCK_M, q.shape[-1],
                        k.shape[1] != q.shape[1])
@@ -212,7 +214,7 @@ def column_mass(q, k, weights, *, scale=None, mask=None, is_causal=False, causal
 def _mask_strides(mask, B, H, n_q, n_k):
     """(tensor to read, its four strides, is bool) of a mask broadcastable to [B, H, Sq, Sk]."""
     if mask.dim() < 4:
-        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        mask = as_4d(mask)
     mask = mask.expand(B, H, n_q, n_k)
     is_bool = mask.dtype == torch.bool
     if is_bool:
@@ -278,7 +280,7 @@ def blocked_column_mass(q, k, weights, *, scale, mask=None, is_causal=False, cau
     kf = k.float().repeat_interleave(group, dim=1) if group > 1 else k.float()
     w = weights.to(device=q.device, dtype=torch.float32).expand(B, n_q)
     if mask is not None:
-        mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        mask = as_4d(mask)
         below = None if mask.dtype == torch.bool else hidden_below(mask.dtype)
 
     def tile(r0, r1, c0, c1):

@@ -231,17 +231,15 @@ def read_sinks(out: Path, models: list[str]) -> dict[tuple[str, int], dict[str, 
 
     sinks = {}
     for label, name, _ in traced_variants(models):
-        seed_folders = sorted(trace_folder(out, label, 0).parent.glob("seed*"),
-                              key=lambda p: int(p.name[4:]) if p.name[4:].isdigit() else -1)
+        traces = trace_folder(out, label, 0).parent
+        seed_folders = sorted((int(p.name[4:]), p) for p in traces.glob("seed*")
+                              if p.name[4:].isdigit())
         tok = None
-        for seed_folder in seed_folders:
-            if not seed_folder.name[4:].isdigit():
-                continue
+        for seed, seed_folder in seed_folders:
             folders = sorted(seed_folder.glob("*/meta.json"))
             if folders:
                 tok = tok or AutoTokenizer.from_pretrained(checkpoint_path(name))  # seeds share it
-                sinks[(label, int(seed_folder.name[4:]))] = combine(
-                    [trace_sinks(f.parent, tok) for f in folders])
+                sinks[(label, seed)] = combine([trace_sinks(f.parent, tok) for f in folders])
     return sinks
 
 
