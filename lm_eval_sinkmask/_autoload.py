@@ -12,7 +12,8 @@ own modules and then, right after each has run:
   (lm-eval's own tasks stay first and untouched);
 - ``lm_eval.evaluator``: ``simple_evaluate`` checks our tasks' data (GSM8K's local copy),
   and for tasks that run generated code the ``--confirm_run_unsafe_code`` flag and
-  ``SINKMASK_CODE_TIMEOUT``, before it builds the model.
+  ``SINKMASK_CODE_TIMEOUT``, before it builds the model, and warns when a task made for a
+  chat template runs without ``--apply_chat_template``.
 
 A step that fails warns and leaves lm-eval as it was (``run_callback``). Set
 ``LM_EVAL_SINKMASK_AUTOLOAD=0`` to turn it off.

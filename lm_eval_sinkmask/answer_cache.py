@@ -117,7 +117,7 @@ def _advice(changed: list[str]) -> list[str]:
 
 
 def _differences(cached: Any, now: Any, path: str = "") -> list[str]:
-    """``name: cached -> now`` for every leaf that differs."""
+    """``name: <cached> in the cache, <now> now`` (a dotted name) for every leaf that differs."""
     if isinstance(cached, dict) and isinstance(now, dict):
         return [d for key in sorted(set(cached) | set(now), key=str)
                 for d in _differences(cached.get(key), now.get(key), f"{path}{key}.")]

@@ -212,8 +212,8 @@ class GraphedSteps:
 
     def _copy_in(self, args: tuple, kwargs: dict) -> None:
         """The call's inputs into the captured ones, which must be of the same form (the same
-        tensors, by position and name, of the same shapes; None where None was given, and a
-        name left out where it was given None)."""
+        tensors, by position and name, of the same shapes; None where None was given; every
+        name given one the capture had)."""
         if _form(args, kwargs) != _form(self.args, self.kwargs):
             raise ValueError(f"a captured step replays inputs of one form, "
                              f"{_form(self.args, self.kwargs)}; got {_form(args, kwargs)}")

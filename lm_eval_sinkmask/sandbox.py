@@ -12,7 +12,7 @@ point, so it imports only the standard library at module level):
   a switch to a random unused uid with no groups and ``no_new_privs``, so it can neither
   write our files nor read root's (tokens, keys), RLIMIT_NPROC binds, and every process of
   that uid is killed afterwards, including ones that left the process group with ``setsid``;
-- a seatbelt (``guard``): destructive ``os``/``shutil``/``subprocess`` calls are removed
+- a seatbelt (``guard``): destructive ``os``/``shutil``/``subprocess``/``socket`` calls are removed
   before the program runs. It is bypassable (ctypes), so it is the second layer, not the first.
 
 Pass/fail cannot be faked by printing, exiting early (``sys.exit``, ``os._exit``), raising
@@ -71,8 +71,9 @@ _PRELOAD = (
     "numbers", "operator", "pathlib", "queue", "random", "re", "shutil", "statistics",
     "string", "struct", "subprocess", "tempfile", "textwrap", "time", "traceback", "types",
     "typing", "unicodedata", "warnings", "weakref",
-    # Not for use: preloaded so that a socket opens and the empty network namespace, not an
-    # unreadable library directory, is what stops it.
+    # Not for use: preloaded so that, with guard off, a socket opens and the empty network
+    # namespace, not an unreadable library directory, is what stops it (the guard removes
+    # socket's constructors).
     "socket",
     "encodings.idna",
 )
@@ -91,7 +92,7 @@ class Limits:
     memory_mb: int = 2048  # RLIMIT_AS (virtual memory)
     max_processes: int = 32  # RLIMIT_NPROC, effective for a non-root uid only
     max_file_mb: int = 16  # RLIMIT_FSIZE: largest file it may write
-    guard: bool = True  # remove destructive os/shutil/subprocess functions first
+    guard: bool = True  # remove destructive os/shutil/subprocess/socket functions first
 
 
 @dataclass(frozen=True)
@@ -605,7 +606,7 @@ _DESTRUCTIVE = {
 
 
 def _remove_destructive_functions() -> None:
-    """Seatbelt for runs without root; bypassable (ctypes), hence not the only layer."""
+    """The seatbelt (``guard``), as root too: bypassable (ctypes), hence not the only layer."""
     import shutil as _shutil
     import socket as _socket
     import subprocess as _subprocess

@@ -27,8 +27,9 @@ OBJECTS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "card
            "buttons", "cupcakes", "oranges", "crayons"]
 
 # Each step: (sentence in the question, worked lines of the answer). {n} is the name,
-# {p} the pronoun, {o} the object, {a} the operand, {b} a second operand, {x} the old
-# total, {y} the new total, {m} an intermediate product.
+# {p} the pronoun ({p_} capitalised, {p_lo} possessive, {p_obj} object), {o} the object,
+# {a} the operand, {b} a second operand, {x} the old total, {y} the new total, {m} an
+# intermediate product.
 ADD = [("{p_} buys {a} more {o}.", "{x} + {a} = {y}"),
        ("{p_} finds {a} more {o}.", "{x} + {a} = {y}"),
        ("A friend gives {n} {a} {o}.", "{x} + {a} = {y}"),
@@ -87,7 +88,7 @@ LIST_VARS = ["xs", "nums", "values", "items", "numbers", "data"]
 STR_VARS = ["s", "text", "word", "name"]
 
 # (function names, kind, docstring, body). kind picks the arguments: i = one int (+ const
-# k), p = two ints, l = a list (+ const k), s = a string.
+# k), p = two ints, l = a list (+ const k), s = a string (+ const k).
 CODE_FAMILIES = [
     (["add_const", "plus_k", "increase"], "i", "Return {v} plus {k}.", "return {v} + {k}"),
     (["sub_const", "minus_k", "decrease"], "i", "Return {v} minus {k}.", "return {v} - {k}"),

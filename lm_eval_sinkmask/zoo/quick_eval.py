@@ -128,12 +128,15 @@ def quick_eval(model, tok, n_gsm, n_code, batch=32):
             else:
                 out += generate_arm(model, tok, chunk, max_new)
         return out
-    gsm_task, code_task = (task_config(t)["generation_kwargs"]
-                           for t in ("mini_gsm_sinkmask", "mini_code_sinkmask"))
-    g = [cut_at_stops(x, gsm_task["until"]) for x in
-         gen([data.gsm_prompt(d) for d in gsm], gsm_task["max_gen_toks"])]
-    c = [cut_at_stops(x, code_task["until"]) for x in
-         gen([data.code_prompt(d) for d in code], code_task["max_gen_toks"])]
+
+    def answers(task: str, prompts: list[str]) -> list[str]:
+        """The task's answers to ``prompts``, generated and cut as its YAML says."""
+        gen_kwargs = task_config(task)["generation_kwargs"]
+        generated = gen(prompts, gen_kwargs["max_gen_toks"])
+        return [cut_at_stops(x, gen_kwargs["until"]) for x in generated]
+
+    g = answers("mini_gsm_sinkmask", [data.gsm_prompt(d) for d in gsm])
+    c = answers("mini_code_sinkmask", [data.code_prompt(d) for d in code])
     res = {"mini_gsm_acc": sum(gsm_correct(g, gsm)) / max(1, len(gsm)),
            "mini_code_pass@1": sum(code_passes(c, code)) / max(1, len(code)),
            "eval_n_gsm": len(gsm), "eval_n_code": len(code)}
