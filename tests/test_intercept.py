@@ -177,24 +177,33 @@ def test_detect_previous_masks_the_sinks_found_on_the_previous_pass(tiny_model):
 
 def test_state_does_not_leak_between_attach_blocks(tiny_model):
     kind, model = tiny_model
-    ids = torch.randint(5, 50, (1, 10))
-    m, events = masker(top_k=1, detect="previous")
-    for _ in range(2):
-        with torch.no_grad(), m.attach(model):
-            model(ids)
+    ids = torch.randint(5, 50, (2, 10))
+    padded = torch.ones(2, 10, dtype=torch.long)
+    padded[0, :3] = 0  # the second block's first row: its first keys are padding, never sinks
+    m, events = masker(top_k=3, detect="previous")
+    run_model(kind, model, m, ids)
+    run_model(kind, model, m, ids, padded)
     n = model.config.num_hidden_layers
-    for a, b in zip(events[:n], events[n:], strict=True):  # second block starts afresh
-        assert torch.equal(a.blocked, b.blocked) and torch.equal(b.blocked, b.chosen)
+    a, b = events[:n], events[n:]
+    # the two blocks choose other keys, so a leaked choice would show
+    assert all(not torch.equal(x.chosen, y.chosen) for x, y in zip(a, b, strict=True))
+    for event in b:  # the second block starts afresh: its first pass masks its own choice
+        assert torch.equal(event.blocked, event.chosen)
 
 
 def test_granularity_layer_masks_the_same_keys_in_every_head(tiny_model):
     kind, model = tiny_model
     m, events = masker(top_k=2, granularity="layer", detect="current")
-    with torch.no_grad(), m.attach(model) as stats:
-        model(torch.randint(5, 50, (2, 10)))
+    _, stats, rec = run_model(kind, model, m, torch.randint(5, 50, (2, 10)))
     assert all(e.blocked.shape[1] == 1 for e in events)
     heads = model.config.num_attention_heads
-    assert stats.keys_masked == sum(int(e.blocked.sum()) * heads for e in events)
+    assert stats.keys_masked == sum(int(e.blocked.sum()) * heads for e in events) > 0
+    for (args, kwargs, out), event in zip(rec.calls, events, strict=True):
+        q, k, v = args[:3]
+        call_kwargs = dict(zip(["attn_mask", "dropout_p", "is_causal"], args[3:]), **kwargs)
+        blocked = event.blocked.expand(-1, q.shape[1], -1)  # the layer's keys, in every head
+        _, expected, _ = eager_attention(q, k, v, **call_kwargs, blocked=blocked)
+        torch.testing.assert_close(out, expected.to(out.dtype), atol=2e-5, rtol=1e-4)
 
 
 def test_layers_subset_leaves_other_layers_untouched(tiny_model):

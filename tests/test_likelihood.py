@@ -598,10 +598,16 @@ def test_arm_padding_is_told_apart_from_a_real_token_0_that_extends_another_requ
     reqs = [(("a", "a"), [5, 6, 7], [8, 9]), (("b", "b"), [5, 6, 7], [8, 0, 10])]
     one = make("arm_sinkmask", tiny_dirs["llama"], batch_size=1, **args)
     many = make("arm_sinkmask", tiny_dirs["llama"], batch_size=2, **args)
+    masks = []
+    many.model.register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs["attention_mask"].tolist()),
+        with_kwargs=True)
     a = [v for v, _ in one._loglikelihood_tokens(reqs)]
     b = [v for v, _ in many._loglikelihood_tokens(reqs)]
     assert np.allclose(a, b, atol=1e-5), (a, b)
     assert many.mask_stats.forward_passes == 1
+    # b's input (the longer, first) ends in its real token 0; a's [5, 6, 7, 8] in one pad
+    assert masks == [[[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]]
 
 
 # ------------------------------------------------------------------ the shipped zoo DLMs

@@ -99,21 +99,52 @@ def test_arm_top_k_zero_generates_exactly_what_lm_evals_hf_model_does(tiny_dirs)
     assert arm.mask_stats.attention_calls > 0
 
 
-@pytest.mark.parametrize("name, pretrained, args", [
-    ("dlm_sinkmask", "zoo:llada", {"block_length": 8}),
-    ("arm_sinkmask", "zoo:arm", {}),
+@pytest.mark.parametrize("name, pretrained, args, padding_side", [
+    # the invariant sampler: the reference one breaks ties where torch.topk does, which moves
+    # with the padding, so a row's later steps could read other tokens after the cut text
+    ("dlm_sinkmask", "zoo:llada", {"block_length": 8, "llada_sampler": "invariant"}, "right"),
+    ("arm_sinkmask", "zoo:arm", {}, "left"),  # HF generate's
 ])
-def test_the_random_control_draws_per_prompt_whatever_the_batch(name, pretrained, args):
+def test_the_random_control_draws_per_prompt_whatever_the_batch(name, pretrained, args,
+                                                               padding_side):
     # trained checkpoints, whose generations react to which keys go; prompts of equal
     # length share a batch even where the model takes no padding
     prompts = ["Question: 3 + 4 = ?\nAnswer:", "Question: 2 + 5 = ?\nAnswer:",
                "Question: 6 + 1 = ?\nAnswer:",
                "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:"]
     args = dict(top_k=2, mask_target="random", **args)
-    texts = [make(name, pretrained, batch_size=bs, **args).generate_until(requests(prompts, 16))
-             for bs in (1, 4)]
+    texts, blocks = [], []
+    for bs in (1, 4):
+        lm = make(name, pretrained, batch_size=bs, **args)
+        events = []
+        lm.masker.observers.append(events.append)
+        texts.append(lm.generate_until(requests(prompts, 16)))
+        blocks.append(attach_blocks(events))
     assert texts[0] == texts[1]
     assert len(set(texts[0])) > 1
+    # the keys drawn: each prompt's alone are its row's in the batch (its keys the row's first
+    # or last, beside the padding, which is never drawn), pass by pass and layer by layer
+    alone, (batched,) = blocks
+    assert len(alone) == len(prompts)
+    for row, events in enumerate(alone):
+        assert len(events) <= len(batched)
+        for a, b in zip(events, batched):
+            assert (a.forward_pass, a.layer) == (b.forward_pass, b.layer)
+            n, keys = a.blocked.shape[-1], b.blocked[row]
+            own, pads = (keys[..., :n], keys[..., n:]) if padding_side == "right" else \
+                (keys[..., -n:], keys[..., :-n])
+            assert torch.equal(a.blocked[0], own) and not pads.any()
+
+
+def attach_blocks(events: list) -> list[list]:
+    """Observed events split by masking scope (a generation): within one, (pass, layer) grows."""
+    blocks = []
+    for e in events:
+        last = blocks[-1][-1] if blocks else None
+        if last is None or (e.forward_pass, e.layer) <= (last.forward_pass, last.layer):
+            blocks.append([])
+        blocks[-1].append(e)
+    return blocks
 
 
 def test_arm_masking_one_sink_changes_generations(tiny_dirs):

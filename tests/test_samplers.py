@@ -268,6 +268,22 @@ def test_cfg_feeds_an_unconditional_copy(model):
     assert x[2:][lay.prompt].eq(MASK).all() and torch.equal(x[2:][~lay.prompt], lay.x[~lay.prompt])
 
 
+def test_cfg_decodes_from_the_guided_logits():
+    """Conditioned, the model prefers token 3 (2.0 over 1.9); unconditioned (prompt masked), it
+    prefers 3 by more (2.5 over 0). Guidance, uncond + (s + 1)(cond - uncond), favours 4 at s = 1
+    (3.8 over 1.5): every generated token shows which logits the sampler decoded from."""
+    def fn(ids, attn):
+        conditioned = ids[:, 0] != MASK  # the unconditional copy has its prompt masked
+        logits = torch.full((*ids.shape, V), -10.0, dtype=torch.float64)
+        logits[..., 3] = torch.where(conditioned, 2.0, 2.5)[:, None]
+        logits[..., 4] = torch.where(conditioned, 1.9, 0.0)[:, None]
+        return logits
+
+    ids, mask = padded([[1, 2, 5], [6, 7, 8]])
+    assert generate_block(fn, ids, mask, **BLOCK).eq(3).all()
+    assert generate_block(fn, ids, mask, **BLOCK, cfg_scale=1.0).eq(4).all()
+
+
 def test_block_suppress_logit_ids_never_appear(model):
     ids, mask = padded(PROMPTS)
     plain = generate_block(model, ids, mask, **BLOCK)

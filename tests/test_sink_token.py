@@ -175,11 +175,17 @@ def test_generation_never_decodes_the_sink_token_and_matches_batch_one(sink_dir)
     json.dumps(info)
 
 
-def test_sink_token_exclude_through_model_args(sink_dir):
-    lm = make("dlm_sinkmask", sink_dir, top_k=1, eps=-1e9, block_length=4, sink_token="exclude")
-    assert lm.mask_config.sink_token == "exclude"
+@pytest.mark.parametrize("mode", ["include", "exclude"])
+def test_sink_token_exclude_through_model_args(sink_dir, mode):
+    """One prompt, no padding: the token is inserted before it, at key 0. Under include the
+    top sink is it somewhere; under exclude it is never masked, and other keys are."""
+    lm = make("dlm_sinkmask", sink_dir, top_k=1, eps=-1e9, block_length=4, sink_token=mode)
+    assert lm.mask_config.sink_token == mode
+    blocked = []
+    lm.masker.observers.append(lambda e: blocked.append(e.blocked))
     lm.generate_until(requests(PROMPTS[:1]))
-    assert lm.mask_stats.keys_masked > 0
+    assert lm.mask_stats.keys_masked > 0 and blocked
+    assert any(b[..., 0].any() for b in blocked) == (mode == "include")
 
 
 @pytest.mark.parametrize("context, continuation", [

@@ -203,7 +203,7 @@ def test_the_footer_names_the_checkpoints_and_task_versions_by_digest(tmp_path):
     assert md[-2] == "Checkpoints (sha256 of the model files): llada, llama `aaaaaaaaaaaa`."
 
 
-def test_a_folder_whose_cells_ran_on_different_inputs_is_not_one_table(tmp_path):
+def test_a_folder_whose_cells_ran_on_different_inputs_is_not_one_table(tmp_path, capsys):
     folder = write_sweep(tmp_path / "mixed")
     _add_inputs(folder, lambda model, seed: "sha256:" + "a" * 64)
     cell = folder / "cells" / "llada" / "mini_gsm" / "k1" / "cell.json"
@@ -215,7 +215,9 @@ def test_a_folder_whose_cells_ran_on_different_inputs_is_not_one_table(tmp_path)
     record["inputs"]["checkpoint"] = "sha256:" + "a" * 64
     record["inputs"]["task"]["version"] = 2.0
     cell.write_text(json.dumps(record))
+    capsys.readouterr()
     assert main(["table", str(folder)]) == 2  # one line, no traceback
+    assert "disagree on the task mini_gsm" in capsys.readouterr().err
 
 
 
@@ -267,7 +269,7 @@ def _set_in_cells(folder: Path, update, cells=None) -> None:
         path.write_text(json.dumps(record))
 
 
-def test_a_folder_whose_cells_ran_on_different_package_code_is_not_one_table(tmp_path):
+def test_a_folder_whose_cells_ran_on_different_package_code_is_not_one_table(tmp_path, capsys):
     """A sweep folder copied and resumed after a fix in the masking code (the package version
     stays 0.1.0): its cells record two digests of lm-eval-sinkmask's code."""
     folder = write_sweep(tmp_path / "package")
@@ -277,7 +279,9 @@ def test_a_folder_whose_cells_ran_on_different_package_code_is_not_one_table(tmp
     _set_in_cells(folder, lambda r: r["inputs"].update(package_code="sha256:" + "b" * 64), [fixed])
     with pytest.raises(ValueError, match=r"disagree on the code of lm-eval-sinkmask: \['sha256:a+', 'sha256:b+'\]"):
         table.render(folder, figure=False)
+    capsys.readouterr()
     assert main(["table", str(folder)]) == 2  # one line, no traceback
+    assert "disagree on the code of lm-eval-sinkmask" in capsys.readouterr().err
     _set_in_cells(folder, lambda r: r["inputs"].pop("package_code"), [fixed])  # an older cell
     table.render(folder, figure=False)
 
