@@ -39,7 +39,8 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         self.model.eval()
         self._init_masking(mask_config, rule=mask_config.arm_rule)
         self._row_lengths: list[int] | None = None  # real tokens per row of the next loglikelihood batch
-        self._padding_windows: PaddingWindows | None = None  # set in a rolling call of several processes
+        # set during a rolling log-likelihood call of several processes
+        self._padding_windows: PaddingWindows | None = None
 
     @classmethod
     def check_args(cls, pretrained=None, **kwargs: Any) -> None:

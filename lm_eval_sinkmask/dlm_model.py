@@ -560,7 +560,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         super()._report()
         gathered = self.gather_object(dict(self.generations), dst=0)
         if self.rank == 0:
-            self.run_generations = {mode: sum(g[mode] for g in gathered) for mode in self.generations}
+            self.run_generations = {mode: sum(g[mode] for g in gathered)
+                                    for mode in self.generations}
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()

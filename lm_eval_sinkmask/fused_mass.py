@@ -149,10 +149,10 @@ def checked_column_mass(q, k, weights, **kw) -> torch.Tensor | None:
     Why: auto picks the Triton kernels for users who did not ask for them, and a kernel that a
     Triton or GPU generation compiles differently (or not at all) must not turn into an error
     or, worse, a wrong sink. So the first call of each kernel variant (device, dtype, mask
-    form and rows, causal, tile height, head size, GQA) is checked against :func:`blocked_column_mass`, the same
-    algorithm in torch, on that call's own inputs; a failure or disagreement logs one warning
-    and that variant stays materialised for the rest of the process. ``detect_backend=fused``
-    skips the check and raises.
+    form and rows, causal, tile height, head size, GQA) is checked against
+    :func:`blocked_column_mass`, the same algorithm in torch, on that call's own inputs; a
+    failure or disagreement logs one warning and that variant stays materialised for the rest
+    of the process. ``detect_backend=fused`` skips the check and raises.
     """
     mask = kw.get("mask")
     mask_rows = mask is not None and mask_has_rows(mask, q.shape[-2])

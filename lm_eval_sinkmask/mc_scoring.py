@@ -3,7 +3,8 @@ Monte Carlo bound of :mod:`likelihood`.
 
 HFLM scores a continuation in one causal pass; a masked diffusion LM has no left-to-right
 factorisation, so each request here is ``mc_num`` randomly masked samples, ``mc_batch_size``
-per forward pass, every pass its own masking scope, and the standard error of each estimate is kept for the report.
+per forward pass, every pass its own masking scope, and the standard error of each estimate
+is kept for the report.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ import torch
 
 
 def _digest(*parts) -> int:
-    """A 63-bit seed from ``parts`` (ints, strings and lists of ints, hashed by their repr), the same in every process."""
+    """A 63-bit seed from ``parts`` (ints, strings and lists of ints, hashed by their repr),
+    the same in every process."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 

@@ -113,8 +113,8 @@ def check_seeds_share_a_recipe(name: str, path_for_seed, seeds: list, folder: Pa
 
     found = {s: resolve_pretrained(path_for_seed(s)) for s in seeds}
     grid = Path(folder) / "sweep.json"
-    earlier = (json.loads(grid.read_text()).get("seeds") or []) if grid.is_file() else []
-    if None not in found:
+    if None not in found and grid.is_file():  # seeds a sweep already ran in the folder
+        earlier = json.loads(grid.read_text()).get("seeds") or []
         for s in sorted(set(earlier) - set(found)):
             try:
                 found[s] = resolve_pretrained(path_for_seed(s))
