@@ -109,7 +109,8 @@ AFTER_IMPORT = {"lm_eval.models": register_models, "lm_eval.tasks.manager": add_
 # what lm-eval goes on without when the step after that module fails (the others still apply)
 WITHOUT = {"lm_eval.models": "its models (" + ", ".join(MODELS) + ")",
            "lm_eval.tasks.manager": "its task folder (its tasks then need --include_path)",
-           "lm_eval.evaluator": "its data check and unsafe-code check before the model loads"}
+           "lm_eval.evaluator": "its data check, unsafe-code check and chat-template warning "
+                                  "before the model loads"}
 
 
 def run_callback(callback, module) -> None:

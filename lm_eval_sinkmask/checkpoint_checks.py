@@ -120,12 +120,13 @@ def check_mask_id(mask_id: int | None, config: dict[str, Any]) -> None:
     as if that were the method's effect."""
     if mask_id is None:
         return
-    vocab = max(_ints(config, _VOCAB_KEYS), default=None)
+    sizes = {key: int(config[key]) for key in _VOCAB_KEYS if isinstance(config.get(key), int)}
     if not is_int(mask_id, 0):
         raise ValueError(f"mask_id must be a token id (an integer >= 0), got {mask_id!r}")
-    if vocab is not None and mask_id >= vocab:
-        raise ValueError(f"mask_id={mask_id} is outside the checkpoint's vocabulary of {vocab} "
-                         "tokens (its config's vocab_size)")
+    if sizes and mask_id >= max(sizes.values()):
+        key = max(sizes, key=sizes.get)
+        raise ValueError(f"mask_id={mask_id} is outside the checkpoint's vocabulary of "
+                         f"{sizes[key]} tokens (its config's {key})")
     declared = config.get("mask_token_id")
     if isinstance(declared, int) and mask_id != declared:
         raise ValueError(f"mask_id={mask_id}, but the checkpoint's config declares mask token "

@@ -212,12 +212,13 @@ class GraphedSteps:
 
     def _copy_in(self, args: tuple, kwargs: dict) -> None:
         """The call's inputs into the captured ones, which must be of the same form (the same
-        tensors, by position and name, of the same shapes; None where None was given; every
-        name given one the capture had)."""
+        tensors, by position and name, of the same shapes; None where None was given; a name
+        given None counts as not given, as in the capture)."""
         if _form(args, kwargs) != _form(self.args, self.kwargs):
             raise ValueError(f"a captured step replays inputs of one form, "
                              f"{_form(self.args, self.kwargs)}; got {_form(args, kwargs)}")
-        for mine, t in (*zip(self.args, args), *((self.kwargs[n], t) for n, t in kwargs.items())):
+        given = {name: t for name, t in kwargs.items() if t is not None}
+        for mine, t in (*zip(self.args, args), *((self.kwargs[n], t) for n, t in given.items())):
             if t is not None:
                 mine.copy_(t)
 

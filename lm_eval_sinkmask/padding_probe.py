@@ -39,14 +39,16 @@ def honours_padding(forward: Forward, *, vocab_size: int, mask_id: int, padding_
     ids = torch.randint(0, min(vocab_size, 1000), (1, n_real), generator=g)
     ids = ids.masked_fill(ids == mask_id, (mask_id + 1) % min(vocab_size, 1000)).to(device)
     real = torch.ones(1, n_real, dtype=torch.long, device=device)
-    pads = torch.zeros(1, n_pad, dtype=torch.long, device=device)
-    mask = torch.cat([real, pads] if padding_side == "right" else [pads, real], dim=1)
+
+    def padded_row(row: torch.Tensor, pad: int) -> torch.Tensor:
+        p = torch.full((1, n_pad), pad, dtype=torch.long, device=device)
+        return torch.cat([row, p] if padding_side == "right" else [p, row], dim=1)
+
+    mask = padded_row(real, 0)
     cols = mask[0].bool()
 
     def padded(fill: int) -> torch.Tensor:
-        p = torch.full((1, n_pad), fill, dtype=torch.long, device=device)
-        x = torch.cat([ids, p] if padding_side == "right" else [p, ids], dim=1)
-        return forward(x, mask)[:, cols].float()
+        return forward(padded_row(ids, fill), mask)[:, cols].float()
 
     alone = forward(ids, real).float()
     a, b = padded(mask_id), padded(int(ids[0, 0]))

@@ -16,9 +16,8 @@ from .config import check_choice, flag_value, is_finite, is_int, number_value
 from .families import FAMILIES, Family
 from .samplers import validate_block_args
 from .samplers.block import REMASKING
-from .samplers.block import VARIANTS as LLADA_SAMPLERS
 from .samplers.dream import ALGS as DREAM_ALGS
-from .samplers.dream import VARIANTS as DREAM_SAMPLERS
+from .samplers.layout import VARIANTS as SAMPLER_VARIANTS
 
 PADDING_SIDES = ("left", "right")
 # the numeric settings, read as numbers whether lm-eval's arg-string parser or a dict gave them
@@ -106,8 +105,8 @@ class DiffusionSettings:
                 self.for_request(self.gen_length, family)
         else:
             check_choice("alg", self.alg, DREAM_ALGS)
-        check_choice("llada_sampler", self.llada_sampler, LLADA_SAMPLERS)
-        check_choice("dream_sampler", self.dream_sampler, DREAM_SAMPLERS)
+        check_choice("llada_sampler", self.llada_sampler, SAMPLER_VARIANTS)
+        check_choice("dream_sampler", self.dream_sampler, SAMPLER_VARIANTS)
         self._refuse_unread(family)
 
     def _refuse_unread(self, family: Family) -> None:

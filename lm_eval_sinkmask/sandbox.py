@@ -110,7 +110,7 @@ def run_program(program: str, test: str = "", limits: Limits = Limits()) -> Outc
 
     For HumanEval: ``program = prompt + completion``, ``test = test + "check(entry_point)"``.
     """
-    if _sandbox_uid() is not None:
+    if _is_root():
         _warn_if_no_network_namespace()
         _check_imports_after_uid_switch(sys.executable)
     return _run_once(program, test, limits)
@@ -273,9 +273,14 @@ def default_workers() -> int:
 # ----------------------------------------------------------------------------- parent side
 
 
+def _is_root() -> bool:
+    """Root can switch each program to a uid of its own."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
 def _sandbox_uid() -> int | None:
     """A fresh uid for one program when we are root (and can switch), else None."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    if not _is_root():
         return None
     base = int(os.environ.get(UID_BASE_ENV, _DEFAULT_UID_BASE))
     return base + secrets.randbelow(_UID_SPAN)

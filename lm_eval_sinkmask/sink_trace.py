@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from . import stability
+from .hflm_args import placed_device
 from .intercept import AttentionEvent
 from .metric import find_sinks
-from .sweep import default_device
 
 OBSERVE_EPS = 1e30
 # 2: stability summary in meta, optional watch_pos / watch_score arrays (version 1 had neither;
@@ -396,7 +396,7 @@ def trace_model_args(kind: str, model_args: str, *, gen_length: int, steps: int 
         args["gen_length"] = gen_length
         if steps is not None:
             args["steps"] = steps
-    args["device"] = device or default_device()
+    args["device"] = device or placed_device(None)
     args.update(top_k=top_k or 1, eps=eps if top_k else OBSERVE_EPS, granularity="head", batch_size=1)
     return args
 

@@ -48,6 +48,7 @@ from typing import Any
 from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
+from .hflm_args import placed_device
 from .provenance import InputDigests, changed_inputs, checkpoint_digest, code_digests, task_digest
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings,
                          model_type_of, requested_revision)
@@ -138,7 +139,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         cell.folder.mkdir(parents=True)
     unsafe = bool(unsafe_tasks(tm, [cell.task]))
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
-    device = plan.device or default_device()
+    device = plan.device or placed_device(None)  # HFLM's own default is cuda, here or not
     started = time.time()
     # kept(): LLaDA's and MMaDA's code switch an SDPA kernel off process-wide (sdpa_backends)
     with _no_metadata_advice(), sdpa_backends.kept():
@@ -228,9 +229,11 @@ def inputs_changed_message(cell: Cell, changed: list[str]) -> str:
 
 
 def run_settings(batch_size: int | str, device: str) -> dict[str, Any]:
-    """How a cell ran, beyond what identifies it: lm-eval's batch size and device, and on a GPU
-    its name (``cuda`` alone would not tell an A100 from an H100)."""
-    settings: dict[str, Any] = {"batch_size": batch_size, "device": device}
+    """How a cell ran, beyond what identifies it: lm-eval's batch size, device and process
+    count (accelerate splits the requests, so batches hold other rows), and on a GPU its name
+    (``cuda`` alone would not tell an A100 from an H100)."""
+    settings: dict[str, Any] = {"batch_size": batch_size, "device": device,
+                                "processes": world_size()}
     if device.startswith("cuda"):
         import torch
 
@@ -326,13 +329,6 @@ def record_grid(out: Path, grid: dict[str, Any]) -> dict[str, Any]:
         with written_whole(path) as tmp:
             tmp.write_text(json.dumps(grid, indent=2) + "\n")
     return grid
-
-
-def default_device() -> str:
-    """lm-eval's HFLM defaults to "cuda" even on a machine without one."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _free_memory() -> None:

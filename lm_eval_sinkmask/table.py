@@ -234,10 +234,12 @@ def check_one_version_each(versions: list[dict | None], scope: str = "this folde
 
 def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
     """One line on stderr when the cells (those that record how they ran) ran with different
-    batch sizes or on different devices: not an error, since batching and kernels move a
-    number at float-noise level only, but worth knowing when two cells differ by a hair."""
+    batch sizes, process counts or on different devices: not an error, since batching and
+    kernels move a number at float-noise level only, but worth knowing when two cells differ by
+    a hair."""
     mixed = []
-    for key, what in (("batch_size", "batch sizes"), ("device", "devices"), ("gpu", "GPUs")):
+    for key, what in (("batch_size", "batch sizes"), ("processes", "process counts"),
+                      ("device", "devices"), ("gpu", "GPUs")):
         found = {r[key] for r in runs if r and r.get(key) is not None}
         if len(found) > 1:
             ordered = sorted(found, key=lambda v: (isinstance(v, str), v))  # 8 < 32 < "auto"

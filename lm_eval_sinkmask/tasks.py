@@ -20,13 +20,13 @@ _PACKAGE = Path(__file__).resolve().parent
 _CANDIDATES = (_PACKAGE / "_tasks", _PACKAGE.parent / "tasks")  # installed wheel; checkout
 
 
-def find_tasks_dir(candidates=_CANDIDATES) -> Path:
-    for folder in candidates:
+def find_tasks_dir() -> Path:
+    for folder in _CANDIDATES:
         if (folder / "gsm8k_sinkmask.yaml").is_file():
             return folder
     raise FileNotFoundError(
         "lm-eval-sinkmask's task folder is missing: looked for gsm8k_sinkmask.yaml in "
-        + " and ".join(str(c) for c in candidates)
+        + " and ".join(str(c) for c in _CANDIDATES)
         + ". Reinstall the package (pip install .) or run from a full checkout."
     )
 

@@ -35,8 +35,11 @@ def test_the_mask_id_is_checked_against_the_larger_of_vocab_and_embedding_sizes(
     checkpoint_checks.check_mask_id(126336, {"vocab_size": 126464, "embedding_size": 126464})
     checkpoint_checks.check_mask_id(10, {"vocab_size": 8, "embedding_size": 16})
     checkpoint_checks.check_mask_id(None, {"vocab_size": 8})
-    with pytest.raises(ValueError, match="outside the checkpoint's vocabulary of 16 tokens"):
+    with pytest.raises(ValueError, match=r"outside the checkpoint's vocabulary of 16 tokens "
+                                         r"\(its config's embedding_size\)"):
         checkpoint_checks.check_mask_id(16, {"vocab_size": 8, "embedding_size": 16})
+    with pytest.raises(ValueError, match=r"vocabulary of 8 tokens \(its config's vocab_size\)"):
+        checkpoint_checks.check_mask_id(8, {"vocab_size": 8})
     with pytest.raises(ValueError, match="mask_id must be a token id"):
         checkpoint_checks.check_mask_id(True, {"vocab_size": 8})
 

@@ -322,6 +322,12 @@ def test_a_captured_step_replays_one_form_of_inputs():
         with pytest.raises(ValueError, match="inputs of one form"):
             steps(ids, mask=torch.ones(1, 4))
         assert torch.equal(steps(ids + 1, mask=None), model(input_ids=ids + 1).logits)
+        # a name given None is not given: the same form as a capture made without that name
+        bare = graphed_steps.GraphedSteps(lambda x, mask=None: model(input_ids=x).logits,
+                                          capture_with=recorded)
+        for _ in range(graphed_steps.WARM_UP_STEPS + 1):
+            bare(ids)
+        assert torch.equal(bare(ids + 2, mask=None), model(input_ids=ids + 2).logits)
 
 
 def test_cuda_graphs_need_cuda():

@@ -213,7 +213,7 @@ def test_a_resume_refuses_cells_made_by_other_package_code_and_not_another_batch
     record = json.loads(path.read_text())
     assert record["inputs"]["package_code"] == provenance.installed_code_digest()
     assert record["inputs"]["unmasked_code"] == provenance.installed_unmasked_code_digest()
-    assert record["run"] == {"batch_size": 1, "device": "cpu"}
+    assert record["run"] == {"batch_size": 1, "device": "cpu", "processes": 1}
 
     monkeypatch.setattr(provenance, "installed_code_digest",
                         lambda: provenance.package_code_digest(package_copy))
@@ -235,10 +235,11 @@ def test_a_cell_records_how_it_ran_and_on_a_gpu_which_one(monkeypatch):
 
     from lm_eval_sinkmask.sweep import run_settings
 
-    assert run_settings(32, "cpu") == {"batch_size": 32, "device": "cpu"}
+    assert run_settings(32, "cpu") == {"batch_size": 32, "device": "cpu", "processes": 1}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: f"NVIDIA H100 ({device})")
+    monkeypatch.setenv("WORLD_SIZE", "4")  # as accelerate launch sets it
     assert run_settings("auto", "cuda:1") == {"batch_size": "auto", "device": "cuda:1",
-                                              "gpu": "NVIDIA H100 (cuda:1)"}
+                                              "processes": 4, "gpu": "NVIDIA H100 (cuda:1)"}
 
 
 def test_versus_pairs_are_checked_before_anything_runs_and_kept_in_sweep_json(tmp_path, tiny_dirs, tiny_task):

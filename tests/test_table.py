@@ -311,6 +311,11 @@ def test_a_folder_that_mixes_batch_sizes_or_devices_renders_with_one_warning(tmp
     [line] = capsys.readouterr().err.splitlines()
     assert ("different batch sizes [8, 32] and devices ['cpu', 'cuda'] and GPUs "
             "['NVIDIA A100', 'NVIDIA H100']; ") in line
+    _set_in_cells(folder, lambda r: r["run"].update(processes=2), ["llada/mini_code/k5/cell.json"])
+    _set_in_cells(folder, lambda r: r["run"].update(processes=1), ["llada/mini_code/k1/cell.json"])
+    assert main(["table", str(folder)]) == 0
+    [line] = capsys.readouterr().err.splitlines()
+    assert "different batch sizes [8, 32] and process counts [1, 2] and devices" in line
 
 
 def test_per_task_limits_and_a_column_of_two_experiments(tmp_path):

@@ -31,10 +31,9 @@ from functools import partial
 
 import torch
 
-from .layout import build_layout, topk_over_rows
+from .layout import VARIANTS, build_layout, topk_over_rows
 
 REMASKING = ("low_confidence", "random")
-VARIANTS = ("reference", "invariant")
 
 
 def validate_block_args(gen_length: int, steps: int, block_length: int) -> None:

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from .layout import build_layout, topk_over_rows
+from .layout import VARIANTS, build_layout, topk_over_rows
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-VARIANTS = ("reference", "invariant")
 
 
 def without_mask_token(logits: torch.Tensor, mask_id: int) -> torch.Tensor:

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+# each sampler's two variants: "reference" decodes as the family's own code (its tie order),
+# "invariant" gives the same tokens at any batch size
+VARIANTS = ("reference", "invariant")
+
 
 @dataclass(frozen=True)
 class Layout:

@@ -11,6 +11,7 @@ are disjoint by construction.
 """
 
 import random
+from collections.abc import Callable
 
 TEST_SEED = 1234
 N_TEST_GSM = 300
@@ -182,24 +183,26 @@ def _code_problem(rng: random.Random, index: int) -> dict:
 
 # ------------------------------------------------------------------------------ splits
 
-def mini_gsm_test(n: int = N_TEST_GSM) -> list[dict]:
-    rng, out, seen = random.Random(TEST_SEED), [], set()
+def _distinct(n: int, draw: Callable[[int], dict], key: str) -> list[dict]:
+    """The first ``n`` problems ``draw(index)`` gives whose ``key`` no earlier one had: a test
+    split never asks the same question twice."""
+    out, seen = [], set()
     while len(out) < n:
-        p = gsm_problem(rng)
-        if p["question"] not in seen:
-            seen.add(p["question"])
+        p = draw(len(out))
+        if p[key] not in seen:
+            seen.add(p[key])
             out.append(p)
     return out
+
+
+def mini_gsm_test(n: int = N_TEST_GSM) -> list[dict]:
+    rng = random.Random(TEST_SEED)
+    return _distinct(n, lambda _: gsm_problem(rng), "question")
 
 
 def mini_code_test(n: int = N_TEST_CODE) -> list[dict]:
-    rng, out, seen = random.Random(TEST_SEED + 1), [], set()
-    while len(out) < n:
-        p = _code_problem(rng, len(out))
-        if p["prompt"] not in seen:
-            seen.add(p["prompt"])
-            out.append(p)
-    return out
+    rng = random.Random(TEST_SEED + 1)
+    return _distinct(n, lambda index: _code_problem(rng, index), "prompt")
 
 
 def mini_gsm_train(seed: int, max_steps: int = 3):
