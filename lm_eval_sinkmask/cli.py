@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .config import ARM_RULES  # light: no torch, no lm-eval
@@ -90,7 +91,7 @@ def _table(a: argparse.Namespace) -> int:
     from .table import render
     from .versus import parse_versus
 
-    metrics = dict(m.split("=", 1) for m in (a.metric or []))
+    metrics = dict(a.metric or [])
     pairs = None if a.versus is None else parse_versus(a.versus)
     out = render(Path(a.folder), title=a.title, metrics=metrics, digits=a.digits, versus_pairs=pairs,
                  pool=a.pool)
@@ -159,6 +160,30 @@ def _args(a: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``, so that ``--max-cells -1`` (a
+    Python slice: every cell but the last) or ``--num-fewshot -1`` (run 0-shot, recorded as
+    -1) is a usage error rather than a run."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"takes an integer >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def _task_metric(text: str) -> tuple[str, str]:
+    """``--metric TASK=METRIC`` as (task, metric)."""
+    task, sep, metric = text.partition("=")
+    if not (sep and task and metric):
+        raise argparse.ArgumentTypeError(f"takes TASK=METRIC, e.g. gsm8k_sinkmask=exact_match,"
+                                         f"flexible-extract; got {text!r}")
+    return task, metric
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinkmask", description=__doc__.split("\n")[0].replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
     s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: cuda when available, else cpu)")
-    s.add_argument("--num-fewshot", type=int, default=None,
+    s.add_argument("--num-fewshot", type=_at_least(0), default=None,
                    help="lm-eval --num_fewshot (default: each task's own)")
     s.add_argument("--apply-chat-template", action="store_true", help="lm-eval's chat templating (instruct models)")
     s.add_argument("--include-path", action="append", help="extra task folder (repeatable)")
@@ -200,10 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draws of the random-key control: run every mask_target=random model's "
                         "masked cells once per mask_seed; the table shows the mean and spread "
                         "across draws")
-    s.add_argument("--jobs", type=int, default=1,
+    s.add_argument("--jobs", type=_at_least(1), default=1,
                    help="cells run at once, each in its own process (CPU sweeps; set "
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")
-    s.add_argument("--max-cells", type=int, default=None, help="stop after this many new cells")
+    s.add_argument("--max-cells", type=_at_least(1), default=None,
+                   help="stop after this many new cells")
     s.add_argument("--title", default=None,
                    help="the table's title, kept in sweep.json for later `sinkmask table` runs")
     s.add_argument("--versus", default=None, metavar="A:B,...",
@@ -218,9 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep folders of one grid run on different training seeds (repeatable): "
                         "one table over all their seeds, written into FOLDER, which remembers them")
     t.add_argument("--title", default=None)
-    t.add_argument("--metric", action="append", metavar="TASK=METRIC",
+    t.add_argument("--metric", action="append", type=_task_metric, metavar="TASK=METRIC",
                    help="override a task's metric, e.g. gsm8k_sinkmask=exact_match,flexible-extract")
-    t.add_argument("--digits", type=int, default=2)
+    t.add_argument("--digits", type=_at_least(0), default=2, help="decimals shown [%(default)s]")
     t.add_argument("--versus", default=None, metavar="A:B,...",
                    help="model pairs whose difference A - B to give (default: the sweep's --versus)")
     t.set_defaults(func=_table)

@@ -483,12 +483,22 @@ def _sources(folder: Path, pooled: dict) -> list[Path]:
     return [Path(folder) / p for p in pooled["sources"]]
 
 
+def _check_metric_tasks(metrics: dict[str, str], tasks: set[str]) -> None:
+    """A metric override for a task the table does not hold (a typo in its name) would leave
+    the task it was meant for on its default metric, with no word said."""
+    unknown = sorted(set(metrics) - tasks)
+    if unknown:
+        raise SystemExit(f"--metric names task(s) {', '.join(unknown)} with no finished cell "
+                         f"here; the table's tasks: {', '.join(sorted(tasks))}")
+
+
 def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, digits: int,
             figure: bool, versus_pairs: list | None) -> dict[str, Path]:
     grid, entries, zoo = load(folder, metrics)
     if not entries:
         where = pooled_sources(folder) or [folder]
         raise SystemExit(f"no finished cells under {', '.join(f'{p}/cells' for p in where)}")
+    _check_metric_tasks(metrics or {}, {e.task for e in entries})
     if versus_pairs is not None:
         check_pairs(versus_pairs, [m["name"] for m in grid["models"]])
         grid = {**grid, "versus": versus_pairs}

@@ -113,3 +113,37 @@ def test_a_pipe_closed_before_any_output_ends_with_sigpipes_status():
         os.close(write)
     assert "BrokenPipeError" not in run.stderr and "Traceback" not in run.stderr, run.stderr
     assert run.returncode == 141
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-cells", "-1", "argument --max-cells: takes an integer >= 1, got '-1'"),  # a slice
+    ("--max-cells", "0", "argument --max-cells: takes an integer >= 1, got '0'"),
+    ("--num-fewshot", "-1", "argument --num-fewshot: takes an integer >= 0, got '-1'"),
+    ("--jobs", "two", "argument --jobs: takes an integer >= 1, got 'two'"),
+])
+def test_sweep_counts_out_of_range_are_usage_errors(tmp_path, capsys, option, value, message):
+    from lm_eval_sinkmask.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["sweep", "--models", "a=zoo:llada", "--tasks", "mini_gsm_sinkmask",
+              "--out", str(tmp_path / "out"), option, value])
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before the folder is made
+
+
+def test_table_options_are_checked(tmp_path, capsys):
+    from lm_eval_sinkmask.cli import main
+    from tests.test_table import write_sweep
+
+    folder = write_sweep(tmp_path)
+    for args, message in ((["--digits", "-1"], "argument --digits: takes an integer >= 0"),
+                          (["--metric", "mini_gsm"], "argument --metric: takes TASK=METRIC")):
+        with pytest.raises(SystemExit) as exit:
+            main(["table", str(folder), *args])
+        assert exit.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--metric names task\(s\) mini_gms with no finished "
+                                         r"cell here; the table's tasks: mini_code, mini_gsm"):
+        main(["table", str(folder), "--metric", "mini_gms=exact_match,flexible-extract"])
+    assert main(["table", str(folder), "--metric", "mini_gsm=exact_match,flexible-extract",
+                 "--digits", "0"]) == 0
