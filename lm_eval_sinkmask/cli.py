@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draws of the random-key control: run every mask_target=random model's "
                         "masked cells once per mask_seed; the table shows the mean and spread "
                         "across draws")
-    s.add_argument("--jobs", type=_at_least(1), default=1,
+    s.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, each in its own process (CPU sweeps; set "
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")
     s.add_argument("--max-cells", type=_at_least(1), default=None,

@@ -119,7 +119,6 @@ def test_a_pipe_closed_before_any_output_ends_with_sigpipes_status():
     ("--max-cells", "-1", "argument --max-cells: takes an integer >= 1, got '-1'"),  # a slice
     ("--max-cells", "0", "argument --max-cells: takes an integer >= 1, got '0'"),
     ("--num-fewshot", "-1", "argument --num-fewshot: takes an integer >= 0, got '-1'"),
-    ("--jobs", "two", "argument --jobs: takes an integer >= 1, got 'two'"),
 ])
 def test_sweep_counts_out_of_range_are_usage_errors(tmp_path, capsys, option, value, message):
     from lm_eval_sinkmask.cli import main
