@@ -19,6 +19,7 @@ import lm_eval.models.huggingface as hflm_module
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import normalize_gen_kwargs
 
 from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
@@ -51,9 +52,29 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     @without_filler
     def generate_until(self, requests, disable_tqdm: bool = False):
         for req in requests:
+            self._check_generation_room(req.args[1], req.task_name)
             self._refuse_reordered_cache(req.args[1], req.task_name)
             self._refuse_fixed_cache(req.args[1], req.task_name)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
+
+    def _check_generation_room(self, gen_kwargs: dict, task: str | None) -> None:
+        """HFLM generates a request's ``max_gen_toks`` after its last ``max_length -
+        max_gen_toks`` prompt tokens: with no token to generate transformers refuses the batch,
+        with no prompt token HFLM asserts, each at that task's first batch, after the batches
+        before it have run."""
+        if self.backend != "causal":
+            return
+        asked = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)["max_gen_toks"]
+        if asked < 1:
+            raise ValueError(f"task {task or '?'}: max_gen_toks={asked} asks for no token; give "
+                             "the task a max_gen_toks of at least 1 (--gen_kwargs or its "
+                             "generation_kwargs)")
+        if asked >= self.max_length:
+            declared = checkpoint_checks.positions(self.model.config.to_dict())
+            raise ValueError(
+                f"task {task or '?'}: max_gen_toks {asked} leaves no prompt token within "
+                f"max_length {self.max_length}; "
+                f"{checkpoint_checks.lower_or_raise('max_gen_toks', asked + 1, declared)}")
 
     def _refuse_reordered_cache(self, gen_kwargs: dict, task: str | None) -> None:
         """Beam search moves each cache row to the beam it continues between steps, and

@@ -161,9 +161,8 @@ def _args(a: argparse.Namespace) -> int:
 
 
 def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``minimum``, so that ``--max-cells -1`` (a
-    Python slice: every cell but the last) or ``--num-fewshot -1`` (run 0-shot, recorded as
-    -1) is a usage error rather than a run."""
+    """An argparse type: an integer of at least ``minimum`` (``--digits -1`` would fail in a
+    format string)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -209,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
     s.add_argument("--device", default=None, help="e.g. cpu, cuda:0 (default: cuda when available, else cpu)")
-    s.add_argument("--num-fewshot", type=_at_least(0), default=None,
+    s.add_argument("--num-fewshot", type=int, default=None,
                    help="lm-eval --num_fewshot (default: each task's own)")
     s.add_argument("--apply-chat-template", action="store_true", help="lm-eval's chat templating (instruct models)")
     s.add_argument("--include-path", action="append", help="extra task folder (repeatable)")
@@ -228,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, each in its own process (CPU sweeps; set "
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")
-    s.add_argument("--max-cells", type=_at_least(1), default=None,
+    s.add_argument("--max-cells", type=int, default=None,
                    help="stop after this many new cells")
     s.add_argument("--title", default=None,
                    help="the table's title, kept in sweep.json for later `sinkmask table` runs")

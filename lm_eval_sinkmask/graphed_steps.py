@@ -217,8 +217,8 @@ class GraphedSteps:
         if _form(args, kwargs) != _form(self.args, self.kwargs):
             raise ValueError(f"a captured step replays inputs of one form, "
                              f"{_form(self.args, self.kwargs)}; got {_form(args, kwargs)}")
-        given = {name: t for name, t in kwargs.items() if t is not None}
-        for mine, t in (*zip(self.args, args), *((self.kwargs[n], t) for n, t in given.items())):
+        named = ((self.kwargs[name], t) for name, t in kwargs.items() if t is not None)
+        for mine, t in (*zip(self.args, args), *named):
             if t is not None:
                 mine.copy_(t)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from lm_eval.models.utils import normalize_gen_kwargs
 
 from . import answer_cache
 from .checkpoint_checks import check_layers, depth
@@ -36,6 +37,30 @@ def check_calls_per_pass(calls: int, layers: int | None) -> None:
                "kernel) and would stay unmasked" if calls < layers else
                "a layer calls SDPA more than once, so call indices do not name layers")
             + ". Sink masking needs exactly one SDPA call per layer.")
+
+
+# lm-eval's names of a request's generation budget, which it reads with int()
+BUDGET_GEN_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+def refuse_misread_gen_kwargs(gen_kwargs: dict, task: str | None) -> None:
+    """A request's generation_kwargs that would run otherwise than they read, while lm-eval
+    records them as given. ``top_k`` names two things: the sink keys masked (model_args) and
+    top-k sampling (generation_kwargs); greedy decoding ignores the second, so ``--gen_kwargs
+    top_k=5`` would run with no sink masked. A budget of 40.5 tokens would run as 40."""
+    where = f"task {task or '?'}: generation_kwargs"
+    for name in BUDGET_GEN_KWARGS:
+        value = gen_kwargs.get(name)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{where} {name}={value:g} is a number of tokens, which lm-eval "
+                             f"would cut to {int(value)}: give a whole number")
+    sampled = normalize_gen_kwargs(gen_kwargs)["do_sample"]
+    if gen_kwargs.get("top_k") is not None and not sampled:
+        raise ValueError(
+            f"{where} top_k={gen_kwargs['top_k']} (from --gen_kwargs or the task) is top-k "
+            "sampling, which greedy decoding ignores; the number of sink keys masked per row is "
+            "top_k in --model_args (e.g. --model_args pretrained=...,top_k=5). Drop top_k from "
+            "--gen_kwargs")
 
 
 def _tokenizer_name(tokenizer) -> str | None:
@@ -196,6 +221,8 @@ class MaskingLMMixin:
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         # (each model's own generate_until drops lm-eval's filler copies before this runs)
+        for req in requests:
+            refuse_misread_gen_kwargs(req.args[1], req.task_name)
         # (a seq2seq model's search also runs labels of max_length: left as lm-eval sizes it)
         sizing = self.batch_size == "auto" and self.backend == "causal"
         self._sizing_width = self._longest_generation(requests) if sizing else 0
@@ -209,8 +236,6 @@ class MaskingLMMixin:
     def _longest_generation(self, requests) -> int:
         """Tokens in the longest sequence these requests will hold: a prompt as HFLM cuts it
         (its last ``max_length - max_gen_toks`` tokens) plus the tokens it asks for."""
-        from lm_eval.models.utils import normalize_gen_kwargs
-
         longest = 0
         for req in requests:
             asked = normalize_gen_kwargs(req.args[1], self.max_gen_toks)["max_gen_toks"]

@@ -405,6 +405,8 @@ def run_sweep(
 
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if max_cells is not None and max_cells < 1:  # a slice: -1 would run every cell but the last
+        raise ValueError(f"max_cells must be >= 1, got {max_cells}")
     if jobs > 1 and world_size() > 1:
         raise SystemExit("--jobs > 1 and accelerate launch do not mix: use one or the other")
     grid_path = plan.out / "sweep.json"
@@ -430,7 +432,7 @@ def run_sweep(
                            + [cells[i].request() for i in todo])
     if mixed:
         raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
-    refused = refused_model_args([cells[i] for i in todo])
+    refused = refused_model_args(cells)  # sweep.json records them all, not only those run now
     if refused:
         raise SystemExit("\n".join(refused))
     if plan.num_fewshot:  # cells recorded as N-shot would have run 0-shot

@@ -135,9 +135,15 @@ def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
         from .zoo import resolve_pretrained
 
         resolve_pretrained(path)
-    elif clearly_local(path) and not Path(path).expanduser().is_dir():
-        raise ValueError(f"checkpoint folder {path!r} does not exist")
+    else:
+        check_local_folder(path)
     return kind
+
+
+def check_local_folder(path: str) -> None:
+    """A path that can only name a local folder (:func:`clearly_local`) names one that exists."""
+    if clearly_local(path) and not Path(path).expanduser().is_dir():
+        raise ValueError(f"checkpoint folder {path!r} does not exist")
 
 
 def clearly_local(path: str) -> bool:
@@ -161,7 +167,14 @@ def infer_kind(path: str) -> str:
     """"dlm" when ``config.model_type`` belongs to a diffusion family (families.py), else "arm"."""
     from .families import family_for
 
-    model_type = model_type_of(path)  # a checkpoint that is not there fails here
+    check_local_folder(path)
+    try:
+        model_type = model_type_of(path)
+    except OSError as e:  # an unknown hub id, no network, no config.json: one line, not three
+        reason = str(e).strip().split("\n")[0].split(". ")[0] or type(e).__name__
+        raise ValueError(f"cannot read the kind of {path!r} off its config.json ({reason}); "
+                         "name a checkpoint folder, a hub id or zoo:NAME, and give the kind as "
+                         "arm:PATH or dlm:PATH to skip reading it") from None
     try:
         family_for(model_type)
         return "dlm"
@@ -237,6 +250,8 @@ class SweepPlan:
     def __post_init__(self) -> None:
         check_pairs(self.versus, [m.name for m in self.models])
         check_limit(self.limit)
+        if self.num_fewshot is not None and self.num_fewshot < 0:  # lm-eval would run 0-shot
+            raise ValueError(f"--num-fewshot is a number of examples (>= 0), got {self.num_fewshot}")
         self._refuse_set_by_sweep()
         if self.mask_seeds is None:
             return

@@ -1,6 +1,7 @@
 """dlm_sinkmask / arm_sinkmask as lm-eval models, in process (fast) on tiny checkpoints."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -309,6 +310,25 @@ def test_a_masked_arm_refuses_reordered_caches_before_any_forward_pass(tiny_dirs
     assert len(plain.generate_until(request)) == 1
 
 
+@pytest.mark.parametrize("max_length, max_gen_toks, message", [
+    (None, 0, "max_gen_toks=0 asks for no token"),
+    (None, -3, "max_gen_toks=-3 asks for no token"),
+    (16, 16, "max_gen_toks 16 leaves no prompt token within max_length 16; lower max_gen_toks or "
+             "raise max_length in model_args to at least 17"),
+])
+def test_an_arm_request_with_no_room_is_refused_before_any_forward_pass(tiny_dirs, max_length,
+                                                                       max_gen_toks, message):
+    """transformers refused a budget of no token, and HFLM asserted on one that leaves no
+    prompt token, at that task's first batch, after the batches before it had run."""
+    lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0,
+              **({"max_length": max_length} if max_length else {}))
+    fits = Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 2}), 0)
+    bad = Instance("generate_until", {}, (PROMPTS[1], {"max_gen_toks": max_gen_toks}), 1)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lm.generate_until([fits, bad])
+    assert lm.mask_stats.forward_passes == 0
+
+
 @pytest.mark.parametrize("source", ["gen_kwargs", "generation_config"])
 def test_a_masked_all_rows_arm_refuses_a_fixed_size_cache_before_any_forward_pass(tiny_dirs, source):
     """all_rows adds each step's rows to those kept so far: a static cache, asked for by the
@@ -329,6 +349,25 @@ def test_a_masked_all_rows_arm_refuses_a_fixed_size_cache_before_any_forward_pas
                                              r"static .* Use arm_rule=last_row"):
             lm.generate_until(request)
         assert lm.mask_stats.forward_passes == 0
+
+
+@pytest.mark.parametrize("model, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])
+def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dirs, model, kind):
+    """``--gen_kwargs top_k=5`` is top-k sampling, which greedy decoding ignores: the run would
+    mask no key and be recorded as unmasked (arm_sinkmask samples with it when asked to). A
+    budget of 8.5 tokens would run as 8 and be recorded as 8.5."""
+    lm = make(model, tiny_dirs[kind], top_k=0, **({"block_length": 4} if kind == "llada" else {}))
+    for gen_kwargs, message in (
+            ({"max_gen_toks": 8, "top_k": 5}, r"top_k=5 .* is top-k sampling, which greedy "
+                                              r"decoding ignores; .* top_k in --model_args"),
+            ({"max_gen_toks": 8.5}, r"max_gen_toks=8.5 is a number of tokens, which lm-eval "
+                                    r"would cut to 8")):
+        with pytest.raises(ValueError, match=message):
+            lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], gen_kwargs), 0)])
+    assert lm.mask_stats.forward_passes == 0
+    if model == "arm_sinkmask":
+        sampled = {"max_gen_toks": 4.0, "top_k": 5, "do_sample": True, "temperature": 0.7}
+        assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], sampled), 0)])) == 1
 
 
 def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):

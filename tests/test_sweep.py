@@ -341,7 +341,8 @@ def test_a_swept_random_control_tables_its_draws_and_compares_them_with_the_sink
 
 def test_a_column_whose_model_args_would_be_refused_fails_before_any_cell_runs(tmp_path, tiny_dirs,
                                                                               tiny_task):
-    # the bad column comes last: without the check, the first column's cells would run first
+    # the bad columns come last: without the check, the first column's cells would run first;
+    # with --max-cells 1 only the first cell runs now, and sweep.json would record the others
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match=r"(?s)dream \(dlm_sinkmask, .*\): block_length: only the "
                                          r"block sampler.*llama_l \(arm_sinkmask, .*\): layers="):
@@ -349,7 +350,8 @@ def test_a_column_whose_model_args_would_be_refused_fails_before_any_cell_runs(t
               f"llama_l=arm:{tiny_dirs['llama']}", "--tasks", "tiny_gen", "--include-path",
               str(tiny_task), "--top-k", "0,1", "--limit", "1", "--device", "cpu",
               "--model-args-for", "llada:block_length=4", "--model-args-for", "dream:block_length=4",
-              "--model-args-for", "llama_l:layers=5", "--out", str(out), "--no-table"])
+              "--model-args-for", "llama_l:layers=5", "--out", str(out), "--no-table",
+              "--max-cells", "1"])
     assert not list(out.rglob("cell.json")) and not (out / "sweep.json").exists()
 
 

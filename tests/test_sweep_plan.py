@@ -245,6 +245,19 @@ def test_a_missing_local_checkpoint_with_an_explicit_kind_is_refused_at_once(tmp
         f"{tmp_path}/ckpt/here", "./ckpt/here", "org/model"]
 
 
+def test_a_checkpoint_whose_kind_cannot_be_read_is_one_line(tmp_path, monkeypatch):
+    """With no kind given, the kind comes off config.json: a missing folder, an unknown prefix
+    (read as a path) or a folder without config.json is a ValueError, which the CLI reports in
+    one line, where huggingface_hub's OSError ended the sweep in three chained tracebacks."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "empty").mkdir()
+    for target, message in ((f"{tmp_path}/nope", "checkpoint folder '.*/nope' does not exist"),
+                            ("foo:bar", r"cannot read the kind of 'foo:bar' .* arm:PATH or dlm:PATH"),
+                            (str(tmp_path / "empty"), r"cannot read the kind of .*empty.* \(.*config")):
+        with pytest.raises(ValueError, match=message):
+            parse_models(f"a={target}")
+
+
 def test_sweeps_of_other_column_settings_cannot_share_a_folder(tmp_path):
     """Two sweeps started at once on one folder both passed every check and ran alternate
     cells; sweep.json now keeps each column's settings, merged under the folder's lock."""
