@@ -25,7 +25,7 @@ from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
 from .filler_requests import PaddingWindows, without_filler
-from .masking_lm import MaskingLMMixin
+from .masking_lm import MaskingLMMixin, refuse_misread_gen_kwargs
 from .zoo import resolve_pretrained
 
 
@@ -52,29 +52,24 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     @without_filler
     def generate_until(self, requests, disable_tqdm: bool = False):
         for req in requests:
+            refuse_misread_gen_kwargs(req.args[1], req.task_name)
             self._check_generation_room(req.args[1], req.task_name)
             self._refuse_reordered_cache(req.args[1], req.task_name)
             self._refuse_fixed_cache(req.args[1], req.task_name)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
     def _check_generation_room(self, gen_kwargs: dict, task: str | None) -> None:
-        """HFLM generates a request's ``max_gen_toks`` after its last ``max_length -
-        max_gen_toks`` prompt tokens: with no token to generate transformers refuses the batch,
-        with no prompt token HFLM asserts, each at that task's first batch, after the batches
-        before it have run."""
-        if self.backend != "causal":
-            return
+        """A request's budget, checked before the first forward pass: with no token to generate
+        transformers refuses the batch, and with no prompt token left (a causal model's prompt
+        and answer share ``max_length``) HFLM asserts, each at that task's first batch, after
+        the batches before it have run."""
         asked = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)["max_gen_toks"]
         if asked < 1:
             raise ValueError(f"task {task or '?'}: max_gen_toks={asked} asks for no token; give "
                              "the task a max_gen_toks of at least 1 (--gen_kwargs or its "
                              "generation_kwargs)")
-        if asked >= self.max_length:
-            declared = checkpoint_checks.positions(self.model.config.to_dict())
-            raise ValueError(
-                f"task {task or '?'}: max_gen_toks {asked} leaves no prompt token within "
-                f"max_length {self.max_length}; "
-                f"{checkpoint_checks.lower_or_raise('max_gen_toks', asked + 1, declared)}")
+        if self.backend == "causal":
+            self._check_prompt_room(asked, "max_gen_toks", task)
 
     def _refuse_reordered_cache(self, gen_kwargs: dict, task: str | None) -> None:
         """Beam search moves each cache row to the beam it continues between steps, and

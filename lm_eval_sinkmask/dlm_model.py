@@ -25,7 +25,7 @@ from . import (checkpoint_checks, graphed_steps, hflm_args, likelihood, model_ar
 from .config import SinkMaskConfig, flag_value, number_value
 from .families import Family, disable_flash_attention, family_for
 from .filler_requests import without_filler
-from .masking_lm import MaskingLMMixin, logger
+from .masking_lm import MaskingLMMixin, logger, refuse_misread_gen_kwargs
 from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
 from .sampler_settings import DiffusionSettings
@@ -205,23 +205,11 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
 
     @property
     def _max_length_said(self) -> str:
-        """``max_length`` as the too-long messages say it: with where it comes from when the
-        extra sink token takes a position."""
+        """With where it comes from when the extra sink token takes a position."""
         if self.sink is None:
-            return f"max_length {self.max_length}"
+            return super()._max_length_said
         return (f"max_length {self.max_length} (the model's {self._positions} positions less "
                 "the extra sink token)")
-
-    def _max_length_needed(self, tokens: int) -> int:
-        """The model_args max_length that holds ``tokens`` after one context token (and the
-        extra sink token, where the checkpoint has one)."""
-        return tokens + 1 + (self.sink is not None)
-
-    @property
-    def _declared_positions(self) -> int | None:
-        """Positions the checkpoint's config declares (None: none we know), the most any
-        max_length may ask for."""
-        return checkpoint_checks.positions(self.model.config.to_dict())
 
     def _resolve_mask_id(self, mask_id: int | None, config: dict) -> int:
         for candidate in (
@@ -467,11 +455,13 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         generation length does not fit the blocks fails now, not after hours of other tasks."""
         from lm_eval.models.utils import normalize_gen_kwargs
 
+        source = "gen_length" if self.settings.gen_length else "max_gen_toks"
         for req in requests:
+            refuse_misread_gen_kwargs(req.args[1], req.task_name)
             gen_kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
             self._check_gen_kwargs(gen_kwargs, req.task_name)
             s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
-            self._check_prompt_room(s.gen_length, req.task_name)
+            self._check_prompt_room(s.gen_length, source, req.task_name)
             task = req.task_name or "requests"
             if task not in self.settings_per_task:
                 self._warn_about_settings(task, gen_kwargs["max_gen_toks"], s)
@@ -491,18 +481,6 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                            "(they still run, and under detect=previous set the sinks the next "
                            "pass masks); steps <= gen_length is the useful range",
                            task, s.steps, s.gen_length, s.steps - s.gen_length, s.steps)
-
-    def _check_prompt_room(self, gen_length: int, task: str | None) -> None:
-        """HFLM keeps max_length - gen_length prompt tokens and asserts that some remain, but
-        batch by batch: a task asking too much would fail after the tasks before it ran."""
-        if gen_length < self.max_length:
-            return
-        source = "gen_length" if self.settings.gen_length else "max_gen_toks"
-        needed = self._max_length_needed(gen_length)
-        raise ValueError(
-            f"task {task or '?'}: {source} {gen_length} leaves no prompt token within "
-            f"{self._max_length_said}; "
-            f"{checkpoint_checks.lower_or_raise(source, needed, self._declared_positions)}")
 
     def _check_gen_kwargs(self, gen_kwargs: dict, task: str | None) -> None:
         """The diffusion sampler reads only ``until`` and ``max_gen_toks`` from a request; how

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,7 +13,7 @@ import torch
 from lm_eval.models.utils import normalize_gen_kwargs
 
 from . import answer_cache
-from .checkpoint_checks import check_layers, depth
+from .checkpoint_checks import check_layers, depth, lower_or_raise, positions
 from .config import SinkMaskConfig
 from .filler_requests import without_filler
 from .intercept import NO_ATTENTION_HELP, SinkMasker
@@ -39,28 +40,28 @@ def check_calls_per_pass(calls: int, layers: int | None) -> None:
             + ". Sink masking needs exactly one SDPA call per layer.")
 
 
-# lm-eval's names of a request's generation budget, which it reads with int()
+# lm-eval's names of a request's generation budget, by priority: it reads the first given
 BUDGET_GEN_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 
 
 def refuse_misread_gen_kwargs(gen_kwargs: dict, task: str | None) -> None:
     """A request's generation_kwargs that would run otherwise than they read, while lm-eval
-    records them as given. ``top_k`` names two things: the sink keys masked (model_args) and
-    top-k sampling (generation_kwargs); greedy decoding ignores the second, so ``--gen_kwargs
-    top_k=5`` would run with no sink masked. A budget of 40.5 tokens would run as 40."""
+    records them as given: a budget of 40.5 tokens runs as 40, and ``top_k`` names two
+    things, the sink keys masked (model_args) and top-k sampling (generation_kwargs), which a
+    greedy request ignores, so ``--gen_kwargs top_k=5`` would run with no sink masked. Each
+    model checks this first, so that no other check reads the cut budget."""
     where = f"task {task or '?'}: generation_kwargs"
-    for name in BUDGET_GEN_KWARGS:
-        value = gen_kwargs.get(name)
-        if isinstance(value, float) and not value.is_integer():
-            raise ValueError(f"{where} {name}={value:g} is a number of tokens, which lm-eval "
-                             f"would cut to {int(value)}: give a whole number")
-    sampled = normalize_gen_kwargs(gen_kwargs)["do_sample"]
-    if gen_kwargs.get("top_k") is not None and not sampled:
+    budget = next((name for name in BUDGET_GEN_KWARGS if gen_kwargs.get(name) is not None), None)
+    value = gen_kwargs.get(budget)
+    if isinstance(value, float) and not value.is_integer():
+        cut = f", which lm-eval would cut to {int(value)}" if math.isfinite(value) else ""
+        raise ValueError(f"{where} {budget}={value!r} is not a whole number of tokens{cut}")
+    if gen_kwargs.get("top_k") is not None and not normalize_gen_kwargs(gen_kwargs)["do_sample"]:
         raise ValueError(
-            f"{where} top_k={gen_kwargs['top_k']} (from --gen_kwargs or the task) is top-k "
-            "sampling, which greedy decoding ignores; the number of sink keys masked per row is "
-            "top_k in --model_args (e.g. --model_args pretrained=...,top_k=5). Drop top_k from "
-            "--gen_kwargs")
+            f"{where} top_k={gen_kwargs['top_k']} (from --gen_kwargs or the task) asks for top-k "
+            "sampling in a greedy request, which ignores it; the number of sink keys masked per "
+            "row is top_k in --model_args (e.g. --model_args pretrained=...,top_k=5). Drop top_k "
+            "from --gen_kwargs")
 
 
 def _tokenizer_name(tokenizer) -> str | None:
@@ -72,6 +73,8 @@ def _tokenizer_name(tokenizer) -> str | None:
 
 class MaskingLMMixin:
     """Mix into an :class:`lm_eval.models.huggingface.HFLM` subclass, before HFLM."""
+
+    sink = None  # the extra sink token every forward pass inserts (dlm_sinkmask, where declared)
 
     def __init__(self, pretrained, **kwargs) -> None:
         # HFLM loads with these but keeps neither, and both change what answers the db holds
@@ -219,10 +222,36 @@ class MaskingLMMixin:
         dtype = getattr(self, "mixed_precision_dtype", None)
         return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
 
+    @property
+    def _declared_positions(self) -> int | None:
+        """Positions the checkpoint's config declares (None: none we know), the most any
+        max_length may ask for."""
+        return positions(self.model.config.to_dict())
+
+    @property
+    def _max_length_said(self) -> str:
+        """``max_length`` as the too-long messages say it."""
+        return f"max_length {self.max_length}"
+
+    def _max_length_needed(self, tokens: int) -> int:
+        """The model_args max_length that holds ``tokens`` after one context token (and the
+        extra sink token, where the checkpoint has one)."""
+        return tokens + 1 + (self.sink is not None)
+
+    def _check_prompt_room(self, tokens: int, source: str, task: str | None) -> None:
+        """HFLM keeps a prompt's last ``max_length - tokens`` tokens (``tokens`` to generate,
+        from ``source``) and asserts that some remain, but batch by batch: a task asking too
+        much would fail after the tasks before it ran."""
+        if tokens < self.max_length:
+            return
+        needed = self._max_length_needed(tokens)
+        raise ValueError(
+            f"task {task or '?'}: {source} {tokens} leaves no prompt token within "
+            f"{self._max_length_said}; {lower_or_raise(source, needed, self._declared_positions)}")
+
     def generate_until(self, requests, disable_tqdm: bool = False):
-        # (each model's own generate_until drops lm-eval's filler copies before this runs)
-        for req in requests:
-            refuse_misread_gen_kwargs(req.args[1], req.task_name)
+        # (each model's own generate_until drops lm-eval's filler copies and checks the
+        # requests before this runs)
         # (a seq2seq model's search also runs labels of max_length: left as lm-eval sizes it)
         sizing = self.batch_size == "auto" and self.backend == "causal"
         self._sizing_width = self._longest_generation(requests) if sizing else 0

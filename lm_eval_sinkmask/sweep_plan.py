@@ -172,9 +172,9 @@ def infer_kind(path: str) -> str:
         model_type = model_type_of(path)
     except OSError as e:  # an unknown hub id, no network, no config.json: one line, not three
         reason = str(e).strip().split("\n")[0].split(". ")[0] or type(e).__name__
-        raise ValueError(f"cannot read the kind of {path!r} off its config.json ({reason}); "
-                         "name a checkpoint folder, a hub id or zoo:NAME, and give the kind as "
-                         "arm:PATH or dlm:PATH to skip reading it") from None
+        raise ValueError(f"cannot read the kind of {path!r} off its config.json ({reason}): "
+                         "--models takes a checkpoint folder, a hub id or zoo:NAME, each as "
+                         "name=PATH or, with its kind, name=arm:PATH or name=dlm:PATH") from None
     try:
         family_for(model_type)
         return "dlm"

@@ -353,18 +353,27 @@ def test_a_masked_all_rows_arm_refuses_a_fixed_size_cache_before_any_forward_pas
 
 @pytest.mark.parametrize("model, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])
 def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dirs, model, kind):
-    """``--gen_kwargs top_k=5`` is top-k sampling, which greedy decoding ignores: the run would
+    """``--gen_kwargs top_k=5`` is top-k sampling, which a greedy request ignores: the run would
     mask no key and be recorded as unmasked (arm_sinkmask samples with it when asked to). A
-    budget of 8.5 tokens would run as 8 and be recorded as 8.5."""
-    lm = make(model, tiny_dirs[kind], top_k=0, **({"block_length": 4} if kind == "llada" else {}))
+    budget of 10.5 tokens would run as 10 and be recorded as 10.5; refused before any other
+    check reads it as 10 (which block_length=4 does not divide) or 0.5 as 0."""
+    lm = make(model, tiny_dirs[kind], top_k=0, max_length=16,
+              **({"block_length": 4} if kind == "llada" else {}))
     for gen_kwargs, message in (
-            ({"max_gen_toks": 8, "top_k": 5}, r"top_k=5 .* is top-k sampling, which greedy "
-                                              r"decoding ignores; .* top_k in --model_args"),
-            ({"max_gen_toks": 8.5}, r"max_gen_toks=8.5 is a number of tokens, which lm-eval "
-                                    r"would cut to 8")):
+            ({"max_gen_toks": 8, "top_k": 5}, r"top_k=5 .* asks for top-k sampling in a greedy "
+                                              r"request, which ignores it; .* top_k in --model_args"),
+            ({"max_gen_toks": 10.5}, r"max_gen_toks=10.5 is not a whole number of tokens, which "
+                                     r"lm-eval would cut to 10$"),
+            ({"max_gen_toks": 0.5}, r"max_gen_toks=0.5 is not .* cut to 0$"),
+            ({"max_gen_toks": 16.5}, r"max_gen_toks=16.5 is not .* cut to 16$"),
+            ({"max_new_tokens": float("inf")}, r"max_new_tokens=inf is not a whole number of "
+                                               r"tokens$")):
         with pytest.raises(ValueError, match=message):
             lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], gen_kwargs), 0)])
     assert lm.mask_stats.forward_passes == 0
+    # lm-eval reads the first budget given (max_gen_toks before max_new_tokens), so 8 runs
+    read_first = {"max_gen_toks": 8.0, "max_new_tokens": 8.5}
+    assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], read_first), 0)])) == 1
     if model == "arm_sinkmask":
         sampled = {"max_gen_toks": 4.0, "top_k": 5, "do_sample": True, "temperature": 0.7}
         assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], sampled), 0)])) == 1

@@ -252,7 +252,7 @@ def test_a_checkpoint_whose_kind_cannot_be_read_is_one_line(tmp_path, monkeypatc
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "empty").mkdir()
     for target, message in ((f"{tmp_path}/nope", "checkpoint folder '.*/nope' does not exist"),
-                            ("foo:bar", r"cannot read the kind of 'foo:bar' .* arm:PATH or dlm:PATH"),
+                            ("foo:bar", r"cannot read the kind of 'foo:bar' .* name=arm:PATH or name=dlm:PATH"),
                             (str(tmp_path / "empty"), r"cannot read the kind of .*empty.* \(.*config")):
         with pytest.raises(ValueError, match=message):
             parse_models(f"a={target}")
