@@ -37,10 +37,9 @@ zoo.register()  # the tiny zoo's model classes load through transformers' Auto c
 # the generation_kwargs of a request the diffusion sampler reads (after lm-eval normalises
 # them); do_sample and temperature only to check they agree with model_args
 GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
-# settings of sampling that greedy decoding ignores (transformers' generate does too); a
-# greedy top_k is refused all the same, as the masking K's namesake
-# (masking_lm.refuse_misread_gen_kwargs)
-SAMPLING_ONLY_GEN_KWARGS = {"top_p", "top_k", "min_p", "typical_p"}
+# settings of sampling that greedy decoding ignores (transformers' generate does too); top_k,
+# the masking K's namesake, is refused in a greedy request (masking_lm.refuse_misread_gen_kwargs)
+SAMPLING_ONLY_GEN_KWARGS = {"top_p", "min_p", "typical_p"}
 
 
 def _import_class(path: str) -> type:

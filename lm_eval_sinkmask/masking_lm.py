@@ -61,7 +61,7 @@ def refuse_misread_gen_kwargs(gen_kwargs: dict, task: str | None) -> None:
             f"{where} top_k={gen_kwargs['top_k']} (from --gen_kwargs or the task) asks for top-k "
             "sampling in a greedy request, which ignores it; the number of sink keys masked per "
             "row is top_k in --model_args (e.g. --model_args pretrained=...,top_k=5). Drop top_k "
-            "from --gen_kwargs")
+            "from --gen_kwargs or the task's generation_kwargs")
 
 
 def _tokenizer_name(tokenizer) -> str | None:

@@ -251,7 +251,8 @@ class SweepPlan:
         check_pairs(self.versus, [m.name for m in self.models])
         check_limit(self.limit)
         if self.num_fewshot is not None and self.num_fewshot < 0:  # lm-eval would run 0-shot
-            raise ValueError(f"--num-fewshot is a number of examples (>= 0), got {self.num_fewshot}")
+            raise ValueError(f"--num-fewshot is a number of examples (>= 0), "
+                             f"got {self.num_fewshot}")
         self._refuse_set_by_sweep()
         if self.mask_seeds is None:
             return

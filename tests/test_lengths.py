@@ -3,6 +3,7 @@
 HFLM does for a causal model."""
 
 import math
+import re
 
 import pytest
 from lm_eval.api.instance import Instance
@@ -145,6 +146,23 @@ def test_a_gen_length_that_leaves_no_prompt_token_fails_before_the_weights_load(
                                          rf"the {POSITIONS} positions"):
         make("dlm_sinkmask", tiny_dirs["llada"], max_length=POSITIONS, block_length=4,
              gen_length=POSITIONS, **RANDOM_LLADA)
+
+
+def test_a_task_budget_that_leaves_no_prompt_token_fails_before_any_forward_pass(checkpoint):
+    """Known only once the requests arrive: refused for the task before the first pass, with the
+    max_length that would hold it (the extra sink token takes one more position)."""
+    kind, path = checkpoint
+    lm = make("dlm_sinkmask", path, max_length=POSITIONS, block_length=4, **RANDOM_LLADA)
+    widths = record_widths(lm)
+    said = (f"max_length {POSITIONS}" if kind == "plain" else
+            f"max_length {POSITIONS - 1} (the model's {POSITIONS} positions less the extra sink token)")
+    with pytest.raises(ValueError, match=re.escape(
+            f"task ?: max_gen_toks {POSITIONS} leaves no prompt token within {said}; lower "
+            f"max_gen_toks or raise max_length in model_args to at least "
+            f"{POSITIONS + 1 + (kind == 'sink')}")):
+        lm.generate_until(requests([words(3)], max_gen_toks=4) +
+                          requests([words(3)], max_gen_toks=POSITIONS))
+    assert widths == []
 
 
 def test_the_longest_generation_keeps_one_prompt_token(tiny_dirs):
