@@ -54,6 +54,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         for req in requests:
             refuse_misread_gen_kwargs(req.args[1], req.task_name)
             self._check_generation_room(req.args[1], req.task_name)
+            _refuse_unhonoured_gen_kwargs(req.args[1], req.task_name)
             self._refuse_reordered_cache(req.args[1], req.task_name)
             self._refuse_fixed_cache(req.args[1], req.task_name)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
@@ -185,6 +186,26 @@ def padding_mask(lengths: list[int], width: int, device: torch.device) -> torch.
     """[B, width] 1 on each row's first ``lengths[b]`` positions, 0 on its right padding."""
     n = torch.tensor(lengths, device=device)
     return (torch.arange(width, device=device) < n[:, None]).long()
+
+
+def _refuse_unhonoured_gen_kwargs(gen_kwargs: dict, task: str | None) -> None:
+    """generation_kwargs that HFLM hands to ``generate`` but cannot honour, refused before the
+    first batch: its own ``use_cache=True`` clashes with a second one (a TypeError), several
+    sequences per prompt or a dict output break its reading of the answer after the batch has
+    run, and ``max_length`` replaces the total HFLM computes from ``max_gen_toks``, while the
+    record keeps the budget it did not use."""
+    refused = [f"{name}={gen_kwargs[name]!r}" for name in ("use_cache", "max_length")
+               if name in gen_kwargs]
+    if int(gen_kwargs.get("num_return_sequences") or 1) > 1:
+        refused.append(f"num_return_sequences={gen_kwargs['num_return_sequences']}")
+    if gen_kwargs.get("return_dict_in_generate"):
+        refused.append("return_dict_in_generate=True")
+    if refused:
+        raise ValueError(
+            f"task {task or '?'}: generation_kwargs {', '.join(refused)} (from --gen_kwargs or "
+            "the task) cannot be honoured by lm-eval's hf generation, which keeps a KV cache, "
+            "reads one sequence per prompt, and sets the length from max_gen_toks: drop them "
+            "(the budget is max_gen_toks)")
 
 
 def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMaskConfig]:

@@ -46,17 +46,27 @@ BUDGET_GEN_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_comple
 
 def refuse_misread_gen_kwargs(gen_kwargs: dict, task: str | None) -> None:
     """A request's generation_kwargs that would run otherwise than they read, while lm-eval
-    records them as given: a budget of 40.5 tokens runs as 40, and ``top_k`` names two
-    things, the sink keys masked (model_args) and top-k sampling (generation_kwargs), which a
-    greedy request ignores, so ``--gen_kwargs top_k=5`` would run with no sink masked. Each
-    model checks this first, so that no other check reads the cut budget."""
+    records them as given: a budget of 40.5 tokens runs as 40; an empty stop sequence stops
+    every answer at once; sampling at temperature 0 fails in transformers' generate and is
+    greedy in the diffusion sampler; and ``top_k`` names two things, the sink keys masked
+    (model_args) and top-k sampling (generation_kwargs), which a greedy request ignores, so
+    ``--gen_kwargs top_k=5`` would run with no sink masked. Each model checks this first, so
+    that no other check reads the cut budget."""
     where = f"task {task or '?'}: generation_kwargs"
     budget = next((name for name in BUDGET_GEN_KWARGS if gen_kwargs.get(name) is not None), None)
     value = gen_kwargs.get(budget)
     if isinstance(value, float) and not value.is_integer():
         cut = f", which lm-eval would cut to {int(value)}" if math.isfinite(value) else ""
         raise ValueError(f"{where} {budget}={value!r} is not a whole number of tokens{cut}")
-    if gen_kwargs.get("top_k") is not None and not normalize_gen_kwargs(gen_kwargs)["do_sample"]:
+    read = normalize_gen_kwargs(gen_kwargs)
+    if "" in read["until"]:
+        raise ValueError(f"{where} until holds an empty stop sequence (e.g. --gen_kwargs until=), "
+                         "which every text contains: drop it, or name the stop sequences")
+    if gen_kwargs.get("do_sample") and float(read.get("temperature", 0.0)) == 0.0:
+        raise ValueError(f"{where} do_sample=True at temperature 0 (given, or lm-eval's default) "
+                         "is not sampling: give a temperature > 0 (dlm_sinkmask samples at "
+                         "model_args temperature=), or do_sample=False")
+    if gen_kwargs.get("top_k") is not None and not read["do_sample"]:
         raise ValueError(
             f"{where} top_k={gen_kwargs['top_k']} (from --gen_kwargs or the task) asks for top-k "
             "sampling in a greedy request, which ignores it; the number of sink keys masked per "

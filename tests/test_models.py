@@ -329,6 +329,24 @@ def test_an_arm_request_with_no_room_is_refused_before_any_forward_pass(tiny_dir
     assert lm.mask_stats.forward_passes == 0
 
 
+@pytest.mark.parametrize("gen_kwargs, named", [
+    ({"use_cache": False}, "use_cache=False"),
+    ({"max_length": 30}, "max_length=30"),
+    ({"do_sample": True, "temperature": 0.7, "num_return_sequences": 2}, "num_return_sequences=2"),
+    ({"return_dict_in_generate": True}, "return_dict_in_generate=True"),
+])
+def test_gen_kwargs_hflm_cannot_honour_are_refused_before_any_forward_pass(tiny_dirs, gen_kwargs,
+                                                                          named):
+    """use_cache clashed with HFLM's own (a TypeError), several sequences or a dict output broke
+    its reading of the answer after the batch ran, and max_length replaced the budget that the
+    record keeps."""
+    lm = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    request = Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4, **gen_kwargs}), 0)
+    with pytest.raises(ValueError, match=rf"generation_kwargs {named} .* cannot be honoured"):
+        lm.generate_until([request])
+    assert lm.mask_stats.forward_passes == 0
+
+
 @pytest.mark.parametrize("source", ["gen_kwargs", "generation_config"])
 def test_a_masked_all_rows_arm_refuses_a_fixed_size_cache_before_any_forward_pass(tiny_dirs, source):
     """all_rows adds each step's rows to those kept so far: a static cache, asked for by the
@@ -356,7 +374,9 @@ def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dir
     """``--gen_kwargs top_k=5`` is top-k sampling, which a greedy request ignores: the run would
     mask no key and be recorded as unmasked (arm_sinkmask samples with it when asked to). A
     budget of 10.5 tokens would run as 10 and be recorded as 10.5; refused before any other
-    check reads it as 10 (which block_length=4 does not divide) or 0.5 as 0."""
+    check reads it as 10 (which block_length=4 does not divide) or 0.5 as 0. An empty stop
+    sequence stopped arm_sinkmask's answers after one token; do_sample=True at temperature 0
+    failed in transformers' generate and ran greedy in the diffusion sampler."""
     lm = make(model, tiny_dirs[kind], top_k=0, max_length=16,
               **({"block_length": 4} if kind == "llada" else {}))
     for gen_kwargs, message in (
@@ -367,7 +387,10 @@ def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dir
             ({"max_gen_toks": 0.5}, r"max_gen_toks=0.5 is not .* cut to 0$"),
             ({"max_gen_toks": 16.5}, r"max_gen_toks=16.5 is not .* cut to 16$"),
             ({"max_new_tokens": float("inf")}, r"max_new_tokens=inf is not a whole number of "
-                                               r"tokens$")):
+                                               r"tokens$"),
+            ({"max_gen_toks": 8, "until": ""}, r"until holds an empty stop sequence"),
+            ({"max_gen_toks": 8, "do_sample": True}, r"do_sample=True at temperature 0 .* is "
+                                                     r"not sampling")):
         with pytest.raises(ValueError, match=message):
             lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], gen_kwargs), 0)])
     assert lm.mask_stats.forward_passes == 0
