@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from .config import ARM_RULES  # light: no torch, no lm-eval
@@ -160,18 +159,15 @@ def _args(a: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``minimum`` (``--digits -1`` would fail in a
-    format string)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"takes an integer >= {minimum}, got {text!r}")
-        return value
-    return parse
+def _non_negative(text: str) -> int:
+    """An argparse type: an integer >= 0 (``--digits -1`` would fail in a format string)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"takes an integer >= 0, got {text!r}")
+    return value
 
 
 def _task_metric(text: str) -> tuple[str, str]:
@@ -227,8 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=int, default=1,
                    help="cells run at once, each in its own process (CPU sweeps; set "
                         "OMP_NUM_THREADS=1 so each takes one core) [%(default)s]")
-    s.add_argument("--max-cells", type=int, default=None,
-                   help="stop after this many new cells")
+    s.add_argument("--max-cells", type=int, default=None, help="stop after this many new cells")
     s.add_argument("--title", default=None,
                    help="the table's title, kept in sweep.json for later `sinkmask table` runs")
     s.add_argument("--versus", default=None, metavar="A:B,...",
@@ -245,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--title", default=None)
     t.add_argument("--metric", action="append", type=_task_metric, metavar="TASK=METRIC",
                    help="override a task's metric, e.g. gsm8k_sinkmask=exact_match,flexible-extract")
-    t.add_argument("--digits", type=_at_least(0), default=2, help="decimals shown [%(default)s]")
+    t.add_argument("--digits", type=_non_negative, default=2, help="decimals shown [%(default)s]")
     t.add_argument("--versus", default=None, metavar="A:B,...",
                    help="model pairs whose difference A - B to give (default: the sweep's --versus)")
     t.set_defaults(func=_table)
