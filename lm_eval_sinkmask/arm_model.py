@@ -19,13 +19,12 @@ import lm_eval.models.huggingface as hflm_module
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils import normalize_gen_kwargs
 
 from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
 from .filler_requests import PaddingWindows, without_filler
-from .masking_lm import MaskingLMMixin, refuse_misread_gen_kwargs
+from .masking_lm import MaskingLMMixin, read_gen_kwargs
 from .zoo import resolve_pretrained
 
 
@@ -52,19 +51,23 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     @without_filler
     def generate_until(self, requests, disable_tqdm: bool = False):
         for req in requests:
-            refuse_misread_gen_kwargs(req.args[1], req.task_name)
-            self._check_generation_room(req.args[1], req.task_name)
-            _refuse_unhonoured_gen_kwargs(req.args[1], req.task_name)
-            self._refuse_reordered_cache(req.args[1], req.task_name)
-            self._refuse_fixed_cache(req.args[1], req.task_name)
+            self._check_request(read_gen_kwargs(req.args[1], self.max_gen_toks, req.task_name),
+                                req.task_name)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
-    def _check_generation_room(self, gen_kwargs: dict, task: str | None) -> None:
-        """A request's budget, checked before the first forward pass: with no token to generate
-        transformers refuses the batch, and with no prompt token left (a causal model's prompt
-        and answer share ``max_length``) HFLM asserts, each at that task's first batch, after
-        the batches before it have run."""
-        asked = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)["max_gen_toks"]
+    def _check_request(self, gen_kwargs: dict, task: str | None) -> None:
+        """Every request's generation_kwargs (as lm-eval reads them) checked before the first
+        forward pass: what would fail at its task's first batch, after the tasks before it
+        ran, or run otherwise than the record says."""
+        self._check_generation_room(gen_kwargs["max_gen_toks"], task)
+        _refuse_unhonoured_gen_kwargs(gen_kwargs, task)
+        self._refuse_reordered_cache(gen_kwargs, task)
+        self._refuse_fixed_cache(gen_kwargs, task)
+
+    def _check_generation_room(self, asked: int, task: str | None) -> None:
+        """A request's budget: with no token to generate transformers refuses the batch, and
+        with no prompt token left (a causal model's prompt and answer share ``max_length``)
+        HFLM asserts."""
         if asked < 1:
             raise ValueError(f"task {task or '?'}: max_gen_toks={asked} asks for no token; give "
                              "the task a max_gen_toks of at least 1 (--gen_kwargs or its "

@@ -25,7 +25,7 @@ from . import (checkpoint_checks, graphed_steps, hflm_args, likelihood, model_ar
 from .config import SinkMaskConfig, flag_value, number_value
 from .families import Family, disable_flash_attention, family_for
 from .filler_requests import without_filler
-from .masking_lm import MaskingLMMixin, logger, refuse_misread_gen_kwargs
+from .masking_lm import MaskingLMMixin, logger, read_gen_kwargs
 from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
 from .sampler_settings import DiffusionSettings
@@ -38,7 +38,7 @@ zoo.register()  # the tiny zoo's model classes load through transformers' Auto c
 # them); do_sample and temperature only to check they agree with model_args
 GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
 # settings of sampling that greedy decoding ignores (transformers' generate does too); top_k,
-# the masking K's namesake, is refused in a greedy request (masking_lm.refuse_misread_gen_kwargs)
+# the masking K's namesake, is refused in a greedy request (masking_lm.read_gen_kwargs)
 SAMPLING_ONLY_GEN_KWARGS = {"top_p", "min_p", "typical_p"}
 
 
@@ -452,28 +452,29 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
     def _plan_requests(self, requests) -> None:
         """Check every request's sampler settings before the first forward pass: a task whose
         generation length does not fit the blocks fails now, not after hours of other tasks."""
-        from lm_eval.models.utils import normalize_gen_kwargs
-
         source = "gen_length" if self.settings.gen_length else "max_gen_toks"
         for req in requests:
-            refuse_misread_gen_kwargs(req.args[1], req.task_name)
-            gen_kwargs = normalize_gen_kwargs(req.args[1], self.max_gen_toks)
+            gen_kwargs = read_gen_kwargs(req.args[1], self.max_gen_toks, req.task_name)
             self._check_gen_kwargs(gen_kwargs, req.task_name)
             s = self.settings.for_request(gen_kwargs["max_gen_toks"], self.family, task=req.task_name)
             self._check_prompt_room(s.gen_length, source, req.task_name)
             task = req.task_name or "requests"
             if task not in self.settings_per_task:
-                self._warn_about_settings(task, gen_kwargs["max_gen_toks"], s)
+                self._warn_about_settings(task, gen_kwargs, s)
             self.settings_per_task[task] = {
                 "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
 
     @staticmethod
-    def _warn_about_settings(task: str, max_gen_toks: int, s: DiffusionSettings) -> None:
+    def _warn_about_settings(task: str, gen_kwargs: dict, s: DiffusionSettings) -> None:
         """Once per task: settings that run, but not as a reader of the task would expect."""
-        if s.gen_length != max_gen_toks:
+        if s.gen_length != gen_kwargs["max_gen_toks"]:
             logger.warning("%s: its requests ask for max_gen_toks=%s; gen_length=%d in model_args "
                            "overrides it (recorded under config.sinkmask.sampler)",
-                           task, max_gen_toks, s.gen_length)
+                           task, gen_kwargs["max_gen_toks"], s.gen_length)
+        if s.temperature > 0 and not gen_kwargs["do_sample"]:
+            logger.warning("%s: its requests ask for greedy decoding (do_sample false); "
+                           "temperature=%g in model_args samples them (recorded under "
+                           "config.sinkmask.sampler)", task, s.temperature)
         if s.steps > s.gen_length:
             logger.warning("%s: steps=%d for gen_length=%d: a pass unmasks a whole number of "
                            "tokens, so at least %d of the %d denoising passes unmask no token "

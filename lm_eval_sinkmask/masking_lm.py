@@ -44,21 +44,23 @@ def check_calls_per_pass(calls: int, layers: int | None) -> None:
 BUDGET_GEN_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 
 
-def refuse_misread_gen_kwargs(gen_kwargs: dict, task: str | None) -> None:
-    """A request's generation_kwargs that would run otherwise than they read, while lm-eval
-    records them as given: a budget of 40.5 tokens runs as 40; an empty stop sequence stops
-    every answer at once; sampling at temperature 0 fails in transformers' generate and is
-    greedy in the diffusion sampler; and ``top_k`` names two things, the sink keys masked
-    (model_args) and top-k sampling (generation_kwargs), which a greedy request ignores, so
-    ``--gen_kwargs top_k=5`` would run with no sink masked. Each model checks this first, so
-    that no other check reads the cut budget."""
+def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> dict:
+    """A request's generation_kwargs as lm-eval runs them (``normalize_gen_kwargs``: the budget
+    as ``max_gen_toks``, ``until`` a list, ``do_sample`` and ``temperature`` set), once those
+    that would run otherwise than they read are refused, while lm-eval records them as given:
+    a budget of 40.5 tokens runs as 40; an empty stop sequence stops every answer at once;
+    sampling at temperature 0 fails in transformers' generate and is greedy in the diffusion
+    sampler; and ``top_k`` names two things, the sink keys masked (model_args) and top-k
+    sampling (generation_kwargs), which a greedy request ignores, so ``--gen_kwargs top_k=5``
+    would run with no sink masked. Each model reads its requests through this first, so that
+    no other check sees the cut budget."""
     where = f"task {task or '?'}: generation_kwargs"
     budget = next((name for name in BUDGET_GEN_KWARGS if gen_kwargs.get(name) is not None), None)
     value = gen_kwargs.get(budget)
     if isinstance(value, float) and not value.is_integer():
         cut = f", which lm-eval would cut to {int(value)}" if math.isfinite(value) else ""
         raise ValueError(f"{where} {budget}={value!r} is not a whole number of tokens{cut}")
-    read = normalize_gen_kwargs(gen_kwargs)
+    read = normalize_gen_kwargs(gen_kwargs, default_budget)
     if "" in read["until"]:
         raise ValueError(f"{where} until holds an empty stop sequence (e.g. --gen_kwargs until=), "
                          "which every text contains: drop it, or name the stop sequences")
@@ -72,6 +74,7 @@ def refuse_misread_gen_kwargs(gen_kwargs: dict, task: str | None) -> None:
             "sampling in a greedy request, which ignores it; the number of sink keys masked per "
             "row is top_k in --model_args (e.g. --model_args pretrained=...,top_k=5). Drop top_k "
             "from --gen_kwargs or the task's generation_kwargs")
+    return read
 
 
 def _tokenizer_name(tokenizer) -> str | None:

@@ -402,12 +402,19 @@ def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dir
         assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], sampled), 0)])) == 1
 
 
-def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs):
+def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs, caplog):
+    """The sampler's settings are model_args: a greedy task run at a model_args temperature
+    samples, as asked, and says so once per task."""
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
     sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}
     greedy = {"max_gen_toks": 8, "do_sample": False, "temperature": 0.0, "top_p": 0.95}
-    for kwargs in (sampled, greedy):
-        assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], kwargs), 0)])) == 1
+    said = "its requests ask for greedy decoding (do_sample false); temperature=0.7 in model_args"
+    for task, kwargs, warned in (("sampled", sampled, False), ("greedy", greedy, True)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+            request = Instance("generate_until", {}, (PROMPTS[0], kwargs), 0, (task, 0, 1))
+            assert len(lm.generate_until([request])) == 1
+        assert (f"{task}: {said}" in caplog.text) is warned
 
 
 def test_instantiating_our_class_directly_also_works(tiny_dirs):
