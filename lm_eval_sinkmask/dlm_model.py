@@ -35,7 +35,8 @@ from .samplers import generate_block, generate_dream
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
 
 # the generation_kwargs of a request the diffusion sampler reads (after lm-eval normalises
-# them); do_sample and temperature only to check they agree with model_args
+# them); do_sample and temperature only to check they agree with model_args, or to warn when
+# a greedy request samples
 GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
 # settings of sampling that greedy decoding ignores (transformers' generate does too); top_k,
 # the masking K's namesake, is refused in a greedy request (masking_lm.read_gen_kwargs)
@@ -472,7 +473,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                            "overrides it (recorded under config.sinkmask.sampler)",
                            task, gen_kwargs["max_gen_toks"], s.gen_length)
         if s.temperature > 0 and not gen_kwargs["do_sample"]:
-            logger.warning("%s: its requests ask for greedy decoding (do_sample false); "
+            logger.warning("%s: its requests ask for greedy decoding (do_sample false or unset); "
                            "temperature=%g in model_args samples them (recorded under "
                            "config.sinkmask.sampler)", task, s.temperature)
         if s.steps > s.gen_length:

@@ -46,14 +46,14 @@ BUDGET_GEN_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_comple
 
 def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> dict:
     """A request's generation_kwargs as lm-eval runs them (``normalize_gen_kwargs``: the budget
-    as ``max_gen_toks``, ``until`` a list, ``do_sample`` and ``temperature`` set), once those
-    that would run otherwise than they read are refused, while lm-eval records them as given:
-    a budget of 40.5 tokens runs as 40; an empty stop sequence stops every answer at once;
-    sampling at temperature 0 fails in transformers' generate and is greedy in the diffusion
-    sampler; and ``top_k`` names two things, the sink keys masked (model_args) and top-k
-    sampling (generation_kwargs), which a greedy request ignores, so ``--gen_kwargs top_k=5``
-    would run with no sink masked. Each model reads its requests through this first, so that
-    no other check sees the cut budget."""
+    as ``max_gen_toks``, ``until`` a list, ``do_sample`` set, ``temperature`` 0 when it is
+    false), once those that would run otherwise than they read are refused, while lm-eval
+    records them as given: a budget of 40.5 tokens runs as 40; an empty stop sequence stops
+    every answer at once; sampling at temperature 0 fails in transformers' generate and is
+    greedy in the diffusion sampler; and ``top_k`` names two things, the sink keys masked
+    (model_args) and top-k sampling (generation_kwargs), which a greedy request ignores, so
+    ``--gen_kwargs top_k=5`` would run with no sink masked. Each model reads its requests
+    through this first, so that no other check sees the cut budget."""
     where = f"task {task or '?'}: generation_kwargs"
     budget = next((name for name in BUDGET_GEN_KWARGS if gen_kwargs.get(name) is not None), None)
     value = gen_kwargs.get(budget)

@@ -408,13 +408,15 @@ def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs, caplog):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
     sampled = {"max_gen_toks": 8, "do_sample": True, "temperature": 0.7}
     greedy = {"max_gen_toks": 8, "do_sample": False, "temperature": 0.0, "top_p": 0.95}
-    said = "its requests ask for greedy decoding (do_sample false); temperature=0.7 in model_args"
-    for task, kwargs, warned in (("sampled", sampled, False), ("greedy", greedy, True)):
+    said = ("its requests ask for greedy decoding (do_sample false or unset); temperature=0.7 "
+            "in model_args")
+    for task, kwargs, warnings in (("sampled", sampled, 0), ("greedy", greedy, 1)):
         caplog.clear()
         with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
-            request = Instance("generate_until", {}, (PROMPTS[0], kwargs), 0, (task, 0, 1))
-            assert len(lm.generate_until([request])) == 1
-        assert (f"{task}: {said}" in caplog.text) is warned
+            batch = [Instance("generate_until", {}, (p, kwargs), i, (task, i, 1))
+                     for i, p in enumerate(PROMPTS[:2])]
+            assert len(lm.generate_until(batch)) == 2
+        assert caplog.text.count(f"{task}: {said}") == warnings
 
 
 def test_instantiating_our_class_directly_also_works(tiny_dirs):
