@@ -81,27 +81,28 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         to the accepted ones, while the masker keeps each row's previous sinks (and all_rows
         history) at the key indices they had: masked, a row would be masked with another
         beam's sinks or a rejected candidate's, and the run recorded as the method. Asked for
-        by the request or by the checkpoint's generation_config.json; checked for every
+        by the request or by the checkpoint's generation_config.json (which a key the request
+        gives overrides, None too: transformers' generate takes it as given); checked for every
         request before the first forward pass."""
         if not self.mask_config.enabled:
             return
         config = getattr(self.model, "generation_config", None)
-        asked = {name: gen_kwargs[name] if gen_kwargs.get(name) is not None
-                 else getattr(config, name, None)
-                 for name in ("num_beams", "num_beam_groups", "prompt_lookup_num_tokens",
-                              "assistant_model")}
-        modes = [f"{name}={asked[name]}" for name in ("num_beams", "num_beam_groups")
+        unset = {"num_beams": 1, "num_beam_groups": 1, "prompt_lookup_num_tokens": None,
+                 "assistant_model": None}
+        asked = {name: gen_kwargs[name] if name in gen_kwargs else getattr(config, name, None)
+                 for name in unset}
+        modes = [name for name in ("num_beams", "num_beam_groups")
                  if asked[name] is not None and int(asked[name]) > 1]
-        modes += [f"{name}={asked[name]!r}" for name in ("prompt_lookup_num_tokens",
-                                                         "assistant_model")
+        modes += [name for name in ("prompt_lookup_num_tokens", "assistant_model")
                   if asked[name] is not None]
         if modes:
             raise ValueError(
-                f"task {task or '?'}: {', '.join(modes)} (from --gen_kwargs, the task or the "
-                "checkpoint's generation_config.json) reorders or crops the KV cache between "
-                "steps while the sink masker keeps each row's previous sinks at their key "
-                "indices; arm_sinkmask masks greedy and sampled decoding only. Drop it (for "
-                "a checkpoint's default: --gen_kwargs num_beams=1), or run unmasked (top_k=0)")
+                f"task {task or '?'}: {', '.join(f'{m}={asked[m]!r}' for m in modes)} (from "
+                "--gen_kwargs, the task or the checkpoint's generation_config.json) reorders or "
+                "crops the KV cache between steps while the sink masker keeps each row's "
+                "previous sinks at their key indices; arm_sinkmask masks greedy and sampled "
+                "decoding only. Drop it (a checkpoint's default: --gen_kwargs "
+                f"{','.join(f'{m}={unset[m]}' for m in modes)}), or run unmasked (top_k=0)")
 
     def _refuse_fixed_cache(self, gen_kwargs: dict, task: str | None) -> None:
         """all_rows adds each step's rows to those kept so far, which needs keys that grow by
@@ -227,7 +228,7 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
         config = {}  # no readable config.json here: HFLM reports that itself
     _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
     if mask_config.enabled:
-        _refuse_sink_token(pretrained, config)
+        _refuse_sink_token_checkpoint(pretrained, config)
         _refuse_short_sliding_window(config, kwargs.get("max_length"))
     checkpoint_checks.check_layers(mask_config, checkpoint_checks.depth(config))
     checkpoint_checks.check_max_length(kwargs.get("max_length"), config)
@@ -235,7 +236,7 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
     return pretrained, mask_config
 
 
-def _refuse_sink_token(pretrained, config: dict[str, Any]) -> None:
+def _refuse_sink_token_checkpoint(pretrained, config: dict[str, Any]) -> None:
     """A causal checkpoint declaring an extra sink token was trained with it in every
     sequence; arm_sinkmask does not insert it, so the model would run on inputs it never saw
     and the results say nothing of the token."""

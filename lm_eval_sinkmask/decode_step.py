@@ -19,9 +19,10 @@ the counters) exactly as for the fused path.
 Same arithmetic as the fused path in float32, not always the same bits (dot products and sums
 run in another order): a key within an ulp or so of the threshold can fall the other way, and
 in bfloat16 such a flip at one step changes the next steps' inputs. Under
-``detect_backend=auto`` the first call of each kernel variant is therefore checked against the
-fused path on its own inputs by the scores and the output (:func:`disagreement`), never by the
-keys chosen.
+``detect_backend=auto`` the first call of each kernel variant is therefore checked twice: its
+sinks, chosen keys and counts against Eq. 3 and the top-k on its own scores
+(:func:`misselected`), and its scores and output against the fused path's on the same inputs
+(:func:`disagreement`); the keys the two paths chose are not compared with each other.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import torch
 import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import resolve_max_length
 
 from . import (checkpoint_checks, graphed_steps, hflm_args, likelihood, model_args, sink_token,
                zoo)
@@ -195,8 +196,6 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         length, the tokenizer's, else lm-eval's 2048), except that LLaDA's config names its
         length ``max_sequence_length``, which HFLM does not read and would pass over for the
         tokenizer's or the default."""
-        from lm_eval.models.utils import resolve_max_length
-
         config = self.model.config
         declared = getattr(config, "max_sequence_length", None)
         if not self._max_length and declared and not resolve_max_length(config, None, default=0):

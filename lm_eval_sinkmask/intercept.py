@@ -45,9 +45,10 @@ def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
 NO_ATTENTION_HELP = (
     "top_k > 0 but no call to torch.nn.functional.scaled_dot_product_attention was seen during "
-    "generation, so nothing could be masked. Likely causes: the model runs flash-attn "
-    "(uninstall it or load with attn_implementation='sdpa'), eager attention "
-    "(attn_implementation='eager'), or a modeling file that computes attention without SDPA."
+    "a forward pass, so nothing could be masked: the model computes attention another way, "
+    "e.g. a modeling file (remote code) that does not call SDPA, or a model object passed in "
+    "that was loaded with eager or flash-attn attention (load it with "
+    "attn_implementation='sdpa')."
 )
 
 
@@ -435,8 +436,7 @@ class _Run:
         if got.history is not None:
             self.history[layer] = got.history
         selected = (got.scores, got.sinks, got.chosen, got.n_sinks, got.n_chosen)
-        return self._decided_whole(layer, sc, got.out, selected, previous, n_previous,
-                                   decode_step.NAME)
+        return self._decided_whole(layer, sc, got.out, selected, previous, n_previous)
 
     def _first_use(self, variant, decoded, layer: int, a: dict, chunk: int, previous):
         """``detect_backend=auto``'s check of a decoding-kernel variant: the call decided by
@@ -468,15 +468,15 @@ class _Run:
                 "would raise instead)", variant, problem)
         return ref._replace(out=out)
 
-    def _decided_whole(self, layer: int, sc: Scores, out, selected, previous, n_previous,
-                       name: str) -> _Decision:
-        """The decision of a call that one kernel decided whole (``out``: its masked output;
-        ``selected``: scores, sinks, chosen keys and their two counts), with the run's state
-        kept as for any call: the detection counted under ``name``, this pass's choice kept
-        for the next. ``previous``: last pass's choice as :meth:`_previous` gives it unpadded,
-        or None where this call masked its own."""
+    def _decided_whole(self, layer: int, sc: Scores, out, selected, previous,
+                       n_previous) -> _Decision:
+        """The decision of a call that the decoding kernel decided whole (``out``: its masked
+        output; ``selected``: scores, sinks, chosen keys and their two counts), with the run's
+        state kept as for any call: the detection counted under the kernel's name, this pass's
+        choice kept for the next. ``previous``: last pass's choice as :meth:`_previous` gives
+        it unpadded, or None where this call masked its own."""
         scores, sinks, chosen, n_sinks, n_chosen = selected
-        self.stats.count_detection(name)
+        self.stats.count_detection(decode_step.NAME)
         self.previous[layer] = _Chosen(chosen, n_chosen)
         if previous is None:
             blocked, n_blocked = chosen, n_chosen

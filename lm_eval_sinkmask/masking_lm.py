@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import torch
 from lm_eval.models.utils import normalize_gen_kwargs
+from lm_eval.utils import simple_parse_args_string
 
 from . import answer_cache
 from .checkpoint_checks import check_layers, depth, lower_or_raise, positions
@@ -18,6 +19,7 @@ from .config import SinkMaskConfig
 from .filler_requests import without_filler
 from .intercept import NO_ATTENTION_HELP, SinkMasker
 from .masking_stats import MaskingStats
+from .provenance import checkpoint_digest
 from .random_control import row_tokens
 from .zoo import resolve_pretrained
 
@@ -99,12 +101,20 @@ class MaskingLMMixin:
         super().__init__(pretrained, **kwargs)
 
     @classmethod
-    def check_arg_string(cls, arg_string: str) -> None:
-        """What ``create_from_arg_string(arg_string)`` would refuse before loading a weight,
-        found without loading one (each model class says what in ``check_args``)."""
-        from lm_eval.utils import simple_parse_args_string
-
-        cls.check_args(**simple_parse_args_string(arg_string))
+    def check_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> None:
+        """What ``create_from_arg_string(arg_string, additional_config)`` would refuse before
+        loading a weight, found without loading one (each model class says what in
+        ``check_args``). ``additional_config`` is what lm-eval adds from its own options (batch
+        size, device), None values dropped as it drops them; a key given in both would be a
+        TypeError there."""
+        args = simple_parse_args_string(arg_string)
+        added = {name: value for name, value in (additional_config or {}).items()
+                 if value is not None}
+        twice = sorted(args.keys() & added.keys())
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given in model_args and by lm-eval's own "
+                             "option of the same name: give it once")
+        cls.check_args(**args, **added)
 
     def _init_masking(self, config: SinkMaskConfig, rule: str) -> None:
         self.mask_config = config
@@ -136,14 +146,12 @@ class MaskingLMMixin:
         if self.mask_config.enabled:
             if stats.attention_calls == 0:
                 raise RuntimeError(NO_ATTENTION_HELP)
-            if stats.forward_passes:
-                # layers= was checked against the config's depth before loading; a model whose
-                # passes make another number of attention calls than that depth fails here,
-                # and then layers= is checked against the calls it makes (for a config
-                # declaring none)
-                calls = 1 + max(stats.layers)
-                check_calls_per_pass(calls, self._declared_layers)
-                check_layers(self.mask_config, calls, "attention calls per pass")
+            # layers= was checked against the config's depth before loading; a model whose
+            # passes make another number of attention calls than that depth fails here, and
+            # then layers= is checked against the calls it makes (for a config declaring none)
+            calls = 1 + max(stats.layers)
+            check_calls_per_pass(calls, self._declared_layers)
+            check_layers(self.mask_config, calls, "attention calls per pass")
 
     def _detect_batch_size(self, requests=None, pos: int = 0):
         """``batch_size=auto``: HFLM's search runs forward passes of all-ones rows (for
@@ -179,8 +187,6 @@ class MaskingLMMixin:
         ``prefix_token_id`` tokenize them, ``subfolder``, ``peft`` and ``delta`` change the
         weights, ``think_end_token`` cuts the generated text and ``softmax_dtype`` rounds the
         log-likelihoods. The batch size only where the decoding depends on it."""
-        from .provenance import checkpoint_digest
-
         masking = self.mask_config.as_dict()
         masking.pop("query_chunk")
         named = isinstance(self.pretrained, str)
@@ -208,8 +214,6 @@ class MaskingLMMixin:
         """The weights by content (their files' sha256, or the commit of a cached hub
         snapshot): a path or ``zoo:`` name keeps its name when retrained, and lm-eval's
         ``model_sha`` asks the hub, which knows nothing of a local folder."""
-        from .provenance import checkpoint_digest
-
         if not isinstance(self.pretrained, str):
             return None
         return checkpoint_digest(self.pretrained, self.revision)

@@ -14,11 +14,14 @@ from collections import Counter
 from typing import Any
 
 import torch
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
 
 from . import checkpoint_checks, likelihood
 from .filler_requests import without_filler
 from .masking_lm import logger
 from .samplers import generate_block
+from .samplers.dream import confidence, sample_tokens, without_mask_token
 
 
 class MonteCarloScoringMixin:
@@ -35,6 +38,8 @@ class MonteCarloScoringMixin:
         # lm-eval hands _loglikelihood_tokens the strings and tokens, not the Instances
         self._request_tasks: list[tuple[tuple, str | None]] = []
 
+    # filler copies go before the checks below see them (the masking mixin's loglikelihood,
+    # next in line, strips again and finds none: its own decorator serves arm_sinkmask)
     @without_filler
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         """lm-eval's, with each request's task kept for :meth:`_check_requests`."""
@@ -83,9 +88,6 @@ class MonteCarloScoringMixin:
         a rank with fewer windows only waits at the report's gathers; padding would only add
         ceil(mc_num / mc_batch_size) forward passes per padded window.
         """
-        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-        from tqdm import tqdm
-
         self.request_types.add("loglikelihood_rolling")
 
         per_document = [[(None, *make_disjoint_window(w)) for w in get_rolling_token_windows(
@@ -133,8 +135,6 @@ class MonteCarloScoringMixin:
         log p(nothing) = 0 and decoding no token reproduces it (lm-eval's ONNX model answers
         the same; HFLM asserts it away, and the bound has no mask count in 1..0 to draw).
         """
-        from tqdm import tqdm
-
         scored = []
         for key, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
                                                desc="Monte Carlo loglikelihood"):
@@ -274,8 +274,6 @@ class MonteCarloScoringMixin:
         one position to its left; ``dream_sampler`` decides, as in generation, whether the
         mask token may be predicted and the dtype of the probabilities.
         """
-        from .samplers.dream import confidence, sample_tokens, without_mask_token
-
         alg = "maskgit_plus" if self.settings.alg == "origin" else self.settings.alg
         P = ids.shape[1]
         x = torch.cat([ids, torch.full((1, n), self.mask_id, dtype=ids.dtype, device=ids.device)], 1)

@@ -45,6 +45,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
@@ -139,7 +141,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         cell.folder.mkdir(parents=True)
     unsafe = bool(unsafe_tasks(tm, [cell.task]))
     tracker = EvaluationTracker(output_path=str(cell.folder / "results.json"))
-    device = plan.device or placed_device(None)  # HFLM's own default is cuda, here or not
+    device = cell_device(plan)
     started = time.time()
     # kept(): LLaDA's and MMaDA's code switch an SDPA kernel off process-wide (sdpa_backends)
     with _no_metadata_advice(), sdpa_backends.kept():
@@ -235,8 +237,6 @@ def run_settings(batch_size: int | str, device: str) -> dict[str, Any]:
     settings: dict[str, Any] = {"batch_size": batch_size, "device": device,
                                 "processes": world_size()}
     if device.startswith("cuda"):
-        import torch
-
         settings["gpu"] = torch.cuda.get_device_name(torch.device(device))  # "cuda": the current one
     return settings
 
@@ -332,8 +332,6 @@ def record_grid(out: Path, grid: dict[str, Any]) -> dict[str, Any]:
 
 
 def _free_memory() -> None:
-    import torch
-
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -371,10 +369,16 @@ def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, An
             **code_digests()}
 
 
+def cell_device(plan: SweepPlan) -> str:
+    """The device every cell runs on: ``--device``, else ours (HFLM's own default is cuda,
+    here or not)."""
+    return plan.device or placed_device(None)
+
+
 def refused_model_args(cells: list[Cell]) -> list[str]:
     """What each column's model class would refuse before loading weights, checked for every
-    distinct model_args before the first cell: a typo in the last column fails now, not
-    after hours of the others."""
+    distinct model_args, with the batch size and device lm-eval adds to them, before the
+    first cell: a typo in the last column fails now, not after hours of the others."""
     from lm_eval.api.registry import get_model
 
     refused, seen = [], set()
@@ -383,8 +387,9 @@ def refused_model_args(cells: list[Cell]) -> list[str]:
         if key in seen:
             continue
         seen.add(key)
+        added = {"batch_size": cell.plan.batch_size, "device": cell_device(cell.plan)}
         try:
-            get_model(cell.model.model_class).check_arg_string(cell.model_args)
+            get_model(cell.model.model_class).check_arg_string(cell.model_args, added)
         except (ValueError, OSError) as e:
             refused.append(f"{cell.label} ({cell.model.model_class}, {cell.model_args}): {e}")
     return refused

@@ -269,13 +269,20 @@ class SweepPlan:
     def _refuse_set_by_sweep(self) -> None:
         """Each cell's model_args end with its top_k and the sweep's eps, so the same setting
         in the model args given would be overridden without a word: an eps ablation run as
-        ``--model-args-extra eps=1.5`` would run, and be recorded, at the default eps."""
+        ``--model-args-extra eps=1.5`` would run, and be recorded, at the default eps. They
+        begin with the column's checkpoint, which one given there would override: the cell
+        would run one checkpoint while the sweep hashed and recorded another."""
         from lm_eval.utils import simple_parse_args_string
 
         given = [("--model-args-extra", self.model_args_extra)] + [
             (f"--model-args-for {m.name}", m.args) for m in self.models]
-        clashes = [f"{name} in {where}" for where, args in given
-                   for name in simple_parse_args_string(args) if name in SET_BY_SWEEP]
+        named = [(name, where) for where, args in given for name in simple_parse_args_string(args)]
+        checkpoints = [where for name, where in named if name == "pretrained"]
+        if checkpoints:
+            raise ValueError(f"pretrained in {', '.join(checkpoints)}: a column's checkpoint is "
+                             "its path in --models (NAME=PATH), which the sweep hashes and "
+                             "records; give it there")
+        clashes = [f"{name} in {where}" for name, where in named if name in SET_BY_SWEEP]
         if clashes:
             raise ValueError("; ".join(clashes) + ": every cell's model_args end with the "
                              "sweep's own (" + ", ".join(f"{k} from {v}" for k, v in
@@ -324,10 +331,10 @@ class SweepPlan:
         return grid
 
     def column_settings(self) -> dict[str, dict[str, Any]]:
-        """Model name -> what every cell of its column shares (:func:`column_settings`), kept in
+        """Model name -> what every cell of its column shares (:func:`shared_settings`), kept in
         sweep.json so that a sweep starting in the folder with other settings is refused when
         it merges its grid, before its first cell."""
-        return {m.name: column_settings(Cell(self, m, "", 0).request()) for m in self.models}
+        return {m.name: shared_settings(Cell(self, m, "", 0).request()) for m in self.models}
 
 
 @dataclass
@@ -501,7 +508,7 @@ def task_limits(grid: dict) -> dict[str, int | float | None]:
 AXIS_ARGS = ("pretrained", "top_k", "mask_seed")
 
 
-def column_settings(request: dict[str, Any]) -> dict[str, Any]:
+def shared_settings(request: dict[str, Any]) -> dict[str, Any]:
     """What every cell of one column shares: its request less the task, the axes (K, training
     seed, draw) and the per-task ``limit``."""
     args = [a for a in request.get("model_args", "").split(",") if a.partition("=")[0] not in AXIS_ARGS]
@@ -511,14 +518,14 @@ def column_settings(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def mixed_settings(requests: list[dict[str, Any]]) -> list[str]:
-    """One line per column whose cells ran with different settings (``column_settings``, and
+    """One line per column whose cells ran with different settings (``shared_settings``, and
     the limit within each task): such a column would average two experiments."""
     settings_of: dict[str, dict[str, Any]] = {}
     limit_of: dict[tuple[str, str], Any] = {}
     problems = set()
     for request in requests:
         model, task = request["model"], request["task"]
-        settings, limit = column_settings(request), request.get("limit")
+        settings, limit = shared_settings(request), request.get("limit")
         first = settings_of.setdefault(model, settings)
         if first != settings:
             problems.add(f"column {model!r} mixes settings: {settings_differ(first, settings)}")

@@ -310,6 +310,23 @@ def test_a_masked_arm_refuses_reordered_caches_before_any_forward_pass(tiny_dirs
     assert len(plain.generate_until(request)) == 1
 
 
+@pytest.mark.parametrize("name, unset", [("num_beams", 1), ("prompt_lookup_num_tokens", None)])
+def test_a_checkpoints_reordering_default_is_overridden_by_the_request(tiny_dirs, name, unset):
+    """A generation_config.json asking for beam search or prompt lookup is refused under
+    masking, with the --gen_kwargs that overrides it; given (None too, which transformers'
+    generate takes as given), that runs plain decoding."""
+    fresh = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    setattr(masked.model.generation_config, name, 2)
+    plain_request = [Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4}), 0)]
+    with pytest.raises(ValueError, match=rf"{name}=2 .*--gen_kwargs {name}={unset}\)"):
+        masked.generate_until(plain_request)
+    override = {"max_gen_toks": 4, name: unset}
+    answers = masked.generate_until([Instance("generate_until", {}, (PROMPTS[0], override), 0)])
+    assert answers == fresh.generate_until(plain_request)
+    assert masked.mask_stats.forward_passes == fresh.mask_stats.forward_passes > 0
+
+
 @pytest.mark.parametrize("max_length, max_gen_toks, message", [
     (None, 0, "max_gen_toks=0 asks for no token"),
     (None, -3, "max_gen_toks=-3 asks for no token"),

@@ -355,6 +355,25 @@ def test_a_column_whose_model_args_would_be_refused_fails_before_any_cell_runs(t
     assert not list(out.rglob("cell.json")) and not (out / "sweep.json").exists()
 
 
+@pytest.mark.parametrize("options, refusal", [
+    (["--batch-size", "auto:x"], r"batch_size='auto:x': auto takes the form"),
+    (["--model-args-extra", "device=cpu"], r"device given in model_args and by lm-eval's own "
+                                          r"option of the same name"),
+])
+def test_the_sweeps_batch_size_and_device_are_checked_with_the_model_args(
+        tmp_path, tiny_dirs, tiny_task, options, refusal):
+    """lm-eval hands each cell's model the sweep's batch size and device besides its
+    model_args: a batch size HFLM reads only after loading, or a device also given in the
+    model_args (a TypeError in lm-eval), failed at the first cell."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=rf"llada \(dlm_sinkmask, .*\): {refusal}"):
+        main(["sweep", "--models", f"llada={tiny_dirs['llada']}", "--tasks", "tiny_gen",
+              "--include-path", str(tiny_task), "--top-k", "0", "--limit", "1", "--device", "cpu",
+              "--model-args-for", "llada:block_length=4", "--out", str(out), "--no-table",
+              *options])
+    assert not list(out.rglob("cell.json")) and not (out / "sweep.json").exists()
+
+
 def test_a_model_that_switches_sdpa_kernels_off_does_not_change_the_later_cells(
         tmp_path, tiny_dirs, tiny_task, monkeypatch):
     """LLaDA's and MMaDA's remote code turn torch's memory-efficient SDPA kernel off for the

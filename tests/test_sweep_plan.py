@@ -310,3 +310,15 @@ def test_model_args_the_sweep_sets_itself_are_refused(tmp_path, extra, for_model
     llada = ModelSpec("llada", "zoo:llada", "dlm", for_model)
     with pytest.raises(ValueError, match=f"{named}.*eps from --eps"):
         SweepPlan(models=[llada], tasks=["t"], ks=[0, 1], out=tmp_path, model_args_extra=extra)
+
+
+@pytest.mark.parametrize("extra, for_model, named", [
+    ("pretrained=/m/other", "", "--model-args-extra"),
+    ("", "block_length=4,pretrained=zoo:dream", "--model-args-for llada"),
+])
+def test_a_checkpoint_in_model_args_is_refused(tmp_path, extra, for_model, named):
+    """A cell's model_args begin with its column's checkpoint, so a pretrained= given as model
+    args would run another checkpoint than the one the sweep hashes and records."""
+    llada = ModelSpec("llada", "zoo:llada", "dlm", for_model)
+    with pytest.raises(ValueError, match=f"^pretrained in {named}: .* its path in --models"):
+        SweepPlan(models=[llada], tasks=["t"], ks=[0, 1], out=tmp_path, model_args_extra=extra)
