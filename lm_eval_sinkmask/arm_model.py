@@ -82,19 +82,19 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         history) at the key indices they had: masked, a row would be masked with another
         beam's sinks or a rejected candidate's, and the run recorded as the method. Asked for
         by the request or by the checkpoint's generation_config.json (which a key the request
-        gives overrides, None too: transformers' generate takes it as given); checked for every
-        request before the first forward pass."""
+        gives overrides: transformers' generate takes it as given, a None for the prompt-lookup
+        and assisted settings too); checked for every request before the first forward pass."""
         if not self.mask_config.enabled:
             return
         config = getattr(self.model, "generation_config", None)
         unset = {"num_beams": 1, "num_beam_groups": 1, "prompt_lookup_num_tokens": None,
-                 "assistant_model": None}
+                 "assistant_model": None, "assistant_early_exit": None}
         asked = {name: gen_kwargs[name] if name in gen_kwargs else getattr(config, name, None)
                  for name in unset}
         modes = [name for name in ("num_beams", "num_beam_groups")
                  if asked[name] is not None and int(asked[name]) > 1]
-        modes += [name for name in ("prompt_lookup_num_tokens", "assistant_model")
-                  if asked[name] is not None]
+        modes += [name for name in ("prompt_lookup_num_tokens", "assistant_model",
+                                    "assistant_early_exit") if asked[name] is not None]
         if modes:
             raise ValueError(
                 f"task {task or '?'}: {', '.join(f'{m}={asked[m]!r}' for m in modes)} (from "

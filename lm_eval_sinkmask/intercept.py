@@ -468,15 +468,16 @@ class _Run:
                 "would raise instead)", variant, problem)
         return ref._replace(out=out)
 
-    def _decided_whole(self, layer: int, sc: Scores, out, selected, previous,
-                       n_previous) -> _Decision:
-        """The decision of a call that the decoding kernel decided whole (``out``: its masked
-        output; ``selected``: scores, sinks, chosen keys and their two counts), with the run's
-        state kept as for any call: the detection counted under the kernel's name, this pass's
-        choice kept for the next. ``previous``: last pass's choice as :meth:`_previous` gives
-        it unpadded, or None where this call masked its own."""
+    def _decided_whole(self, layer: int, sc: Scores, out, selected, previous, n_previous,
+                       name: str = decode_step.NAME) -> _Decision:
+        """The decision of a call that one kernel decided whole (``out``: its masked output;
+        ``selected``: scores, sinks, chosen keys and their two counts), with the run's state
+        kept as for any call: the detection counted under ``name`` (the benchmarks' candidate
+        kernels give their own), this pass's choice kept for the next. ``previous``: last
+        pass's choice as :meth:`_previous` gives it unpadded, or None where this call masked
+        its own."""
         scores, sinks, chosen, n_sinks, n_chosen = selected
-        self.stats.count_detection(decode_step.NAME)
+        self.stats.count_detection(name)
         self.previous[layer] = _Chosen(chosen, n_chosen)
         if previous is None:
             blocked, n_blocked = chosen, n_chosen

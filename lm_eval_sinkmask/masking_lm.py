@@ -112,8 +112,9 @@ class MaskingLMMixin:
                  if value is not None}
         twice = sorted(args.keys() & added.keys())
         if twice:
-            raise ValueError(f"{', '.join(twice)} given in model_args and by lm-eval's own "
-                             "option of the same name: give it once")
+            raise ValueError(f"{', '.join(twice)} given in model_args and as lm-eval's own "
+                             "option (--batch_size, --device; sinkmask sweep always passes its "
+                             "--batch-size and --device): drop it from the model_args")
         cls.check_args(**args, **added)
 
     def _init_masking(self, config: SinkMaskConfig, rule: str) -> None:

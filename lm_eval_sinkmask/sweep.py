@@ -375,10 +375,12 @@ def cell_device(plan: SweepPlan) -> str:
     return plan.device or placed_device(None)
 
 
-def refused_model_args(cells: list[Cell]) -> list[str]:
+def refused_model_args(cells: list[Cell], running: bool = True) -> list[str]:
     """What each column's model class would refuse before loading weights, checked for every
     distinct model_args, with the batch size and device lm-eval adds to them, before the
-    first cell: a typo in the last column fails now, not after hours of the others."""
+    first cell: a typo in the last column fails now, not after hours of the others. The device
+    only when cells are to run (``running``): a finished sweep's folder stays readable on a
+    machine without its ``--device``."""
     from lm_eval.api.registry import get_model
 
     refused, seen = [], set()
@@ -387,7 +389,8 @@ def refused_model_args(cells: list[Cell]) -> list[str]:
         if key in seen:
             continue
         seen.add(key)
-        added = {"batch_size": cell.plan.batch_size, "device": cell_device(cell.plan)}
+        added = {"batch_size": cell.plan.batch_size,
+                 "device": cell_device(cell.plan) if running else None}
         try:
             get_model(cell.model.model_class).check_arg_string(cell.model_args, added)
         except (ValueError, OSError) as e:
@@ -437,7 +440,8 @@ def run_sweep(
                            + [cells[i].request() for i in todo])
     if mixed:
         raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
-    refused = refused_model_args(cells)  # sweep.json records them all, not only those run now
+    # sweep.json records them all, not only those run now
+    refused = refused_model_args(cells, running=bool(todo))
     if refused:
         raise SystemExit("\n".join(refused))
     if plan.num_fewshot:  # cells recorded as N-shot would have run 0-shot

@@ -289,7 +289,7 @@ def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, 
 
 @pytest.mark.parametrize("arm_rule", ["last_row", "all_rows"])
 @pytest.mark.parametrize("mode", ["num_beams=2", "prompt_lookup_num_tokens=2",
-                                  "num_beams=2 in generation_config"])
+                                  "assistant_early_exit=2", "num_beams=2 in generation_config"])
 def test_a_masked_arm_refuses_reordered_caches_before_any_forward_pass(tiny_dirs, arm_rule, mode):
     """Beam search moves each cache row to the beam it continues between steps, prompt-lookup
     decoding crops the cache to the candidates it accepts; the masker's previous sinks and

@@ -205,8 +205,8 @@ def test_a_resume_refuses_cells_made_by_other_package_code_and_not_another_batch
 
     def plan(**kw):
         return SweepPlan(models=[ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4")],
-                         tasks=["tiny_gen"], ks=[0], out=tmp_path / "out", limit=1, device="cpu",
-                         include_path=[str(tiny_task)], **kw)
+                         tasks=["tiny_gen"], ks=[0], out=tmp_path / "out", limit=1,
+                         include_path=[str(tiny_task)], **{"device": "cpu", **kw})
 
     assert run_sweep(plan(), progress=False) == 1
     [path] = (tmp_path / "out").rglob("cell.json")
@@ -214,6 +214,8 @@ def test_a_resume_refuses_cells_made_by_other_package_code_and_not_another_batch
     assert record["inputs"]["package_code"] == provenance.installed_code_digest()
     assert record["inputs"]["unmasked_code"] == provenance.installed_unmasked_code_digest()
     assert record["run"] == {"batch_size": 1, "device": "cpu", "processes": 1}
+    # with nothing left to run, a device this machine lacks is not refused (a rerun to record)
+    assert run_sweep(plan(device="cuda:7"), progress=False) == 0
 
     monkeypatch.setattr(provenance, "installed_code_digest",
                         lambda: provenance.package_code_digest(package_copy))
@@ -357,8 +359,8 @@ def test_a_column_whose_model_args_would_be_refused_fails_before_any_cell_runs(t
 
 @pytest.mark.parametrize("options, refusal", [
     (["--batch-size", "auto:x"], r"batch_size='auto:x': auto takes the form"),
-    (["--model-args-extra", "device=cpu"], r"device given in model_args and by lm-eval's own "
-                                          r"option of the same name"),
+    (["--model-args-extra", "device=cpu"], r"device given in model_args and as lm-eval's own "
+                                          r"option .*: drop it from the model_args"),
 ])
 def test_the_sweeps_batch_size_and_device_are_checked_with_the_model_args(
         tmp_path, tiny_dirs, tiny_task, options, refusal):
