@@ -28,6 +28,12 @@ from .masking_lm import MaskingLMMixin, read_gen_kwargs
 from .zoo import resolve_pretrained
 
 
+# generation modes that reorder or crop the KV cache between steps, and the value that turns
+# each off
+CACHE_REORDERING = {"num_beams": 1, "num_beam_groups": 1, "prompt_lookup_num_tokens": None,
+                    "assistant_model": None, "assistant_early_exit": None}
+
+
 @register_model("arm_sinkmask")
 class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     def __init__(self, pretrained=None, **kwargs: Any) -> None:
@@ -81,36 +87,28 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         to the accepted ones, while the masker keeps each row's previous sinks (and all_rows
         history) at the key indices they had: masked, a row would be masked with another
         beam's sinks or a rejected candidate's, and the run recorded as the method. Asked for
-        by the request or by the checkpoint's generation_config.json (which a key the request
-        gives overrides: transformers' generate takes it as given, a None for the prompt-lookup
-        and assisted settings too); checked for every request before the first forward pass."""
+        by the request or by the checkpoint's generation_config.json (:meth:`_asked`); checked
+        for every request before the first forward pass."""
         if not self.mask_config.enabled:
             return
-        config = getattr(self.model, "generation_config", None)
-        unset = {"num_beams": 1, "num_beam_groups": 1, "prompt_lookup_num_tokens": None,
-                 "assistant_model": None, "assistant_early_exit": None}
-        asked = {name: gen_kwargs[name] if name in gen_kwargs else getattr(config, name, None)
-                 for name in unset}
-        modes = [name for name in ("num_beams", "num_beam_groups")
-                 if asked[name] is not None and int(asked[name]) > 1]
-        modes += [name for name in ("prompt_lookup_num_tokens", "assistant_model",
-                                    "assistant_early_exit") if asked[name] is not None]
+        asked = {name: self._asked(gen_kwargs, name) for name in CACHE_REORDERING}
+        modes = [name for name, off in CACHE_REORDERING.items() if asked[name] not in (None, off)]
         if modes:
             raise ValueError(
                 f"task {task or '?'}: {', '.join(f'{m}={asked[m]!r}' for m in modes)} (from "
                 "--gen_kwargs, the task or the checkpoint's generation_config.json) reorders or "
                 "crops the KV cache between steps while the sink masker keeps each row's "
                 "previous sinks at their key indices; arm_sinkmask masks greedy and sampled "
-                "decoding only. Drop it (a checkpoint's default: --gen_kwargs "
-                f"{','.join(f'{m}={unset[m]}' for m in modes)}), or run unmasked (top_k=0)")
+                "decoding only. Drop it, or override the checkpoint's default with "
+                f"{','.join(f'{m}={CACHE_REORDERING[m]}' for m in modes)} in --gen_kwargs or "
+                "the task's generation_kwargs, or run unmasked (top_k=0)")
 
     def _refuse_fixed_cache(self, gen_kwargs: dict, task: str | None) -> None:
         """all_rows adds each step's rows to those kept so far, which needs keys that grow by
         them; a static, sliding or hybrid cache keeps a fixed number. The intercept refuses
         such a call as it comes; named by the request or the checkpoint, it is refused here,
         before the first forward pass."""
-        cache = gen_kwargs.get("cache_implementation") or getattr(
-            getattr(self.model, "generation_config", None), "cache_implementation", None)
+        cache = self._asked(gen_kwargs, "cache_implementation")
         if (self.mask_config.enabled and self.masker.rule == "all_rows" and isinstance(cache, str)
                 and any(kind in cache for kind in ("static", "sliding", "hybrid"))):
             raise ValueError(
@@ -119,6 +117,13 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
                 f"{cache} (from --gen_kwargs, the task or the checkpoint's generation_config.json) "
                 "keeps a fixed number of keys. Use arm_rule=last_row, or "
                 "--gen_kwargs cache_implementation=dynamic")
+
+    def _asked(self, gen_kwargs: dict, name: str) -> Any:
+        """A generation setting as transformers' generate takes it: the request's when it gives
+        one (None too), else the checkpoint's generation_config.json's."""
+        if name in gen_kwargs:
+            return gen_kwargs[name]
+        return getattr(getattr(self.model, "generation_config", None), name, None)
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         with self.masking(context, generation_kwargs.get("attention_mask")):

@@ -48,14 +48,14 @@ BUDGET_GEN_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_comple
 
 def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> dict:
     """A request's generation_kwargs as lm-eval runs them (``normalize_gen_kwargs``: the budget
-    as ``max_gen_toks``, ``until`` a list, ``do_sample`` set, ``temperature`` 0 when it is
-    false), once those that would run otherwise than they read are refused, while lm-eval
-    records them as given: a budget of 40.5 tokens runs as 40; an empty stop sequence stops
-    every answer at once; sampling at temperature 0 fails in transformers' generate and is
-    greedy in the diffusion sampler; and ``top_k`` names two things, the sink keys masked
-    (model_args) and top-k sampling (generation_kwargs), which a greedy request ignores, so
-    ``--gen_kwargs top_k=5`` would run with no sink masked. Each model reads its requests
-    through this first, so that no other check sees the cut budget."""
+    as ``max_gen_toks``, ``until`` a list, ``do_sample`` always set, ``temperature`` 0 when
+    do_sample is given false). Refused first, those lm-eval would record as given and run
+    otherwise: a budget of 40.5 tokens runs as 40; an empty stop sequence stops every answer
+    at once; sampling at temperature 0 fails in transformers' generate and is greedy in the
+    diffusion sampler; and ``top_k`` names two things, the sink keys masked (model_args) and
+    top-k sampling (generation_kwargs), which a greedy request ignores, so ``--gen_kwargs
+    top_k=5`` would run with no sink masked. Each model reads its requests through this
+    first, so that no other check sees the cut budget."""
     where = f"task {task or '?'}: generation_kwargs"
     budget = next((name for name in BUDGET_GEN_KWARGS if gen_kwargs.get(name) is not None), None)
     value = gen_kwargs.get(budget)
@@ -105,17 +105,10 @@ class MaskingLMMixin:
         """What ``create_from_arg_string(arg_string, additional_config)`` would refuse before
         loading a weight, found without loading one (each model class says what in
         ``check_args``). ``additional_config`` is what lm-eval adds from its own options (batch
-        size, device), None values dropped as it drops them; a key given in both would be a
-        TypeError there."""
-        args = simple_parse_args_string(arg_string)
+        size, device), None values dropped as it drops them."""
         added = {name: value for name, value in (additional_config or {}).items()
                  if value is not None}
-        twice = sorted(args.keys() & added.keys())
-        if twice:
-            raise ValueError(f"{', '.join(twice)} given in model_args and as lm-eval's own "
-                             "option (--batch_size, --device; sinkmask sweep always passes its "
-                             "--batch-size and --device): drop it from the model_args")
-        cls.check_args(**args, **added)
+        cls.check_args(**simple_parse_args_string(arg_string), **added)
 
     def _init_masking(self, config: SinkMaskConfig, rule: str) -> None:
         self.mask_config = config

@@ -375,7 +375,7 @@ def cell_device(plan: SweepPlan) -> str:
     return plan.device or placed_device(None)
 
 
-def refused_model_args(cells: list[Cell], running: bool = True) -> list[str]:
+def refused_model_args(cells: list[Cell], *, running: bool) -> list[str]:
     """What each column's model class would refuse before loading weights, checked for every
     distinct model_args, with the batch size and device lm-eval adds to them, before the
     first cell: a typo in the last column fails now, not after hours of the others. The device
@@ -440,7 +440,7 @@ def run_sweep(
                            + [cells[i].request() for i in todo])
     if mixed:
         raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
-    # sweep.json records them all, not only those run now
+    # every cell's model_args, as sweep.json records them all; the device only if any runs now
     refused = refused_model_args(cells, running=bool(todo))
     if refused:
         raise SystemExit("\n".join(refused))

@@ -221,8 +221,10 @@ def check_pairs(pairs: list[list[str]], models: list[str]) -> None:
                          f"are {models}")
 
 
-# model_args every cell sets last, and the sweep option that gives each
-SET_BY_SWEEP = {"top_k": "--top-k", "eps": "--eps"}
+# model_args the sweep gives every cell, and the option that sets each: the checkpoint first in
+# its model_args, top_k and eps last, batch size and device beside them (lm-eval passes both)
+SET_BY_SWEEP = {"pretrained": "--models", "top_k": "--top-k", "eps": "--eps",
+                "batch_size": "--batch-size", "device": "--device"}
 
 
 @dataclass
@@ -267,27 +269,25 @@ class SweepPlan:
                              "it per draw (drop it from their model args)")
 
     def _refuse_set_by_sweep(self) -> None:
-        """Each cell's model_args end with its top_k and the sweep's eps, so the same setting
-        in the model args given would be overridden without a word: an eps ablation run as
-        ``--model-args-extra eps=1.5`` would run, and be recorded, at the default eps. They
-        begin with the column's checkpoint, which one given there would override: the cell
-        would run one checkpoint while the sweep hashed and recorded another."""
+        """What the sweep gives every cell, given again in the model args, would run otherwise
+        than recorded or fail: each cell's model_args end with its top_k and the sweep's eps,
+        which override a second value without a word (an eps ablation run as
+        ``--model-args-extra eps=1.5`` would run, and be recorded, at the default eps); they
+        begin with the column's checkpoint, which a second one would override (the cell would
+        run another checkpoint than the one the sweep hashed and recorded); and lm-eval hands
+        the model the batch size and device besides, which a second value makes a TypeError
+        at the first cell."""
         from lm_eval.utils import simple_parse_args_string
 
         given = [("--model-args-extra", self.model_args_extra)] + [
             (f"--model-args-for {m.name}", m.args) for m in self.models]
-        named = [(name, where) for where, args in given for name in simple_parse_args_string(args)]
-        checkpoints = [where for name, where in named if name == "pretrained"]
-        if checkpoints:
-            raise ValueError(f"pretrained in {', '.join(checkpoints)}: a column's checkpoint is "
-                             "its path in --models (NAME=PATH), which the sweep hashes and "
-                             "records; give it there")
-        clashes = [f"{name} in {where}" for name, where in named if name in SET_BY_SWEEP]
+        clashes = [f"{name} in {where}" for where, args in given
+                   for name in simple_parse_args_string(args) if name in SET_BY_SWEEP]
         if clashes:
-            raise ValueError("; ".join(clashes) + ": every cell's model_args end with the "
-                             "sweep's own (" + ", ".join(f"{k} from {v}" for k, v in
-                                                         SET_BY_SWEEP.items())
-                             + "), which would override it. Give it with that option instead")
+            raise ValueError("; ".join(clashes) + ": the sweep gives every cell its own ("
+                             + ", ".join(f"{k} from {v}" for k, v in SET_BY_SWEEP.items())
+                             + "), and a second value would override it, be overridden or "
+                             "fail. Give it with that option instead")
 
     def _args_of(self, model: ModelSpec) -> dict[str, Any]:
         """The model_args that ``model`` adds to every cell (the sweep's, then its own), as

@@ -292,9 +292,10 @@ def test_gen_kwargs_the_sampler_would_ignore_are_refused(tiny_dirs, gen_kwargs, 
                                   "assistant_early_exit=2", "num_beams=2 in generation_config"])
 def test_a_masked_arm_refuses_reordered_caches_before_any_forward_pass(tiny_dirs, arm_rule, mode):
     """Beam search moves each cache row to the beam it continues between steps, prompt-lookup
-    decoding crops the cache to the candidates it accepts; the masker's previous sinks and
-    all_rows history stay at their key indices, so a row would be masked with another beam's
-    or a rejected candidate's sinks. Unmasked, they run as lm-eval's hf model runs them."""
+    and assisted (here early-exit) decoding crop the cache to the candidates they accept; the
+    masker's previous sinks and all_rows history stay at their key indices, so a row would be
+    masked with another beam's or a rejected candidate's sinks. Unmasked, they run as lm-eval's
+    hf model runs them."""
     name, value = mode.split()[0].split("=")
     gen_kwargs = {"max_gen_toks": 4}
     if "generation_config" not in mode:
@@ -310,18 +311,23 @@ def test_a_masked_arm_refuses_reordered_caches_before_any_forward_pass(tiny_dirs
     assert len(plain.generate_until(request)) == 1
 
 
-@pytest.mark.parametrize("name, unset", [("num_beams", 1), ("prompt_lookup_num_tokens", None)])
-def test_a_checkpoints_reordering_default_is_overridden_by_the_request(tiny_dirs, name, unset):
-    """A generation_config.json asking for beam search or prompt lookup is refused under
-    masking, with the --gen_kwargs that overrides it; given (None too, which transformers'
-    generate takes as given), that runs plain decoding."""
-    fresh = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
-    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
-    setattr(masked.model.generation_config, name, 2)
+@pytest.mark.parametrize("name, value, off", [("num_beams", 2, 1),
+                                              ("prompt_lookup_num_tokens", 2, None),
+                                              ("cache_implementation", "static", None)])
+def test_a_checkpoints_default_the_masker_refuses_is_overridden_by_the_request(
+        tiny_dirs, name, value, off):
+    """A generation_config.json asking for beam search, prompt lookup or (under all_rows) a
+    static cache is refused under masking; the request's own value of the key overrides it
+    (None too, which transformers' generate takes as given) and runs plain decoding."""
+    fresh = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
+    setattr(masked.model.generation_config, name, value)
     plain_request = [Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4}), 0)]
-    with pytest.raises(ValueError, match=rf"{name}=2 .*--gen_kwargs {name}={unset}\)"):
+    reordering = name != "cache_implementation"
+    hint = rf".* default with {name}={off} in --gen_kwargs" if reordering else ""
+    with pytest.raises(ValueError, match=rf"{name}={value} \(from --gen_kwargs{hint}"):
         masked.generate_until(plain_request)
-    override = {"max_gen_toks": 4, name: unset}
+    override = {"max_gen_toks": 4, name: off}
     answers = masked.generate_until([Instance("generate_until", {}, (PROMPTS[0], override), 0)])
     assert answers == fresh.generate_until(plain_request)
     assert masked.mask_stats.forward_passes == fresh.mask_stats.forward_passes > 0
@@ -419,7 +425,8 @@ def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dir
         assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], sampled), 0)])) == 1
 
 
-def test_gen_kwargs_that_agree_with_model_args_run(tiny_dirs, caplog):
+def test_gen_kwargs_that_agree_with_model_args_run_and_a_sampled_greedy_task_warns_once(
+        tiny_dirs, caplog):
     """The sampler's settings are model_args: a greedy task run at a model_args temperature
     samples, as asked, and says so once per task."""
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7, **RANDOM_LLADA)
