@@ -24,7 +24,8 @@ from .model_args import MODELS
 
 def _sweep(a: argparse.Namespace) -> int:
     from .sweep import process_rank, run_sweep
-    from .sweep_plan import SweepPlan, parse_ks, parse_models, parse_seeds, parse_tasks
+    from .sweep_plan import (SweepPlan, cell_records, parse_ks, parse_models, parse_seeds,
+                             parse_tasks)
     from .versus import parse_versus
 
     seeds = parse_seeds(a.seeds)
@@ -52,7 +53,11 @@ def _sweep(a: argparse.Namespace) -> int:
         title=a.title,
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
-    if not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes the table
+    if not a.no_table and not cell_records(Path(a.out) / "cells"):
+        # other sweeps sharing the folder hold every cell: the one that finishes last tables it
+        print(f"no finished cell in {a.out} yet: table not written (`sinkmask table {a.out}` "
+              "writes it)", file=sys.stderr)
+    elif not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes it
         # the table command's own arguments, so that each of its options keeps its default
         _table(build_parser().parse_args(
             ["table", str(a.out)] + ([f"--title={a.title}"] if a.title is not None else [])))

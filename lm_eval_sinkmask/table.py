@@ -145,22 +145,32 @@ def _read(folder: Path, metrics: dict[str, str] | None) -> _Folder:
     seeds = grid.get("seeds")
     read = _Folder(folder, grid, [], False, [], [], [])
     for record_path in cell_records(folder / "cells"):  # any depth: seed and draw folders
-        record = json.loads(record_path.read_text())
-        req = record["request"]
-        read.requests.append(req)
-        read.versions.append(record.get("versions"))
-        read.runs.append(record.get("run"))
-        if seeds is not None and req.get("checkpoint_seed") not in seeds:
-            continue
-        metric, value, stderr = record["metric"], record["value"], record["stderr"]
-        wanted = (metrics or {}).get(req["task"])
-        if wanted and wanted != metric:
-            metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
-        read.zoo |= is_zoo(record)
-        read.entries.append(entry_of(record, measured=(metric, value, stderr),
-                                     per_doc=paired.read_per_document(record_path.parent,
-                                                                      req["task"], metric, value)))
+        try:
+            _read_cell(read, record_path, seeds, metrics)
+        except (KeyError, json.JSONDecodeError, OSError, EOFError) as e:
+            raise ValueError(f"{record_path.parent}: a damaged cell ({type(e).__name__}: {e}); "
+                             "delete its folder and rerun the sweep to make it again") from e
     return read
+
+
+def _read_cell(read: _Folder, record_path: Path, seeds: list[int] | None,
+               metrics: dict[str, str] | None) -> None:
+    """One ``cell.json`` (and its samples, for the paired errors) into ``read``."""
+    record = json.loads(record_path.read_text())
+    req = record["request"]
+    read.requests.append(req)
+    read.versions.append(record.get("versions"))
+    read.runs.append(record.get("run"))
+    if seeds is not None and req.get("checkpoint_seed") not in seeds:
+        return
+    metric, value, stderr = record["metric"], record["value"], record["stderr"]
+    wanted = (metrics or {}).get(req["task"])
+    if wanted and wanted != metric:
+        metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
+    read.zoo |= is_zoo(record)
+    read.entries.append(entry_of(record, measured=(metric, value, stderr),
+                                 per_doc=paired.read_per_document(record_path.parent,
+                                                                  req["task"], metric, value)))
 
 
 def _check_one_experiment(reads: list[_Folder], scope: str) -> None:
@@ -253,8 +263,10 @@ def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
 def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:
     """(metric, value, stderr) of a metric other than the one cell.json keeps
     (``sinkmask table --metric``), from lm-eval's results file in the cell."""
-    [path] = sorted(cell.glob("results*.json"))[-1:]
-    res = json.loads(path.read_text())["results"][task]
+    found = sorted(cell.glob("results*.json"))
+    if not found:
+        raise SystemExit(f"{cell}: no lm-eval results*.json to read --metric {metric} from")
+    res = json.loads(found[-1].read_text())["results"][task]
     if metric not in res:
         raise SystemExit(f"{cell}: no metric {metric!r}; it has {sorted(res)}")
     name, _, filt = metric.partition(",")
@@ -460,7 +472,22 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
                    for p in pool]
         if title is None:  # a title given once is kept
             title = (_pooled(folder) or {}).get("title")
-        (folder / POOLED).write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
+        path = folder / POOLED
+        before = path.read_text() if path.is_file() else None
+        path.write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
+        try:
+            return _render_locked(folder, title, metrics, digits, figure, versus_pairs)
+        except BaseException:  # a refused pool (a typo in a source) leaves the last good one
+            if before is None:
+                path.unlink()
+            else:
+                path.write_text(before)
+            raise
+    return _render_locked(folder, title, metrics, digits, figure, versus_pairs)
+
+
+def _render_locked(folder: Path, title: str | None, metrics: dict[str, str] | None,
+                   digits: int, figure: bool, versus_pairs: list | None) -> dict[str, Path]:
     if pooled_sources(folder) is None:
         sweep_json(folder)  # says what the folder lacks, before a lock file is made in it
     with folder_locked(folder):

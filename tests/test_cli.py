@@ -145,3 +145,18 @@ def test_table_options_are_checked(tmp_path, capsys):
         main(["table", str(folder), "--metric", "mini_gms=exact_match,flexible-extract"])
     assert main(["table", str(folder), "--metric", "mini_gsm=exact_match,flexible-extract",
                  "--digits", "0"]) == 0
+
+
+def test_a_sweep_whose_cells_other_processes_hold_succeeds_without_a_table(tmp_path, monkeypatch,
+                                                                          capsys):
+    """Sweeps sharing a folder: one that finds every cell held by the others, none finished
+    yet, ran nothing wrong; rendering the table failed it ("no finished cells")."""
+    from lm_eval_sinkmask import sweep
+    from lm_eval_sinkmask.cli import main
+
+    monkeypatch.setattr(sweep, "run_sweep", lambda plan, **kw: 0)  # every cell held elsewhere
+    out = tmp_path / "out"
+    assert main(["sweep", "--models", "arm=zoo:arm", "--tasks", "mini_gsm_sinkmask", "--top-k",
+                 "0", "--limit", "1", "--device", "cpu", "--out", str(out)]) == 0
+    assert f"no finished cell in {out} yet: table not written" in capsys.readouterr().err
+    assert not (out / "table.md").exists()

@@ -489,3 +489,43 @@ def test_pooling_refuses_folders_that_are_not_one_grid_on_separate_seeds(tmp_pat
     assert "these folders are not one table" in capsys.readouterr().err
     with pytest.raises(ValueError, match="is a sweep folder"):
         table.render(s2, figure=False, pool=[s0])
+
+
+def test_a_refused_pool_leaves_the_folders_last_good_one(tmp_path):
+    """pooled.json was written before its sources were read: a typo in one --pool left a folder
+    that no later plain `sinkmask table` could render."""
+    folders = _per_seed_folders(tmp_path)
+    out = tmp_path / "pooled"
+    table.render(out, figure=False, pool=folders)
+    good = (out / table.POOLED).read_text()
+    with pytest.raises(ValueError, match="no sweep.json"):
+        table.render(out, figure=False, pool=folders[:2] + [tmp_path / "seed3"])
+    assert (out / table.POOLED).read_text() == good
+    assert table.render(out, figure=False)["markdown"].read_text()
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ValueError, match="no sweep.json"):
+        table.render(fresh, figure=False, pool=[tmp_path / "seed3"])
+    assert not (fresh / table.POOLED).exists()
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda path: path.write_text(""), "JSONDecodeError"),
+    (lambda path: path.write_text(json.dumps(
+        {k: v for k, v in json.loads(path.read_text()).items() if k != "stderr"})), "KeyError"),
+])
+def test_a_damaged_cell_is_named_in_one_line(tmp_path, capsys, damage, said):
+    folder = write_sweep(tmp_path)
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1"
+    damage(cell / "cell.json")
+    assert main(["table", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"sinkmask: error: {cell}: a damaged cell ({said}") and "rerun" in err
+
+
+def test_a_metric_override_on_a_cell_without_lm_evals_results_says_so(tmp_path):
+    folder = write_sweep(tmp_path)
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1"
+    for path in cell.glob("results*.json"):
+        path.unlink()
+    with pytest.raises(SystemExit, match=rf"{cell}: no lm-eval results\*\.json to read --metric"):
+        table.render(folder, figure=False, metrics={"mini_gsm": "exact_match,flexible-extract"})
