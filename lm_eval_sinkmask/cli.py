@@ -53,15 +53,16 @@ def _sweep(a: argparse.Namespace) -> int:
         title=a.title,
     )
     run_sweep(plan, max_cells=a.max_cells, jobs=a.jobs)
-    if not a.no_table and not cell_records(Path(a.out) / "cells"):
+    if a.no_table or process_rank() != 0:  # under accelerate launch, rank 0 writes the table
+        return 0
+    if not cell_records(Path(a.out) / "cells"):
         # other sweeps sharing the folder hold every cell: the one that finishes last tables it
         print(f"no finished cell in {a.out} yet: table not written (`sinkmask table {a.out}` "
               "writes it)", file=sys.stderr)
-    elif not a.no_table and process_rank() == 0:  # under accelerate launch, rank 0 writes it
-        # the table command's own arguments, so that each of its options keeps its default
-        _table(build_parser().parse_args(
-            ["table", str(a.out)] + ([f"--title={a.title}"] if a.title is not None else [])))
-    return 0
+        return 0
+    # the table command's own arguments, so that each of its options keeps its default
+    return _table(build_parser().parse_args(
+        ["table", str(a.out)] + ([f"--title={a.title}"] if a.title is not None else [])))
 
 
 def _check_one_recipe_per_model(models: list, seeds: list[int] | None, out: Path) -> None:

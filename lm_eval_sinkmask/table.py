@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,9 +148,12 @@ def _read(folder: Path, metrics: dict[str, str] | None) -> _Folder:
     for record_path in cell_records(folder / "cells"):  # any depth: seed and draw folders
         try:
             _read_cell(read, record_path, seeds, metrics)
-        except (KeyError, json.JSONDecodeError, OSError, EOFError) as e:
-            raise ValueError(f"{record_path.parent}: a damaged cell ({type(e).__name__}: {e}); "
-                             "delete its folder and rerun the sweep to make it again") from e
+        except (KeyError, json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError,
+                zlib.error) as e:
+            raise ValueError(f"{record_path.parent}: its cell.json or samples could not be read "
+                             f"({type(e).__name__}: {e}): damaged, or written by another version "
+                             "of lm-eval-sinkmask; rerun that cell (delete its folder, rerun the "
+                             "sweep)") from e
     return read
 
 

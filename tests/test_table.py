@@ -519,7 +519,8 @@ def test_a_damaged_cell_is_named_in_one_line(tmp_path, capsys, damage, said):
     damage(cell / "cell.json")
     assert main(["table", str(folder)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"sinkmask: error: {cell}: a damaged cell ({said}") and "rerun" in err
+    assert err.startswith(f"sinkmask: error: {cell}: its cell.json or samples could not be read "
+                          f"({said}") and "rerun that cell" in err
 
 
 def test_a_metric_override_on_a_cell_without_lm_evals_results_says_so(tmp_path):
