@@ -10,6 +10,7 @@ rows.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -19,6 +20,8 @@ import lm_eval.models.huggingface as hflm_module
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from transformers import GenerationConfig
+from transformers.generation import GenerationMode
 
 from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
@@ -28,10 +31,14 @@ from .masking_lm import MaskingLMMixin, read_gen_kwargs
 from .zoo import resolve_pretrained
 
 
-# generation modes that reorder or crop the KV cache between steps, and the value that turns
-# each off
-CACHE_REORDERING = {"num_beams": 1, "num_beam_groups": 1, "prompt_lookup_num_tokens": None,
-                    "assistant_model": None, "assistant_early_exit": None}
+# the decoding modes whose KV cache grows by one row per sequence and step, as the masker's kept
+# sinks and all_rows history assume
+ONE_ROW_MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+# the settings by which transformers picks any other mode, and the value that turns each off
+OTHER_MODE_SETTINGS = {"num_beams": 1, "constraints": None, "force_words_ids": None,
+                       "penalty_alpha": None, "prompt_lookup_num_tokens": None,
+                       "assistant_model": None, "assistant_early_exit": None,
+                       "dola_layers": None}
 
 
 @register_model("arm_sinkmask")
@@ -67,8 +74,10 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         ran, or run otherwise than the record says."""
         self._check_generation_room(gen_kwargs["max_gen_toks"], task)
         _refuse_unhonoured_gen_kwargs(gen_kwargs, task)
-        self._refuse_reordered_cache(gen_kwargs, task)
-        self._refuse_fixed_cache(gen_kwargs, task)
+        if self.mask_config.enabled:
+            generation = self._generation_config(gen_kwargs)
+            self._refuse_reordered_cache(generation, gen_kwargs.get("assistant_model"), task)
+            self._refuse_fixed_cache(generation, task)
 
     def _check_generation_room(self, asked: int, task: str | None) -> None:
         """A request's budget: with no token to generate transformers refuses the batch, and
@@ -81,35 +90,41 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         if self.backend == "causal":
             self._check_prompt_room(asked, "max_gen_toks", task)
 
-    def _refuse_reordered_cache(self, gen_kwargs: dict, task: str | None) -> None:
+    def _refuse_reordered_cache(self, generation: GenerationConfig, assistant_model: Any,
+                                task: str | None) -> None:
         """Beam search moves each cache row to the beam it continues between steps, and
-        prompt-lookup or assisted decoding run several candidate rows and then crop the cache
-        to the accepted ones, while the masker keeps each row's previous sinks (and all_rows
+        assisted or contrastive decoding run several candidate rows and then crop the cache to
+        the accepted ones, while the masker keeps each row's previous sinks (and all_rows
         history) at the key indices they had: masked, a row would be masked with another
-        beam's sinks or a rejected candidate's, and the run recorded as the method. Asked for
-        by the request or by the checkpoint's generation_config.json (:meth:`_asked`); checked
-        for every request before the first forward pass."""
-        if not self.mask_config.enabled:
+        beam's sinks or a rejected candidate's, and the run recorded as the method. The mode
+        is the one transformers picks (``get_generation_mode``) from the request and the
+        checkpoint's generation_config.json, so settings it ignores (``num_beam_groups``
+        without beams) pass; any mode but greedy and sampling is refused (DoLa's and contrastive
+        decoding's code come from the hub). Checked for every request before the first forward
+        pass."""
+        mode = generation.get_generation_mode(assistant_model)
+        if mode in ONE_ROW_MODES:
             return
-        asked = {name: self._asked(gen_kwargs, name) for name in CACHE_REORDERING}
-        modes = [name for name, off in CACHE_REORDERING.items() if asked[name] not in (None, off)]
-        if modes:
-            raise ValueError(
-                f"task {task or '?'}: {', '.join(f'{m}={asked[m]!r}' for m in modes)} (from "
-                "--gen_kwargs, the task or the checkpoint's generation_config.json) reorders or "
-                "crops the KV cache between steps while the sink masker keeps each row's "
-                "previous sinks at their key indices; arm_sinkmask masks greedy and sampled "
-                "decoding only. Drop it, or override the checkpoint's default with "
-                f"{','.join(f'{m}={CACHE_REORDERING[m]}' for m in modes)} in --gen_kwargs or "
-                "the task's generation_kwargs, or run unmasked (top_k=0)")
+        asked = {**{name: getattr(generation, name, None) for name in OTHER_MODE_SETTINGS},
+                 "assistant_model": assistant_model}
+        named = [name for name, off in OTHER_MODE_SETTINGS.items() if asked[name] not in (None, off)]
+        raise ValueError(
+            f"task {task or '?'}: {', '.join(f'{n}={asked[n]!r}' for n in named)} (from "
+            "--gen_kwargs, the task or the checkpoint's generation_config.json) asks for "
+            f"transformers' {mode.value} mode; arm_sinkmask masks greedy and sampled decoding "
+            "only, whose KV cache grows by one row per sequence and step (beam search reorders "
+            "the cache, assisted and contrastive decoding crop it, while the sink masker keeps "
+            "each row's previous sinks at their key indices). Drop it, or override the "
+            f"checkpoint's default with {','.join(f'{n}={OTHER_MODE_SETTINGS[n]}' for n in named)}"
+            " in --gen_kwargs or the task's generation_kwargs, or run unmasked (top_k=0)")
 
-    def _refuse_fixed_cache(self, gen_kwargs: dict, task: str | None) -> None:
+    def _refuse_fixed_cache(self, generation: GenerationConfig, task: str | None) -> None:
         """all_rows adds each step's rows to those kept so far, which needs keys that grow by
         them; a static, sliding or hybrid cache keeps a fixed number. The intercept refuses
         such a call as it comes; named by the request or the checkpoint, it is refused here,
         before the first forward pass."""
-        cache = self._asked(gen_kwargs, "cache_implementation")
-        if (self.mask_config.enabled and self.masker.rule == "all_rows" and isinstance(cache, str)
+        cache = generation.cache_implementation
+        if (self.masker.rule == "all_rows" and isinstance(cache, str)
                 and any(kind in cache for kind in ("static", "sliding", "hybrid"))):
             raise ValueError(
                 f"task {task or '?'}: arm_rule=all_rows counts every row of the sequence so far "
@@ -118,12 +133,19 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
                 "keeps a fixed number of keys. Use arm_rule=last_row, or "
                 "--gen_kwargs cache_implementation=dynamic")
 
-    def _asked(self, gen_kwargs: dict, name: str) -> Any:
-        """A generation setting as transformers' generate takes it: the request's when it gives
-        one (None too), else the checkpoint's generation_config.json's."""
-        if name in gen_kwargs:
-            return gen_kwargs[name]
-        return getattr(getattr(self.model, "generation_config", None), name, None)
+    def _generation_config(self, gen_kwargs: dict) -> GenerationConfig:
+        """The settings transformers' generate runs a request with when HFLM passes it no
+        generation config: the checkpoint's generation_config.json, less a ``hybrid`` cache
+        (a hub default that generate drops), then the request's keys (None too). Not
+        validated here: generate validates what HFLM passes, less keys HFLM drops."""
+        generation = copy.deepcopy(getattr(self.model, "generation_config", None)
+                                   or GenerationConfig())
+        if generation.cache_implementation == "hybrid":
+            generation.cache_implementation = None
+        for name, value in gen_kwargs.items():
+            if hasattr(generation, name):
+                setattr(generation, name, value)
+        return generation
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         with self.masking(context, generation_kwargs.get("attention_mask")):
@@ -255,8 +277,9 @@ def _refuse_sink_token_checkpoint(pretrained, config: dict[str, Any]) -> None:
 def _refuse_short_sliding_window(config: dict[str, Any], max_length: int | None) -> None:
     """A sliding-window layer's cache drops its oldest key at each step once the window is
     full, so the key indices the masker keeps from the last pass (``detect=previous``; the
-    all_rows history) would name the next token. Refused where a sequence can outgrow the
-    window: run with ``max_length`` at most the window."""
+    all_rows history) would name the next token, and the key padding it reads from the 2-D
+    attention mask would no longer line up with the window's keys (every rule). Refused
+    where a sequence can outgrow the window: run with ``max_length`` at most the window."""
     window = config.get("sliding_window")
     sliding = (window is not None and config.get("use_sliding_window") is not False) or any(
         "sliding" in str(kind) for kind in config.get("layer_types") or ())

@@ -311,6 +311,37 @@ def test_a_masked_arm_refuses_reordered_caches_before_any_forward_pass(tiny_dirs
     assert len(plain.generate_until(request)) == 1
 
 
+
+def test_a_masked_arm_refuses_contrastive_search_by_transformers_choice_of_mode(tiny_dirs):
+    """A contrastive penalty with greedy decoding is contrastive search (its top_k candidates'
+    cache rows cropped to the one kept), which transformers picks from the penalty and its
+    default top_k of 50; it loads its code from the hub, so no unmasked run here."""
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    request = Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4,
+                                                           "penalty_alpha": 0.6}), 0)
+    with pytest.raises(ValueError, match=r"penalty_alpha=0.6 .* contrastive_search mode.*"
+                                         r"default with penalty_alpha=None"):
+        masked.generate_until([request])
+    assert masked.mask_stats.forward_passes == 0
+
+
+@pytest.mark.parametrize("ignored", [{"num_beam_groups": 0}, {"num_beam_groups": 3},
+                                     {"penalty_alpha": 0.6, "do_sample": True, "temperature": 0.7}])
+def test_settings_transformers_ignores_in_greedy_and_sampled_decoding_run_masked(tiny_dirs, ignored):
+    """The mode is the one transformers picks: beam groups without beams, or a contrastive
+    penalty with sampling, decode as greedy or sampled steps, which the masker serves."""
+    kwargs = {"max_gen_toks": 4, "do_sample": False, **ignored}
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
+    plain_masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
+    torch.manual_seed(0)
+    answers = masked.generate_until([Instance("generate_until", {}, (PROMPTS[0], kwargs), 0)])
+    torch.manual_seed(0)
+    plain = {name: value for name, value in kwargs.items() if name != next(iter(ignored))}
+    assert answers == plain_masked.generate_until(
+        [Instance("generate_until", {}, (PROMPTS[0], plain), 0)])
+    assert masked.mask_stats.forward_passes > 0
+
+
 @pytest.mark.parametrize("name, value, off", [("num_beams", 2, 1),
                                               ("prompt_lookup_num_tokens", 2, None),
                                               ("cache_implementation", "static", None)])
@@ -368,6 +399,21 @@ def test_gen_kwargs_hflm_cannot_honour_are_refused_before_any_forward_pass(tiny_
     with pytest.raises(ValueError, match=rf"generation_kwargs {named} .* cannot be honoured"):
         lm.generate_until([request])
     assert lm.mask_stats.forward_passes == 0
+
+
+def test_a_checkpoints_hybrid_cache_default_is_dropped_as_transformers_drops_it(tiny_dirs):
+    """transformers' generate drops ``cache_implementation: hybrid`` from a checkpoint's
+    generation_config.json (a hub default of sliding-window models) and grows a dynamic
+    cache: all_rows runs with it. A request's own ``hybrid`` is kept, and refused."""
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
+    fresh = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
+    masked.model.generation_config.cache_implementation = "hybrid"
+    request = [Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4}), 0)]
+    assert masked.generate_until(request) == fresh.generate_until(request)
+    assert masked.mask_stats.forward_passes == fresh.mask_stats.forward_passes > 0
+    hybrid = {"max_gen_toks": 4, "cache_implementation": "hybrid"}
+    with pytest.raises(ValueError, match="cache_implementation=hybrid"):
+        fresh.generate_until([Instance("generate_until", {}, (PROMPTS[0], hybrid), 0)])
 
 
 @pytest.mark.parametrize("source", ["gen_kwargs", "generation_config"])
