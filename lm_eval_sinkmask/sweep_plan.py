@@ -203,10 +203,16 @@ def parse_tasks(text: str) -> list[str]:
 
 def check_limit(limit: int | float | None) -> None:
     """lm-eval reads ``--limit`` as a count (>= 1) or a fraction (< 1) of each task; zero, a
-    negative or an infinite one would fail (or score nothing) only inside the first cell."""
-    if limit is not None and not (math.isfinite(limit) and limit > 0):
+    negative or an infinite one would fail (or score nothing) only inside the first cell, and
+    a count with a fraction (2.5) would run its whole part while the record kept 2.5."""
+    if limit is None:
+        return
+    if not (math.isfinite(limit) and limit > 0):
         raise ValueError(f"--limit is a count of problems (>= 1) or a fraction of them (0 < f < 1), "
                          f"got {limit:g}")
+    if limit >= 1 and limit != int(limit):
+        raise ValueError(f"--limit {limit:g} would run {int(limit)} problems of each task: give a "
+                         "whole count, or a fraction below 1")
 
 
 def check_pairs(pairs: list[list[str]], models: list[str]) -> None:

@@ -51,6 +51,13 @@ def test_a_limit_lm_eval_cannot_use_is_refused_before_any_cell(tmp_path, limit):
     assert SweepPlan(models=[], tasks=["t"], ks=[0], out=tmp_path, limit=0.25).limit == 0.25
 
 
+def test_a_count_with_a_fraction_is_refused_as_lm_eval_would_cut_it(tmp_path):
+    """lm-eval runs ``int(2.5)`` problems of each task; the record would say 2.5."""
+    with pytest.raises(ValueError, match="--limit 2.5 would run 2 problems"):
+        SweepPlan(models=[], tasks=["t"], ks=[0], out=tmp_path, limit=2.5)
+    assert SweepPlan(models=[], tasks=["t"], ks=[0], out=tmp_path, limit=2.0).limit == 2.0
+
+
 def test_cell_model_args_are_exact_and_masking_keys_come_last(tmp_path):
     plan = SweepPlan(models=[], tasks=["t"], ks=[5], out=tmp_path, eps=3.0,
                      model_args_extra="dtype=float32", arm_rule="all_rows")
