@@ -436,7 +436,8 @@ class _Run:
         if got.history is not None:
             self.history[layer] = got.history
         selected = (got.scores, got.sinks, got.chosen, got.n_sinks, got.n_chosen)
-        return self._decided_whole(layer, sc, got.out, selected, previous, n_previous)
+        return self._decided_whole(layer, sc, got.out, selected, previous, n_previous,
+                                   decode_step.NAME)
 
     def _first_use(self, variant, decoded, layer: int, a: dict, chunk: int, previous):
         """``detect_backend=auto``'s check of a decoding-kernel variant: the call decided by
@@ -469,11 +470,11 @@ class _Run:
         return ref._replace(out=out)
 
     def _decided_whole(self, layer: int, sc: Scores, out, selected, previous, n_previous,
-                       name: str = decode_step.NAME) -> _Decision:
+                       name: str) -> _Decision:
         """The decision of a call that one kernel decided whole (``out``: its masked output;
         ``selected``: scores, sinks, chosen keys and their two counts), with the run's state
-        kept as for any call: the detection counted under ``name`` (the benchmarks' candidate
-        kernels give their own), this pass's choice kept for the next. ``previous``: last
+        kept as for any call: the detection counted under ``name`` (the decoding kernel's, or a
+        benchmark's candidate kernel), this pass's choice kept for the next. ``previous``: last
         pass's choice as :meth:`_previous` gives it unpadded, or None where this call masked
         its own."""
         scores, sinks, chosen, n_sinks, n_chosen = selected
