@@ -398,6 +398,32 @@ def refused_model_args(cells: list[Cell], *, running: bool) -> list[str]:
     return refused
 
 
+def _refuse_unrunnable(plan: SweepPlan, tm, cells: list[Cell], todo: list[int],
+                       done: list[dict[str, Any]]) -> None:
+    """What would stop a cell midway, or record it otherwise than it ran, refused before
+    sweep.json records the grid (``done``: the requests of the folder's finished cells)."""
+    mixed = mixed_settings(done + [cells[i].request() for i in todo])
+    if mixed:
+        raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
+    # every cell's model_args, as sweep.json records them all; the device only if any runs now
+    refused = refused_model_args(cells, running=bool(todo))
+    if refused:
+        raise SystemExit("\n".join(refused))
+    if plan.num_fewshot:  # cells recorded as N-shot would have run 0-shot
+        fixed = zero_shot_tasks(tm, plan.tasks)
+        if fixed:
+            raise SystemExit(
+                f"task(s) {fixed} set num_fewshot: 0 in their YAML, and lm-eval ignores "
+                f"--num_fewshot for such a task: --num-fewshot {plan.num_fewshot} would run them "
+                "0-shot. Sweep them without --num-fewshot (or in a sweep of their own).")
+    blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))
+    if blocked and not plan.allow_code_execution:
+        raise SystemExit(
+            f"task(s) {blocked} execute model-written code (in lm_eval_sinkmask's sandbox). "
+            "Pass --allow-code-execution to run them."
+        )
+
+
 def run_sweep(
     plan: SweepPlan, *, max_cells: int | None = None, progress: bool = True, jobs: int = 1
 ) -> int:
@@ -436,27 +462,7 @@ def run_sweep(
                          "their checkpoint, task and lm-eval-sinkmask's code are now:\n  "
                          + "\n  ".join(stale) + f"\n{RERUN_HELP}")
     todo = pending[:max_cells]
-    mixed = mixed_settings([r["request"] for r in done.values()]
-                           + [cells[i].request() for i in todo])
-    if mixed:
-        raise SystemExit("\n".join(mixed) + f"\n{RERUN_HELP}")
-    # every cell's model_args, as sweep.json records them all; the device only if any runs now
-    refused = refused_model_args(cells, running=bool(todo))
-    if refused:
-        raise SystemExit("\n".join(refused))
-    if plan.num_fewshot:  # cells recorded as N-shot would have run 0-shot
-        fixed = zero_shot_tasks(tm, plan.tasks)
-        if fixed:
-            raise SystemExit(
-                f"task(s) {fixed} set num_fewshot: 0 in their YAML, and lm-eval ignores "
-                f"--num_fewshot for such a task: --num-fewshot {plan.num_fewshot} would run them "
-                "0-shot. Sweep them without --num-fewshot (or in a sweep of their own).")
-    blocked = unsafe_tasks(tm, sorted({cells[i].task for i in todo}))
-    if blocked and not plan.allow_code_execution:
-        raise SystemExit(
-            f"task(s) {blocked} execute model-written code (in lm_eval_sinkmask's sandbox). "
-            "Pass --allow-code-execution to run them."
-        )
+    _refuse_unrunnable(plan, tm, cells, todo, [r["request"] for r in done.values()])
     plan.out.mkdir(parents=True, exist_ok=True)
     if process_rank() == 0:
         record_grid(plan.out, plan.grid())
