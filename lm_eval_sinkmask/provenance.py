@@ -259,6 +259,11 @@ def code_digests() -> dict[str, str]:
             "unmasked_code": installed_unmasked_code_digest()}
 
 
+# model_args that load files beside the checkpoint, each changing the answers: an adapter or
+# delta retrained in place, or a tokenizer folder edited, keeps its path
+LOADED_WITH = ("peft", "delta", "tokenizer")
+
+
 class InputDigests:
     """The digests of a sweep's checkpoints, tasks and package code, each computed once."""
 
@@ -277,9 +282,16 @@ class InputDigests:
             self._tasks[name] = task_digest(self.task_manager.load([name])["tasks"][name])
         return self._tasks[name]
 
-    def for_cell(self, path: str, task: str, revision: str | None = None) -> dict[str, Any]:
-        return {"checkpoint": self.checkpoint(path, revision), "task": self.task(task),
-                **code_digests()}
+    def for_cell(self, path: str, task: str, revision: str | None = None,
+                 loaded_with: dict[str, str] | None = None) -> dict[str, Any]:
+        """``loaded_with``: what the cell's model_args load beside the checkpoint
+        (:data:`LOADED_WITH`), name -> path."""
+        inputs = {"checkpoint": self.checkpoint(path, revision), "task": self.task(task),
+                  **code_digests()}
+        if loaded_with:
+            inputs["loaded_with"] = {name: self.checkpoint(source)
+                                     for name, source in loaded_with.items()}
+        return inputs
 
 
 def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any],
@@ -300,6 +312,11 @@ def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any],
             out.append(f"task {key} {old_task.get(key)} -> {new_task.get(key)}")
     if "code" in old_task and old_task["code"] != new_task.get("code"):
         out.append(f"task code {old_task['code']} -> {new_task.get('code')}")
+    if "loaded_with" in done:  # a cell made before these were recorded has none to compare
+        old_loaded, new_loaded = done["loaded_with"], now.get("loaded_with") or {}
+        for name in sorted(set(old_loaded) | set(new_loaded)):
+            if new_loaded.get(name) is not None and old_loaded.get(name) != new_loaded[name]:
+                out.append(f"{name} {old_loaded.get(name)} -> {new_loaded[name]}")
     key = "unmasked_code" if unmasked and done.get("unmasked_code") and now.get("unmasked_code") \
         else "package_code"
     old_code, new_code = done.get(key), now.get(key)

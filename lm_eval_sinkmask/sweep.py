@@ -52,8 +52,8 @@ from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
 from .hflm_args import placed_device
 from .provenance import InputDigests, changed_inputs, checkpoint_digest, code_digests, task_digest
-from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, merge_grids, mixed_settings,
-                         model_type_of, requested_revision)
+from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, loaded_with, merge_grids,
+                         mixed_settings, model_type_of, requested_revision)
 
 
 def versions() -> dict[str, str]:
@@ -211,7 +211,11 @@ def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
     checkpoint = reported.get("checkpoint") or checkpoint_digest(cell.path, cell.revision)
     with _no_metadata_advice():
         task = task_digest(tm.load([cell.task])["tasks"][cell.task])
-    return {"checkpoint": checkpoint, "task": task, **code_digests()}
+    as_run = {"checkpoint": checkpoint, "task": task, **code_digests()}
+    if cell.loaded_with:
+        as_run["loaded_with"] = {name: checkpoint_digest(source)
+                                 for name, source in cell.loaded_with.items()}
+    return as_run
 
 
 def changed_since_start(start: dict[str, Any], as_run: dict[str, Any]) -> list[str]:
@@ -350,23 +354,29 @@ def stale_cells(records: dict[Path, dict[str, Any]], digests: InputDigests) -> l
 
 
 def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, Any]:
-    """Today's digests of a done cell's checkpoint, task and package code, as far as they can
-    be taken here: a checkpoint that cannot be read is None (not compared), a task the task
-    manager does not know keeps the digest the cell recorded."""
+    """Today's digests of a done cell's checkpoint (and what its model_args load with it),
+    task and package code, as far as they can be taken here: a checkpoint that cannot be read
+    is None (not compared), a task the task manager does not know keeps the digest the cell
+    recorded."""
     from lm_eval.utils import simple_parse_args_string
+
+    def readable(source: str, revision: str | None = None) -> str | None:
+        try:
+            return digests.checkpoint(source, revision)
+        except Exception:  # noqa: BLE001 - e.g. a zoo seed not installed here: nothing to compare
+            return None
 
     request = record["request"]
     args = simple_parse_args_string(request["model_args"])
-    revision = requested_revision(args)
-    try:
-        checkpoint = digests.checkpoint(str(args["pretrained"]), revision)
-    except Exception:  # noqa: BLE001 - e.g. a zoo seed not installed here: nothing to compare
-        checkpoint = None
     task = request["task"]
     known = task in digests.task_manager.all_tasks
     recorded = (record.get("inputs") or {}).get("task") or {}
-    return {"checkpoint": checkpoint, "task": digests.task(task) if known else recorded,
-            **code_digests()}
+    today = {"checkpoint": readable(str(args["pretrained"]), requested_revision(args)),
+             "task": digests.task(task) if known else recorded, **code_digests()}
+    if loaded_with(args):
+        today["loaded_with"] = {name: readable(source)
+                                for name, source in loaded_with(args).items()}
+    return today
 
 
 def cell_device(plan: SweepPlan) -> str:
@@ -453,7 +463,7 @@ def run_sweep(
     digests = InputDigests(tm)
     cells = plan.cells()
     with _no_metadata_advice():  # the task digests load every task once
-        inputs = [digests.for_cell(c.path, c.task, c.revision) for c in cells]
+        inputs = [digests.for_cell(c.path, c.task, c.revision, c.loaded_with) for c in cells]
         pending = [i for i, c in enumerate(cells) if not c.is_done(inputs[i])]
         planned = {c.folder / "cell.json" for c in cells}
         stale = stale_cells({p: r for p, r in done.items() if p not in planned}, digests)

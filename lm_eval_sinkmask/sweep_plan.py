@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .provenance import changed_inputs
+from .provenance import LOADED_WITH, changed_inputs
 
 KINDS = ("arm", "dlm")
 MODEL_CLASS = {"arm": "arm_sinkmask", "dlm": "dlm_sinkmask"}
@@ -74,6 +74,12 @@ def requested_revision(model_args: dict[str, Any]) -> str | None:
     """The checkpoint revision parsed model_args ask for (None: the default branch)."""
     revision = model_args.get("revision")
     return None if revision is None else str(revision)
+
+
+def loaded_with(model_args: dict[str, Any]) -> dict[str, str]:
+    """What parsed model_args load beside the checkpoint (:data:`provenance.LOADED_WITH`),
+    name -> path, for the sweep to hash with it."""
+    return {name: str(model_args[name]) for name in LOADED_WITH if model_args.get(name)}
 
 
 def parse_seeds(text: str | None, option: str = "--seeds") -> list[int] | None:
@@ -391,6 +397,13 @@ class Cell:
         from lm_eval.utils import simple_parse_args_string
 
         return requested_revision(simple_parse_args_string(self.model_args))
+
+    @property
+    def loaded_with(self) -> dict[str, str]:
+        """What this cell's model_args load beside the checkpoint, name -> path."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return loaded_with(simple_parse_args_string(self.model_args))
 
     def request(self) -> dict[str, Any]:
         """What identifies this cell's run; a done cell with a different request is an error."""

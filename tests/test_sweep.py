@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lm_eval_sinkmask.cli import main
+from lm_eval_sinkmask.provenance import checkpoint_digest
 from lm_eval_sinkmask.sweep import run_sweep
 from lm_eval_sinkmask.sweep_plan import ModelSpec, SweepPlan
 from lm_eval_sinkmask.tasks import TASKS_DIR
@@ -193,6 +194,35 @@ def test_a_resume_refuses_cells_whose_checkpoint_or_task_changed_under_the_same_
     yaml.write_text(yaml.read_text().replace("max_gen_toks: 8", "max_gen_toks: 6"))
     with pytest.raises(SystemExit, match="task config"):
         run_sweep(plan(), progress=False)
+
+
+@pytest.mark.slow
+def test_a_resume_refuses_cells_whose_tokenizer_folder_changed_under_the_same_path(
+        tmp_path, tiny_dirs, tiny_task):
+    """What model_args load beside the checkpoint (peft, delta, tokenizer) is hashed with it:
+    an adapter retrained in place or a tokenizer edited keeps its path in the request."""
+    import shutil
+
+    tokenizer = shutil.copytree(tiny_dirs["llama"], tmp_path / "tokenizer")
+
+    def plan():
+        return SweepPlan(models=[ModelSpec("llama", str(tiny_dirs["llama"]), "arm",
+                                           f"tokenizer={tokenizer}")],
+                         tasks=["tiny_gen"], ks=[0], out=tmp_path / "out", limit=1,
+                         device="cpu", include_path=[str(tiny_task)])
+
+    assert run_sweep(plan(), progress=False) == 1
+    [record] = (tmp_path / "out" / "cells").rglob("cell.json")
+    assert json.loads(record.read_text())["inputs"]["loaded_with"] == {
+        "tokenizer": checkpoint_digest(str(tokenizer))}
+    assert run_sweep(plan(), progress=False) == 0
+    config = tokenizer / "tokenizer_config.json"
+    kept = config.read_text()
+    config.write_text(kept.replace("{", '{"model_max_length": 77,', 1))
+    with pytest.raises(SystemExit, match=r"(?s)other inputs.*tokenizer sha256:\w+ -> sha256:"):
+        run_sweep(plan(), progress=False)
+    config.write_text(kept)
+    assert run_sweep(plan(), progress=False) == 0
 
 
 @pytest.mark.slow
