@@ -9,6 +9,7 @@ replace those under ``results/`` when it is promoted into the package: they are 
 staged weights wherever they name seed 0."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,28 @@ def test_every_committed_table_is_what_its_committed_cells_render(name):
     if comparisons:
         assert table.write_csv(versus.FIELDS, versus.csv_rows(comparisons)) == (
             folder / "versus.csv").read_text()
+
+
+def test_the_committed_sink_token_report_is_what_its_cells_render_beside_sinkmask_table(tmp_path):
+    """results/sink_token_v2 is the experiment's report and a sweep folder too: the report the
+    README quotes must be what the current code makes of its cells and traces, and neither it
+    nor `sinkmask table` on the folder may write over the other's files (both wrote table.md)."""
+    from lm_eval_sinkmask import table
+    from lm_eval_sinkmask.experiments import sink_token
+
+    committed = ROOT / "results" / "sink_token_v2"
+    folder = shutil.copytree(committed, tmp_path / "sink_token_v2")
+    report = ("sink_token.md", "sink_token.csv", "summary.json")
+
+    def texts(where: Path, names) -> dict[str, str]:
+        return {name: (where / name).read_text() for name in names}
+
+    tables = [path.name for path in table.render(folder, figure=False).values()]
+    assert texts(folder, report) == texts(committed, report)  # the table left the report alone
+    rendered = texts(folder, tables)
+    sink_token.write_report(folder)
+    assert texts(folder, report) == texts(committed, report)
+    assert texts(folder, tables) == rendered  # and the report the table
 
 
 def test_the_committed_zoo_report_is_what_its_cells_and_traces_render(monkeypatch):

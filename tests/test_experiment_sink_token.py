@@ -43,10 +43,10 @@ def test_report_lays_out_every_model_task_and_k(tmp_path):
             for k in ks:
                 _cell(tmp_path, name, task, k, 0.5 - 0.01 * k)
     summary = exp.write_report(tmp_path)
-    table = (tmp_path / "table.md").read_text()
+    table = (tmp_path / "sink_token.md").read_text()
     assert "| llada (baseline) | 50.0 ± 5.0 | 49.0 ± 5.0 | 45.0 ± 5.0 | 40.0 ± 5.0 |" in table
     assert "| llada_sink, token excluded | (= K=0 above) | 49.0 ± 5.0 |" in table
-    rows = list(csv.DictReader((tmp_path / "table.csv").open()))
+    rows = list(csv.DictReader((tmp_path / "sink_token.csv").open()))
     assert len(rows) == len(summary["accuracy"]) == 2 * (4 + 4 + 3)
     assert (tmp_path / "sink_token.png").stat().st_size > 0
 
@@ -63,7 +63,7 @@ def test_seed_pairs_report_the_gain_per_pair_and_across_pairs(tmp_path):
                     _cell(tmp_path / "cells" / name / f"seed{seed}", name, task, k, value,
                           root=tmp_path, seed=seed)
     summary = exp.write_report(tmp_path)
-    table = (tmp_path / "table.md").read_text()
+    table = (tmp_path / "sink_token.md").read_text()
     assert summary["seeds"] == [0, 1, 2]
     # llada K=0 over seeds: mean 50.0, std 10.0, lm-eval's se 5.0
     assert "| llada (baseline) | 50.0 ± 10.0 (3 seeds; se 5.0) | 49.0 ± 10.0 (3 seeds; se 5.0) |" in table
@@ -74,7 +74,7 @@ def test_seed_pairs_report_the_gain_per_pair_and_across_pairs(tmp_path):
     [g] = [g for g in summary["paired_gains"] if g["task"] == "mini_code_sinkmask"
            and g["comparison"] == "llada_sink, token excluded - llada" and g["k"] == 5]
     assert g["per_seed"] == pytest.approx({0: 0.1, 1: 0.0, 2: 0.2}) and g["pairs"] == 3
-    rows = list(csv.DictReader((tmp_path / "table.csv").open()))
+    rows = list(csv.DictReader((tmp_path / "sink_token.csv").open()))
     assert len(rows) == 3 * 2 * (4 + 4 + 3) and {r["seed"] for r in rows} == {"0", "1", "2"}
 
 
@@ -84,7 +84,7 @@ def test_report_names_the_weights_and_tasks_its_cells_ran_on_and_refuses_a_mix(t
             for k in ks:
                 _cell(tmp_path, name, task, k, 0.5, inputs=_inputs(name, task))
     exp.write_report(tmp_path)
-    table = (tmp_path / "table.md").read_text()
+    table = (tmp_path / "sink_token.md").read_text()
     assert ("Checkpoints (sha256 of the model files): llada `aaaaaaaaaaaa`; llada_sink, "
             "llada_sink_excl `bbbbbbbbbbbb`.") in table
     assert ("Tasks: mini_gsm_sinkmask v2.0 (config `cccccccccccc`, documents `dddddddddddd`); "
@@ -111,7 +111,7 @@ def test_one_run_reports_the_gain_with_its_paired_standard_error(tmp_path, seed)
                 _cell(tmp_path if seed is None else tmp_path / "cells" / name / "seed0", name,
                       task, k, None, seed=seed, scores=BASE if name == "llada" else SINK)
     summary = exp.write_report(tmp_path)
-    table = (tmp_path / "table.md").read_text()
+    table = (tmp_path / "sink_token.md").read_text()
     # +30 points on the same 10 problems, paired se 15.3: the three gained problems
     assert f"| mini_code | llada_sink - llada | 0 | +30.0 ± {_se(BASE, SINK):.1f} |" in table
     assert "one training run each" in table
@@ -129,7 +129,7 @@ def test_seed_pairs_carry_their_paired_standard_errors(tmp_path):
                     _cell(tmp_path / "cells" / name / f"seed{seed}", name, task, k, None,
                           root=tmp_path, seed=seed, scores=BASE if name == "llada" else sink[seed])
     summary = exp.write_report(tmp_path)
-    table = (tmp_path / "table.md").read_text()
+    table = (tmp_path / "sink_token.md").read_text()
     ses = [_se(BASE, sink[s]) for s in range(3)]
     gains = [100 * (np.mean(sink[s]) - np.mean(BASE)) for s in range(3)]
     assert (f"| mini_code | llada_sink - llada | 0 | +{gains[0]:.1f} ± {ses[0]:.1f} | +0.0 ± 0.0 | "
@@ -197,7 +197,7 @@ def test_a_report_drawn_before_every_model_ran_names_the_cells_it_lacks(tmp_path
                     _cell(tmp_path / "cells" / name / f"seed{seed}", name, task, k, 0.5,
                           root=tmp_path, seed=seed)
     exp.write_report(tmp_path)
-    table = (tmp_path / "table.md").read_text()
+    table = (tmp_path / "sink_token.md").read_text()
     assert ("**Not in this folder yet** (the numbers above leave these cells out; run them "
             "with `--models`/`--tasks`, then redraw): llada_sink mini_code K=10 (seed 2); "
             "llada_sink_excl mini_gsm K=1,5,10 (seed 1); llada_sink_excl mini_gsm K=1,5,10 "
@@ -211,4 +211,4 @@ def test_a_whole_folder_names_no_missing_cell(tmp_path):
             for k in ks:
                 _cell(tmp_path, name, task, k, 0.5)
     exp.write_report(tmp_path)
-    assert "Not in this folder yet" not in (tmp_path / "table.md").read_text()
+    assert "Not in this folder yet" not in (tmp_path / "sink_token.md").read_text()

@@ -16,7 +16,9 @@ run-to-run luck:
    (``stability.py``: does the main sink keep its position from one denoising step to the
    next), the share of attention on the extra token and on BOS, and how often the extra token
    is the main sink;
-3. report: ``table.md``, ``table.csv``, ``summary.json`` and ``sink_token.png`` in ``--out``.
+3. report: ``sink_token.md``, ``sink_token.csv``, ``summary.json`` and ``sink_token.png`` in
+   ``--out`` (a sweep folder too: ``sinkmask table`` on it writes its own ``table.md`` beside
+   them).
 
 Resumable: finished sweep cells and traces are skipped on a rerun (``--report-only`` just
 redraws). Tiny CPU models: a test bed, not a claim about 8B models.
@@ -301,8 +303,10 @@ def _single_gain_lines(gains: list[dict[str, Any]]) -> list[str]:
 
 
 def write_report(out: Path) -> dict[str, Any]:
-    """``table.md``, ``table.csv``, ``summary.json`` and ``sink_token.png`` from what ``out``
-    holds alone (cells and traces), so ``--report-only`` redraws it without running anything."""
+    """``sink_token.md``, ``sink_token.csv``, ``summary.json`` and ``sink_token.png`` from what
+    ``out`` holds alone (cells and traces), so ``--report-only`` redraws it without running
+    anything. Named after the experiment, since ``out`` is a sweep folder whose generic
+    ``sinkmask table`` writes ``table.md`` and ``table.csv``: either would overwrite the other."""
     records = _records(out)
     rows = read_cells(records)
     stab = trace_summary(out)
@@ -330,8 +334,8 @@ def write_report(out: Path) -> dict[str, Any]:
     notes = input_lines(records)
     if notes:
         lines += notes + [""]
-    (out / "table.md").write_text("\n".join(lines))
-    with (out / "table.csv").open("w", newline="") as f:
+    (out / "sink_token.md").write_text("\n".join(lines))
+    with (out / "sink_token.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["model"])
         w.writeheader()
         w.writerows(rows)
@@ -520,7 +524,7 @@ def main(argv=None) -> int:
         if not a.skip_traces:
             run_traces(out, a.trace_prompts, seeds)
     write_report(out)
-    print((out / "table.md").read_text())
+    print((out / "sink_token.md").read_text())
     return 0
 
 
