@@ -20,7 +20,8 @@ import os
 import sys
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import paired, seed_stats, versus
@@ -146,35 +147,50 @@ def _read(folder: Path, metrics: dict[str, str] | None) -> _Folder:
     seeds = grid.get("seeds")
     read = _Folder(folder, grid, [], False, [], [], [])
     for record_path in cell_records(folder / "cells"):  # any depth: seed and draw folders
-        try:
-            _read_cell(read, record_path, seeds, metrics)
-        except (KeyError, json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError,
-                zlib.error) as e:
-            raise ValueError(f"{record_path.parent}: its cell.json or samples could not be read "
-                             f"({type(e).__name__}: {e}): damaged, or written by another version "
-                             "of lm-eval-sinkmask; rerun that cell (delete its folder, rerun the "
-                             "sweep)") from e
+        _read_cell(read, record_path, seeds, metrics)
     return read
+
+
+# what a damaged (truncated, not JSON, not gzip, not UTF-8) cell.json or samples file raises
+UNREADABLE = (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError, zlib.error)
+
+
+@contextmanager
+def _reading(cell: Path, *also: type[Exception]):
+    """A damaged file of ``cell`` (:data:`UNREADABLE`, and ``also``: KeyError where cell.json's
+    keys are read) named in one line; kept to the reading, so that a mistake in what is computed
+    from the files stays a traceback instead of passing for a damaged cell."""
+    try:
+        yield
+    except (*UNREADABLE, *also) as e:
+        raise ValueError(f"{cell}: its cell.json or samples could not be read "
+                         f"({type(e).__name__}: {e}): damaged, or written by another version "
+                         "of lm-eval-sinkmask; rerun that cell (delete its folder, rerun the "
+                         "sweep)") from e
 
 
 def _read_cell(read: _Folder, record_path: Path, seeds: list[int] | None,
                metrics: dict[str, str] | None) -> None:
     """One ``cell.json`` (and its samples, for the paired errors) into ``read``."""
-    record = json.loads(record_path.read_text())
-    req = record["request"]
+    cell = record_path.parent
+    with _reading(cell, KeyError):
+        record = json.loads(record_path.read_text())
+        req = record["request"]
     read.requests.append(req)
     read.versions.append(record.get("versions"))
     read.runs.append(record.get("run"))
     if seeds is not None and req.get("checkpoint_seed") not in seeds:
         return
-    metric, value, stderr = record["metric"], record["value"], record["stderr"]
-    wanted = (metrics or {}).get(req["task"])
-    if wanted and wanted != metric:
-        metric, value, stderr = _from_lm_eval(record_path.parent, req["task"], wanted)
+    with _reading(cell, KeyError):  # cell.json's keys (lm-eval's results for --metric)
+        metric, value, stderr = record["metric"], record["value"], record["stderr"]
+        wanted = (metrics or {}).get(req["task"])
+        if wanted and wanted != metric:
+            metric, value, stderr = _from_lm_eval(cell, req["task"], wanted)
+        entry = entry_of(record, measured=(metric, value, stderr))
+    with _reading(cell):  # the samples, scored as read: a KeyError would be the scoring's
+        per_doc = paired.read_per_document(cell, req["task"], metric, value)
     read.zoo |= is_zoo(record)
-    read.entries.append(entry_of(record, measured=(metric, value, stderr),
-                                 per_doc=paired.read_per_document(record_path.parent,
-                                                                  req["task"], metric, value)))
+    read.entries.append(replace(entry, per_doc=per_doc))
 
 
 def _check_one_experiment(reads: list[_Folder], scope: str) -> None:
@@ -474,14 +490,15 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
             raise ValueError(f"{folder} is a sweep folder: a pooled table goes into a folder of its own")
         sources = [Path(os.path.relpath(Path(p).resolve(), folder.resolve())).as_posix()
                    for p in pool]
-        if title is None:  # a title given once is kept
-            title = (_pooled(folder) or {}).get("title")
         path = folder / POOLED
-        before = path.read_text() if path.is_file() else None
+        before = path.read_text() if path.is_file() else None  # put back if this pool fails
+        if title is None and before is not None:  # a title given once is kept
+            title = json.loads(before).get("title")
         path.write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
         try:
             return _render_locked(folder, title, metrics, digits, figure, versus_pairs)
-        except BaseException:  # a refused pool (a typo in a source) leaves the last good one
+        except BaseException:  # a refused pool (a typo in a source) or a failed render leaves
+            # the last good one, which the tables still show (_render writes them last)
             if before is None:
                 path.unlink()
             else:
@@ -536,13 +553,17 @@ def _render(folder: Path, title: str | None, metrics: dict[str, str] | None, dig
     title = title_of(grid, zoo, title)
     out = {"markdown": folder / "table.md", "csv": folder / "table.csv"}
     comparisons = versus.compare(grid, entries)
-    out["markdown"].write_text(markdown(grid, entries, title, digits, comparisons))
-    out["csv"].write_text(csv_text(grid, entries))
+    texts = {"markdown": markdown(grid, entries, title, digits, comparisons),
+             "csv": csv_text(grid, entries)}
     if comparisons:
         out["versus"] = folder / "versus.csv"
-        out["versus"].write_text(write_csv(versus.FIELDS, versus.csv_rows(comparisons)))
+        texts["versus"] = write_csv(versus.FIELDS, versus.csv_rows(comparisons))
+    # the texts are written last, once the figure is drawn: a render that fails leaves the
+    # folder's last tables (and a failed --pool the pooled.json that made them)
     if figure:
         out["figure"] = plot(grid, entries, title, folder / "accuracy_vs_k.png")
+    for key, text in texts.items():
+        out[key].write_text(text)
     return out
 
 

@@ -508,10 +508,30 @@ def test_a_refused_pool_leaves_the_folders_last_good_one(tmp_path):
     assert not (fresh / table.POOLED).exists()
 
 
+def test_a_pool_whose_render_fails_late_leaves_the_last_table_and_its_pool(tmp_path, monkeypatch):
+    """A --pool whose figure failed put the last pooled.json back while table.md and table.csv
+    already showed the refused pool: the tables are written only once nothing else can fail."""
+    folders = _per_seed_folders(tmp_path)
+    out = tmp_path / "pooled"
+    table.render(out, figure=False, pool=folders, title="Three seeds")
+    names = (table.POOLED, "table.md", "table.csv")
+    good = {name: (out / name).read_text() for name in names}
+
+    def broken_plot(*args):
+        raise RuntimeError("the figure failed")
+
+    monkeypatch.setattr(table, "plot", broken_plot)
+    with pytest.raises(RuntimeError, match="the figure failed"):
+        table.render(out, pool=folders[:2], title="Two seeds")
+    assert {name: (out / name).read_text() for name in names} == good
+
+
 @pytest.mark.parametrize("damage, said", [
     (lambda path: path.write_text(""), "JSONDecodeError"),
     (lambda path: path.write_text(json.dumps(
         {k: v for k, v in json.loads(path.read_text()).items() if k != "stderr"})), "KeyError"),
+    (lambda path: path.with_name("samples_mini_gsm_2025-01-01T00-00-00.jsonl.gz").write_bytes(
+        b"not gzip"), "BadGzipFile"),
 ])
 def test_a_damaged_cell_is_named_in_one_line(tmp_path, capsys, damage, said):
     folder = write_sweep(tmp_path)
@@ -521,6 +541,22 @@ def test_a_damaged_cell_is_named_in_one_line(tmp_path, capsys, damage, said):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"sinkmask: error: {cell}: its cell.json or samples could not be read "
                           f"({said}") and "rerun that cell" in err
+
+
+@pytest.mark.parametrize("module, name", [(table, "is_zoo"), (table.paired, "per_document")])
+def test_a_key_error_of_the_tables_own_code_is_not_called_a_damaged_cell(
+        tmp_path, monkeypatch, module, name):
+    """Only the reading of a cell's files is reported as a damaged cell: a KeyError of what the
+    table computes from them (here while scoring the samples, or naming the zoo) is a bug of
+    its own, and says so with its traceback."""
+    folder = _paired_sweep(tmp_path / "sweep", {None: {0: BASE, 1: MASKED}})
+
+    def mistake(*args):
+        raise KeyError("a coding mistake")
+
+    monkeypatch.setattr(module, name, mistake)
+    with pytest.raises(KeyError, match="a coding mistake"):
+        table.render(folder, figure=False)
 
 
 def test_a_metric_override_on_a_cell_without_lm_evals_results_says_so(tmp_path):
