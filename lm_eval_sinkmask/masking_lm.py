@@ -194,7 +194,7 @@ class MaskingLMMixin:
                   "tokenizer": self.loaded_with["tokenizer"]}
         for name, source in loaded.items():
             hflm[name] = source if source is None else {
-                "name": source, "checkpoint": checkpoint_digest(source)}
+                "name": source, "checkpoint": checkpoint_digest(source, self.revision)}
         batch = {"batch_size": self.batch_size_per_gpu} if self.batch_dependent() else {}
         return {**batch, "model": type(self).__name__, "pretrained": pretrained,
                 "checkpoint": self.weights_digest,

@@ -285,11 +285,11 @@ class InputDigests:
     def for_cell(self, path: str, task: str, revision: str | None = None,
                  loaded_with: dict[str, str] | None = None) -> dict[str, Any]:
         """``loaded_with``: what the cell's model_args load beside the checkpoint
-        (:data:`LOADED_WITH`), name -> path."""
+        (:data:`LOADED_WITH`), name -> path, which HFLM loads at the checkpoint's revision."""
         inputs = {"checkpoint": self.checkpoint(path, revision), "task": self.task(task),
                   **code_digests()}
         if loaded_with:
-            inputs["loaded_with"] = {name: self.checkpoint(source)
+            inputs["loaded_with"] = {name: self.checkpoint(source, revision)
                                      for name, source in loaded_with.items()}
         return inputs
 
@@ -312,11 +312,13 @@ def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any],
             out.append(f"task {key} {old_task.get(key)} -> {new_task.get(key)}")
     if "code" in old_task and old_task["code"] != new_task.get("code"):
         out.append(f"task code {old_task['code']} -> {new_task.get('code')}")
-    if "loaded_with" in done:  # a cell made before these were recorded has none to compare
-        old_loaded, new_loaded = done["loaded_with"], now.get("loaded_with") or {}
-        for name in sorted(set(old_loaded) | set(new_loaded)):
-            if new_loaded.get(name) is not None and old_loaded.get(name) != new_loaded[name]:
-                out.append(f"{name} {old_loaded.get(name)} -> {new_loaded[name]}")
+    # what model_args load beside the checkpoint: compared where both sides could hash it (a
+    # hub tokenizer not cached at a sweep's start is the one the cell downloaded)
+    old_loaded, new_loaded = done.get("loaded_with") or {}, now.get("loaded_with") or {}
+    for name in sorted(set(old_loaded) & set(new_loaded)):
+        old, new = old_loaded[name], new_loaded[name]
+        if old is not None and new is not None and old != new:
+            out.append(f"{name} {old} -> {new}")
     key = "unmasked_code" if unmasked and done.get("unmasked_code") and now.get("unmasked_code") \
         else "package_code"
     old_code, new_code = done.get(key), now.get(key)

@@ -213,7 +213,7 @@ def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
         task = task_digest(tm.load([cell.task])["tasks"][cell.task])
     as_run = {"checkpoint": checkpoint, "task": task, **code_digests()}
     if cell.loaded_with:
-        as_run["loaded_with"] = {name: checkpoint_digest(source)
+        as_run["loaded_with"] = {name: checkpoint_digest(source, cell.revision)
                                  for name, source in cell.loaded_with.items()}
     return as_run
 
@@ -228,7 +228,8 @@ def changed_since_start(start: dict[str, Any], as_run: dict[str, Any]) -> list[s
 
 def inputs_changed_message(cell: Cell, changed: list[str]) -> str:
     return (f"{cell.label} {cell.task} K={cell.k} ran on other inputs than this sweep started "
-            f"with ({cell.path}, {cell.task} or lm-eval-sinkmask's code changed while it ran):\n  "
+            f"with ({cell.path} or what its model_args load with it, {cell.task} or "
+            "lm-eval-sinkmask's code changed while it ran):\n  "
             + "\n  ".join(changed) + f"\nThe sweep stopped without recording this cell, and the "
             f"cells done before the change in {cell.plan.out} hold the old inputs: finish the "
             "sweep in another --out folder, or restore the old inputs and rerun it here.")
@@ -371,10 +372,11 @@ def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, An
     task = request["task"]
     known = task in digests.task_manager.all_tasks
     recorded = (record.get("inputs") or {}).get("task") or {}
-    today = {"checkpoint": readable(str(args["pretrained"]), requested_revision(args)),
+    revision = requested_revision(args)
+    today = {"checkpoint": readable(str(args["pretrained"]), revision),
              "task": digests.task(task) if known else recorded, **code_digests()}
     if loaded_with(args):
-        today["loaded_with"] = {name: readable(source)
+        today["loaded_with"] = {name: readable(source, revision)
                                 for name, source in loaded_with(args).items()}
     return today
 
@@ -469,7 +471,8 @@ def run_sweep(
         stale = stale_cells({p: r for p, r in done.items() if p not in planned}, digests)
     if stale:
         raise SystemExit("done cells of this folder outside this sweep ran on other inputs than "
-                         "their checkpoint, task and lm-eval-sinkmask's code are now:\n  "
+                         "their checkpoint (and what their model_args load with it), task and "
+                         "lm-eval-sinkmask's code are now:\n  "
                          + "\n  ".join(stale) + f"\n{RERUN_HELP}")
     todo = pending[:max_cells]
     _refuse_unrunnable(plan, tm, cells, todo, [r["request"] for r in done.values()])

@@ -444,8 +444,8 @@ class Cell:
         changed = changed_inputs(record.get("inputs"), inputs)
         if changed:
             raise SystemExit(
-                f"{self.folder} was run on other inputs than {self.path}, {self.task} and "
-                "lm-eval-sinkmask's code are now:\n  "
+                f"{self.folder} was run on other inputs than {self.path} (and what its "
+                f"model_args load with it), {self.task} and lm-eval-sinkmask's code are now:\n  "
                 + "\n  ".join(changed) + f"\n{RERUN_HELP}"
             )
         return True

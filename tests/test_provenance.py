@@ -125,6 +125,35 @@ def test_changed_inputs_names_what_differs_and_skips_an_unreadable_checkpoint():
     assert "older lm-eval-sinkmask" in older
 
 
+def test_changed_inputs_compares_what_model_args_load_where_both_sides_hashed_it():
+    """A tokenizer or adapter retrained under its path is named; one that could not be hashed
+    on one side (a hub name not cached yet) or a cell recorded before these were is not."""
+    task = {"version": 1.0, "config": "sha256:c", "docs": "sha256:d"}
+    done = {"checkpoint": "sha256:a", "task": task, "loaded_with": {"peft": "sha256:p"}}
+    assert changed_inputs(done, {**done, "loaded_with": {"peft": "sha256:q"}}) == [
+        "peft sha256:p -> sha256:q"]
+    assert changed_inputs(done, {**done, "loaded_with": {"peft": None}}) == []
+    assert changed_inputs({**done, "loaded_with": {"peft": None}}, done) == []
+    assert changed_inputs({"checkpoint": "sha256:a", "task": task}, done) == []
+
+
+def test_what_model_args_load_with_the_checkpoint_is_hashed_at_its_revision(monkeypatch):
+    """HFLM loads a tokenizer, adapter or delta at the model_args' revision, as the weights."""
+    import lm_eval_sinkmask.provenance as provenance
+
+    monkeypatch.setattr(provenance, "checkpoint_digest", lambda p, revision=None: f"git:{p}@{revision}")
+    monkeypatch.setattr(provenance, "task_digest", lambda t: {"version": 1})
+
+    class Manager:
+        def load(self, names):
+            return {"tasks": {n: n for n in names}}
+
+    inputs = InputDigests(Manager()).for_cell("org/m", "t", "v1", {"tokenizer": "org/tok"})
+    assert inputs["checkpoint"] == "git:org/m@v1"
+    assert inputs["loaded_with"] == {"tokenizer": "git:org/tok@v1"}
+    assert "loaded_with" not in InputDigests(Manager()).for_cell("org/m", "t", "v1")
+
+
 def test_input_digests_are_computed_once_per_checkpoint_and_task(monkeypatch):
     import lm_eval_sinkmask.provenance as provenance
 
