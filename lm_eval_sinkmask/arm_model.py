@@ -75,6 +75,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         self._check_generation_room(gen_kwargs["max_gen_toks"], task)
         _refuse_unhonoured_gen_kwargs(gen_kwargs, task)
         if self.mask_config.enabled:
+            self._refuse_custom_generate(gen_kwargs, task)
             generation = self._generation_config(gen_kwargs)
             self._refuse_reordered_cache(generation, gen_kwargs.get("assistant_model"), task)
             self._refuse_fixed_cache(generation, task)
@@ -89,6 +90,20 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
                              "generation_kwargs)")
         if self.backend == "causal":
             self._check_prompt_room(asked, "max_gen_toks", task)
+
+    def _refuse_custom_generate(self, gen_kwargs: dict, task: str | None) -> None:
+        """A custom generate (the request's ``custom_generate``, or a checkpoint's
+        ``custom_generate/generate.py``, which transformers puts in place of the model's
+        ``generate`` as it loads it) decodes by a loop of its own, whose handling of the cache
+        no check here can read."""
+        source = ("custom_generate in --gen_kwargs or the task" if "custom_generate" in gen_kwargs
+                  else "the checkpoint's custom_generate/generate.py"
+                  if "generate" in vars(self.model) else None)
+        if source is not None:
+            raise ValueError(
+                f"task {task or '?'}: {source} replaces transformers' decoding loop, whose KV "
+                "cache the sink masker must follow step by step; arm_sinkmask masks "
+                "transformers' greedy and sampled decoding only. Run it unmasked (top_k=0)")
 
     def _refuse_reordered_cache(self, generation: GenerationConfig, assistant_model: Any,
                                 task: str | None) -> None:
@@ -107,7 +122,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
             return
         asked = {**{name: getattr(generation, name, None) for name in OTHER_MODE_SETTINGS},
                  "assistant_model": assistant_model}
-        named = [name for name, off in OTHER_MODE_SETTINGS.items() if asked[name] not in (None, off)]
+        named = [name for name, off in OTHER_MODE_SETTINGS.items() if asked[name] != off]
         raise ValueError(
             f"task {task or '?'}: {', '.join(f'{n}={asked[n]!r}' for n in named)} (from "
             "--gen_kwargs, the task or the checkpoint's generation_config.json) asks for "

@@ -1,5 +1,6 @@
 """dlm_sinkmask / arm_sinkmask as lm-eval models, in process (fast) on tiny checkpoints."""
 
+import functools
 import json
 import re
 
@@ -323,6 +324,30 @@ def test_a_masked_arm_refuses_contrastive_search_by_transformers_choice_of_mode(
                                          r"default with penalty_alpha=None"):
         masked.generate_until([request])
     assert masked.mask_stats.forward_passes == 0
+
+
+@pytest.mark.parametrize("source", ["request", "checkpoint"])
+def test_a_masked_arm_refuses_a_custom_generate_loop(tiny_dirs, source):
+    """A custom generate (the request's, or a checkpoint's custom_generate/generate.py, which
+    transformers sets as the model's generate on loading) decodes by its own loop."""
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    kwargs = {"max_gen_toks": 4}
+    if source == "request":
+        kwargs["custom_generate"] = "org/decoding-recipe"
+    else:
+        masked.model.generate = functools.partial(type(masked.model).generate, masked.model)
+    with pytest.raises(ValueError, match="decoding loop.*Run it unmasked"):
+        masked.generate_until([Instance("generate_until", {}, (PROMPTS[0], kwargs), 0)])
+    assert masked.mask_stats.forward_passes == 0
+
+
+def test_a_beam_count_of_none_is_named_in_the_refusal(tiny_dirs):
+    """transformers takes num_beams=None as beams (generate then fails on it); the refusal
+    names the setting and its override rather than none."""
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    request = Instance("generate_until", {}, (PROMPTS[0], {"max_gen_toks": 4, "num_beams": None}), 0)
+    with pytest.raises(ValueError, match=r"num_beams=None \(from .* default with num_beams=1 in"):
+        masked.generate_until([request])
 
 
 @pytest.mark.parametrize("ignored", [{"num_beam_groups": 0}, {"num_beam_groups": 3},
