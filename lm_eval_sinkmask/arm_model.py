@@ -18,8 +18,10 @@ from typing import Any
 import lm_eval.models  # noqa: F401  (built-in models register first; see _autoload)
 import lm_eval.models.huggingface as hflm_module
 import torch
+import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from packaging.version import Version
 from transformers import GenerationConfig
 from transformers.generation import GenerationMode
 
@@ -39,6 +41,8 @@ OTHER_MODE_SETTINGS = {"num_beams": 1, "constraints": None, "force_words_ids": N
                        "penalty_alpha": None, "prompt_lookup_num_tokens": None,
                        "assistant_model": None, "assistant_early_exit": None,
                        "dola_layers": None}
+# generate drops a checkpoint's cache_implementation="hybrid" from 4.56 on (a request's stays)
+DROPS_CHECKPOINT_HYBRID = Version(transformers.__version__) >= Version("4.56")
 
 
 @register_model("arm_sinkmask")
@@ -96,9 +100,10 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         ``custom_generate/generate.py``, which transformers puts in place of the model's
         ``generate`` as it loads it) decodes by a loop of its own, whose handling of the cache
         no check here can read."""
-        source = ("custom_generate in --gen_kwargs or the task" if "custom_generate" in gen_kwargs
+        source = ("custom_generate in --gen_kwargs or the task"
+                  if gen_kwargs.get("custom_generate") is not None
                   else "the checkpoint's custom_generate/generate.py"
-                  if "generate" in vars(self.model) else None)
+                  if _generate_replaced(self.model) else None)
         if source is not None:
             raise ValueError(
                 f"task {task or '?'}: {source} replaces transformers' decoding loop, whose KV "
@@ -117,7 +122,11 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         without beams) pass; any mode but greedy and sampling is refused (DoLa's and contrastive
         decoding's code come from the hub). Checked for every request before the first forward
         pass."""
-        mode = generation.get_generation_mode(assistant_model)
+        try:
+            mode = generation.get_generation_mode(assistant_model)
+        except TypeError as e:  # e.g. num_beams=2,num_beam_groups=None compares None > 1
+            raise ValueError(f"task {task or '?'}: generation settings transformers cannot read "
+                             f"({e}); give numbers for num_beams and num_beam_groups") from e
         if mode in ONE_ROW_MODES:
             return
         asked = {**{name: getattr(generation, name, None) for name in OTHER_MODE_SETTINGS},
@@ -151,11 +160,12 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
     def _generation_config(self, gen_kwargs: dict) -> GenerationConfig:
         """The settings transformers' generate runs a request with when HFLM passes it no
         generation config: the checkpoint's generation_config.json, less a ``hybrid`` cache
-        (a hub default that generate drops), then the request's keys (None too). Not
-        validated here: generate validates what HFLM passes, less keys HFLM drops."""
+        (a hub default that generate drops, since transformers 4.56), then the request's keys
+        (None too). Not validated here: generate validates what HFLM passes, less keys HFLM
+        drops."""
         generation = copy.deepcopy(getattr(self.model, "generation_config", None)
                                    or GenerationConfig())
-        if generation.cache_implementation == "hybrid":
+        if DROPS_CHECKPOINT_HYBRID and generation.cache_implementation == "hybrid":
             generation.cache_implementation = None
         for name, value in gen_kwargs.items():
             if hasattr(generation, name):
@@ -287,6 +297,13 @@ def _refuse_sink_token_checkpoint(pretrained, config: dict[str, Any]) -> None:
             f"{pretrained} declares an extra sink token (sink_token_id in config.json), which "
             "arm_sinkmask does not insert: its masked runs would decode inputs the model was "
             "never trained on. Only dlm_sinkmask serves checkpoints with a sink token.")
+
+
+def _generate_replaced(model) -> bool:
+    """Whether transformers set a checkpoint's own generate (custom_generate/generate.py) on
+    the loaded model, or under a peft adapter's wrapper on the model it wraps."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "generate" in vars(model) or "generate" in vars(inner)
 
 
 def _refuse_short_sliding_window(config: dict[str, Any], max_length: int | None) -> None:

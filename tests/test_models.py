@@ -341,6 +341,39 @@ def test_a_masked_arm_refuses_a_custom_generate_loop(tiny_dirs, source):
     assert masked.mask_stats.forward_passes == 0
 
 
+
+def test_a_custom_generate_of_none_or_under_a_peft_wrapper_is_read_as_transformers_runs_it(
+        tiny_dirs):
+    """custom_generate=None asks for no custom loop; a checkpoint's own generate set on the
+    model a peft adapter wraps runs under the wrapper's generate."""
+    from lm_eval_sinkmask.arm_model import _generate_replaced
+
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    request = {"max_gen_toks": 2, "custom_generate": None}
+    assert len(masked.generate_until([Instance("generate_until", {}, (PROMPTS[0], request), 0)])) == 1
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_base_model(self):
+            return self.inner
+
+    inner = masked.model
+    assert not _generate_replaced(Wrapper(inner))
+    inner.generate = functools.partial(type(inner).generate, inner)
+    assert _generate_replaced(Wrapper(inner))
+
+
+def test_generation_settings_transformers_cannot_compare_are_refused_in_one_line(tiny_dirs):
+    """num_beam_groups=None beside beams made transformers' mode choice raise a TypeError."""
+    masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    request = {"max_gen_toks": 4, "num_beams": 2, "num_beam_groups": None}
+    with pytest.raises(ValueError, match="generation settings transformers cannot read"):
+        masked.generate_until([Instance("generate_until", {}, (PROMPTS[0], request), 0)])
+
+
 def test_a_beam_count_of_none_is_named_in_the_refusal(tiny_dirs):
     """transformers takes num_beams=None as beams (generate then fails on it); the refusal
     names the setting and its override rather than none."""
@@ -426,10 +459,13 @@ def test_gen_kwargs_hflm_cannot_honour_are_refused_before_any_forward_pass(tiny_
     assert lm.mask_stats.forward_passes == 0
 
 
-def test_a_checkpoints_hybrid_cache_default_is_dropped_as_transformers_drops_it(tiny_dirs):
+def test_a_checkpoints_hybrid_cache_default_is_dropped_as_transformers_drops_it(tiny_dirs,
+                                                                               monkeypatch):
     """transformers' generate drops ``cache_implementation: hybrid`` from a checkpoint's
-    generation_config.json (a hub default of sliding-window models) and grows a dynamic
-    cache: all_rows runs with it. A request's own ``hybrid`` is kept, and refused."""
+    generation_config.json (a hub default of sliding-window models; from 4.56 on) and grows a
+    dynamic cache: all_rows runs with it. A request's own ``hybrid`` is kept, and refused."""
+    from lm_eval_sinkmask import arm_model
+
     masked = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
     fresh = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0, arm_rule="all_rows")
     masked.model.generation_config.cache_implementation = "hybrid"
@@ -439,6 +475,10 @@ def test_a_checkpoints_hybrid_cache_default_is_dropped_as_transformers_drops_it(
     hybrid = {"max_gen_toks": 4, "cache_implementation": "hybrid"}
     with pytest.raises(ValueError, match="cache_implementation=hybrid"):
         fresh.generate_until([Instance("generate_until", {}, (PROMPTS[0], hybrid), 0)])
+    monkeypatch.setattr(arm_model, "DROPS_CHECKPOINT_HYBRID", False)  # transformers < 4.56
+    masked.model.generation_config.cache_implementation = "hybrid"  # generate unset it in place
+    with pytest.raises(ValueError, match="cache_implementation=hybrid"):
+        masked.generate_until(request)
 
 
 @pytest.mark.parametrize("source", ["gen_kwargs", "generation_config"])
