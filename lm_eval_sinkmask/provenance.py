@@ -264,8 +264,16 @@ def code_digests() -> dict[str, str]:
 LOADED_WITH = ("peft", "delta", "tokenizer")
 
 
+def loaded_with_digests(loaded_with: dict[str, str], revision: str | None,
+                        digest=checkpoint_digest) -> dict[str, str | None]:
+    """name -> digest of what model_args load beside the checkpoint (name -> path), at the
+    checkpoint's revision, as HFLM loads them."""
+    return {name: digest(source, revision) for name, source in loaded_with.items()}
+
+
 class InputDigests:
-    """The digests of a sweep's checkpoints, tasks and package code, each computed once."""
+    """The digests of a sweep's checkpoints (and what model_args load with them), tasks and
+    package code, each computed once."""
 
     def __init__(self, task_manager):
         self.task_manager = task_manager
@@ -289,15 +297,15 @@ class InputDigests:
         inputs = {"checkpoint": self.checkpoint(path, revision), "task": self.task(task),
                   **code_digests()}
         if loaded_with:
-            inputs["loaded_with"] = {name: self.checkpoint(source, revision)
-                                     for name, source in loaded_with.items()}
+            inputs["loaded_with"] = loaded_with_digests(loaded_with, revision, self.checkpoint)
         return inputs
 
 
 def changed_inputs(done: dict[str, Any] | None, now: dict[str, Any],
                    unmasked: bool = False) -> list[str]:
     """What differs between a done cell's recorded inputs and today's, in words; [] when the
-    cell may be reused. A checkpoint that cannot be read here (None) is not compared, nor the
+    cell may be reused. A checkpoint that cannot be read here (None) is not compared, nor a
+    file model_args load with it that either side could not read, nor the
     task's code or the package code where the done cell predates its digest (or ``now`` has
     none). ``unmasked`` (a top_k=0 cell, read where only its number matters): the package code
     is compared on ``unmasked_code`` where both record it."""

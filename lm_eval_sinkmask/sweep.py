@@ -51,7 +51,8 @@ from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
 from .hflm_args import placed_device
-from .provenance import InputDigests, changed_inputs, checkpoint_digest, code_digests, task_digest
+from .provenance import (InputDigests, changed_inputs, checkpoint_digest, code_digests,
+                         loaded_with_digests, task_digest)
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, loaded_with, merge_grids,
                          mixed_settings, model_type_of, requested_revision)
 
@@ -204,7 +205,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
 
 def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
     """The digests of what the cell ran on, taken after it ran: the checkpoint the model hashed
-    as it loaded it, the task loaded afresh and the code this process imported (a ``--jobs``
+    as it loaded it (what its model_args load with it hashed again), the task loaded afresh and the code this process imported (a ``--jobs``
     worker imports it anew). Those taken at the sweep's start may no longer hold: weights
     retrained or a YAML edited while the sweep runs keep every name."""
     reported = (results.get("config") or {}).get("sinkmask") or {}
@@ -213,8 +214,7 @@ def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
         task = task_digest(tm.load([cell.task])["tasks"][cell.task])
     as_run = {"checkpoint": checkpoint, "task": task, **code_digests()}
     if cell.loaded_with:
-        as_run["loaded_with"] = {name: checkpoint_digest(source, cell.revision)
-                                 for name, source in cell.loaded_with.items()}
+        as_run["loaded_with"] = loaded_with_digests(cell.loaded_with, cell.revision)
     return as_run
 
 
@@ -376,8 +376,7 @@ def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, An
     today = {"checkpoint": readable(str(args["pretrained"]), revision),
              "task": digests.task(task) if known else recorded, **code_digests()}
     if loaded_with(args):
-        today["loaded_with"] = {name: readable(source, revision)
-                                for name, source in loaded_with(args).items()}
+        today["loaded_with"] = loaded_with_digests(loaded_with(args), revision, readable)
     return today
 
 

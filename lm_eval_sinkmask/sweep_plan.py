@@ -430,9 +430,10 @@ class Cell:
 
     def is_done(self, inputs: dict[str, Any]) -> bool:
         """True when this cell was run with the same request on the same ``inputs`` (the
-        digests of the checkpoint, the task and the package code, :mod:`provenance`); a done
-        cell that differs in any is an error rather than a cell to reuse or to overwrite. How it
-        ran (batch size, device) is not compared."""
+        digests of the checkpoint and what the model_args load with it, the task and the
+        package code, :mod:`provenance`); a done cell that differs in any is an error rather
+        than a cell to reuse or to overwrite. How it ran (batch size, device) is not
+        compared."""
         record = self.record()
         if record is None:
             return False
