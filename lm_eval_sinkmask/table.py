@@ -491,19 +491,20 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
         sources = [Path(os.path.relpath(Path(p).resolve(), folder.resolve())).as_posix()
                    for p in pool]
         path = folder / POOLED
-        before = path.read_text() if path.is_file() else None  # put back if this pool fails
-        if title is None and before is not None:  # a title given once is kept
-            title = json.loads(before).get("title")
-        path.write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
-        try:
-            return _render_locked(folder, title, metrics, digits, figure, versus_pairs)
-        except BaseException:  # a refused pool (a typo in a source) or a failed render leaves
-            # the last good one, which the tables still show (_render writes them last)
-            if before is None:
-                path.unlink()
-            else:
-                path.write_text(before)
-            raise
+        with folder_locked(folder):  # another render of this pool reads or writes it too
+            before = path.read_text() if path.is_file() else None  # put back if this pool fails
+            if title is None and before is not None:  # a title given once is kept
+                title = json.loads(before).get("title")
+            path.write_text(json.dumps({"sources": sources, "title": title}, indent=1) + "\n")
+            try:
+                return _render(folder, title, metrics, digits, figure, versus_pairs)
+            except BaseException:  # a refused pool (a typo in a source) or a failed render
+                # leaves the last good one, which the tables still show (written last)
+                if before is None:
+                    path.unlink()
+                else:
+                    path.write_text(before)
+                raise
     return _render_locked(folder, title, metrics, digits, figure, versus_pairs)
 
 

@@ -526,6 +526,27 @@ def test_a_pool_whose_render_fails_late_leaves_the_last_table_and_its_pool(tmp_p
     assert {name: (out / name).read_text() for name in names} == good
 
 
+def test_a_pool_render_writes_its_pooled_json_under_the_folders_lock(tmp_path):
+    """pooled.json was written before the render took the folder's lock: two --pool renders
+    of one folder at once could each restore or keep the other's pool."""
+    import threading
+
+    from lm_eval_sinkmask.cell_claims import folder_locked
+
+    folders = _per_seed_folders(tmp_path)
+    out = tmp_path / "pooled"
+    table.render(out, figure=False, pool=folders, title="Three seeds")
+    good = (out / table.POOLED).read_text()
+    with folder_locked(out):  # another render of this pool
+        render = threading.Thread(target=table.render, args=(out,),
+                                  kwargs={"figure": False, "pool": folders[:2], "title": "Two"})
+        render.start()
+        render.join(0.5)
+        assert render.is_alive() and (out / table.POOLED).read_text() == good
+    render.join(30)
+    assert json.loads((out / table.POOLED).read_text())["title"] == "Two"
+
+
 @pytest.mark.parametrize("damage, said", [
     (lambda path: path.write_text(""), "JSONDecodeError"),
     (lambda path: path.write_text(json.dumps(
