@@ -205,9 +205,10 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
 
 def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
     """The digests of what the cell ran on, taken after it ran: the checkpoint the model hashed
-    as it loaded it (what its model_args load with it hashed again), the task loaded afresh and the code this process imported (a ``--jobs``
-    worker imports it anew). Those taken at the sweep's start may no longer hold: weights
-    retrained or a YAML edited while the sweep runs keep every name."""
+    as it loaded it (what its model_args load with it hashed again), the task loaded afresh
+    and the code this process imported (a ``--jobs`` worker imports it anew). Those taken at
+    the sweep's start may no longer hold: weights retrained or a YAML edited while the sweep
+    runs keep every name."""
     reported = (results.get("config") or {}).get("sinkmask") or {}
     checkpoint = reported.get("checkpoint") or checkpoint_digest(cell.path, cell.revision)
     with _no_metadata_advice():
