@@ -505,11 +505,6 @@ def render(folder: Path, title: str | None = None, metrics: dict[str, str] | Non
                 else:
                     path.write_text(before)
                 raise
-    return _render_locked(folder, title, metrics, digits, figure, versus_pairs)
-
-
-def _render_locked(folder: Path, title: str | None, metrics: dict[str, str] | None,
-                   digits: int, figure: bool, versus_pairs: list | None) -> dict[str, Path]:
     if pooled_sources(folder) is None:
         sweep_json(folder)  # says what the folder lacks, before a lock file is made in it
     with folder_locked(folder):
