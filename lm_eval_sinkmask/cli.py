@@ -24,10 +24,11 @@ from .model_args import MODELS
 
 def _sweep(a: argparse.Namespace) -> int:
     from .sweep import process_rank, run_sweep
-    from .sweep_plan import (SweepPlan, cell_records, parse_ks, parse_models, parse_seeds,
-                             parse_tasks)
+    from .sweep_plan import (SweepPlan, cell_records, check_run_counts, parse_ks, parse_models,
+                             parse_seeds, parse_tasks)
     from .versus import parse_versus
 
+    check_run_counts(a.max_cells, a.jobs)  # before parse_models reads every checkpoint's config
     seeds = parse_seeds(a.seeds)
     models = parse_models(a.models, seeds=seeds)
     _check_one_recipe_per_model(models, seeds, Path(a.out))

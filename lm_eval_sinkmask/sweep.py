@@ -53,8 +53,8 @@ from .cell_claims import claim, folder_locked
 from .hflm_args import placed_device
 from .provenance import (InputDigests, changed_inputs, checkpoint_digest, code_digests,
                          loaded_with_digests, task_digest)
-from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, loaded_with, merge_grids,
-                         mixed_settings, model_type_of, requested_revision)
+from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, check_run_counts, loaded_with,
+                         merge_grids, mixed_settings, model_type_of, requested_revision)
 
 
 def versions() -> dict[str, str]:
@@ -449,10 +449,7 @@ def run_sweep(
     """
     from tqdm.auto import tqdm
 
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if max_cells is not None and max_cells < 1:  # a slice: -1 would run every cell but the last
-        raise ValueError(f"max_cells must be >= 1, got {max_cells}")
+    check_run_counts(max_cells, jobs)
     if jobs > 1 and world_size() > 1:
         raise SystemExit("--jobs > 1 and accelerate launch do not mix: use one or the other")
     grid_path = plan.out / "sweep.json"

@@ -207,6 +207,16 @@ def parse_tasks(text: str) -> list[str]:
     return tasks
 
 
+def check_run_counts(max_cells: int | None, jobs: int) -> None:
+    """How many cells a sweep runs now and at once: ``max_cells`` is a slice of the cells to
+    do, so -1 would run every cell but the last; checked before any checkpoint's config is
+    read."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if max_cells is not None and max_cells < 1:
+        raise ValueError(f"max_cells must be >= 1, got {max_cells}")
+
+
 def check_limit(limit: int | float | None) -> None:
     """lm-eval reads ``--limit`` as a count (>= 1) or a fraction (< 1) of each task; zero, a
     negative or an infinite one would fail (or score nothing) only inside the first cell, and

@@ -118,6 +118,7 @@ def test_a_pipe_closed_before_any_output_ends_with_sigpipes_status():
 @pytest.mark.parametrize("option, value, message", [
     ("--max-cells", "-1", "max_cells must be >= 1, got -1"),  # a slice: all but the last cell
     ("--max-cells", "0", "max_cells must be >= 1, got 0"),
+    ("--jobs", "0", "jobs must be >= 1, got 0"),
     ("--num-fewshot", "-1", "--num-fewshot is a number of examples (>= 0), got -1"),
 ])
 def test_sweep_counts_out_of_range_are_refused_before_the_folder(tmp_path, capsys, option, value,
@@ -128,6 +129,18 @@ def test_sweep_counts_out_of_range_are_refused_before_the_folder(tmp_path, capsy
                  "--out", str(tmp_path / "out"), option, value]) == 2
     assert f"sinkmask: error: {message}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--max-cells", "0"), ("--jobs", "0")])
+def test_sweep_run_counts_are_refused_before_any_config_is_read(tmp_path, capsys, option, value):
+    """A count out of range is a typo in the command: it is said before the models' configs are
+    read (a hub model's may need the network), not after."""
+    from lm_eval_sinkmask.cli import main
+
+    assert main(["sweep", "--models", f"a={tmp_path / 'no_such_model'}", "--tasks",
+                 "mini_gsm_sinkmask", "--out", str(tmp_path / "out"), option, value]) == 2
+    err = capsys.readouterr().err
+    assert f"must be >= 1, got {value}" in err and "no_such_model" not in err, err
 
 
 def test_table_options_are_checked(tmp_path, capsys):
