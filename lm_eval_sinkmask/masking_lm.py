@@ -19,7 +19,7 @@ from .config import SinkMaskConfig
 from .filler_requests import without_filler
 from .intercept import NO_ATTENTION_HELP, SinkMasker
 from .masking_stats import MaskingStats
-from .provenance import checkpoint_digest
+from .provenance import LOADED_WITH, checkpoint_digest
 from .random_control import row_tokens
 from .zoo import resolve_pretrained
 
@@ -92,9 +92,10 @@ class MaskingLMMixin:
     sink = None  # the extra sink token every forward pass inserts (dlm_sinkmask, where declared)
 
     def __init__(self, pretrained, **kwargs) -> None:
-        # HFLM loads with these but keeps neither, and both change what answers the db holds
-        self.loaded_with = {"tokenizer": _tokenizer_name(kwargs.get("tokenizer")),
-                            "subfolder": kwargs.get("subfolder") or None}
+        # what HFLM loads beside the checkpoint (it keeps no tokenizer name and no subfolder):
+        # each changes what answers the db holds
+        self.loaded_with = {name: kwargs.get(name) or None for name in (*LOADED_WITH, "subfolder")}
+        self.loaded_with["tokenizer"] = _tokenizer_name(kwargs.get("tokenizer"))
         self.answers_read: answer_cache.AnswersRead | None = None  # set under --use_cache
         if isinstance(kwargs.get("tokenizer"), str):  # tokenizer=zoo:dream, as pretrained=
             kwargs["tokenizer"] = resolve_pretrained(kwargs["tokenizer"])
@@ -190,9 +191,8 @@ class MaskingLMMixin:
             "backend", "max_length", "truncation", "add_bos_token", "think_end_token")}
         hflm["prefix_token_id"] = self.prefix_token_id
         hflm["subfolder"] = self.loaded_with["subfolder"]
-        loaded = {"peft": getattr(self, "peft", None), "delta": getattr(self, "delta", None),
-                  "tokenizer": self.loaded_with["tokenizer"]}
-        for name, source in loaded.items():
+        for name in LOADED_WITH:
+            source = self.loaded_with[name]
             hflm[name] = source if source is None else {
                 "name": source, "checkpoint": checkpoint_digest(source, self.revision)}
         batch = {"batch_size": self.batch_size_per_gpu} if self.batch_dependent() else {}

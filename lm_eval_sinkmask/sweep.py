@@ -376,8 +376,9 @@ def todays_inputs(record: dict[str, Any], digests: InputDigests) -> dict[str, An
     revision = requested_revision(args)
     today = {"checkpoint": readable(str(args["pretrained"]), revision),
              "task": digests.task(task) if known else recorded, **code_digests()}
-    if loaded_with(args):
-        today["loaded_with"] = loaded_with_digests(loaded_with(args), revision, readable)
+    beside = loaded_with(args)
+    if beside:
+        today["loaded_with"] = loaded_with_digests(beside, revision, readable)
     return today
 
 

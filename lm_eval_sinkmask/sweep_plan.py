@@ -19,6 +19,7 @@ nothing, and runs once.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -401,19 +402,22 @@ class Cell:
         parts += [f"top_k={self.k}", f"eps={self.plan.eps:g}"]
         return ",".join(p for p in parts if p)
 
+    @functools.cached_property
+    def parsed_model_args(self) -> dict[str, Any]:
+        """:attr:`model_args` as lm-eval parses them (read-only: parsed once per cell)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return simple_parse_args_string(self.model_args)
+
     @property
     def revision(self) -> str | None:
         """The checkpoint revision this cell's model_args ask for (None: the default branch)."""
-        from lm_eval.utils import simple_parse_args_string
-
-        return requested_revision(simple_parse_args_string(self.model_args))
+        return requested_revision(self.parsed_model_args)
 
     @property
     def loaded_with(self) -> dict[str, str]:
         """What this cell's model_args load beside the checkpoint, name -> path."""
-        from lm_eval.utils import simple_parse_args_string
-
-        return loaded_with(simple_parse_args_string(self.model_args))
+        return loaded_with(self.parsed_model_args)
 
     def request(self) -> dict[str, Any]:
         """What identifies this cell's run; a done cell with a different request is an error."""
