@@ -30,7 +30,7 @@ from .masking_lm import MaskingLMMixin, logger, read_gen_kwargs
 from .mc_scoring import MonteCarloScoringMixin
 from .padding_probe import UNPADDED, choose_padding
 from .sampler_settings import DiffusionSettings
-from .unread_settings import REQUEST_SETTINGS, unread_settings
+from .unread_settings import settings_given, unread_settings
 from .samplers import generate_block, generate_dream
 
 zoo.register()  # the tiny zoo's model classes load through transformers' Auto classes
@@ -76,7 +76,7 @@ class _CheckedArgs:
     # each generation's step captured once and replayed (graphed_steps); None: auto, decided
     # once the model is placed
     cuda_graph: bool | None
-    given: frozenset[str]  # the sampler, likelihood and cuda_graph settings model_args set
+    given: frozenset[str]  # the sampler, likelihood, cuda_graph and batch settings set
 
     @classmethod
     def take(cls, pretrained, family: str | None, mask_id: int | None, model_class: str | None,
@@ -84,7 +84,7 @@ class _CheckedArgs:
         """Check and pop our keys from ``kwargs``; what is left goes to HFLM."""
         model_args.check(model_args.DLM, kwargs)
         hflm_args.check_and_normalise(kwargs)
-        given = frozenset(kwargs) & REQUEST_SETTINGS
+        given = settings_given(kwargs)
         pretrained = zoo.resolve_pretrained(pretrained)
         mask_config = SinkMaskConfig.pop_from(kwargs)
         user_settings = DiffusionSettings.pop_from(kwargs)
@@ -575,8 +575,11 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                                  self.likelihood.greedy_check)
         if unread:
             it = "it" if len(unread) == 1 else "them"
+            batch = (" (batch_size, from model_args or lm-eval's --batch_size: a log-likelihood "
+                     "request runs its mc_num samples mc_batch_size at a time)"
+                     if "batch_size" in unread else "")
             logger.warning(
                 "%s: set in model_args, but this run's requests (%s only) never read %s; the "
-                "results list %s under config.sinkmask.unread_settings", ", ".join(unread),
-                " and ".join(sorted(self.request_types)), it, it)
+                "results list %s under config.sinkmask.unread_settings%s", ", ".join(unread),
+                " and ".join(sorted(self.request_types)), it, it, batch)
         return unread

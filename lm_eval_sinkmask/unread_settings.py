@@ -9,19 +9,27 @@ from collections.abc import Iterable
 from .likelihood import LikelihoodSettings
 from .sampler_settings import DiffusionSettings
 
-# read by generation only
+# read by generation only (``batch_size``, HFLM's, which lm-eval's --batch_size sets too: a
+# log-likelihood request runs its mc_num samples mc_batch_size at a time, whatever the batch)
 GENERATION_ONLY = ("gen_length", "steps", "block_length", "remasking", "temperature",
                    "alg_temp", "top_p", "sampling_top_k", "padding_side", "logits_eos_inf",
-                   "confidence_eos_eot_inf", "cuda_graph")
+                   "confidence_eos_eot_inf", "cuda_graph", "batch_size")
 # read by log-likelihood requests only (the Monte Carlo estimate)
 SCORING_ONLY = tuple(LikelihoodSettings.__dataclass_fields__)
 # read by generation, and by log-likelihood requests only for greedy_check's decoding
 GREEDY_CHECK_READS = ("alg", "llada_sampler", "dream_sampler")
 # read by both: classifier-free guidance shapes every forward pass
 BOTH = ("cfg_scale",)
-# every setting above: the sampler's, the likelihood ones and cuda_graph
+# every setting above: the sampler's, the likelihood ones, cuda_graph and batch_size
 REQUEST_SETTINGS = frozenset(DiffusionSettings.__dataclass_fields__) | frozenset(SCORING_ONLY) \
-    | {"cuda_graph"}
+    | {"cuda_graph", "batch_size"}
+
+
+def settings_given(kwargs: dict) -> frozenset[str]:
+    """The request settings ``kwargs`` set; the batch size only when it is not lm-eval's
+    default of 1, which lm-eval passes to every model whether or not it was asked for."""
+    return frozenset(name for name in kwargs if name in REQUEST_SETTINGS
+                     and not (name == "batch_size" and str(kwargs[name]).strip() == "1"))
 
 
 def unread_settings(given: Iterable[str], generated: bool, scored: bool,

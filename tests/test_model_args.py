@@ -365,6 +365,27 @@ def test_settings_no_request_read_are_listed_and_warned_about(tiny_dirs, caplog)
     assert checked.get_model_info()["sinkmask"]["unread_settings"] == []
 
 
+def test_a_batch_size_is_listed_unread_by_a_log_likelihood_run(tiny_dirs, caplog):
+    """A log-likelihood request runs its mc_num samples mc_batch_size at a time: lm-eval's
+    --batch_size (handed to the model beside model_args, 1 when not asked for) batches only
+    generation, so on a multiple-choice run a batch size other than 1 is said to change nothing."""
+    def by_lm_eval(batch_size):
+        return get_model("dlm_sinkmask").create_from_arg_string(
+            f"pretrained={tiny_dirs['llada']},mc_num=2", {"batch_size": batch_size, "device": "cpu"})
+
+    default = by_lm_eval(1)
+    default.loglikelihood(LL)
+    assert default.get_model_info()["sinkmask"]["unread_settings"] == []
+    for batch_size in (4, "auto"):
+        scored = by_lm_eval(batch_size)
+        assert scored.loglikelihood(LL) == default.loglikelihood(LL)  # unread: the same numbers
+        assert scored.get_model_info()["sinkmask"]["unread_settings"] == ["batch_size"]
+        assert "lm-eval's --batch_size: a log-likelihood request runs" in caplog.text
+    generated = by_lm_eval(4)
+    generated.generate_until([request(32)])
+    assert generated.get_model_info()["sinkmask"]["unread_settings"] == ["mc_num"]  # batch read
+
+
 # ------------------------------------------------------------ one table, three readers
 
 
