@@ -131,6 +131,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
     masked per ``top_k``/``eps``/``detect``/``granularity``/``layers`` (see SinkMaskConfig)."""
 
     AUTO_MODEL_CLASS = transformers.AutoModel
+    answered_record = ("config.sinkmask.counters, sampler.per_task (and the sampler's "
+                       "effective gen_length and steps) and likelihood.requests / mean_mc_stderr")
 
     def __init__(
         self,

@@ -90,6 +90,9 @@ class MaskingLMMixin:
     """Mix into an :class:`lm_eval.models.huggingface.HFLM` subclass, before HFLM."""
 
     sink = None  # the extra sink token every forward pass inserts (dlm_sinkmask, where declared)
+    # what the results record of the requests the model itself answers (not those read back
+    # from a --use_cache db, which never reach it)
+    answered_record = "config.sinkmask.counters"
 
     def __init__(self, pretrained, **kwargs) -> None:
         # what HFLM loads beside the checkpoint (it keeps no tokenizer name and no subfolder):
@@ -354,18 +357,20 @@ class MaskingLMMixin:
         return info
 
     def _warn_about_cached_answers(self) -> None:
-        """Answers read from the db ran no forward pass here, so the counters leave them out:
-        zero counters then mean "nothing computed", not "nothing masked"."""
+        """Answers read from the db ran no forward pass here, so the counters (and whatever
+        else :attr:`answered_record` names) leave them out: zero counters then mean "nothing
+        computed", not "nothing masked"."""
         read = self.answers_read.count if self.answers_read else 0
         if not read:
             return
         if not self.mask_stats.forward_passes:
             logger.warning(
                 "every answer of this run (%d) came from the --use_cache db %s: no forward pass "
-                "ran, so config.sinkmask.counters are zero because nothing was computed, not "
-                "because nothing was masked (the run that filled the db reported its own)",
-                read, self.answers_read.where)
+                "ran, so %s are zero or empty because nothing was computed, not because nothing "
+                "was masked (the run that filled the db reported its own)",
+                read, self.answers_read.where, self.answered_record)
         else:
             logger.warning(
-                "%d answers of this run came from the --use_cache db %s: config.sinkmask.counters "
-                "count only the answers computed in this run", read, self.answers_read.where)
+                "%d answers of this run came from the --use_cache db %s: %s count only the "
+                "answers computed in this run", read, self.answers_read.where,
+                self.answered_record)
