@@ -76,7 +76,7 @@ class _CheckedArgs:
     # each generation's step captured once and replayed (graphed_steps); None: auto, decided
     # once the model is placed
     cuda_graph: bool | None
-    given: frozenset[str]  # the sampler, likelihood, cuda_graph and batch settings set
+    given: frozenset[str]  # sampler, likelihood and cuda_graph settings set; batch_size not 1
 
     @classmethod
     def take(cls, pretrained, family: str | None, mask_id: int | None, model_class: str | None,
@@ -131,8 +131,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
     masked per ``top_k``/``eps``/``detect``/``granularity``/``layers`` (see SinkMaskConfig)."""
 
     AUTO_MODEL_CLASS = transformers.AutoModel
-    answered_record = ("config.sinkmask.counters, sampler.per_task (and the sampler's "
-                       "effective gen_length and steps) and likelihood.requests / mean_mc_stderr")
+    answered_record = ("config.sinkmask.counters, batch_sizes_found, cuda_graph.generations, "
+                       "sampler.per_task and likelihood.requests / mean_mc_stderr")
 
     def __init__(
         self,
@@ -567,9 +567,9 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         return info
 
     def _unread_settings(self) -> list[str] | None:
-        """model_args settings no request of this run read (warned about); None where that is
-        not known: no request yet, or answers read from a --use_cache db, whose requests never
-        came here."""
+        """Settings given (model_args, and a batch size other than 1) that no request of this
+        run read (warned about); None where that is not known: no request yet, or answers read
+        from a --use_cache db, whose requests never came here."""
         if not self.request_types or (self.answers_read is not None and self.answers_read.count):
             return None
         unread = unread_settings(self.settings_given, "generate_until" in self.request_types,
@@ -581,7 +581,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                      "request runs its mc_num samples mc_batch_size at a time)"
                      if "batch_size" in unread else "")
             logger.warning(
-                "%s: set in model_args, but this run's requests (%s only) never read %s; the "
+                "%s: given, but this run's requests (%s only) never read %s; the "
                 "results list %s under config.sinkmask.unread_settings%s", ", ".join(unread),
                 " and ".join(sorted(self.request_types)), it, it, batch)
         return unread

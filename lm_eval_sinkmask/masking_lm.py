@@ -92,13 +92,13 @@ class MaskingLMMixin:
     sink = None  # the extra sink token every forward pass inserts (dlm_sinkmask, where declared)
     # what the results record of the requests the model itself answers (not those read back
     # from a --use_cache db, which never reach it)
-    answered_record = "config.sinkmask.counters"
+    answered_record = "config.sinkmask.counters and batch_sizes_found"
 
     def __init__(self, pretrained, **kwargs) -> None:
-        # what HFLM loads beside the checkpoint (it keeps no tokenizer name and no subfolder):
-        # each changes what answers the db holds
-        self.loaded_with = {name: kwargs.get(name) or None for name in (*LOADED_WITH, "subfolder")}
-        self.loaded_with["tokenizer"] = _tokenizer_name(kwargs.get("tokenizer"))
+        # what HFLM loads with the checkpoint (LOADED_WITH, and the subfolder; it keeps no
+        # tokenizer name and no subfolder), by name: each changes what answers the db holds
+        named = {**kwargs, "tokenizer": _tokenizer_name(kwargs.get("tokenizer"))}
+        self.loaded_with = {name: named.get(name) or None for name in (*LOADED_WITH, "subfolder")}
         self.answers_read: answer_cache.AnswersRead | None = None  # set under --use_cache
         if isinstance(kwargs.get("tokenizer"), str):  # tokenizer=zoo:dream, as pretrained=
             kwargs["tokenizer"] = resolve_pretrained(kwargs["tokenizer"])
@@ -366,7 +366,7 @@ class MaskingLMMixin:
         if not self.mask_stats.forward_passes:
             logger.warning(
                 "every answer of this run (%d) came from the --use_cache db %s: no forward pass "
-                "ran, so %s are zero or empty because nothing was computed, not because nothing "
+                "ran, so %s hold no count because nothing was computed, not because nothing "
                 "was masked (the run that filled the db reported its own)",
                 read, self.answers_read.where, self.answered_record)
         else:

@@ -1,11 +1,13 @@
 """Which of lm-eval's request types read each ``dlm_sinkmask`` setting, so that a run can say
-which of its model_args changed nothing (``steps`` on a multiple-choice run, ``mc_num`` on a
-generation run). Such settings are accepted, since model_args cannot know the tasks."""
+which of its settings changed nothing (``steps`` on a multiple-choice run, ``mc_num`` on a
+generation run, from model_args; the batch size, also from lm-eval's ``--batch_size``, on a
+multiple-choice run). Such settings are accepted, since the model cannot know the tasks."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .config import number_value
 from .likelihood import LikelihoodSettings
 from .sampler_settings import DiffusionSettings
 
@@ -27,9 +29,17 @@ REQUEST_SETTINGS = frozenset(DiffusionSettings.__dataclass_fields__) | frozenset
 
 def settings_given(kwargs: dict) -> frozenset[str]:
     """The request settings ``kwargs`` set; the batch size only when it is not lm-eval's
-    default of 1, which lm-eval passes to every model whether or not it was asked for."""
+    default of 1, which lm-eval passes to every model whether or not it was asked for.
+    (``max_batch_size`` is left out: it bounds only the ``auto`` search, which runs where
+    generation reads the batch size.)"""
     return frozenset(name for name in kwargs if name in REQUEST_SETTINGS
-                     and not (name == "batch_size" and str(kwargs[name]).strip() == "1"))
+                     and not (name == "batch_size" and _is_one(kwargs[name])))
+
+
+def _is_one(batch_size) -> bool:
+    """``1``, ``"1"``, ``"01"``: HFLM reads every number of them as 1 (``auto`` is no number)."""
+    text = str(batch_size).strip()
+    return not text.startswith("auto") and number_value("batch_size", text, int) == 1
 
 
 def unread_settings(given: Iterable[str], generated: bool, scored: bool,

@@ -352,7 +352,7 @@ def test_settings_no_request_read_are_listed_and_warned_about(tiny_dirs, caplog)
     assert lm.get_model_info()["sinkmask"]["unread_settings"] is None  # no request yet
     lm.loglikelihood(LL)
     assert lm.get_model_info()["sinkmask"]["unread_settings"] == ["llada_sampler", "steps"]
-    assert ("llada_sampler, steps: set in model_args, but this run's requests (loglikelihood "
+    assert ("llada_sampler, steps: given, but this run's requests (loglikelihood "
             "only) never read them") in caplog.text
     lm.generate_until([request(32)])  # a run with both kinds reads every setting
     assert lm.get_model_info()["sinkmask"]["unread_settings"] == []
@@ -366,22 +366,26 @@ def test_settings_no_request_read_are_listed_and_warned_about(tiny_dirs, caplog)
 
 
 def test_a_batch_size_is_listed_unread_by_a_log_likelihood_run(tiny_dirs, caplog):
-    """A log-likelihood request runs its mc_num samples mc_batch_size at a time: lm-eval's
-    --batch_size (handed to the model beside model_args, 1 when not asked for) batches only
-    generation, so on a multiple-choice run a batch size other than 1 is said to change nothing."""
-    def by_lm_eval(batch_size):
+    """A log-likelihood request runs its mc_num samples mc_batch_size at a time: the batch
+    size (lm-eval's --batch_size, handed to the model beside model_args as a string, "1" when
+    not asked for; or model_args' own) batches only generation, so on a multiple-choice run
+    one other than 1 is said to change nothing."""
+    def model(batch_size, args=""):
         return get_model("dlm_sinkmask").create_from_arg_string(
-            f"pretrained={tiny_dirs['llada']},mc_num=2", {"batch_size": batch_size, "device": "cpu"})
+            f"pretrained={tiny_dirs['llada']},mc_num=2{args}",
+            {"batch_size": batch_size, "device": "cpu"})
 
-    default = by_lm_eval(1)
-    default.loglikelihood(LL)
-    assert default.get_model_info()["sinkmask"]["unread_settings"] == []
-    for batch_size in (4, "auto"):
-        scored = by_lm_eval(batch_size)
-        assert scored.loglikelihood(LL) == default.loglikelihood(LL)  # unread: the same numbers
+    rolling = [Instance("loglikelihood_rolling", {}, ("Anna has 12 books and Ben",), 0)]
+    for default in (model("1"), model(1), model(" 01")):
+        default.loglikelihood(LL)
+        assert default.get_model_info()["sinkmask"]["unread_settings"] == []
+    want = default.loglikelihood(LL)
+    for scored in (model("4"), model("auto"), model(None, ",batch_size=4")):
+        assert scored.loglikelihood(LL) == want  # unread: the same numbers
+        scored.loglikelihood_rolling(rolling)
         assert scored.get_model_info()["sinkmask"]["unread_settings"] == ["batch_size"]
         assert "lm-eval's --batch_size: a log-likelihood request runs" in caplog.text
-    generated = by_lm_eval(4)
+    generated = model("4")
     generated.generate_until([request(32)])
     assert generated.get_model_info()["sinkmask"]["unread_settings"] == ["mc_num"]  # batch read
 
