@@ -6,10 +6,17 @@ and so that the intercept, the metric and the lm-eval glue read the same values.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
+
+logger = logging.getLogger("lm_eval.sinkmask")
+
+# marks the log record of the top_k=0 warning: a sweep's K = 0 cell, the unmasked baseline of
+# its column, takes the column's masking settings on purpose and filters the warning out
+MASKING_OFF = "sinkmask_masking_off"
 
 DETECT_MODES = ("previous", "current")
 GRANULARITIES = ("head", "layer")
@@ -214,7 +221,9 @@ class SinkMaskConfig:
         """Remove the masking keys from an lm-eval ``model_args`` dict and validate them.
 
         Numbers go through :func:`number_value`, which refuses "abc"; "nan" and "inf" become
-        floats that validation refuses.
+        floats that validation refuses. Other masking settings beside top_k=0 (the default) are
+        taken, with a warning: they change nothing, and ``eps=2`` alone is more likely a
+        forgotten top_k than a wish for an unmasked run.
         """
         args: dict[str, Any] = {}
         if "top_k" in kwargs:
@@ -230,4 +239,12 @@ class SinkMaskConfig:
             args["layers"] = parse_layers(kwargs.pop("layers"))
         if "query_chunk" in kwargs:
             args["query_chunk"] = number_value("query_chunk", kwargs.pop("query_chunk"), int)
-        return cls(**args)
+        config = cls(**args)
+        unread = sorted(args.keys() - {"top_k"})
+        if unread and not config.enabled:
+            # most likely a forgotten top_k: the run would be an unmasked one, silently
+            logger.warning(
+                "top_k is 0, so masking is off and %s change%s nothing in this run; add top_k=K "
+                "to mask K sinks per (layer, head) (Table 1: K = 1, 5, 10)", ", ".join(unread),
+                "s" if len(unread) == 1 else "", extra={MASKING_OFF: True})
+        return config

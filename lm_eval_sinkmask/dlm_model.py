@@ -574,14 +574,17 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
             return None
         unread = unread_settings(self.settings_given, "generate_until" in self.request_types,
                                  bool(self.request_types - {"generate_until"}),
-                                 self.likelihood.greedy_check)
+                                 self.likelihood.greedy_check, self.batch_size == "auto")
         if unread:
             it = "it" if len(unread) == 1 else "them"
-            batch = (" (batch_size, from model_args or lm-eval's --batch_size: a log-likelihood "
-                     "request runs its mc_num samples mc_batch_size at a time)"
-                     if "batch_size" in unread else "")
+            why = [why for name, why in (
+                ("batch_size", "batch_size, from model_args or lm-eval's --batch_size: a "
+                 "log-likelihood request runs its mc_num samples mc_batch_size at a time"),
+                ("max_batch_size", "max_batch_size bounds only batch_size=auto's search for "
+                 "generation")) if name in unread]
             logger.warning(
                 "%s: given, but this run's requests (%s only) never read %s; the "
                 "results list %s under config.sinkmask.unread_settings%s", ", ".join(unread),
-                " and ".join(sorted(self.request_types)), it, it, batch)
+                " and ".join(sorted(self.request_types)), it, it,
+                f" ({'; '.join(why)})" if why else "")
         return unread

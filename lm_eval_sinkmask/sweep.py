@@ -40,7 +40,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ import torch
 from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
+from .config import MASKING_OFF, logger as config_logger
 from .hflm_args import placed_device
 from .provenance import (InputDigests, changed_inputs, checkpoint_digest, code_digests,
                          loaded_with_digests, task_digest)
@@ -113,19 +114,29 @@ def primary_metric(task_results: dict[str, Any]) -> str | None:
 
 
 @contextmanager
-def _no_metadata_advice() -> Iterator[None]:
-    """lm-eval advises ``--metadata`` whenever a task with its own dataset loader loads; a sweep
-    has no such option and loads its tasks again in every cell, so the advice would only repeat."""
-
-    def keep(record: logging.LogRecord) -> bool:
-        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
-
-    task_log = logging.getLogger("lm_eval.api.task")
-    task_log.addFilter(keep)
+def _log_filtered(name: str, keep: Callable[[logging.LogRecord], bool]) -> Iterator[None]:
+    """Drop the records of logger ``name`` that ``keep`` refuses, for the ``with`` block."""
+    log = logging.getLogger(name)
+    log.addFilter(keep)
     try:
         yield
     finally:
-        task_log.removeFilter(keep)
+        log.removeFilter(keep)
+
+
+def _no_metadata_advice():
+    """lm-eval advises ``--metadata`` whenever a task with its own dataset loader loads; a sweep
+    has no such option and loads its tasks again in every cell, so the advice would only repeat."""
+    return _log_filtered("lm_eval.api.task", lambda record: (
+        "Custom kwargs can be passed to `--metadata`" not in record.getMessage()))
+
+
+def _quiet_if_unmasked(k: int):
+    """A K = 0 cell is its column's unmasked baseline and takes the column's masking settings
+    (eps at least) on purpose: the model's warning that top_k=0 leaves them unread is dropped."""
+    if k:
+        return nullcontext()
+    return _log_filtered(config_logger.name, lambda record: not getattr(record, MASKING_OFF, False))
 
 
 def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
@@ -145,7 +156,7 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
     device = cell_device(plan)
     started = time.time()
     # kept(): LLaDA's and MMaDA's code switch an SDPA kernel off process-wide (sdpa_backends)
-    with _no_metadata_advice(), sdpa_backends.kept():
+    with _no_metadata_advice(), _quiet_if_unmasked(cell.k), sdpa_backends.kept():
         results = lm_eval.simple_evaluate(
             model=cell.model.model_class,
             model_args=cell.model_args,
@@ -405,7 +416,8 @@ def refused_model_args(cells: list[Cell], *, running: bool) -> list[str]:
         added = {"batch_size": cell.plan.batch_size,
                  "device": cell_device(cell.plan) if running else None}
         try:
-            get_model(cell.model.model_class).check_arg_string(cell.model_args, added)
+            with _quiet_if_unmasked(cell.k):
+                get_model(cell.model.model_class).check_arg_string(cell.model_args, added)
         except (ValueError, OSError) as e:
             refused.append(f"{cell.label} ({cell.model.model_class}, {cell.model_args}): {e}")
     return refused

@@ -1,7 +1,7 @@
 """Which of lm-eval's request types read each ``dlm_sinkmask`` setting, so that a run can say
 which of its settings changed nothing (``steps`` on a multiple-choice run, ``mc_num`` on a
 generation run, from model_args; the batch size, also from lm-eval's ``--batch_size``, on a
-multiple-choice run). Such settings are accepted, since the model cannot know the tasks."""
+multiple-choice run; ``max_batch_size`` unless ``batch_size=auto`` sizes generation). Such settings are accepted, since the model cannot know the tasks."""
 
 from __future__ import annotations
 
@@ -22,16 +22,17 @@ SCORING_ONLY = tuple(LikelihoodSettings.__dataclass_fields__)
 GREEDY_CHECK_READS = ("alg", "llada_sampler", "dream_sampler")
 # read by both: classifier-free guidance shapes every forward pass
 BOTH = ("cfg_scale",)
-# every setting above: the sampler's, the likelihood ones, cuda_graph and batch_size
+# read by generation only, and there only under batch_size=auto: it bounds the size search
+AUTO_BATCH_ONLY = ("max_batch_size",)
+# every setting above: the sampler's, the likelihood ones, cuda_graph and the batch sizes
 REQUEST_SETTINGS = frozenset(DiffusionSettings.__dataclass_fields__) | frozenset(SCORING_ONLY) \
-    | {"cuda_graph", "batch_size"}
+    | {"cuda_graph", "batch_size", "max_batch_size"}
 
 
 def settings_given(kwargs: dict) -> frozenset[str]:
     """The request settings ``kwargs`` set; the batch size only when it is not lm-eval's
-    default of 1, which lm-eval passes to every model whether or not it was asked for.
-    (``max_batch_size`` is left out: it bounds only the ``auto`` search, which runs where
-    generation reads the batch size.)"""
+    default of 1, which lm-eval passes to every model whether or not it was asked for
+    (``max_batch_size`` it passes only when asked for)."""
     return frozenset(name for name in kwargs if name in REQUEST_SETTINGS
                      and not (name == "batch_size" and _is_one(kwargs[name])))
 
@@ -43,10 +44,13 @@ def _is_one(batch_size) -> bool:
 
 
 def unread_settings(given: Iterable[str], generated: bool, scored: bool,
-                    greedy_check: bool) -> list[str]:
+                    greedy_check: bool, auto_batch: bool) -> list[str]:
     """The settings of ``given`` that no request of a run read; ``generated``: the run had
-    generation requests, ``scored``: log-likelihood ones."""
+    generation requests, ``scored``: log-likelihood ones; ``auto_batch``: the batch size is
+    ``auto`` (or ``auto:N``)."""
     def read(name: str) -> bool:
+        if name in AUTO_BATCH_ONLY:
+            return generated and auto_batch
         if name in GENERATION_ONLY or (name in GREEDY_CHECK_READS and not greedy_check):
             return generated
         if name in SCORING_ONLY:

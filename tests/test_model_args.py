@@ -342,7 +342,7 @@ def test_generation_settings_leave_log_likelihoods_unchanged(tiny_dirs):
 def test_every_request_setting_says_which_requests_read_it():
     from lm_eval_sinkmask import unread_settings as u
 
-    groups = (u.GENERATION_ONLY, u.SCORING_ONLY, u.GREEDY_CHECK_READS, u.BOTH)
+    groups = (u.GENERATION_ONLY, u.SCORING_ONLY, u.GREEDY_CHECK_READS, u.BOTH, u.AUTO_BATCH_ONLY)
     named = [name for group in groups for name in group]
     assert sorted(named) == sorted(u.REQUEST_SETTINGS)  # each once, none left out
 
@@ -388,6 +388,37 @@ def test_a_batch_size_is_listed_unread_by_a_log_likelihood_run(tiny_dirs, caplog
     generated = model("4")
     generated.generate_until([request(32)])
     assert generated.get_model_info()["sinkmask"]["unread_settings"] == ["mc_num"]  # batch read
+
+
+def test_a_max_batch_size_is_listed_unread_unless_auto_sizes_generation(tiny_dirs, caplog):
+    """lm-eval passes --max_batch_size only when asked; it bounds batch_size=auto's search,
+    which only generation runs."""
+    def unread(batch_size, generate):
+        lm = get_model("dlm_sinkmask").create_from_arg_string(
+            f"pretrained={tiny_dirs['llada']}",
+            {"batch_size": batch_size, "max_batch_size": 2, "device": "cpu"})
+        lm.generate_until([request(32)]) if generate else lm.loglikelihood(LL)
+        return lm.get_model_info()["sinkmask"]["unread_settings"]
+
+    assert unread("auto", generate=True) == []
+    assert unread("auto:2", generate=True) == []
+    assert unread("4", generate=True) == ["max_batch_size"]
+    assert "max_batch_size bounds only batch_size=auto's search for generation" in caplog.text
+    assert unread("auto", generate=False) == ["batch_size", "max_batch_size"]
+
+
+def test_masking_settings_beside_top_k_0_are_taken_with_a_warning(tiny_dirs, caplog):
+    """eps=2 without top_k is most likely a forgotten top_k: the run would be unmasked."""
+    lm = make("arm_sinkmask", tiny_dirs["llama"], eps=2, detect="current")
+    assert not lm.mask_config.enabled
+    assert ("top_k is 0, so masking is off and detect, eps change nothing in this run; add "
+            "top_k=K") in caplog.text
+    caplog.clear()
+    make("dlm_sinkmask", tiny_dirs["llada"], top_k=0)
+    make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=2, detect="current")
+    assert "masking is off" not in caplog.text
+    SinkMaskConfig.pop_from({"top_k": "0", "layers": "0"})
+    assert "masking is off and layers changes nothing" in caplog.text
 
 
 # ------------------------------------------------------------ one table, three readers

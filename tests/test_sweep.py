@@ -316,20 +316,28 @@ def test_a_typo_or_a_second_experiment_under_a_column_name_is_refused_and_not_re
     assert (out / "table.md").read_text().startswith("# Wider [")  # the sweep's title stays
 
 
-def test_a_sweep_keeps_lm_evals_metadata_advice_out_of_every_cell(tmp_path, caplog):
+def test_a_sweep_keeps_lm_evals_metadata_advice_and_the_top_k_0_warning_out_of_every_cell(
+        tmp_path, caplog):
     # the zoo tasks load their data with their own loader, for which lm-eval advises
-    # `--metadata` (an option the sweep does not have) each time a cell loads the task
+    # `--metadata` (an option the sweep does not have) each time a cell loads the task; a K = 0
+    # cell takes eps (and its column's masking settings) on purpose
     import logging
 
+    from lm_eval_sinkmask.config import SinkMaskConfig
+
     task_log = logging.getLogger("lm_eval.api.task")
-    plan = SweepPlan(models=[ModelSpec("arm", "zoo:arm", "arm")], tasks=["mini_gsm_sinkmask"],
-                     ks=[0], out=tmp_path, limit=2, device="cpu")
+    plan = SweepPlan(models=[ModelSpec("arm", "zoo:arm", "arm", "detect=current")],
+                     tasks=["mini_gsm_sinkmask"], ks=[0], out=tmp_path, limit=2, device="cpu")
     with caplog.at_level(logging.INFO):
         assert run_sweep(plan, progress=False) == 1
         task_log.warning("mini_gsm_sinkmask: Custom kwargs can be passed to `--metadata` ...")
+        SinkMaskConfig.pop_from({"eps": "2"})
     advice = [r for r in caplog.records if "Custom kwargs" in r.getMessage()]
     assert len(advice) == 1  # only the one logged after the sweep: its filter is gone
-    assert any(r.name.startswith("lm_eval") for r in caplog.records if r not in advice)
+    off = [r for r in caplog.records if "masking is off" in r.getMessage()]
+    assert [r.getMessage().split(" change")[0] for r in off] == [  # likewise
+        "top_k is 0, so masking is off and eps"]
+    assert any(r.name.startswith("lm_eval") for r in caplog.records if r not in advice + off)
 
 
 # ---- draw axis (the random control's mask seeds) ----------------------------------------------
