@@ -243,8 +243,9 @@ class SinkMaskConfig:
         unread = sorted(args.keys() - {"top_k"})
         if unread and not config.enabled:
             # most likely a forgotten top_k: the run would be an unmasked one, silently
+            named = " and ".join([", ".join(unread[:-1]), unread[-1]] if unread[:-1] else unread)
             logger.warning(
                 "top_k is 0, so masking is off and %s change%s nothing in this run; add top_k=K "
-                "to mask K sinks per (layer, head) (Table 1: K = 1, 5, 10)", ", ".join(unread),
+                "to mask K sinks per (layer, head) (Table 1: K = 1, 5, 10)", named,
                 "s" if len(unread) == 1 else "", extra={MASKING_OFF: True})
         return config

@@ -76,7 +76,8 @@ class _CheckedArgs:
     # each generation's step captured once and replayed (graphed_steps); None: auto, decided
     # once the model is placed
     cuda_graph: bool | None
-    given: frozenset[str]  # sampler, likelihood and cuda_graph settings set; batch_size not 1
+    # sampler, likelihood and cuda_graph settings set; batch_size not 1; max_batch_size
+    given: frozenset[str]
 
     @classmethod
     def take(cls, pretrained, family: str | None, mask_id: int | None, model_class: str | None,
@@ -567,8 +568,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         return info
 
     def _unread_settings(self) -> list[str] | None:
-        """Settings given (model_args, and a batch size other than 1) that no request of this
-        run read (warned about); None where that is not known: no request yet, or answers read
+        """Settings given (model_args, a batch size other than 1, --max_batch_size) that no
+        request of this run read (warned about); None where that is not known: no request yet, or answers read
         from a --use_cache db, whose requests never came here."""
         if not self.request_types or (self.answers_read is not None and self.answers_read.count):
             return None
@@ -577,7 +578,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                                  self.likelihood.greedy_check, self.batch_size == "auto")
         if unread:
             it = "it" if len(unread) == 1 else "them"
-            why = [why for name, why in (
+            reasons = [reason for name, reason in (
                 ("batch_size", "batch_size, from model_args or lm-eval's --batch_size: a "
                  "log-likelihood request runs its mc_num samples mc_batch_size at a time"),
                 ("max_batch_size", "max_batch_size bounds only batch_size=auto's search for "
@@ -586,5 +587,5 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                 "%s: given, but this run's requests (%s only) never read %s; the "
                 "results list %s under config.sinkmask.unread_settings%s", ", ".join(unread),
                 " and ".join(sorted(self.request_types)), it, it,
-                f" ({'; '.join(why)})" if why else "")
+                f" ({'; '.join(reasons)})" if reasons else "")
         return unread

@@ -366,7 +366,7 @@ class MaskingLMMixin:
         if not self.mask_stats.forward_passes:
             logger.warning(
                 "every answer of this run (%d) came from the --use_cache db %s: no forward pass "
-                "ran, so %s are empty or zero because nothing was computed, not because "
+                "ran, so %s are empty, zero or null because nothing was computed, not because "
                 "nothing was masked (the run that filled the db reported its own)",
                 read, self.answers_read.where, self.answered_record)
         else:

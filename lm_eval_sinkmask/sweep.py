@@ -40,7 +40,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -124,14 +124,14 @@ def _log_filtered(name: str, keep: Callable[[logging.LogRecord], bool]) -> Itera
         log.removeFilter(keep)
 
 
-def _no_metadata_advice():
+def _no_metadata_advice() -> AbstractContextManager[None]:
     """lm-eval advises ``--metadata`` whenever a task with its own dataset loader loads; a sweep
     has no such option and loads its tasks again in every cell, so the advice would only repeat."""
     return _log_filtered("lm_eval.api.task", lambda record: (
         "Custom kwargs can be passed to `--metadata`" not in record.getMessage()))
 
 
-def _quiet_if_unmasked(k: int):
+def _quiet_if_unmasked(k: int) -> AbstractContextManager[None]:
     """A K = 0 cell is its column's unmasked baseline and takes the column's masking settings
     (eps at least) on purpose: the model's warning that top_k=0 leaves them unread is dropped."""
     if k:

@@ -1,7 +1,8 @@
 """Which of lm-eval's request types read each ``dlm_sinkmask`` setting, so that a run can say
 which of its settings changed nothing (``steps`` on a multiple-choice run, ``mc_num`` on a
 generation run, from model_args; the batch size, also from lm-eval's ``--batch_size``, on a
-multiple-choice run; ``max_batch_size`` unless ``batch_size=auto`` sizes generation). Such settings are accepted, since the model cannot know the tasks."""
+multiple-choice run; ``max_batch_size`` unless ``batch_size=auto`` sizes generation). Such
+settings are accepted, since the model cannot know the tasks."""
 
 from __future__ import annotations
 

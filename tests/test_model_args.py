@@ -347,6 +347,16 @@ def test_every_request_setting_says_which_requests_read_it():
     assert sorted(named) == sorted(u.REQUEST_SETTINGS)  # each once, none left out
 
 
+@pytest.mark.parametrize("generated, scored, auto_batch, unread", [
+    (True, False, True, []), (True, True, True, []), (True, False, False, ["max_batch_size"]),
+    (True, True, False, ["max_batch_size"]), (False, True, True, ["max_batch_size"])])
+def test_max_batch_size_is_read_only_where_auto_sizes_generation(generated, scored, auto_batch,
+                                                                  unread):
+    from lm_eval_sinkmask.unread_settings import unread_settings
+
+    assert unread_settings({"max_batch_size"}, generated, scored, False, auto_batch) == unread
+
+
 def test_settings_no_request_read_are_listed_and_warned_about(tiny_dirs, caplog):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], steps=8, mc_num=3, llada_sampler="invariant")
     assert lm.get_model_info()["sinkmask"]["unread_settings"] is None  # no request yet
@@ -411,7 +421,7 @@ def test_masking_settings_beside_top_k_0_are_taken_with_a_warning(tiny_dirs, cap
     """eps=2 without top_k is most likely a forgotten top_k: the run would be unmasked."""
     lm = make("arm_sinkmask", tiny_dirs["llama"], eps=2, detect="current")
     assert not lm.mask_config.enabled
-    assert ("top_k is 0, so masking is off and detect, eps change nothing in this run; add "
+    assert ("top_k is 0, so masking is off and detect and eps change nothing in this run; add "
             "top_k=K") in caplog.text
     caplog.clear()
     make("dlm_sinkmask", tiny_dirs["llada"], top_k=0)
@@ -419,6 +429,8 @@ def test_masking_settings_beside_top_k_0_are_taken_with_a_warning(tiny_dirs, cap
     assert "masking is off" not in caplog.text
     SinkMaskConfig.pop_from({"top_k": "0", "layers": "0"})
     assert "masking is off and layers changes nothing" in caplog.text
+    SinkMaskConfig.pop_from({"granularity": "layer", "eps": "1", "detect": "current"})
+    assert "masking is off and detect, eps and granularity change nothing" in caplog.text
 
 
 # ------------------------------------------------------------ one table, three readers

@@ -340,6 +340,24 @@ def test_a_sweep_keeps_lm_evals_metadata_advice_and_the_top_k_0_warning_out_of_e
     assert any(r.name.startswith("lm_eval") for r in caplog.records if r not in advice + off)
 
 
+def test_the_k_0_filter_drops_only_its_warning_and_goes_with_an_exception(caplog):
+    import logging
+
+    from lm_eval_sinkmask.config import SinkMaskConfig, logger
+    from lm_eval_sinkmask.sweep import _quiet_if_unmasked
+
+    with caplog.at_level(logging.INFO), pytest.raises(KeyError):
+        with _quiet_if_unmasked(0):
+            SinkMaskConfig.pop_from({"eps": "2"})
+            logger.warning("another warning")
+            raise KeyError
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]
+    assert logger.filters == []
+    with caplog.at_level(logging.INFO), _quiet_if_unmasked(5):
+        SinkMaskConfig.pop_from({"eps": "2"})
+    assert "masking is off" in caplog.text
+
+
 # ---- draw axis (the random control's mask seeds) ----------------------------------------------
 
 @pytest.mark.slow
