@@ -569,8 +569,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
 
     def _unread_settings(self) -> list[str] | None:
         """Settings given (model_args, a batch size other than 1, --max_batch_size) that no
-        request of this run read (warned about); None where that is not known: no request yet, or answers read
-        from a --use_cache db, whose requests never came here."""
+        request of this run read (warned about); None where that is not known: no request yet,
+        or answers read from a --use_cache db, whose requests never came here."""
         if not self.request_types or (self.answers_read is not None and self.answers_read.count):
             return None
         unread = unread_settings(self.settings_given, "generate_until" in self.request_types,
