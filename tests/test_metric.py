@@ -79,6 +79,18 @@ def test_ties_go_to_the_lower_position():
     s = torch.tensor([1.0, 4.0, 0.5, 4.0, 4.0])
     sinks = torch.tensor([False, True, False, True, True])
     assert top_k_sinks(s, sinks, k=2).tolist() == [False, True, False, True, False]
+    # many ties (an unstable sort keeps a short row's order by luck, not a long one's)
+    many = top_k_sinks(torch.full((3, 128), 2.0), torch.ones(3, 128, dtype=torch.bool), k=3)
+    assert many.nonzero()[:, 1].tolist() == [0, 1, 2] * 3
+
+
+def test_the_others_mean_runs_over_the_valid_keys_only():
+    """Key 0's others are the three valid keys (mean 0.8): counting the padding key as a
+    zero would give 0.6, and its score left in, 3.8."""
+    s = torch.tensor([2.0, 1.0, 1.0, 0.4, 9.0])
+    valid = torch.tensor([True, True, True, True, False])
+    assert not find_sinks(s, valid, eps=1.3)[0]  # 2 > 0.8 + 1.3 is false; with 0.6 it is true
+    assert find_sinks(s, valid, eps=-0.2).tolist() == [True, True, True, False, False]
 
 
 def test_single_causal_row_scores_its_own_attention():

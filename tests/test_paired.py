@@ -38,6 +38,7 @@ def test_paired_se_is_the_standard_error_of_the_per_document_differences():
 
 @pytest.mark.parametrize("base, other", [
     ({0: 1.0, 1: 0.0}, {0: 1.0}),  # other documents
+    ({0: 1.0, 1: 0.0, 2: 1.0}, {0: 0.0, 1: 0.0}),  # two in common: still not the same ones
     ({0: 1.0}, {0: 0.0}),  # one document: no spread to measure
     (None, {0: 1.0, 1: 0.0}),
     ({0: 1.0, 1: 0.0}, None),
@@ -53,6 +54,7 @@ def test_read_per_document_checks_the_scores_average_to_the_cell_value(tmp_path)
     assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.5) == {
         0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
     assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.6) is None
+    assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.5 + 1e-6) is None
     assert paired.read_per_document(tmp_path, "other_task", "pass@1,create_test", 0.5) is None
 
 
@@ -63,6 +65,16 @@ def test_read_per_document_reads_a_gzipped_samples_file(tmp_path):
     with gzip.open(tmp_path / "samples_mc_2025-01-01T00-00-00.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     assert paired.read_per_document(tmp_path, "mc", "acc,none", 0.75) == {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}
+
+
+def test_read_per_document_reads_the_newest_samples_file(tmp_path):
+    """A cell run again keeps lm-eval's earlier samples file beside the new one: the cell's
+    value is the newest run's, so are the scores paired with it."""
+    for stamp, scores in (("2025-01-01T00-00-00", [0.0, 0.0]), ("2025-02-01T00-00-00", [1.0, 0.0]),
+                          ("2024-12-01T00-00-00", [1.0, 1.0])):
+        (tmp_path / f"samples_gsm_{stamp}.jsonl").write_text("".join(
+            json.dumps({"doc_id": i, "filter": "none", "acc": v}) + "\n" for i, v in enumerate(scores)))
+    assert paired.read_per_document(tmp_path, "gsm", "acc,none", 0.5) == {0: 1.0, 1: 0.0}
 
 
 def test_mean_se_needs_every_runs_standard_error():

@@ -130,6 +130,51 @@ def test_the_extra_sink_token_stays_out_of_the_draw_when_excluded():
         assert not events[0].blocked[:, :, 0].any()
 
 
+def test_each_pass_and_layer_draws_afresh_in_the_masker():
+    """The same attention call twice per pass, in two passes: the sinks are the same four
+    times, the random keys drawn for them must not be (one draw reused across passes or
+    layers would make the control mask fixed keys, as sinks are)."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
+
+    class TwoLayers(torch.nn.Module):
+        def forward(self):
+            return [F.scaled_dot_product_attention(q, k, v) for _ in range(2)]
+
+    model = TwoLayers()
+    m, events = masker(top_k=3, detect="current", mask_target="random")
+    with m.attach(model):
+        model()
+        model()
+    assert [(e.forward_pass, e.layer) for e in events] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(torch.equal(e.sinks, events[0].sinks) for e in events) and events[0].sinks.any()
+    drawn = [e.chosen for e in events]
+    assert not torch.equal(drawn[0], drawn[1])  # another layer, same pass
+    assert not torch.equal(drawn[0], drawn[2])  # the same layer, next pass
+    assert all(torch.equal(d.sum(-1), drawn[0].sum(-1)) for d in drawn)
+
+
+def test_a_row_short_of_candidates_draws_none_of_its_padding():
+    """Every visible key is a sink (eps -100): no key is left to draw, and the padding keys,
+    which are not sinks, must not be drawn in their place."""
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
+    visible = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    visible[1, ..., :2] = False  # element 1 left-padded by two keys
+
+    class Attn(torch.nn.Module):
+        def forward(self):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+    attn = Attn()
+    m, events = masker(top_k=2, eps=-100.0, detect="current", mask_target="random")
+    with m.attach(attn) as stats:
+        attn()
+    (event,) = events
+    assert event.sinks[1, :, 2:].all() and not event.sinks[1, :, :2].any()
+    assert not event.chosen.any() and stats.keys_masked == 0
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"mask_target": "sink"}, "mask_target must be one of"),
     ({"mask_seed": -1}, "mask_seed must be an integer >= 0"),

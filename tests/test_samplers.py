@@ -419,6 +419,8 @@ def test_dream_alg_temp_is_read_by_the_confidence_algs_only(model, variant):
                                       generator=torch.Generator().manual_seed(0), **kw)
     assert torch.equal(run(alg="origin", alg_temp=5.0), run(alg="origin", alg_temp=0.0))
     assert not torch.equal(run(alg="entropy", alg_temp=5.0), run(alg="entropy", alg_temp=0.0))
+    # the same Gumbel draws at another alg_temp rank the positions otherwise
+    assert not torch.equal(run(alg="entropy", alg_temp=0.05), run(alg="entropy", alg_temp=5.0))
 
 
 def test_dream_top_k_and_top_p_are_read_at_temperature_zero():

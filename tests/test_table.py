@@ -379,7 +379,8 @@ def test_the_drop_carries_its_paired_standard_error_from_the_samples(tmp_path):
     se = np.std(diffs, ddof=1) / np.sqrt(len(diffs))  # 0.18: the drop (-0.20) is not clear
     md = out["markdown"].read_text()
     assert f"|  | K=1 | 0.40 ± 0.16 (-0.20 ± {se:.2f}) |" in md
-    [_, masked] = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    [unmasked, masked] = list(csv.DictReader(io.StringIO(out["csv"].read_text())))
+    assert unmasked["delta_se"] == ""  # no drop to carry one
     assert float(masked["delta_se"]) == pytest.approx(se, rel=1e-12)
     assert float(masked["delta_vs_unmasked"]) == pytest.approx(diffs.mean())
 
