@@ -1,6 +1,8 @@
 """lm-eval's --use_cache db (CachingLM) with our models: it keys answers on the request only,
 so a db may only hand back answers computed under the same settings."""
 
+import re
+
 import pytest
 from lm_eval.api.model import CachingLM
 
@@ -223,3 +225,18 @@ def test_a_resumed_run_says_how_many_answers_the_cache_gave(tiny_dirs, tmp_path,
 def test_a_run_without_the_cache_records_none(tiny_dirs):
     kind, extra = MODELS["arm_sinkmask"]
     assert make("arm_sinkmask", tiny_dirs[kind], **extra).get_model_info()["sinkmask"]["answer_cache"] is None
+
+
+@pytest.mark.parametrize("cached, now, named", [
+    ({"a": 1}, {"a": 1, "mc_num": 8}, "mc_num: None in the cache, 8 now"),  # new setting
+    ({"a": 1, "b": {"c": 2}}, {"a": 1}, "b: {'c': 2} in the cache, None now"),  # one dropped
+    ({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}}, "b.c: 2 in the cache, 3 now"),
+])
+def test_a_setting_on_one_side_only_is_a_difference(cached, now, named):
+    from lm_eval_sinkmask import answer_cache
+
+    db = {answer_cache.KEY: cached}
+    with pytest.raises(ValueError, match=re.escape(named)):
+        answer_cache.claim(db, now, "x.db")
+    answer_cache.claim(db, cached, "x.db")  # the same settings pass
+

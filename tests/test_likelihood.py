@@ -22,6 +22,35 @@ def make(name, path, **args):
 
 # ------------------------------------------------------------------ sampling, pure functions
 
+def test_each_request_draws_from_its_own_context_and_continuation(tiny_dirs, monkeypatch):
+    """Two questions with the same answer must not draw the same masks: the model seeds each
+    request's generator with the tokens of both parts."""
+    seeded = []
+    real = likelihood.request_generator
+    monkeypatch.setattr(likelihood, "request_generator",
+                        lambda seed, prompt, target: seeded.append((list(prompt), list(target)))
+                        or real(seed, prompt, target))
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2)
+    lm.loglikelihood([Instance("loglikelihood", {}, (q, " 1 2"), i)
+                      for i, q in enumerate(["Question : 7 + 5 = ?", "Question : 9 + 3 = ?"])])
+    (p1, t1), (p2, t2) = seeded
+    assert t1 == t2 and p1 != p2 and len(p1) > 1
+    assert p1[-4:] == lm.tok_encode("Question : 7 + 5 = ?")[-4:]
+
+
+@pytest.mark.parametrize("cfg_scale, rows", [(0.0, [2, 2]), (0.5, [4, 4])])
+def test_guidance_doubles_the_rows_only_when_it_is_on(cfg_scale, rows):
+    seen = []
+
+    def forward(x):
+        seen.append(len(x))
+        return torch.zeros(*x.shape, 9)
+
+    likelihood.estimate(forward, [1, 2, 3], [4, 5], mask_id=8, mc_num=4, batch_size=2,
+                        cfg_scale=cfg_scale, generator=torch.Generator().manual_seed(0))
+    assert seen == rows
+
+
 def test_mask_counts_are_uniform_on_1_to_L_and_spread_evenly():
     L, n = 7, 3
     draws = torch.stack([likelihood.mask_counts(L, n, torch.Generator().manual_seed(s))

@@ -1,6 +1,8 @@
 """What a sweep runs and where: model specs, seed paths and ranges, the exact model_args of a
 cell, the seed and draw axes' layouts, and bad grids refused before anything loads."""
 
+import json
+
 import pytest
 
 from lm_eval_sinkmask.cli import main
@@ -216,6 +218,24 @@ def test_a_folder_swept_again_keeps_one_experiment_per_column(tmp_path):
                              (dict(limit=64), "gsm was swept here with --limit 50, not 64")):
         with pytest.raises(SystemExit, match=refusal):
             merge_grids(old, grid(**changed))
+    # a folder swept with a seed or draw axis takes no sweep without it, and the other way
+    for axis, option in (("seeds", "--seeds"), ("mask_seeds", "--mask-seeds")):
+        with pytest.raises(SystemExit, match=f"swept with {option}"):
+            merge_grids({**old, axis: [0, 1]}, old)
+        with pytest.raises(SystemExit, match=f"swept without {option}"):
+            merge_grids(old, {**old, axis: [0, 1]})
+
+
+def test_a_done_cell_on_other_inputs_is_refused_not_reused(tmp_path):
+    plan = SweepPlan(models=[], tasks=["t"], ks=[1], out=tmp_path)
+    cell = Cell(plan, ModelSpec("llama", "/m/llama", "arm"), "t", 1)
+    inputs = {"checkpoint": "a", "task": {"version": 1}, "package_code": "p"}
+    assert not cell.is_done(inputs)  # not run yet
+    cell.folder.mkdir(parents=True)
+    (cell.folder / "cell.json").write_text(json.dumps({"request": cell.request(), "inputs": inputs}))
+    assert cell.is_done(inputs)
+    with pytest.raises(SystemExit, match="was run on other inputs.*\n  checkpoint a -> b"):
+        cell.is_done({**inputs, "checkpoint": "b"})
 
 
 def test_cells_of_one_column_must_share_every_setting_but_their_axes():
