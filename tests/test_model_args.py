@@ -24,6 +24,13 @@ def make(name, path, **args):
     return get_model(name).create_from_arg_string(arg_string)
 
 
+def from_lm_eval(path, args="", **options):
+    """A dlm_sinkmask as the lm_eval command builds it: model_args, and lm-eval's own options
+    (--batch_size, --max_batch_size) handed beside them, None ones dropped as lm-eval drops them."""
+    return get_model("dlm_sinkmask").create_from_arg_string(f"pretrained={path}{args}",
+                                                           {"device": "cpu", **options})
+
+
 @pytest.fixture
 def config_only(tmp_path, tiny_dirs):
     """{kind: a folder with that tiny checkpoint's config.json and no weights}: anything that
@@ -381,9 +388,7 @@ def test_a_batch_size_is_listed_unread_by_a_log_likelihood_run(tiny_dirs, caplog
     not asked for; or model_args' own) batches only generation, so on a multiple-choice run
     one other than 1 is said to change nothing."""
     def model(batch_size, args=""):
-        return get_model("dlm_sinkmask").create_from_arg_string(
-            f"pretrained={tiny_dirs['llada']},mc_num=2{args}",
-            {"batch_size": batch_size, "device": "cpu"})
+        return from_lm_eval(tiny_dirs["llada"], f",mc_num=2{args}", batch_size=batch_size)
 
     rolling = [Instance("loglikelihood_rolling", {}, ("Anna has 12 books and Ben",), 0)]
     for default in (model("1"), model(1), model(" 01")):
@@ -404,9 +409,7 @@ def test_a_max_batch_size_is_listed_unread_unless_auto_sizes_generation(tiny_dir
     """lm-eval passes --max_batch_size only when asked; it bounds batch_size=auto's search,
     which only generation runs."""
     def unread(batch_size, generate):
-        lm = get_model("dlm_sinkmask").create_from_arg_string(
-            f"pretrained={tiny_dirs['llada']}",
-            {"batch_size": batch_size, "max_batch_size": 2, "device": "cpu"})
+        lm = from_lm_eval(tiny_dirs["llada"], batch_size=batch_size, max_batch_size=2)
         lm.generate_until([request(32)]) if generate else lm.loglikelihood(LL)
         return lm.get_model_info()["sinkmask"]["unread_settings"]
 
