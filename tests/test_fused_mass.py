@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lm_eval_sinkmask import flex_mass, fused_mass, intercept
 from lm_eval_sinkmask.attention_view import MaskView, Scores
@@ -20,6 +19,7 @@ from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 from lm_eval_sinkmask.masking_stats import MaskingStats
 from tests import tiny
+from tests.test_intercept import SDPALayer
 
 FLOAT_MIN = torch.finfo(torch.float32).min
 # the paths that never hold the probabilities, each held against the materialised one
@@ -146,13 +146,7 @@ def _events(backend, kwargs, kv_heads, n_q, *, rule="all", granularity="head", d
     k, v = torch.randn(B, kv_heads, S, D), torch.randn(B, kv_heads, S, D)
     k[:, :, 4] *= 4  # a strong key, so that sinks exist
     qs = [torch.randn(B, H, n_q, D) for _ in range(passes)]
-    state = {}
-
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(state["q"], k, v, **kwargs)
-
-    attn, events, outs = Attn(), [], []
+    attn, events, outs = SDPALayer(None, k, v, **kwargs), [], []
     cfg = SinkMaskConfig(top_k=2, eps=0.0, detect=detect, granularity=granularity,
                          detect_backend=backend, sink_token=sink_token)
     m = SinkMasker(cfg, rule=rule, observers=[events.append])
@@ -160,7 +154,7 @@ def _events(backend, kwargs, kv_heads, n_q, *, rule="all", granularity="head", d
         if stats is not None:
             stats.append(run_stats)
         for q in qs:
-            state["q"] = q
+            attn.q = q
             if extra_keys is not None:
                 m.set_extra_keys(extra_keys)
             outs.append(attn())
@@ -209,18 +203,11 @@ def test_all_rows_over_a_prefill_and_a_continuation_of_several_rows(backend):
              (q[:, :, 7:], k, v, causal[7:])]  # 4 new rows over all 11 keys
 
     def run(name, calls):
-        state, events, outs = {}, [], []
-
-        class Attn(torch.nn.Module):
-            def forward(self):
-                qq, kk, vv, mask = state["call"]
-                return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)
-
+        events, outs, attn = [], [], SDPALayer(None, None, None)
         cfg = SinkMaskConfig(top_k=2, eps=0.0, detect_backend=name)
-        attn = Attn()
         with torch.no_grad(), SinkMasker(cfg, rule="all_rows", observers=[events.append]).attach(attn):
-            for call in calls:
-                state["call"] = call
+            for qq, kk, vv, mask in calls:
+                attn.q, attn.k, attn.v, attn.sdpa_kwargs = qq, kk, vv, {"attn_mask": mask}
                 outs.append(attn())
         return outs, events
 

@@ -62,6 +62,19 @@ def eager_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return probs, (probs @ v.double()).to(q.dtype), masked_rows
 
 
+class SDPALayer(torch.nn.Module):
+    """An attention layer cut down to its one SDPA call, on the tensors it holds (assign ``q``,
+    ``k``, ``v`` or ``sdpa_kwargs`` between calls): the masker hooks it as it hooks a model's
+    layers. ``attention_mask``, the padding a masker reads from a model's inputs, goes unused."""
+
+    def __init__(self, q, k, v, **sdpa_kwargs):
+        super().__init__()
+        self.q, self.k, self.v, self.sdpa_kwargs = q, k, v, sdpa_kwargs
+
+    def forward(self, attention_mask=None):
+        return F.scaled_dot_product_attention(self.q, self.k, self.v, **self.sdpa_kwargs)
+
+
 def run_model(kind, model, masker_, ids, mask=None):
     from lm_eval_sinkmask.families import FAMILIES
 
@@ -101,24 +114,22 @@ def test_blocked_keys_have_exactly_zero_weight_in_the_returned_output():
     q, k = torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
     v = torch.randn(2, 3, 9, 8)
 
-    class Attn(torch.nn.Module):
-        def forward(self, v):
-            return F.scaled_dot_product_attention(q, k, v)
-
-    attn = Attn()
+    attn = SDPALayer(q, k, v)
     m, events = masker(top_k=1, detect="current")
     with m.attach(attn):
-        out = attn(v)
+        out = attn()
     blocked = events[0].blocked  # [2, 3, 9]
     assert (blocked.sum(-1) == 1).all()  # eps=0, top_k=1: one key per (element, head)
     poisoned = v.clone()
     poisoned[blocked.unsqueeze(-1).expand_as(v)] = 1e6
     m2, _ = masker(top_k=1, detect="current")
+    attn.v = poisoned
     with m2.attach(attn):
-        out2 = attn(poisoned)
+        out2 = attn()
     assert torch.equal(out, out2)
+    attn.v = torch.ones_like(v)
     with m2.attach(attn):  # and rows sum to one: all-ones values give all-ones output
-        ones = attn(torch.ones_like(v))
+        ones = attn()
     torch.testing.assert_close(ones, torch.ones_like(ones))
 
 
@@ -218,18 +229,12 @@ def test_gqa_as_enable_gqa_and_as_repeated_heads_agree():
     k, v = torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
     k[:, :, 0] *= 5
 
-    class Attn(torch.nn.Module):
-        def forward(self, repeat):
-            if repeat:
-                return F.scaled_dot_product_attention(
-                    q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-
-    outs, attn = [], Attn()
-    for repeat in (False, True):
+    outs = []
+    for attn in (SDPALayer(q, k, v, enable_gqa=True),
+                 SDPALayer(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))):
         m, events = masker(top_k=1, detect="current")
         with m.attach(attn):
-            outs.append(attn(repeat))
+            outs.append(attn())
         assert events[0].blocked.sum() > 0
     torch.testing.assert_close(outs[0], outs[1])
 
@@ -245,11 +250,7 @@ def test_model_masks_are_honoured(mask_kind):
         "causal": {"is_causal": True},
     }[mask_kind]
 
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
-
-    attn = Attn()
+    attn = SDPALayer(q, k, v, **kwargs)
     m, events = masker(top_k=1, detect="current")
     with m.attach(attn):
         out = attn()
@@ -263,12 +264,8 @@ def test_arm_last_row_rule_detects_on_the_last_query_only():
     torch.manual_seed(3)
     q, k, v = (torch.randn(1, 1, 5, 8) for _ in range(3))
 
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
     events = []
-    attn = Attn()
+    attn = SDPALayer(q, k, v, is_causal=True)
     m = SinkMasker(SinkMaskConfig(top_k=1, eps=0.0), rule="last_row", observers=[events.append])
     with m.attach(attn):
         attn()
@@ -349,11 +346,7 @@ def test_calls_outside_the_model_forward_are_untouched():
 def test_dropout_in_training_mode_is_refused():
     q = k = v = torch.randn(1, 1, 4, 8)
 
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
-
-    attn = Attn()
+    attn = SDPALayer(q, k, v, dropout_p=0.1)
     m, _ = masker(top_k=1)
     with pytest.raises(ValueError, match="training mode"), m.attach(attn):
         attn()
@@ -365,18 +358,12 @@ def test_dropout_in_training_mode_is_refused():
 def _two_pass_events(q_list, k, v, query_chunk, detect, **sdpa_kwargs):
     """Run an SDPA module once per query tensor inside one attach block; return the outputs
     and the events (the second pass of detect=previous takes the single-sweep path)."""
-    state = {}
-
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(state["q"], k, v, **sdpa_kwargs)
-
-    attn = Attn()
+    attn = SDPALayer(None, k, v, **sdpa_kwargs)
     m, events = masker(top_k=2, detect=detect, query_chunk=query_chunk)
     outs = []
     with torch.no_grad(), m.attach(attn):
         for q in q_list:
-            state["q"] = q
+            attn.q = q
             outs.append(attn())
     return outs, events
 
@@ -494,12 +481,8 @@ def test_autocast_does_not_lower_the_precision_of_detection_or_the_masked_output
     q, k, v = (torch.randn(B, H, S, D).bfloat16() for _ in range(3))
     k[:, :, 3] *= 3
 
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v)
-
     def run(autocast):
-        attn, (m, events) = Attn(), masker(top_k=1, detect=detect)
+        attn, (m, events) = SDPALayer(q, k, v), masker(top_k=1, detect=detect)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
                 m.attach(attn):
             outs = [attn(), attn()]
@@ -597,12 +580,8 @@ def test_scores_sinks_and_output_match_eq3_written_out_by_hand(case, dtype, quer
     if "attn_mask" in kwargs and kwargs["attn_mask"].is_floating_point():  # the dtype's own finfo.min
         kwargs = {"attn_mask": kwargs["attn_mask"].clamp(min=torch.finfo(dtype).min).to(dtype)}
 
-    class Attn(torch.nn.Module):
-        def forward(self, attention_mask=None):
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
-
     m, events = masker(top_k=2, eps=0.5, detect="current", query_chunk=query_chunk)
-    attn = Attn()
+    attn = SDPALayer(q, k, v, **kwargs)
     with torch.no_grad(), m.attach(attn):
         out = attn(attention_mask=forward_mask)
     token_valid = None if forward_mask is None else forward_mask.bool()
@@ -639,13 +618,8 @@ def _masked_call(attn, path, monkeypatch, forward_kwargs=None, **config):
 def _by_hand_call(q, k, v, sdpa_kwargs, forward_mask, *, eps, top_k, path, monkeypatch):
     """One call through the intercept along an output path, and the same call by hand
     (:func:`one_call_by_hand`)."""
-
-    class Attn(torch.nn.Module):
-        def forward(self, attention_mask=None):
-            return F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
-
-    event, out = _masked_call(Attn(), path, monkeypatch, {"attention_mask": forward_mask},
-                              top_k=top_k, eps=eps)
+    event, out = _masked_call(SDPALayer(q, k, v, **sdpa_kwargs), path, monkeypatch,
+                              {"attention_mask": forward_mask}, top_k=top_k, eps=eps)
     token_valid = None if forward_mask is None else forward_mask.bool()
     by_hand = one_call_by_hand(q, k, v, sdpa_kwargs.get("attn_mask"),
                                sdpa_kwargs.get("is_causal", False), token_valid, eps, top_k,
@@ -720,11 +694,7 @@ def test_rows_whose_every_visible_key_is_blocked_keep_their_scores(form, path, m
     torch.manual_seed(6)
     q, k, v = (torch.randn(2, 3, 9, 8) for _ in range(3))
 
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
-
-    event, out = _masked_call(Attn(), path, monkeypatch, top_k=9, eps=-100.0)
+    event, out = _masked_call(SDPALayer(q, k, v, **kwargs), path, monkeypatch, top_k=9, eps=-100.0)
     assert event.blocked.sum() == event.sinks.sum() > 0
     probs, expected, _ = eager_attention(q, k, v, **kwargs)
     rows = probs.sum(-1) > 0
@@ -743,11 +713,7 @@ def test_only_the_rows_whose_every_key_is_blocked_keep_their_scores(path, monkey
     k[:, :, 3] = 1.5
     q[0, 0] = 0.0
 
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v)
-
-    event, out = _masked_call(Attn(), path, monkeypatch, top_k=9, eps=-0.5)
+    event, out = _masked_call(SDPALayer(q, k, v), path, monkeypatch, top_k=9, eps=-0.5)
     assert event.blocked[0, 0].all()
     assert event.blocked.sum(-1).tolist() == [[9, 1], [1, 1]]
     assert event.blocked[:, :, 3].all()
@@ -766,24 +732,17 @@ def _qkv_with_a_sink_at(key, batch, g):
     return q, k, v
 
 
-class _AttentionOf(torch.nn.Module):
-    """One attention call over whatever q, k, v the test set last (``.qkv``)."""
-
-    def forward(self):
-        return F.scaled_dot_product_attention(*self.qkv)
-
-
 def test_detect_previous_starts_afresh_when_the_batch_size_changes():
     """Last pass's sinks belong to last pass's batch rows: a pass with another batch size (a
     smaller last batch, classifier-free guidance's doubled batch) detects on its own instead
     of broadcasting one row's sinks over the others."""
     g = torch.Generator().manual_seed(4)
     m, events = masker(top_k=1, detect="previous")
-    attn = _AttentionOf()
+    attn = SDPALayer(None, None, None)
     with torch.no_grad(), m.attach(attn):
-        attn.qkv = _qkv_with_a_sink_at(1, 1, g)
+        attn.q, attn.k, attn.v = _qkv_with_a_sink_at(1, 1, g)
         attn()
-        attn.qkv = _qkv_with_a_sink_at(5, 2, g)
+        attn.q, attn.k, attn.v = _qkv_with_a_sink_at(5, 2, g)
         attn()
     first, second = events
     assert first.chosen[0, :, 1].all()
@@ -795,9 +754,9 @@ def test_a_new_attach_block_does_not_mask_the_last_blocks_sinks():
     request, with its sinks elsewhere) masks its own sinks, not the last block's."""
     g = torch.Generator().manual_seed(8)
     m, events = masker(top_k=1, detect="previous")
-    attn = _AttentionOf()
+    attn = SDPALayer(None, None, None)
     for strong in (1, 5):
-        attn.qkv = _qkv_with_a_sink_at(strong, 1, g)
+        attn.q, attn.k, attn.v = _qkv_with_a_sink_at(strong, 1, g)
         with torch.no_grad(), m.attach(attn):
             attn()
     first, second = events
@@ -995,11 +954,7 @@ def test_a_masked_output_is_laid_out_as_the_unmasked_one(path, sdpa_kwargs, monk
     q, k, v = (torch.randn(2, 10, 3, 8, generator=g).transpose(1, 2) for _ in range(3))
     k[:, :, 0] *= 6  # a key that draws the attention: a sink to mask
 
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
-
     plain = F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
-    event, out = _masked_call(Attn(), path, monkeypatch, top_k=1)
+    event, out = _masked_call(SDPALayer(q, k, v, **sdpa_kwargs), path, monkeypatch, top_k=1)
     assert bool(event.blocked.any())
     assert out.shape == plain.shape and out.stride() == plain.stride()

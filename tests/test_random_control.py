@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.metric import top_k_sinks
 from lm_eval_sinkmask.random_control import key_draws, random_non_sinks, row_seeds, row_tokens
-from tests.test_intercept import eager_attention, masker, run_model
+from tests.test_intercept import SDPALayer, eager_attention, masker, run_model
 
 
 def test_the_draw_matches_the_sink_count_and_never_takes_a_sink_or_an_ineligible_key():
@@ -113,14 +113,9 @@ def test_the_draw_is_reproducible_by_mask_seed(tiny_model):
 def test_the_extra_sink_token_stays_out_of_the_draw_when_excluded():
     torch.manual_seed(4)
     q, k, v = (torch.randn(2, 3, 9, 8) for _ in range(3))
-
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v)
-
     extra = torch.zeros(2, 9, dtype=torch.bool)
     extra[:, 0] = True
-    attn = Attn()
+    attn = SDPALayer(q, k, v)
     for seed in range(20):
         m, events = masker(top_k=4, detect="current", mask_target="random", mask_seed=seed,
                            sink_token="exclude")
@@ -161,12 +156,7 @@ def test_a_row_short_of_candidates_draws_none_of_its_padding():
     q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
     visible = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     visible[1, ..., :2] = False  # element 1 left-padded by two keys
-
-    class Attn(torch.nn.Module):
-        def forward(self):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
-
-    attn = Attn()
+    attn = SDPALayer(q, k, v, attn_mask=visible)
     m, events = masker(top_k=2, eps=-100.0, detect="current", mask_target="random")
     with m.attach(attn) as stats:
         attn()
