@@ -525,6 +525,25 @@ def test_the_rolling_report_counts_documents_and_their_standard_errors(tiny_dirs
     assert info["mean_mc_stderr"] == pytest.approx(sum(per_document) / len(texts))
 
 
+def test_a_documents_windows_of_one_text_after_other_contexts_are_independent(tiny_dirs):
+    # a repetitive document: its windows predict the same 15 tokens after the prefix token and
+    # after the token before them; draws are seeded by context and tokens, so the first window's
+    # errors are independent of the next two's, which draw the same samples (their errors add)
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=3, max_length=16)
+    seen = []
+    fit = lm._fit_window
+    lm._fit_window = lambda c, t: seen.append((list(c), list(t))) or fit(c, t)
+    lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (" ".join(["7"] * 55),), 0)])
+    windows = [(None, c, t) for c, t in seen]
+    (first, second, third, last) = windows
+    assert first[2] == second[2] and first[1] != second[1] and second == third
+    se = [stderr for *_, stderr in lm._score(windows)]
+    assert se[1] == se[2] and se[0] != se[1]
+    info = lm.get_model_info()["sinkmask"]["likelihood"]
+    assert info["mean_mc_stderr"] == pytest.approx(
+        math.sqrt(se[0] ** 2 + (se[1] + se[2]) ** 2 + se[3] ** 2))
+
+
 def test_a_request_that_cannot_fit_is_refused_before_any_is_scored(tiny_dirs):
     # lm-eval hands over every task's loglikelihood requests at once: one whose continuation
     # leaves no context token within max_length must fail before the others spend compute,
