@@ -144,11 +144,24 @@ class _Folder:
 
 def _read(folder: Path, metrics: dict[str, str] | None) -> _Folder:
     grid = json.loads(sweep_json(folder).read_text())
-    seeds = grid.get("seeds")
     read = _Folder(folder, grid, [], False, [], [], [])
     for record_path in cell_records(folder / "cells"):  # any depth: seed and draw folders
-        _read_cell(read, record_path, seeds, metrics)
+        _read_cell(read, record_path, grid, metrics)
     return read
+
+
+def in_grid(grid: dict, req: dict, cell: Path) -> bool:
+    """Whether a cell's request is one of the grid's runs. sweep.json may be narrowed by hand
+    to fewer training seeds or random-key draws than its folder's cells hold: the others stay
+    out of the table, as if never run (a draw left in would be pooled under the header's
+    count of draws). A draw where sweep.json names none is refused: its column would not
+    know how many runs it has."""
+    seeds, draws, draw = grid.get("seeds"), grid.get("mask_seeds"), req.get("mask_seed")
+    if draw is not None and draws is None:
+        raise ValueError(f"{cell} is draw mask_seed={draw} of a sweep --mask-seeds, but the "
+                         "folder's sweep.json names no mask_seeds: restore them there")
+    return ((seeds is None or req.get("checkpoint_seed") in seeds)
+            and (draw is None or draw in draws))
 
 
 # what a damaged (truncated, not JSON, not gzip, not UTF-8) cell.json or samples file raises
@@ -169,7 +182,7 @@ def _reading(cell: Path, *also: type[Exception]):
                          "sweep)") from e
 
 
-def _read_cell(read: _Folder, record_path: Path, seeds: list[int] | None,
+def _read_cell(read: _Folder, record_path: Path, grid: dict,
                metrics: dict[str, str] | None) -> None:
     """One ``cell.json`` (and its samples, for the paired errors) into ``read``."""
     cell = record_path.parent
@@ -179,7 +192,7 @@ def _read_cell(read: _Folder, record_path: Path, seeds: list[int] | None,
     read.requests.append(req)
     read.versions.append(record.get("versions"))
     read.runs.append(record.get("run"))
-    if seeds is not None and req.get("checkpoint_seed") not in seeds:
+    if not in_grid(grid, req, cell):
         return
     with _reading(cell, KeyError):  # cell.json's keys (lm-eval's results for --metric)
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
@@ -309,7 +322,18 @@ def with_zoo_note(title: str, zoo: bool) -> str:
 
 
 def _index(entries: list[Entry]) -> dict[tuple[str, str, int], Entry]:
-    return {(e.model, e.task, e.k): e for e in entries}
+    """(model, task, K) -> the one run of a plain table's cell; a second run is refused, not
+    shown in the first one's place."""
+    idx: dict[tuple[str, str, int], Entry] = {}
+    for e in entries:
+        key = (e.model, e.task, e.k)
+        if key in idx:
+            runs = " and ".join(f"(training seed {r.seed}, draw {r.draw})" for r in (idx[key], e))
+            raise ValueError(f"{e.model} on {e.task} at K={e.k} has two runs, {runs}, where "
+                             "sweep.json names one run per cell: its seeds and mask_seeds must "
+                             "name the runs the folder's cells hold")
+        idx[key] = e
+    return idx
 
 
 def rows(grid: dict, entries: list[Entry]) -> list[dict]:

@@ -156,12 +156,40 @@ def test_a_missing_draw_is_counted_and_one_draw_renders_as_the_plain_table(tmp_p
     partial = {d: DRAWS[d] for d in (0, 1)}
     md = table.render(_drawn_sweep(tmp_path / "t", partial), figure=False)["markdown"].read_text()
     assert md.count("[2 of 3 runs]") == 2  # the control's cell and its comparison
+    assert md.count(" runs]") == 2  # its unmasked cell is one run per seed, never drawn
     one = _drawn_sweep(tmp_path / "one", {1: DRAWS[1]})
     grid = json.loads((one / "sweep.json").read_text())
     (one / "sweep.json").write_text(json.dumps({**grid, "mask_seeds": [1]}))
     md = table.render(one, figure=False)["markdown"].read_text()
     assert f"|  | K=1 | {np.mean(SINKS[1]):.2f} ± 0.10" in md and "(DLM, 1 draws)" not in md
     assert "drawn with mask_seed 1." in md
+
+
+def test_draws_a_hand_narrowed_sweep_json_leaves_out_stay_out_of_the_table(tmp_path):
+    # as with training seeds: the cells of draws sweep.json no longer names are not pooled
+    # under its count of draws, nor do they break the one-draw table
+    for kept in ([0, 1], [1]):
+        folder = _drawn_sweep(tmp_path / str(kept), DRAWS)
+        grid = json.loads((folder / "sweep.json").read_text())
+        (folder / "sweep.json").write_text(json.dumps({**grid, "mask_seeds": kept}))
+        out = table.render(folder, figure=False)
+        control = {r["top_k"]: r for r in csv.DictReader(out["csv"].open())
+                   if r["model"] == "llada_random"}["1"]
+        value = control["mean"] if len(kept) > 1 else control["value"]  # several runs, or one
+        assert float(value) == pytest.approx(np.mean([np.mean(DRAWS[d]) for d in kept]))
+        diffs = [float(r["difference"]) for r in csv.DictReader(out["versus"].open())
+                 if r["top_k"] == "1"]
+        assert diffs == pytest.approx([_paired(SINKS[1], DRAWS[d])[0] for d in kept])
+
+
+def test_draws_where_sweep_json_names_none_are_refused(tmp_path):
+    folder = _drawn_sweep(tmp_path / "t", DRAWS)
+    grid = json.loads((folder / "sweep.json").read_text())
+    del grid["mask_seeds"]
+    (folder / "sweep.json").write_text(json.dumps(grid))
+    with pytest.raises(ValueError, match=r"k1 is draw mask_seed=\d of a sweep --mask-seeds, but "
+                                         "the folder's sweep.json names no mask_seeds"):
+        table.render(folder, figure=False)
 
 
 def test_the_figure_draws_each_pair_in_one_colour_the_second_dotted(tmp_path, monkeypatch):
