@@ -77,3 +77,19 @@ def test_a_revision_of_a_local_folder_is_refused_before_loading(tiny_dirs, model
                                          r"but .* is a local folder"):
         get_model(model).check_arg_string(arg_string + ",revision=v1.0")
     get_model(model).check_arg_string(arg_string + ",revision=main")  # HFLM's default
+
+
+def test_an_extra_sink_token_takes_one_of_the_positions_a_generation_must_fit():
+    config = {"max_position_embeddings": 512}
+    checkpoint_checks.check_generation_fits(511, None, config, sink=False)
+    checkpoint_checks.check_generation_fits(510, None, config, sink=True)
+    with pytest.raises(ValueError, match="gen_length 511 leaves no prompt token within the 511 "
+                                         "positions"):
+        checkpoint_checks.check_generation_fits(511, None, config, sink=True)
+
+
+def test_a_composite_configs_positions_are_its_text_models():
+    # as HFLM reads them: a vision-language config declares the text model's in text_config
+    config = {"max_position_embeddings": 4096, "text_config": {"max_position_embeddings": 2048}}
+    assert checkpoint_checks.positions(config) == 2048
+    assert checkpoint_checks.positions({"max_position_embeddings": 4096}) == 4096

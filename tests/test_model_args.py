@@ -13,7 +13,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
 from lm_eval_sinkmask import model_args
-from lm_eval_sinkmask.config import SinkMaskConfig
+from lm_eval_sinkmask.config import SinkMaskConfig, flag_value
 from lm_eval_sinkmask.sampler_settings import DiffusionSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -145,6 +145,12 @@ def no_weight_loads(monkeypatch):
         ("arm_sinkmask", "llama", {"batch_size": "auto:x"}, r"batch_size='auto:x': auto takes the form auto or auto:N"),
         ("dlm_sinkmask", "llada", {"batch_size": "autox"}, r"batch_size='autox': auto takes the form"),
         ("dlm_sinkmask", "llada", {"max_batch_size": -2}, r"max_batch_size must be a positive integer, got -2"),
+        ("arm_sinkmask", "llama", {"max_batch_size": 0}, r"max_batch_size must be a positive integer, got 0"),
+        ("dlm_sinkmask", "llada", {"batch_size": "auto:0"}, r"batch_size='auto:0': auto takes the form auto or auto:N with N a positive"),
+        ("arm_sinkmask", "llama", {"softmax_dtype": "auto"}, r"softmax_dtype=auto is not a floating torch dtype"),
+        ("dlm_sinkmask", "llada", {"top_k": 1, "query_chunk": 0}, r"query_chunk must be a positive integer, got 0"),
+        # names are case-sensitive, as the model's own arguments are
+        ("arm_sinkmask", "llama", {"TOP_K": 5}, r"unknown model argument 'TOP_K' for arm_sinkmask"),
         ("arm_sinkmask", "llama", {"peft": "/tmp/adapter", "delta": "/tmp/delta"}, r"peft and delta both change the weights"),
         ("dlm_sinkmask", "llada", {"enable_thinking": "true"}, r"enable_thinking=true needs think_end_token"),
         ("arm_sinkmask", "llama", {"top_k": 1, "attn_implementation": "eager"}, r"attn_implementation=eager bypasses torch\.nn\.functional\.scaled_dot_product_attention.*top_k=1 would mask nothing"),
@@ -227,9 +233,11 @@ def test_a_device_torch_does_not_have_here_is_refused_before_loading(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert placed_device(None) == placed_device("cuda") == "cuda"
     assert placed_device("cuda:0") == "cuda:0" and placed_device("cuda:1") == "cuda:1"
-    with pytest.raises(ValueError, match=r"device=cuda:7: this machine has 2 CUDA device\(s\), "
-                                         r"cuda:0 to cuda:1, so lm-eval's hf model would run on cuda"):
-        placed_device("cuda:7")
+    for past_the_last in ("cuda:2", "cuda:7"):
+        with pytest.raises(ValueError, match=rf"device={past_the_last}: this machine has 2 CUDA "
+                                             r"device\(s\), cuda:0 to cuda:1, so lm-eval's hf model "
+                                             "would run on cuda"):
+            placed_device(past_the_last)
 
 
 def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):
@@ -238,6 +246,8 @@ def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):
 
     DLMSinkMaskLM.check_args(str(config_only["llada"]), logits_eos_inf="True",
                              confidence_eos_eot_inf="false")
+    assert [flag_value(v) for v in ("True", "TRUE", "true", "False", "false")] == [
+        True, True, True, False, False]
     with pytest.raises(ValueError, match="logits_eos_inf must be true or false, got 'yes'"):
         DLMSinkMaskLM.check_args(str(config_only["llada"]), logits_eos_inf="yes")
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lm_eval_sinkmask.families import FAMILIES
-from lm_eval_sinkmask.padding_probe import UNPADDED, honours_padding
+from lm_eval_sinkmask.padding_probe import UNPADDED, choose_padding, honours_padding
 from tests import tiny
 from tests.test_models import make, requests
 
@@ -106,3 +106,57 @@ def test_the_zoo_classes_honour_their_mask(kind, side):
         assert honours_padding(lambda x, m: model(**family.model_inputs(x, m)).logits,
                                vocab_size=model.config.vocab_size, mask_id=model.config.mask_token_id,
                                padding_side=side, device="cpu", dtype=torch.float32)
+
+
+# the probe on forwards made to fail one way each: logits of a position from its own token
+# only (padding invisible), plus what the failure adds
+V, MASK_ID = 50, 49
+LOGITS = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
+PROBE = dict(vocab_size=V, mask_id=MASK_ID, device="cpu", dtype=torch.float32)
+
+
+def own_token_only(ids, mask):
+    return LOGITS[ids]
+
+
+def pads_leak_slightly(ids, mask):
+    """The pad tokens reach the real positions, by far less than the rounding tolerance: only
+    the two pad fills' bit-identical logits can tell."""
+    return LOGITS[ids] + 1e-7 * (ids * (1 - mask)).sum(1).float()[:, None, None]
+
+
+def length_moves_logits(ids, mask):
+    """Padding changes how the real tokens see each other (as a causal switch would)."""
+    return LOGITS[ids] + 1e-3 * ids.shape[1]
+
+
+def right_padding_leaks(ids, mask):
+    """Honours left padding only: the pads are attended when they follow the row."""
+    leak = 0.01 * ids.sum(1).float()[:, None, None] if bool(mask[0, -1] == 0) else 0.0
+    return LOGITS[ids] + leak
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_probe_tells_invisible_padding_from_each_leak(side):
+    assert honours_padding(own_token_only, padding_side=side, **PROBE)
+    assert not honours_padding(pads_leak_slightly, padding_side=side, **PROBE)
+    assert not honours_padding(length_moves_logits, padding_side=side, **PROBE)
+    # the probe pads on the side the run pads
+    assert honours_padding(right_padding_leaks, padding_side=side, **PROBE) == (side == "left")
+
+
+def test_a_form_the_forward_refuses_is_passed_over_unless_it_is_the_first():
+    """The first form is the one every generation uses: its TypeError is the run's to see."""
+    forwards = {"plain": own_token_only, "leaky": pads_leak_slightly}
+
+    def forward_with(form, ids, mask):
+        if form not in forwards:
+            raise TypeError("forward() got an unexpected keyword argument 'attention_bias'")
+        return forwards[form](ids, mask)
+
+    probe = dict(padding_side="left", **PROBE)
+    assert choose_padding(forward_with, [("a", "leaky"), ("b", "refused"), ("c", "plain")],
+                          **probe) == "c"
+    assert choose_padding(forward_with, [("a", "leaky")], **probe) == UNPADDED
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        choose_padding(forward_with, [("b", "refused"), ("c", "plain")], **probe)

@@ -221,6 +221,7 @@ def test_a_trace_counts_keys_with_the_sink_token_and_text_without_it(sink_dir):
 
 @pytest.mark.parametrize("config, message", [
     ({"sink_token_id": 900, "vocab_size": 843}, "outside the vocabulary"),
+    ({"sink_token_id": 843, "vocab_size": 843}, "outside the vocabulary"),  # ids run to 842
     ({"sink_token_id": 5, "sink_token_position": "middle"}, "sink_token_position"),
     ({"sink_token_id": -1}, "non-negative"),
     ({"sink_token_position": "start"}, "no sink_token_id"),

@@ -59,6 +59,32 @@ def test_a_claim_is_one_processs_at_a_time_and_leaves_no_file_behind(tmp_path):
     again.release()
 
 
+def test_a_claim_locked_on_a_file_its_holder_deleted_meanwhile_locks_the_new_one(tmp_path,
+                                                                                 monkeypatch):
+    """Between opening the claim file and locking it, its holder lets go (deleting it) and
+    another process makes a new one: a lock on the deleted file would let that process claim
+    the same cell at once."""
+    from lm_eval_sinkmask import cell_claims
+
+    folder = tmp_path / "cells" / "m" / "t" / "k0"
+    path = claim_path(folder)
+    path.parent.mkdir(parents=True)
+    path.touch()
+    real, raced = cell_claims.fcntl.flock, []
+
+    def flock(fd, operation):
+        if not raced:
+            raced.append(fd)
+            path.unlink()
+            path.touch()
+        return real(fd, operation)
+
+    monkeypatch.setattr(cell_claims.fcntl, "flock", flock)
+    held = claim(folder)
+    assert held is not None and raced and claim(folder) is None
+    held.release()
+
+
 def test_without_fcntl_nothing_is_locked_and_a_warning_says_so(tmp_path, monkeypatch):
     from lm_eval_sinkmask import cell_claims
 

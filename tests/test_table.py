@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lm_eval_sinkmask import table
+from lm_eval_sinkmask import seed_stats, table
 from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.sweep import primary_metric
 
@@ -166,6 +166,55 @@ def test_one_seed_renders_as_the_plain_table(tmp_path):
     md = table.render(folder, figure=False)["markdown"].read_text()
     assert "| mini_gsm | Unmasked | 0.80 ± 0.02 | 0.80 ± 0.02 |" in md
     assert "|  | K=1 | 0.80 ± 0.02 (+0.00) | 0.00 ± 0.02 (-0.80) |" in md
+
+
+def test_two_seeds_are_a_mean_over_both(tmp_path):
+    folder = write_seeded_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "seeds": [0, 1]}))
+    out = table.render(folder, figure=False)
+    md = out["markdown"].read_text()
+    assert "| mini_gsm | Unmasked | 0.75 ± 0.07 (se 0.01) |" in md  # 0.70 and 0.80
+    assert "mean over 2 training seeds (0, 1)" in md
+    llama1 = list(csv.DictReader(io.StringIO(out["csv"].read_text())))[3]
+    assert (llama1["model"], float(llama1["min"]), float(llama1["max"])) == ("llama", 0.0, 0.1)
+
+
+def test_the_csv_lists_k_in_ascending_order_whatever_order_the_grid_gives(tmp_path):
+    folder = write_seeded_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "ks": [1, 0]}))
+    rows = list(csv.DictReader(io.StringIO(table.render(folder, figure=False)["csv"].read_text())))
+    assert [r["top_k"] for r in rows] == ["0", "0", "1", "1"]
+
+
+def test_a_plain_table_refuses_two_runs_of_one_cell(tmp_path):
+    # sweep.json without its seeds (edited, or from elsewhere) names one run per cell, and the
+    # cells hold three: one of them must not stand for the cell
+    folder = write_seeded_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    del grid["seeds"]
+    (folder / "sweep.json").write_text(json.dumps(grid))
+    with pytest.raises(ValueError, match=r"llada on mini_gsm at K=0 has two runs, \(training "
+                                         r"seed \d, draw None\) and \(training seed \d"):
+        table.render(folder, figure=False)
+
+
+def _runs_cell(values, stderrs, delta_ses=None):
+    runs = [(seed, None) for seed in range(len(values))]
+    return seed_stats.RunsCell(
+        "llada", "dlm", "mini_gsm", 1, GSM, dict(zip(runs, values)), dict(zip(runs, stderrs)),
+        dict(zip(runs, [v - 0.8 for v in values])), dict(zip(runs, delta_ses or stderrs)), (40,))
+
+
+def test_a_cell_over_runs_shows_their_mean_and_an_se_only_where_every_run_has_one():
+    cell = _runs_cell([0.70, 0.72, 0.90], [0.01, 0.02, 0.03])
+    assert cell.mean == pytest.approx(0.77333333) and cell.stderr_mean == pytest.approx(0.02)
+    assert cell.delta_mean == pytest.approx(-0.02666667) and cell.delta_se_mean == pytest.approx(0.02)
+    # a run that kept no samples has no paired error: a mean over the others would describe
+    # other runs than the value does
+    partial = _runs_cell([0.5, 0.6], [0.01, None], delta_ses=[0.05, None])
+    assert partial.stderr_mean is None and partial.delta_se_mean is None
 
 
 def test_table_of_a_folder_with_no_sweep_says_so_in_one_line(tmp_path, capsys):
