@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_CASES = ["last_row", "all_rows", "last_row_padded", "all_rows_padded", "last_row_current",
                "all_rows_bf16"]
 SYNTHETIC_CASES = ["float_bias", "bool_mask_gqa", "padding_row", "k1", "k_above_keys",
-                   "all_visible_blocked", "bf16_current"]
+                   "all_visible_blocked", "bf16_current", "custom_scale"]
 AUTO_CASES = ["auto_last_row_padded", "auto_all_rows"]
 
 needs_triton = pytest.mark.skipif(
@@ -236,6 +236,34 @@ def test_an_all_rows_history_with_a_head_axis_goes_by_parts():
     assert all(torch.equal(a, b) for a, b in zip(outs["parts"], outs["kernel"]))
 
 
+def test_only_calls_whose_keys_it_may_choose_from_take_the_kernel(monkeypatch):
+    """The kernel masks the top-k sinks of all keys: a random control, a per-layer choice or
+    keys never to be chosen (the extra sink token) go by parts, whatever the device."""
+    monkeypatch.setattr(fused_mass, "triton_runs_on", lambda device: True)
+    monkeypatch.setattr(decode_step, "_kernels", lambda: object())
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
+    sinks = SinkMaskConfig(top_k=1)
+    assert decode_step.takes(sinks, "last_row", None, q, k)
+    assert decode_step.takes(sinks, "all_rows", None, q, k)
+    for config, rule, excluded in [
+            (SinkMaskConfig(top_k=1, mask_target="random"), "last_row", None),
+            (SinkMaskConfig(top_k=1, granularity="layer"), "last_row", None),
+            (sinks, "last_row", torch.zeros(1, 5, dtype=torch.bool)),
+            (sinks, "all", None)]:
+        assert not decode_step.takes(config, rule, excluded, q, k), (config, rule, excluded)
+    assert not decode_step.takes(sinks, "last_row", None, torch.randn(1, 2, 2, 8), k)
+
+
+def test_each_top_k_is_a_variant_of_its_own():
+    """A sweep runs its K cells in one process: each K's first call is checked on its own."""
+    from lm_eval_sinkmask.attention_view import MaskView, Scores
+
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
+    sc = Scores(q, k, k, MaskView(None, False, 1, 1, 5, q.device, None, "last_row", 256), None,
+                False)
+    assert decode_step.Variant.of(sc, None, None, 1) != decode_step.Variant.of(sc, None, None, 2)
+
+
 def test_kernels_launch_on_their_tensors_device():
     """Triton launches on the current CUDA device: a model spread over several GPUs
     (device_map) must not launch a layer's kernel on another layer's device."""
@@ -364,7 +392,8 @@ class _Attention:
                 m = self.mask(n_k)
             outs.append(F.scaled_dot_product_attention(
                 q, self.k[:, :, :n_k].to(self.dtype), self.v[:, :, :n_k].to(self.dtype),
-                attn_mask=m, enable_gqa=self.gqa))
+                attn_mask=m, enable_gqa=self.gqa,
+                scale=0.7 if self.name == "custom_scale" else None))
         return torch.cat(outs, dim=2).float()
 
 

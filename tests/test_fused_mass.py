@@ -101,8 +101,8 @@ def test_a_mask_has_rows_unless_every_query_row_reads_the_same_keys():
     masks += [torch.zeros(Sk), torch.zeros(Sq, Sk), torch.zeros(B, 1, 1, Sk).expand(B, H, Sq, Sk),
               torch.zeros(1, Sk).expand(Sq, Sk).bool()]
     for mask in masks:
-        for n_q in (Sq, 1):
-            m = mask if mask.shape[-2:-1] != (Sq,) or n_q == Sq else mask[..., -1:, :]
+        for n_q in (Sq, 2, 1):  # a call over all rows, a continuation of two, a decoding step
+            m = mask if mask.shape[-2:-1] != (Sq,) or n_q == Sq else mask[..., -n_q:, :]
             expanded = fused_mass._mask_strides(m, B, H, n_q, Sk)[0]
             rows = expanded.shape[2] > 1 and expanded.stride(2) != 0
             assert fused_mass.mask_has_rows(m, n_q) == rows, (tuple(m.shape), m.stride(), n_q)
@@ -399,6 +399,23 @@ def test_counters_record_the_detection_path_that_ran():
     for s in stats:
         merged.merge(MaskingStats.from_dict(s.as_dict()))
     assert merged.as_dict()["detection"] == {"fused": 3, "materialized": 3}
+
+
+def test_merged_counters_are_the_sums_of_every_counter():
+    """A run's report merges each request's counters: every field adds, layer by layer."""
+    def stats(passes, calls, per_layer):
+        return MaskingStats.from_dict({"forward_passes": passes, "attention_calls": calls,
+                                       "detection": {"fused": calls}, "per_layer": per_layer})
+
+    def layer(calls, sinks, keys, masked):
+        return {"calls": calls, "sinks_detected": sinks, "keys_masked": keys,
+                "calls_masked": masked}
+
+    run = stats(1, 2, {"0": layer(2, 3, 4, 1)})
+    run.merge(stats(2, 5, {"0": layer(3, 5, 7, 2), "1": layer(2, 1, 1, 1)}))
+    assert run.as_dict() == {
+        "forward_passes": 3, "attention_calls": 7, "sinks_detected": 9, "keys_masked": 12,
+        "detection": {"fused": 7}, "per_layer": {"0": layer(5, 8, 11, 3), "1": layer(2, 1, 1, 1)}}
 
 
 def test_detect_backend_is_validated_from_model_args():

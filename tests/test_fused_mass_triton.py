@@ -41,7 +41,10 @@ VARIANTS = {"mha_fp32": UNIT_CASES,
             "gqa_bf16": ["none", "float_per_row_with_dead_row", "causal_and_bool",
                          "float_key_bias", "causal_and_bool_key"],
             "gqa_fp32_last_row": ["float_key_bias", "bool_per_head", "causal_offset"],
-            "one_row_decoding": ["float_per_row_with_dead_row", "bool_per_head"]}
+            "one_row_decoding": ["float_per_row_with_dead_row", "bool_per_head"],
+            # rows from 1 on: a query tile's last row (16) sees the first key of a key tile, so
+            # a causal key bound one key short would skip that tile
+            "mha_fp32_from_row_1": ["causal_top_left", "causal_and_bool"]}
 
 
 @pytest.mark.parametrize("case", [f"{c}/{v}" for v, cases in VARIANTS.items() for c in cases])
@@ -86,15 +89,15 @@ def _unit_results():
 
     B, H, Sq, Sk, D = 2, 2, 20, 40, 24  # D 24: the kernels pad head_dim to 32
     cases = _unit_cases(B, H, Sq, Sk)
-    for variant, (gqa, dtype, last) in {"mha_fp32": (1, torch.float32, False),
-                                        "gqa_bf16": (2, torch.bfloat16, False),
-                                        "gqa_fp32_last_row": (2, torch.float32, True),
-                                        "one_row_decoding": (2, torch.bfloat16, False)}.items():
+    for variant, (gqa, dtype, first) in {"mha_fp32": (1, torch.float32, 0),
+                                         "gqa_bf16": (2, torch.bfloat16, 0),
+                                         "gqa_fp32_last_row": (2, torch.float32, Sq - 1),
+                                         "one_row_decoding": (2, torch.bfloat16, 0),
+                                         "mha_fp32_from_row_1": (1, torch.float32, 1)}.items():
         g = torch.Generator().manual_seed(1)
         q = torch.randn(B, H, Sq, D, generator=g).to(dtype)
         k = torch.randn(B, H // gqa, Sk, D, generator=g).to(dtype)
         w = (torch.rand(B, Sq, generator=g) > 0.2).float()
-        first = Sq - 1 if last else 0
         w[:, :first] = 0
         for name in VARIANTS[variant]:
             kw = dict(cases[name], scale=D ** -0.5, first_row=first, block_m=16, block_n=16)

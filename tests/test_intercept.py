@@ -462,6 +462,25 @@ def test_dominant_sink_does_not_underflow_the_other_keys():
     torch.testing.assert_close(outs[1], expected, atol=2e-5, rtol=1e-4)
 
 
+def test_a_dominant_first_key_under_a_causal_mask_leaves_its_only_row_its_scores():
+    """The usual sink, key 0 (BOS), dominant enough for the redo above under a causal mask:
+    row 0 sees key 0 alone, so it keeps its scores in the redo too (a row with every key
+    hidden would be NaN), and the other rows are the textbook masked softmax."""
+    torch.manual_seed(7)
+    B, H, S, D = 1, 2, 8, 4
+    q = torch.randn(B, H, S, D)
+    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    q[..., 0] = 10.0
+    k[..., 0] = 0.0
+    k[:, :, 0, 0] = 40.0
+    outs, events = _two_pass_events([q, q], k, v, 3, "previous", is_causal=True)
+    assert bool(events[1].blocked[:, :, 0].all())
+    assert torch.isfinite(outs[1]).all()
+    torch.testing.assert_close(outs[1][:, :, 0], v[:, :, 0])
+    _, expected, _ = eager_attention(q, k, v, is_causal=True, blocked=events[1].blocked)
+    torch.testing.assert_close(outs[1], expected, atol=2e-5, rtol=1e-4)
+
+
 def test_float32_inputs_are_not_copied_for_keys_and_values():
     q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
     mask = MaskView(None, False, 1, 5, 5, q.device, None, "all", 256)
