@@ -591,6 +591,32 @@ def test_cuda_fused_detection_masks_what_the_materialised_path_masks(kind):
     assert_same_detection(run["fused"], run["materialized"])
 
 
+@pytest.mark.parametrize("faulty", ["causal", "gqa", "short"])
+def test_auto_checks_each_variant_on_its_first_call_whatever_passed_before(monkeypatch, faulty):
+    """A compiler may get one variant of the kernels wrong and the others right: a causal, a
+    GQA or a short-tile call is checked on its own first call after a plain call passed."""
+    n = fused_mass.SHORT_BLOCK_M + 8
+
+    def kernel(q, k, w, **kw):  # wrong only on the faulty variant's calls
+        mass = fused_mass.blocked_column_mass(q, k, w, **kw)
+        wrong = {"causal": kw.get("is_causal", False), "gqa": k.shape[1] != q.shape[1],
+                 "short": q.shape[-2] - kw.get("first_row", 0) <= fused_mass.SHORT_BLOCK_M}
+        return mass * 2 if wrong[faulty] else mass
+
+    calls = _auto_on_a_gpu(monkeypatch, kernel)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, n, 16, generator=g), torch.randn(1, 4, 40, 16, generator=g)
+    w = torch.ones(1, n)
+    assert fused_mass.checked_column_mass(q, k, w) is not None
+    last_rows = w.clone()
+    last_rows[:, :-4] = 0
+    faulty_call = {"causal": lambda: fused_mass.checked_column_mass(q, k, w, is_causal=True),
+                   "gqa": lambda: fused_mass.checked_column_mass(q, k[:, :2], w),
+                   "short": lambda: fused_mass.checked_column_mass(q, k, last_rows,
+                                                                   first_row=n - 4)}[faulty]
+    assert faulty_call() is None and calls == [True, True]
+
+
 def test_auto_checks_a_kernel_in_the_units_eps_is_set_in(monkeypatch):
     """One row over many keys: each key's mass is about 1/|K|, so a kernel off by 9e-4 of mass
     on every third key moves those scores by about half a uniform share (eps is in shares).
