@@ -98,6 +98,7 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "dream", {"sampling_top_k": "true"}, r"sampling_top_k must be a positive integer, got True"),
         ("dlm_sinkmask", "dream", {"top_p": "true"}, r"top_p must be a number in \(0, 1\], got True"),
         ("dlm_sinkmask", "dream", {"top_p": "abc"}, r"top_p must be a number, got 'abc'"),
+        ("dlm_sinkmask", "dream", {"top_p": 0}, r"top_p must be a number in \(0, 1\], got 0"),
         # a flag set to anything but true/false: "no" is a non-empty string, so it would switch it on
         ("dlm_sinkmask", "llada", {"logits_eos_inf": "no"}, r"logits_eos_inf must be true or false, got 'no'"),
         ("dlm_sinkmask", "llada", {"confidence_eos_eot_inf": 1}, r"confidence_eos_eot_inf must be true or false, got 1"),

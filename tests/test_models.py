@@ -273,6 +273,8 @@ def test_task_max_gen_toks_must_fit_the_blocks(tiny_dirs):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=32)
     with pytest.raises(ValueError, match="gen_length"):
         lm.generate_until(requests(PROMPTS[:1], max_gen_toks=40))
+    with pytest.raises(ValueError, match="max_gen_toks=0 leaves the sampler no token"):
+        lm.generate_until(requests(PROMPTS[:1], max_gen_toks=0))
 
 
 @pytest.mark.parametrize("gen_kwargs, message", [
@@ -552,6 +554,30 @@ def test_gen_kwargs_that_agree_with_model_args_run_and_a_sampled_greedy_task_war
                      for i, p in enumerate(PROMPTS[:2])]
             assert len(lm.generate_until(batch)) == 2
         assert caplog.text.count(f"{task}: {said}") == warnings
+
+
+@pytest.mark.parametrize("kind, args, expected", [
+    ("llada", dict(remasking="random", cfg_scale=0.5, confidence_eos_eot_inf=True,
+                   llada_sampler="invariant"),
+     dict(remasking="random", cfg_scale=0.5, variant="invariant")),
+    ("dream", dict(alg="maskgit_plus", alg_temp=0.3, top_p=0.9, sampling_top_k=20,
+                   temperature=0.5), dict(alg="maskgit_plus", alg_temp=0.3, top_p=0.9, top_k=20)),
+])
+def test_each_sampler_setting_of_model_args_reaches_the_sampler(tiny_dirs, monkeypatch, kind,
+                                                               args, expected):
+    from lm_eval_sinkmask import dlm_model
+
+    sampler = "generate_block" if kind == "llada" else "generate_dream"
+    real, seen = getattr(dlm_model, sampler), []
+    monkeypatch.setattr(dlm_model, sampler,
+                        lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    lm = make("dlm_sinkmask", tiny_dirs[kind], **args,
+              **({"block_length": 4} if kind == "llada" else {}))
+    lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
+    (kw,) = seen
+    assert {name: kw[name] for name in expected} == expected
+    if kind == "llada":  # (the tiny tokenizer has EOS and no EOT token)
+        assert list(kw["suppress_confidence_ids"]) == list(lm.family.eos_ids(lm.tokenizer))
 
 
 def test_instantiating_our_class_directly_also_works(tiny_dirs):

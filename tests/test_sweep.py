@@ -494,6 +494,30 @@ def copied_llama_plan(tmp_path, tiny_dirs, tiny_task, out: str, ks: list[int]) -
 
 
 @pytest.mark.slow
+def test_each_cell_runs_with_the_sweeps_seed_shots_and_chat_template(tmp_path, tiny_dirs,
+                                                                    tiny_task, monkeypatch):
+    import lm_eval
+
+    class Ran(Exception):
+        pass
+
+    def evaluate(**kwargs):
+        raise Ran(kwargs)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", evaluate)
+    plan = SweepPlan(models=[ModelSpec("llada", str(tiny_dirs["llada"]), "dlm", "block_length=4")],
+                     tasks=["tiny_gen"], ks=[0], out=tmp_path, eps=0.0, limit=1, device="cpu",
+                     include_path=[str(tiny_task)], seed=7, num_fewshot=2,
+                     apply_chat_template=True)
+    with pytest.raises(Ran) as ran:
+        run_sweep(plan, progress=False)
+    (kwargs,) = ran.value.args
+    seeds = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+    assert [kwargs[k] for k in seeds] == [7] * 4
+    assert kwargs["num_fewshot"] == 2
+    assert kwargs["apply_chat_template"] is kwargs["fewshot_as_multiturn"] is True
+
+
 def test_inputs_that_change_while_a_sweep_runs_stop_it_without_recording_the_cell(
         tmp_path, tiny_dirs, tiny_task, monkeypatch):
     """Weights retrained or a YAML edited between two cells keep every name: the digests each
