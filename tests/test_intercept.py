@@ -444,41 +444,27 @@ def test_a_float_mask_hiding_pad_rows_with_minus_inf_detects_as_its_bool_form(de
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
-def test_dominant_sink_does_not_underflow_the_other_keys():
+@pytest.mark.parametrize("key, causal", [(2, False), (0, True)])
+def test_dominant_sink_does_not_underflow_the_other_keys(key, causal):
     """A sink 200 nats above every other key: exp(s - rowmax) of the rest is 0 in float32, so
     the single sweep must fall back to the kept keys' own maximum, as the textbook masked
-    softmax does, instead of returning 0/0."""
+    softmax does, instead of returning 0/0. Under a causal mask with the usual sink, key 0
+    (BOS), row 0 sees key 0 alone: it keeps its scores in that redo too (hidden, it is NaN)."""
     torch.manual_seed(7)
     B, H, S, D = 1, 2, 8, 4
     q = torch.randn(B, H, S, D)
     k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
     q[..., 0] = 10.0
     k[..., 0] = 0.0
-    k[:, :, 2, 0] = 40.0  # key 2 scores 10 * 40 / 2 = 200 above the others in every row
-    outs, events = _two_pass_events([q, q], k, v, 3, "previous")
-    assert bool(events[1].blocked[:, :, 2].all())
-    _, expected, _ = eager_attention(q, k, v, blocked=events[1].blocked)
+    k[:, :, key, 0] = 40.0  # the key scores 10 * 40 / 2 = 200 above the others in every row
+    sdpa_kwargs = {"is_causal": True} if causal else {}
+    outs, events = _two_pass_events([q, q], k, v, 3, "previous", **sdpa_kwargs)
+    assert bool(events[1].blocked[:, :, key].all())
+    _, expected, _ = eager_attention(q, k, v, blocked=events[1].blocked, **sdpa_kwargs)
     assert torch.isfinite(outs[1]).all()
     torch.testing.assert_close(outs[1], expected, atol=2e-5, rtol=1e-4)
-
-
-def test_a_dominant_first_key_under_a_causal_mask_leaves_its_only_row_its_scores():
-    """The usual sink, key 0 (BOS), dominant enough for the redo above under a causal mask:
-    row 0 sees key 0 alone, so it keeps its scores in the redo too (a row with every key
-    hidden would be NaN), and the other rows are the textbook masked softmax."""
-    torch.manual_seed(7)
-    B, H, S, D = 1, 2, 8, 4
-    q = torch.randn(B, H, S, D)
-    k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D)
-    q[..., 0] = 10.0
-    k[..., 0] = 0.0
-    k[:, :, 0, 0] = 40.0
-    outs, events = _two_pass_events([q, q], k, v, 3, "previous", is_causal=True)
-    assert bool(events[1].blocked[:, :, 0].all())
-    assert torch.isfinite(outs[1]).all()
-    torch.testing.assert_close(outs[1][:, :, 0], v[:, :, 0])
-    _, expected, _ = eager_attention(q, k, v, is_causal=True, blocked=events[1].blocked)
-    torch.testing.assert_close(outs[1], expected, atol=2e-5, rtol=1e-4)
+    if causal:
+        torch.testing.assert_close(outs[1][:, :, 0], v[:, :, 0])
 
 
 def test_float32_inputs_are_not_copied_for_keys_and_values():
