@@ -113,6 +113,20 @@ def primary_metric(task_results: dict[str, Any]) -> str | None:
     return keys[0] if keys else None
 
 
+def primary_score(task_results: dict[str, Any]) -> dict[str, Any]:
+    """``{"metric", "value", "stderr"}`` of one task's lm-eval results, as a cell records them:
+    the :func:`primary_metric`, its value and lm-eval's standard error of it (its key puts
+    ``_stderr`` after the metric's name, before the filter; None where lm-eval has none to give,
+    e.g. ``"N/A"`` for a single sample)."""
+    metric = primary_metric(task_results)
+    if metric is None:
+        raise ValueError(f"lm-eval's results hold no metric: {sorted(task_results)}")
+    name, _, filt = metric.partition(",")
+    stderr = task_results.get(f"{name}_stderr,{filt}")
+    return {"metric": metric, "value": task_results[metric],
+            "stderr": stderr if isinstance(stderr, (int, float)) else None}
+
+
 @contextmanager
 def _log_filtered(name: str, keep: Callable[[logging.LogRecord], bool]) -> Iterator[None]:
     """Drop the records of logger ``name`` that ``keep`` refuses, for the ``with`` block."""
@@ -189,19 +203,13 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
         tracker.save_results_samples(task_name=name, samples=task_samples)
     compress_samples(cell.folder)
 
-    task_results = results["results"][cell.task]
-    metric = primary_metric(task_results)
-    name, _, filt = metric.partition(",")
-    stderr = task_results.get(f"{name}_stderr,{filt}")
     record = {
         "request": cell.request(),
         "inputs": as_run,
         "run": run_settings(plan.batch_size, device),
         "model_path": cell.path,
         "kind": cell.model.kind,
-        "metric": metric,
-        "value": task_results[metric],
-        "stderr": stderr if isinstance(stderr, (int, float)) else None,
+        **primary_score(results["results"][cell.task]),
         "n": results.get("n-samples", {}).get(cell.task, {}).get("effective"),
         "sinkmask": results.get("config", {}).get("sinkmask"),
         "model_type": _model_type(cell.path),

@@ -212,14 +212,19 @@ def test_a_run_answered_from_the_cache_says_so(tiny_dirs, tmp_path, caplog):
 
 def test_a_resumed_run_says_how_many_answers_the_cache_gave(tiny_dirs, tmp_path, caplog):
     db = tmp_path / "cache.db"
-    cached("dlm_sinkmask", tiny_dirs, db).generate_until(requests()[:1])
-    resumed = cached("dlm_sinkmask", tiny_dirs, db)
+    first = cached("dlm_sinkmask", tiny_dirs, db, mc_num=4)
+    first.generate_until(requests()[:1])
+    # mc_num is read only by log-likelihood requests: unread by this generation-only run...
+    assert first.lm.get_model_info()["sinkmask"]["unread_settings"] == ["mc_num"]
+    resumed = cached("dlm_sinkmask", tiny_dirs, db, mc_num=4)
     resumed.generate_until(requests())
     with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
         info = resumed.lm.get_model_info()["sinkmask"]
     assert info["answer_cache"]["answers_from_cache"] == 1
     assert "1 answers of this run came from the --use_cache db" in caplog.text
     assert "count only the answers computed in this run" in caplog.text
+    # ...but the cache's answers never came here, so of a resumed run it is not known
+    assert info["unread_settings"] is None
 
 
 def test_a_run_without_the_cache_records_none(tiny_dirs):

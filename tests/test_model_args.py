@@ -334,6 +334,13 @@ def test_effective_sampler_settings_are_recorded(tiny_dirs, caplog):
     dream.generate_until([request(6, task="t")])
     s = dream.get_model_info()["sinkmask"]["sampler"]
     assert (s["gen_length"], s["steps"]) == (6, 6) and s["per_task"]["t"]["gen_length"] == 6
+    # two tasks of two lengths: no one effective setting, each task's under per_task
+    two = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4)
+    two.generate_until([request(8), request(4, task="t", i=1)])
+    s = two.get_model_info()["sinkmask"]["sampler"]
+    assert (s["gen_length"], s["steps"], s["block_length"]) == (None, None, 4)
+    assert s["per_task"] == {"mini_gsm_sinkmask": {"gen_length": 8, "steps": 8, "block_length": 4},
+                             "t": {"gen_length": 4, "steps": 4, "block_length": 4}}
 
 
 LL = [Instance("loglikelihood", {}, ("Question : 7 + 5 = ?", " 1 2"), 0),

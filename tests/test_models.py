@@ -183,20 +183,36 @@ def test_a_model_that_bypasses_sdpa_after_loading_refuses_to_report_an_unmasked_
         lm.generate_until(requests(PROMPTS[:1]))
 
 
-@pytest.mark.parametrize("name, kind, args", [
+ONE_LAYER_OFF = [
     ("arm_sinkmask", "llama", {}),
     ("dlm_sinkmask", "llada", {"block_length": 4, **RANDOM_LLADA}),
     ("dlm_sinkmask", "dream", {}),
-])
+]
+
+
+@pytest.mark.parametrize("name, kind, args", ONE_LAYER_OFF)
 def test_a_layer_that_bypasses_sdpa_fails_the_first_batch(tiny_dirs, name, kind, args):
     """One layer computing attention without SDPA stays unmasked while the others are masked;
     with ``layers`` unset nothing else would notice, and the run would be reported as masked."""
     lm = make(name, tiny_dirs[kind], top_k=1, eps=0.0, **args)
     layer = _attention_modules(lm.model)[-1]
-    layer.forward = _without_sdpa(layer.forward)
+    layer.forward = _sdpa_replaced(layer.forward, lambda sdpa: lambda q, *a, **kw: torch.zeros_like(q))
     depth = len(_attention_modules(lm.model))
     with pytest.raises(RuntimeError, match=rf"{depth - 1} attention calls per forward pass.*"
-                                           rf"declares {depth} layers"):
+                                           rf"declares {depth} layers: some layers compute"):
+        lm.generate_until(requests(PROMPTS[:1]))
+
+
+@pytest.mark.parametrize("name, kind, args", ONE_LAYER_OFF)
+def test_a_layer_that_calls_sdpa_twice_fails_the_first_batch(tiny_dirs, name, kind, args):
+    """A layer calling SDPA twice shifts every later call's index off its layer's, so
+    ``layers=`` and the per-layer counters would name the wrong layers."""
+    lm = make(name, tiny_dirs[kind], top_k=1, eps=0.0, **args)
+    layer = _attention_modules(lm.model)[0]
+    layer.forward = _sdpa_replaced(layer.forward, lambda sdpa: lambda *a, **kw: (sdpa(*a, **kw), sdpa(*a, **kw))[1])
+    depth = len(_attention_modules(lm.model))
+    with pytest.raises(RuntimeError, match=rf"{depth + 1} attention calls per forward pass.*"
+                                           rf"declares {depth} layers: a layer calls SDPA more than once"):
         lm.generate_until(requests(PROMPTS[:1]))
 
 
@@ -204,14 +220,14 @@ def _attention_modules(model):
     return [m for n, m in model.named_modules() if n.endswith("self_attn")]
 
 
-def _without_sdpa(forward):
-    """The module's forward with its attention computed elsewhere than SDPA (a zero output:
-    only the missing call matters here)."""
+def _sdpa_replaced(forward, by):
+    """The module's forward with SDPA replaced by ``by(sdpa)`` while it runs (``sdpa`` being
+    what the forward would have called: the intercept, when one is installed)."""
     import torch.nn.functional as F
 
     def run(*args, **kwargs):
         sdpa = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = lambda q, *a, **kw: torch.zeros_like(q)
+        F.scaled_dot_product_attention = by(sdpa)
         try:
             return forward(*args, **kwargs)
         finally:

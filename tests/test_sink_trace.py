@@ -79,7 +79,7 @@ def test_a_saved_trace_stands_only_for_its_length_version_and_checkpoint(tmp_pat
     trace.meta.update(trace_version=3, gen_length=64, checkpoint="sha256:a")
     folder = trace.save(tmp_path / "t")
     assert Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=3)
-    assert not Trace.stands(folder, gen_length=128, checkpoint="sha256:a")
+    assert not Trace.stands(folder, gen_length=128, checkpoint="sha256:a", min_version=3)
     assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:b")  # retrained weights
     assert not Trace.stands(folder, gen_length=64, checkpoint=None)  # cannot tell: trace again
     assert not Trace.stands(folder, gen_length=64, checkpoint="sha256:a", min_version=4)
@@ -139,9 +139,11 @@ def test_figures_of_a_folder_with_no_trace_says_so_in_one_line(tmp_path, capsys)
 @pytest.mark.parametrize("kind, args", [("llada", "block_length=4"), ("llama", "")])
 def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind, args):
     trace = trace_generation(str(tiny_dirs[kind]), PROMPT, gen_length=8, model_args=args,
-                             device="cpu", eps=0.5, full_steps=3)
+                             device="cpu", eps=0.0, full_steps=3)
     m = trace.meta
+    # eps=0: there are sinks to observe (and, below, they were left unmasked)
     assert m["kind"] == ("arm" if kind == "llama" else "dlm") and m["counters"]["keys_masked"] == 0
+    assert trace["n_sinks"].sum() > 0
     assert (m["layers"], m["heads"]) == (2, 4)
     if kind == "llada":
         assert m["steps"] == 8 and trace["inputs"].shape[0] == 8  # one pass per denoising step

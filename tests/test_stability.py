@@ -119,7 +119,7 @@ def recorded_trace(positions_per_step, keys=12, eps=3.0, watch=()):
 
 def test_trace_stability_block_from_recorded_steps(tmp_path):
     # head 0 static at 0, head 1 moves every step, head 2 has no sink at step 3
-    trace = recorded_trace([[0, 1, 5], [0, 2, 5], [0, 3, None], [0, 4, 5]], watch=(0, 99))
+    trace = recorded_trace([[0, 1, 5], [0, 2, 5], [0, 3, None], [0, 4, 5]], watch=(0, 99, -7, -13))
     block = trace.stability()
     per = block["per_head"]
     assert per["keep_rate"] == [[1.0, 0.0, 1.0]] and per["distinct_positions"] == [[1, 4, 1]]
@@ -132,8 +132,13 @@ def test_trace_stability_block_from_recorded_steps(tmp_path):
     assert (trace.share_on_position(0)[:, 0, 1:] < 0.2).all()  # exact even where it is no top key
     assert np.isnan(trace.share_on_position(99)).all()  # beyond the 12 keys
     assert np.isfinite(trace.share_on_position(5)[[0, 1, 3], 0, 2]).all()  # unwatched: top keys
+    # a negative position counts from the end: -7 of 12 keys is head 2's sink at 5, exact at
+    # every step; -13 is before the first key
+    np.testing.assert_allclose(trace.share_on_position(-7)[[0, 1, 3], 0, 2],
+                               trace.share_on_position(5)[[0, 1, 3], 0, 2], rtol=1e-6)
+    assert np.isfinite(trace.share_on_position(-7)).all() and np.isnan(trace.share_on_position(-13)).all()
     loaded = Trace.load(trace.save(tmp_path / "t"))
-    assert loaded["watch_pos"].tolist() == [0, 99] and loaded.stability() == block
+    assert loaded["watch_pos"].tolist() == [0, 99, -7, -13] and loaded.stability() == block
     paths = draw_all(tmp_path / "t")
     assert paths["stability"] == tmp_path / "t" / FIGURES["stability"]
     assert paths["stability"].read_bytes()[:4] == b"\x89PNG"

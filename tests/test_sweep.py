@@ -565,6 +565,16 @@ def test_inputs_that_change_while_a_sweep_runs_stop_it_without_recording_the_cel
     assert not list(plan.out.rglob("cell.json"))
 
 
+def test_a_hub_checkpoint_not_cached_at_the_start_is_the_one_the_cell_downloaded():
+    from lm_eval_sinkmask.sweep import changed_since_start
+
+    task = {"version": 1, "config": "c", "code": "x", "docs": "d"}
+    as_run = {"checkpoint": "sha256:b", "task": task, "package_code": "p", "unmasked_code": "u"}
+    assert changed_since_start({**as_run, "checkpoint": None}, as_run) == []
+    assert changed_since_start({**as_run, "checkpoint": "sha256:a"}, as_run) == [
+        "checkpoint sha256:a -> sha256:b"]
+
+
 @pytest.mark.slow
 def test_a_sweep_that_only_adds_cells_first_checks_every_done_cell_of_the_folder(
         tmp_path, tiny_dirs, tiny_task):

@@ -11,7 +11,7 @@ import pytest
 
 from lm_eval_sinkmask import seed_stats, table
 from lm_eval_sinkmask.cli import main
-from lm_eval_sinkmask.sweep import primary_metric
+from lm_eval_sinkmask.sweep import primary_metric, primary_score
 
 GSM, CODE = "exact_match,strict-match", "pass@1,create_test"
 # (model, kind, task, K) -> (value, stderr)
@@ -101,9 +101,22 @@ def test_a_zoo_table_says_so_in_its_title_even_with_a_custom_title(tmp_path, cap
     (["exact_match,flexible-extract", "exact_match,strict-match", "exact_match_stderr,strict-match"], GSM),
     (["pass@1,create_test", "pass@1_stderr,create_test"], CODE),
     (["exact_match,none", "exact_match_stderr,none", "alias"], "exact_match,none"),
+    (["f1_stderr,none", "f1,none"], "f1,none"),  # no prefix: the first metric, never its stderr
 ])
 def test_primary_metric(keys, expected):
     assert primary_metric(dict.fromkeys(keys, 0.0)) == expected
+
+
+def test_a_cells_score_is_lm_evals_value_and_the_stderr_of_that_metric_and_filter():
+    results = {"alias": "gsm8k_sinkmask", "exact_match,strict-match": 0.25,
+               "exact_match_stderr,strict-match": 0.0125, "exact_match,flexible-extract": 0.5,
+               "exact_match_stderr,flexible-extract": 0.025}
+    assert primary_score(results) == {"metric": GSM, "value": 0.25, "stderr": 0.0125}
+    # lm-eval writes "N/A" where it has no standard error (one sample)
+    assert primary_score({"pass@1,create_test": 1.0, "pass@1_stderr,create_test": "N/A"}) == {
+        "metric": CODE, "value": 1.0, "stderr": None}
+    with pytest.raises(ValueError, match="no metric"):
+        primary_score({"alias": "empty"})
 
 
 # ---- over training seeds ---------------------------------------------------------------------

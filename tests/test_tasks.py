@@ -163,7 +163,7 @@ def test_gsm8k_without_data_or_hub_fails_at_once_naming_the_fix(monkeypatch, tmp
         assert constants.HF_HUB_OFFLINE is False and datasets.config.HF_HUB_OFFLINE is False
 
 
-@pytest.mark.parametrize("requested", ["gsm8k_sinkmask", "sinkmask"])  # the task, or its tag
+@pytest.mark.parametrize("requested", ["gsm8k_sinkmask", "gsm8k_sinkmask_chat", "sinkmask"])  # a task, or the tag
 @pytest.mark.parametrize("where", ["nowhere", "a missing folder"])
 def test_gsm8k_without_data_fails_before_the_model_loads(monkeypatch, tmp_path, where, requested):
     import datasets
