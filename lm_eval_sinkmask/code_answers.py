@@ -31,13 +31,20 @@ def build_predictions_instruct(resps: list[list[str]], docs: list[dict]) -> list
 
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)(?:```|\Z)", re.S | re.I)
-_CODE_START = re.compile(r"^(?:from\s|import\s|def\s|async\s+def\s|class\s|@)", re.M)
+# A constant (``LIMIT = 10``, ``LIMIT: int = 10``) starts code too: a function reads it later.
+_TYPE = r"[\w.]+(?:\[[^=\n]*\])?"
+_CODE_START = re.compile(
+    r"^(?:from\s|import\s|def\s|async\s+def\s|class\s|@"
+    rf"|[A-Za-z_]\w*[ \t]*(?::[ \t]*{_TYPE}(?:[ \t]*\|[ \t]*{_TYPE})*[ \t]*)?=(?!=))",
+    re.M,
+)
 
 
 def extract_code(answer: str, entry_point: str | None = None) -> str:
     """The code of a chat answer: its first fenced block that defines ``entry_point``, else the
     first holding any ``def``, else the first block (an unclosed fence runs to the end). An
-    answer without a fence is taken whole, less any prose line before its first import/def."""
+    answer without a fence is taken whole, less any prose line before its first import, def
+    or constant."""
     blocks = _FENCE.findall(answer)
     if not blocks:
         return _skip_leading_prose(answer)

@@ -173,6 +173,9 @@ def _run_once(program: str, test: str, limits: Limits) -> Outcome:
         status = "passed" if passed else ("timeout" if timed_out else "failed")
         if timed_out:
             detail = f"timed out after {limits.timeout_s:g}s"
+        elif not passed and proc.returncode in (-signal.SIGKILL, -signal.SIGXCPU):
+            # RLIMIT_CPU kills silently (SIGKILL when soft == hard): say so, not nothing
+            detail = f"killed: CPU time limit of {limits.cpu_s}s (or out of memory)"
         return Outcome(passed, status, detail, time.monotonic() - started)
     finally:
         for fd in (token_r, token_w, result_r, result_w):

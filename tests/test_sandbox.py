@@ -203,6 +203,48 @@ def test_working_directory_is_removed(monkeypatch):
     assert len(made) == 1 and not os.path.exists(made[0])
 
 
+# ``add`` below is right but for its type: only the ``isinstance`` check of TEST can fail it.
+FLOAT_ADD = "def add(a, b):\n    return float(a + b)\n"
+
+
+@pytest.mark.parametrize("cheat", [
+    "isinstance = lambda *a: True\n",
+    "def isinstance(*a):\n    return True\n",
+    "import builtins\nbuiltins.isinstance = lambda *a: True\n",
+    "import builtins\nbuiltins.__dict__['isinstance'] = lambda *a: True\n",
+])
+def test_a_program_cannot_pass_by_shadowing_or_patching_a_builtin_the_tests_use(cheat):
+    # The tests run in a namespace of their own, with builtins snapshotted before the program.
+    assert not run_program(FLOAT_ADD, TEST, FAST).passed
+    outcome = run_program(cheat + FLOAT_ADD, TEST, FAST)
+    assert not outcome.passed and outcome.status == "failed", outcome
+    assert "AssertionError" in outcome.detail
+
+
+def test_a_program_sleeping_past_the_wall_clock_limit_times_out():
+    # sleeping costs no CPU time: only the wall-clock timeout stops it
+    limits = Limits(timeout_s=1.0, cpu_s=30)
+    started = time.monotonic()
+    outcome = run_program("import time\ntime.sleep(10)\n" + CORRECT, TEST, limits)
+    assert not outcome.passed and outcome.status == "timeout", outcome
+    assert time.monotonic() - started < 3 * limits.timeout_s + 2
+
+
+def test_a_busy_loop_is_stopped_by_the_cpu_limit_before_the_wall_clock_one():
+    limits = Limits(timeout_s=10.0, cpu_s=1)
+    outcome = run_program("while True:\n    pass\n" + CORRECT, TEST, limits)
+    assert not outcome.passed and outcome.status == "failed", outcome
+    assert "CPU time limit of 1s" in outcome.detail and outcome.seconds < 8
+
+
+def test_a_program_may_write_a_small_file_but_not_one_above_the_file_size_limit():
+    limits = Limits(timeout_s=5.0, cpu_s=3, max_file_mb=16)
+    write = "with open('out.bin', 'wb') as f:\n    f.write(b'x' * ({mb} << 20))\n"
+    check = "import os\nassert os.path.getsize('out.bin') == {mb} << 20\n"
+    small = run_program(write.format(mb=1) + CORRECT, check.format(mb=1) + TEST, limits)
+    assert small.passed, small
+    large = run_program(write.format(mb=20) + CORRECT, check.format(mb=20) + TEST, limits)
+    assert not large.passed and "File too large" in large.detail, large
 
 
 def test_a_program_can_use_what_looks_its_module_up_in_sys_modules():

@@ -1,0 +1,51 @@
+"""Cutting the code out of a chat answer: what a solution needs must survive the cut."""
+
+from __future__ import annotations
+
+import pytest
+
+from lm_eval_sinkmask.code_answers import extract_code, program_from_answer
+
+PROMPT = 'def capped(x):\n    """x, at most LIMIT."""\n'
+FUNCTION = "def capped(x):\n    return min(x, LIMIT)\n"
+
+
+def run(program: str, entry_point: str):
+    namespace: dict = {}
+    exec(program, namespace)
+    return namespace[entry_point]
+
+
+@pytest.mark.parametrize("constant", ["LIMIT = 10", "LIMIT: int = 10", "LIMIT:int=10"])
+@pytest.mark.parametrize("before", ["", "Here is the code:\n"])
+def test_a_module_constant_that_starts_an_unfenced_answer_is_kept(constant, before):
+    # A function that reads a constant defined above it raised NameError: a correct answer
+    # scored 0.
+    answer = f"{before}{constant}\n\n{FUNCTION}\nThis caps x."
+    assert extract_code(answer, "capped").startswith(constant)
+    assert run(program_from_answer(PROMPT, answer, "capped"), "capped")(20) == 10
+
+
+@pytest.mark.parametrize("prose", ["Note: the result = min(x, 10)", "x == 10 when x is large"])
+def test_prose_that_merely_contains_an_equals_sign_is_still_dropped(prose):
+    answer = f"{prose}\ndef capped(x):\n    return min(x, 10)\n"
+    assert extract_code(answer, "capped") == "def capped(x):\n    return min(x, 10)\n"
+
+
+def test_an_unclosed_fence_runs_to_the_end_of_the_answer():
+    # An answer cut off by the token limit never closes its block.
+    answer = ("A helper:\n```python\ndef cap():\n    return 10\n```\nThen:\n```python\n"
+              "def capped(x):\n    return min(x, cap())\n")
+    assert extract_code(answer, "capped") == "def capped(x):\n    return min(x, cap())\n"
+    assert run(program_from_answer(PROMPT, answer, "capped"), "capped")(20) == 10
+    body = "```python\n    return min(x, 10)\n"
+    assert program_from_answer(PROMPT, body, "capped") == PROMPT + "    return min(x, 10)\n"
+
+
+def test_an_indented_first_line_is_a_body_that_continues_the_prompt():
+    # Not prose to skip up to the first ``def``: that would lose the body and keep the helper.
+    answer = "    return min(x, cap())\n\n\ndef cap():\n    return 10\n"
+    assert extract_code(answer, "capped") == answer
+    program = program_from_answer(PROMPT, answer, "capped")
+    assert program.startswith(PROMPT + "    return min(x, cap())\n")
+    assert run(program, "capped")(20) == 10
