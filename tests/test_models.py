@@ -1,5 +1,6 @@
 """dlm_sinkmask / arm_sinkmask as lm-eval models, in process (fast) on tiny checkpoints."""
 
+import dataclasses
 import functools
 import json
 import re
@@ -592,8 +593,13 @@ def test_each_sampler_setting_of_model_args_reaches_the_sampler(tiny_dirs, monke
     lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
     (kw,) = seen
     assert {name: kw[name] for name in expected} == expected
-    if kind == "llada":  # (the tiny tokenizer has EOS and no EOT token)
-        assert list(kw["suppress_confidence_ids"]) == list(lm.family.eos_ids(lm.tokenizer))
+    if kind == "llada":  # the tiny tokenizer has EOS and no EOT token...
+        eos = list(lm.family.eos_ids(lm.tokenizer))
+        assert list(kw["suppress_confidence_ids"]) == eos
+        # ...so a token it has stands in for the family's EOT
+        lm.family = dataclasses.replace(lm.family, eot_tokens=("<|eot_id|>", "7"))
+        lm.generate_until(requests(PROMPTS[:1], max_gen_toks=8))
+        assert list(seen[-1]["suppress_confidence_ids"]) == eos + [lm.tokenizer.convert_tokens_to_ids("7")]
 
 
 def test_instantiating_our_class_directly_also_works(tiny_dirs):
