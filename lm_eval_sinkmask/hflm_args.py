@@ -5,6 +5,7 @@ Our own arguments are :mod:`model_args`' table and the settings classes'."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .config import flag_value, number_value
@@ -40,30 +41,40 @@ def check_and_normalise(kwargs: dict[str, Any]) -> None:
     for name in DTYPE_ARGS:
         if kwargs.get(name) is not None:
             check_dtype(name, kwargs[name])
-    check_batch_sizes(kwargs.get("batch_size"), kwargs.get("max_batch_size"))
+    for name, value in zip(("batch_size", "max_batch_size"),
+                           batch_sizes(kwargs.get("batch_size"), kwargs.get("max_batch_size"))):
+        if value is not None:
+            kwargs[name] = value
     check_hflm_options(kwargs)
 
 
-def check_batch_sizes(batch_size: Any, max_batch_size: Any) -> None:
-    """``batch_size`` a positive integer, ``auto`` or ``auto:N`` (N > 0 searches again N
-    times), and ``max_batch_size`` a positive integer: HFLM reads them only after the weights
-    have loaded."""
+def batch_sizes(batch_size: Any, max_batch_size: Any) -> tuple[int | str | None, int | None]:
+    """``batch_size`` and ``max_batch_size`` in the form HFLM reads them, which it does only
+    after the weights have loaded: a positive integer (``"8"`` and ``"8.0"`` become 8; HFLM's
+    ``int("8.0")`` would fail), or ``auto`` / ``auto:N`` for ``batch_size``, N a finite positive
+    number (how often to search again); None stays None."""
     if batch_size is not None:
         text = str(batch_size).strip()
         if text.startswith("auto"):
             schedule = text.split(":")
             try:
                 ok = text == "auto" or (len(schedule) == 2 and schedule[0] == "auto"
-                                        and float(schedule[1]) > 0)
+                                        and 0 < float(schedule[1]) < math.inf)
             except ValueError:
                 ok = False
             if not ok:
                 raise ValueError(f"batch_size={batch_size!r}: auto takes the form auto or auto:N "
                                  "with N a positive number (how often to search again)")
-        elif number_value("batch_size", batch_size, int) < 1:
-            raise ValueError(f"batch_size must be a positive integer or auto, got {batch_size!r}")
-    if max_batch_size is not None and number_value("max_batch_size", max_batch_size, int) < 1:
-        raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+            batch_size = text
+        else:
+            value, batch_size = batch_size, number_value("batch_size", batch_size, int)
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be a positive integer or auto, got {value!r}")
+    if max_batch_size is not None:
+        value, max_batch_size = max_batch_size, number_value("max_batch_size", max_batch_size, int)
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be a positive integer, got {value!r}")
+    return batch_size, max_batch_size
 
 
 def check_hflm_options(kwargs: dict[str, Any]) -> None:

@@ -218,7 +218,7 @@ def run_programs(
 INFRASTRUCTURE_SHARE_TO_WARN = 0.5
 _INFRASTRUCTURE_MARKS = (
     "ModuleNotFoundError", "ImportError", "'NoneType' object is not callable",
-    "sandbox",
+    "sandbox", "CPU time limit",  # the CPU limit ends a slow program as the wall clock would
 )
 
 
@@ -240,8 +240,8 @@ def positive_seconds(name: str, raw: str | None, default: float) -> float:
 
 
 def is_infrastructure_failure(outcome: Outcome) -> bool:
-    """A failure the answer's logic likely did not cause: a timeout, a missing module, a
-    function the seatbelt removed, a sandbox error."""
+    """A failure the answer's logic likely did not cause: a timeout (wall clock or CPU time), a
+    missing module, a function the seatbelt removed, a sandbox error."""
     if outcome.passed:
         return False
     return outcome.status == "timeout" or any(m in outcome.detail for m in _INFRASTRUCTURE_MARKS)

@@ -50,6 +50,7 @@ import torch
 from . import sdpa_backends
 from .atomic_write import written_whole
 from .cell_claims import claim, folder_locked
+from .cell_score import primary_score
 from .config import MASKING_OFF, logger as config_logger
 from .hflm_args import placed_device
 from .provenance import (InputDigests, changed_inputs, checkpoint_digest, code_digests,
@@ -99,32 +100,6 @@ def unsafe_tasks(tm, tasks: list[str]) -> list[str]:
 def zero_shot_tasks(tm, tasks: list[str]) -> list[str]:
     """Tasks whose YAML sets ``num_fewshot: 0``: lm-eval ignores ``--num_fewshot`` for them."""
     return [name for name in tasks if _task_config(tm, name).get("num_fewshot") == 0]
-
-
-def primary_metric(task_results: dict[str, Any]) -> str | None:
-    """The Table 1 metric of one task's lm-eval results: GSM8K-like tasks report exact_match
-    under the strict-match filter ("#### N"; the paper does not say which filter it read, this
-    is our choice), code tasks pass@1. ``sinkmask table --metric`` reads another."""
-    keys = [k for k in task_results if "," in k and "_stderr" not in k]
-    for prefix in ("exact_match,strict-match", "pass@1,", "exact_match,", "acc,"):
-        for k in keys:
-            if k.startswith(prefix):
-                return k
-    return keys[0] if keys else None
-
-
-def primary_score(task_results: dict[str, Any]) -> dict[str, Any]:
-    """``{"metric", "value", "stderr"}`` of one task's lm-eval results, as a cell records them:
-    the :func:`primary_metric`, its value and lm-eval's standard error of it (its key puts
-    ``_stderr`` after the metric's name, before the filter; None where lm-eval has none to give,
-    e.g. ``"N/A"`` for a single sample)."""
-    metric = primary_metric(task_results)
-    if metric is None:
-        raise ValueError(f"lm-eval's results hold no metric: {sorted(task_results)}")
-    name, _, filt = metric.partition(",")
-    stderr = task_results.get(f"{name}_stderr,{filt}")
-    return {"metric": metric, "value": task_results[metric],
-            "stderr": stderr if isinstance(stderr, (int, float)) else None}
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import paired, seed_stats, versus
 from .cell_claims import folder_locked
+from .cell_score import metric_score
 from .sweep_plan import cell_records, check_pairs, mixed_settings
 from .table_layout import (K_NOTE, PAIRED_NOTE, delta_se, in_table_order, input_notes, layout,
                            metric_and_sample_notes, model_label, row_label, write_csv)
@@ -302,9 +303,8 @@ def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float
     res = json.loads(found[-1].read_text())["results"][task]
     if metric not in res:
         raise SystemExit(f"{cell}: no metric {metric!r}; it has {sorted(res)}")
-    name, _, filt = metric.partition(",")
-    stderr = res.get(f"{name}_stderr,{filt}")
-    return metric, res[metric], stderr if isinstance(stderr, (int, float)) else None
+    score = metric_score(res, metric)
+    return metric, score["value"], score["stderr"]
 
 
 def title_of(grid: dict, zoo: bool, title: str | None = None) -> str:

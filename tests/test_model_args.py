@@ -177,11 +177,32 @@ def test_peft_without_its_package_is_refused_before_loading(config_only, no_weig
         make("arm_sinkmask", config_only["llama"], peft="/tmp/adapter")
 
 
-@pytest.mark.parametrize("batch_size", ["auto", "auto:4", "auto:0.5", "8", 8])
-def test_batch_sizes_hflm_takes_pass_the_check(batch_size):
-    from lm_eval_sinkmask.hflm_args import check_batch_sizes
+@pytest.mark.parametrize("given, taken", [
+    ("auto", "auto"), (" auto:4", "auto:4"), ("auto:0.5", "auto:0.5"), ("8", 8), (8, 8),
+    ("8.0", 8), (8.0, 8),  # HFLM's int("8.0") would fail once the weights have loaded
+])
+def test_batch_sizes_are_put_in_the_form_hflm_reads(given, taken):
+    from lm_eval_sinkmask.hflm_args import batch_sizes
 
-    check_batch_sizes(batch_size, "64")
+    assert batch_sizes(given, "64") == (taken, 64)
+    assert batch_sizes(None, None) == (None, None)
+
+
+@pytest.mark.parametrize("model, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])
+def test_a_batch_size_written_as_a_float_string_reaches_hflm_as_an_integer(tiny_dirs, model, kind):
+    """lm-eval hands --batch_size and dict model_args over as strings: "8.0" passed the check
+    as 8, but HFLM got the string and failed on int("8.0") after loading the weights."""
+    assert make(model, tiny_dirs[kind], batch_size="8.0", max_batch_size="16.0").batch_size == 8
+    assert from_lm_eval(tiny_dirs["llada"], batch_size="auto:2", max_batch_size="16.0").max_batch_size == 16
+
+
+@pytest.mark.parametrize("batch_size", ["auto:inf", "auto:nan", "auto:4:2", "autox:4", "auto4:2"])
+def test_malformed_auto_batch_sizes_are_refused(batch_size):
+    """auto:inf would divide by zero in HFLM's search schedule, after the weights load."""
+    from lm_eval_sinkmask.hflm_args import batch_sizes
+
+    with pytest.raises(ValueError, match=r"auto takes the form auto or auto:N"):
+        batch_sizes(batch_size, None)
 
 
 @pytest.mark.parametrize("layers", [[0.5, 2.9], [True], (1, "a")])

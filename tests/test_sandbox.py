@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from lm_eval_sinkmask.sandbox import Limits, Outcome, run_program, run_programs
+from lm_eval_sinkmask.sandbox import Limits, Outcome, is_infrastructure_failure, run_program, run_programs
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 FAST = Limits(timeout_s=3.0, cpu_s=3)
@@ -235,6 +235,7 @@ def test_a_busy_loop_is_stopped_by_the_cpu_limit_before_the_wall_clock_one():
     outcome = run_program("while True:\n    pass\n" + CORRECT, TEST, limits)
     assert not outcome.passed and outcome.status == "failed", outcome
     assert "CPU time limit of 1s" in outcome.detail and outcome.seconds < 8
+    assert is_infrastructure_failure(outcome)  # as a wall-clock timeout is: the warning counts it
 
 
 def test_a_program_may_write_a_small_file_but_not_one_above_the_file_size_limit():

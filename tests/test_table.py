@@ -11,7 +11,7 @@ import pytest
 
 from lm_eval_sinkmask import seed_stats, table
 from lm_eval_sinkmask.cli import main
-from lm_eval_sinkmask.sweep import primary_metric, primary_score
+from lm_eval_sinkmask.cell_score import metric_score, primary_metric, primary_score
 
 GSM, CODE = "exact_match,strict-match", "pass@1,create_test"
 # (model, kind, task, K) -> (value, stderr)
@@ -117,6 +117,18 @@ def test_a_cells_score_is_lm_evals_value_and_the_stderr_of_that_metric_and_filte
         "metric": CODE, "value": 1.0, "stderr": None}
     with pytest.raises(ValueError, match="no metric"):
         primary_score({"alias": "empty"})
+    assert metric_score(results, "exact_match,flexible-extract") == {
+        "metric": "exact_match,flexible-extract", "value": 0.5, "stderr": 0.025}
+    with pytest.raises(KeyError, match="no metric 'exact_match,none'"):
+        metric_score(results, "exact_match,none")
+
+
+def test_a_metric_override_reads_that_metrics_value_and_stderr_from_the_cell(tmp_path):
+    """``table --metric``: the value and standard error of the metric asked for, under its own
+    filter, in place of the primary numbers cell.json keeps."""
+    cell = write_sweep(tmp_path) / "cells" / "llada" / "mini_gsm" / "k1"
+    assert table._from_lm_eval(cell, "mini_gsm", "exact_match,flexible-extract") == (
+        "exact_match,flexible-extract", 0.5, 0.05)
 
 
 # ---- over training seeds ---------------------------------------------------------------------
