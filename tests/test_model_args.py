@@ -99,6 +99,14 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "dream", {"top_p": "true"}, r"top_p must be a number in \(0, 1\], got True"),
         ("dlm_sinkmask", "dream", {"top_p": "abc"}, r"top_p must be a number, got 'abc'"),
         ("dlm_sinkmask", "dream", {"top_p": 0}, r"top_p must be a number in \(0, 1\], got 0"),
+        ("dlm_sinkmask", "llada", {"temperature": -0.5}, r"temperature must be a finite number >= 0, got -0\.5"),
+        ("dlm_sinkmask", "llada", {"cfg_scale": -1}, r"cfg_scale must be a finite number >= 0, got -1"),
+        ("dlm_sinkmask", "dream", {"alg_temp": -0.1}, r"alg_temp must be a finite number >= 0, got -0\.1"),
+        ("dlm_sinkmask", "dream", {"temperature": "nan"}, r"temperature must be a finite number >= 0, got nan"),
+        ("dlm_sinkmask", "llada", {"steps": 0}, r"steps must be a positive integer, got 0"),
+        ("dlm_sinkmask", "llada", {"gen_length": 0}, r"gen_length must be a positive integer, got 0"),
+        ("dlm_sinkmask", "llada", {"block_length": 0}, r"block_length must be a positive integer, got 0"),
+        ("dlm_sinkmask", "llada", {"llada_sampler": "invarient"}, r"llada_sampler must be one of \('reference', 'invariant'\), got 'invarient'"),
         # a flag set to anything but true/false: "no" is a non-empty string, so it would switch it on
         ("dlm_sinkmask", "llada", {"logits_eos_inf": "no"}, r"logits_eos_inf must be true or false, got 'no'"),
         ("dlm_sinkmask", "llada", {"confidence_eos_eot_inf": 1}, r"confidence_eos_eot_inf must be true or false, got 1"),
@@ -107,6 +115,7 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "dream", {"cfg_scale": 1.5, "block_length": 8}, r"block_length, cfg_scale: only the block sampler \(llada/mmada\) reads them, and family dream decodes with the dream sampler"),
         ("dlm_sinkmask", "llada", {"alg": "entropy"}, r"alg: only the dream sampler \(dream\) reads it, and family llada"),
         ("dlm_sinkmask", "llada", {"dream_sampler": "invariant"}, r"dream_sampler: only the dream sampler"),
+        ("dlm_sinkmask", "dream", {"llada_sampler": "invariant"}, r"llada_sampler: only the block sampler \(llada/mmada\) reads it, and family dream"),
         # family= names a sampler for an unknown model_type; on a known one it may not swap it
         ("dlm_sinkmask", "llada", {"family": "dream"}, r"family=dream contradicts the checkpoint: its model_type 'sinkmask_llada' is family llada, which decodes with the block sampler.*Drop family="),
         ("dlm_sinkmask", "dream", {"family": "LLaDA"}, r"family=LLaDA contradicts the checkpoint: its model_type 'sinkmask_dream' is family dream"),
@@ -260,6 +269,21 @@ def test_a_device_torch_does_not_have_here_is_refused_before_loading(
                                              r"device\(s\), cuda:0 to cuda:1, so lm-eval's hf model "
                                              "would run on cuda"):
             placed_device(past_the_last)
+    # other accelerators HFLM places itself, as asked
+    assert [placed_device(d) for d in ("xpu", "xpu:1", "hpu")] == ["xpu", "xpu:1", "hpu"]
+
+
+def test_hflm_arguments_from_a_dict_are_checked_in_their_string_form():
+    """simple_evaluate's dict of model_args keeps strings: "true" is a flag, torch_dtype is
+    taken as dtype (not kept beside it, where from_pretrained would get both)."""
+    from lm_eval_sinkmask.hflm_args import check_and_normalise, check_hflm_options
+
+    with pytest.raises(ValueError, match="enable_thinking=true needs think_end_token"):
+        check_hflm_options({"enable_thinking": "true"})
+    check_hflm_options({"enable_thinking": "false"})
+    kwargs = {"torch_dtype": "float16", "device": "cpu", "batch_size": "4"}
+    check_and_normalise(kwargs)
+    assert kwargs == {"dtype": "float16", "device": "cpu", "batch_size": 4}
 
 
 def test_a_dict_of_model_args_may_spell_the_eos_flags_as_strings(config_only):
@@ -403,6 +427,17 @@ def test_max_batch_size_is_read_only_where_auto_sizes_generation(generated, scor
     assert unread_settings({"max_batch_size"}, generated, scored, False, auto_batch) == unread
 
 
+@pytest.mark.parametrize("name, generated, scored, greedy_check, unread", [
+    ("cfg_scale", False, True, False, []), ("cfg_scale", True, False, False, []),  # every pass
+    ("alg", False, True, True, []), ("alg", False, True, False, ["alg"]),  # greedy_check decodes
+    ("mc_num", True, False, False, ["mc_num"]), ("steps", False, True, True, ["steps"])])
+def test_a_setting_is_unread_only_where_no_request_of_the_run_reads_it(name, generated, scored,
+                                                                        greedy_check, unread):
+    from lm_eval_sinkmask.unread_settings import unread_settings
+
+    assert unread_settings({name}, generated, scored, greedy_check, auto_batch=False) == unread
+
+
 def test_settings_no_request_read_are_listed_and_warned_about(tiny_dirs, caplog):
     lm = make("dlm_sinkmask", tiny_dirs["llada"], steps=8, mc_num=3, llada_sampler="invariant")
     assert lm.get_model_info()["sinkmask"]["unread_settings"] is None  # no request yet
@@ -488,6 +523,29 @@ def test_every_setting_the_code_reads_has_a_row():
 
     named = set(inspect.signature(DLMSinkMaskLM.__init__).parameters) - {"self", "kwargs"}
     assert named <= rows
+
+
+def test_a_dream_request_takes_top_p_1_and_decodes_without_blocks():
+    from lm_eval_sinkmask.families import FAMILIES
+
+    dream = DiffusionSettings.build(FAMILIES["dream"], {"top_p": 1.0})
+    assert dream.top_p == 1.0  # (0, 1]: the whole distribution
+    assert dream.for_request(16, FAMILIES["dream"]).block_length is None
+
+
+def test_the_documented_sampling_defaults_are_the_families_own():
+    """The table's defaults are text: tie them to what an empty model_args builds per family."""
+    from lm_eval_sinkmask.families import FAMILIES
+
+    rows = {a.name: a.default for a in model_args.ARGS}
+    llada, mmada, dream = (DiffusionSettings.build(FAMILIES[f], {}) for f in ("llada", "mmada", "dream"))
+    assert rows["alg"] == dream.alg and rows["remasking"] == llada.remasking == mmada.remasking
+    assert rows["padding_side"] == f"{llada.padding_side} (LLaDA/MMaDA), {dream.padding_side} (Dream)"
+    assert mmada.padding_side == llada.padding_side
+    assert rows["block_length"] == f"{llada.block_length} (LLaDA/MMaDA)" and mmada.block_length == llada.block_length
+    for name in ("temperature", "cfg_scale", "alg_temp"):
+        assert float(rows[name]) == getattr(llada, name) == getattr(dream, name), name
+    assert rows["llada_sampler"] == llada.llada_sampler
 
 
 def test_the_readme_tables_are_the_generated_ones():

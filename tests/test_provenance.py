@@ -1,11 +1,15 @@
 """The digests a sweep cell records of what it ran on: they follow content, not names or places."""
 
+import functools
+import importlib.util
 import shutil
+from types import SimpleNamespace
 
 from lm_eval.tasks import TaskManager
 
+from lm_eval_sinkmask import provenance
 from lm_eval_sinkmask.provenance import (InputDigests, changed_inputs, checkpoint_digest,
-                                         folder_digest, task_digest)
+                                         code_digest, folder_digest, task_digest)
 from tests import tiny
 
 
@@ -20,6 +24,20 @@ def test_a_checkpoint_digest_follows_the_model_files_not_the_card_or_the_place(t
         (copy / changed).write_text((copy / changed).read_text().replace("{", "{\n", 1))
         assert folder_digest(copy) != folder_digest(here), changed
     assert checkpoint_digest(str(here)) != checkpoint_digest(str(tiny_dirs["dream"]))
+
+
+def test_a_checkpoint_digest_leaves_out_hidden_files_and_follows_file_names(tmp_path, tiny_dirs):
+    """A download's cache metadata or a git folder beside the weights is not the model; a
+    weights file renamed out of what transformers loads is a different checkpoint."""
+    here = tiny_dirs["llada"]
+    copy = shutil.copytree(here, tmp_path / "copy")
+    (copy / ".cache" / "huggingface").mkdir(parents=True)
+    (copy / ".cache" / "huggingface" / "model.safetensors.metadata").write_text("etag 123")
+    (copy / ".git").mkdir()
+    (copy / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    assert folder_digest(copy) == folder_digest(here)
+    (copy / "model.safetensors").rename(copy / "model.safetensors.bak")  # same bytes, not loaded
+    assert folder_digest(copy) != folder_digest(here)
 
 
 def test_zoo_names_resolve_before_hashing_and_an_uncached_hub_name_has_no_digest():
@@ -121,6 +139,12 @@ def test_changed_inputs_names_what_differs_and_skips_an_unreadable_checkpoint():
         "checkpoint sha256:a -> sha256:b"]
     assert changed_inputs(done, {"checkpoint": "sha256:a", "task": {**task, "version": 2.0}}) == [
         "task version 1.0 -> 2.0"]
+    assert changed_inputs(done, {**done, "task": {**task, "docs": "sha256:e"}}) == [
+        "task docs sha256:d -> sha256:e"]
+    assert changed_inputs(done, {**done, "task": {**task, "config": "sha256:f"}}) == [
+        "task config sha256:c -> sha256:f"]
+    # a cell recorded before tasks' code was hashed is not compared on it
+    assert changed_inputs(done, {**done, "task": {**task, "code": "sha256:x"}}) == []
     [older] = changed_inputs(None, done)
     assert "older lm-eval-sinkmask" in older
 
@@ -152,6 +176,64 @@ def test_what_model_args_load_with_the_checkpoint_is_hashed_at_its_revision(monk
     assert inputs["checkpoint"] == "git:org/m@v1"
     assert inputs["loaded_with"] == {"tokenizer": "git:org/tok@v1"}
     assert "loaded_with" not in InputDigests(Manager()).for_cell("org/m", "t", "v1")
+
+
+def test_a_checkpoint_that_could_not_be_hashed_is_hashed_again(monkeypatch):
+    """A hub name not cached at the first cell is downloaded by it: the next cell hashes it."""
+    answers = iter([None, "sha256:x"])
+    monkeypatch.setattr(provenance, "checkpoint_digest", lambda p, revision=None: next(answers))
+    digests = InputDigests(task_manager=None)
+    assert digests.checkpoint("org/m") is None
+    assert digests.checkpoint("org/m") == "sha256:x"
+
+
+def _fake_task(dataset, **config):
+    """What task_digest reads of an lm-eval task: its config and its dataset's splits."""
+    config = {"task": "t", "metadata": {"version": 1}, **config}
+    return SimpleNamespace(config=SimpleNamespace(to_dict=lambda keep_callable=False: dict(config)),
+                           dataset=dataset)
+
+
+def test_a_document_moved_between_splits_changes_the_docs_digest():
+    a = _fake_task({"test": [{"q": 1}, {"q": 2}], "train": [{"q": 3}]})
+    b = _fake_task({"test": [{"q": 1}], "train": [{"q": 2}, {"q": 3}]})
+    assert task_digest(a)["docs"] != task_digest(b)["docs"]
+
+
+def test_where_a_tasks_local_data_lies_is_not_in_its_config_digest():
+    a = _fake_task({}, dataset_kwargs={"data_dir": "/home/a/gsm8k", "data_files": "/home/a/t.jsonl"})
+    b = _fake_task({}, dataset_kwargs={"data_dir": "/scratch/b/gsm8k", "data_files": "/b/t.jsonl"})
+    assert task_digest(a)["config"] == task_digest(b)["config"]
+
+
+def test_a_partial_in_a_task_config_is_hashed_by_its_functions_file(tmp_path):
+    def score_from(body):
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(body)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return functools.partial(module.score, k=2)
+
+    assert (code_digest({"metric": score_from("def score(x, k):\n    return x * k\n")})
+            != code_digest({"metric": score_from("def score(x, k):\n    return x + k\n")}))
+
+
+def test_a_task_digest_follows_the_helpers_of_its_scorer(tmp_path):
+    """process_results is kept only in the config's callable form: its file is in the code."""
+    def digest(folder, cleaning):
+        tiny.write_task(folder)
+        yaml = folder / "tiny_gen.yaml"
+        yaml.write_text(yaml.read_text().replace(
+            "metric_list:", "process_results: !function tu.process_results\nmetric_list:"))
+        (folder / "tu.py").write_text(
+            f"def _clean(s):\n    return s.strip(){cleaning}\n\n\n"
+            "def process_results(doc, results):\n"
+            "    return {'exact_match': float(_clean(results[0]) == doc['answer'])}\n")
+        task = TaskManager(include_path=str(folder), include_defaults=False).load(["tiny_gen"])["tasks"]["tiny_gen"]
+        return task_digest(task)
+
+    assert digest(tmp_path / "a", "") != digest(tmp_path / "b", ".lower()")
 
 
 def test_input_digests_are_computed_once_per_checkpoint_and_task(monkeypatch):

@@ -100,18 +100,47 @@ def test_sink_row_attends_only_to_itself_and_every_row_attends_to_it(monkeypatch
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_batch_of_different_lengths_matches_each_row_alone(side):
-    model, _, sink = sink_llada()
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_batch_of_different_lengths_matches_each_row_alone(side, kind):
+    """Dream-style forwards take position ids: counted from each row's first real token, so a
+    padded row sees the positions it has alone."""
+    from lm_eval_sinkmask.families import FAMILIES
+
+    if kind == "llada":
+        model, _, sink = sink_llada()
+    else:
+        model = tiny.build("dream", 0)
+        sink = SinkToken(model.config.vocab_size, "start")
+        add_sink_embedding(model, sink, 0)
+        model.eval()
+    with_position_ids = FAMILIES[kind].takes_position_ids
+    assert with_position_ids == (kind == "dream")
     lengths = [4, 9, 6]
-    ids, valid = padded(lengths, side, vocab=sink.token_id)
+    ids, valid = padded(lengths, side, vocab=min(sink.token_id, 20))
     with torch.no_grad():
-        batch = sink_token.forward(model, ids, valid, sink, with_position_ids=False)
+        batch = sink_token.forward(model, ids, valid, sink, with_position_ids)
         assert batch.shape[:2] == ids.shape
         for b in range(3):
             row = ids[b][valid[b]][None]
             alone = sink_token.forward(model, row, torch.ones_like(row, dtype=torch.bool), sink,
-                                       with_position_ids=False)
+                                       with_position_ids)
             torch.testing.assert_close(batch[b][valid[b]], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def test_position_ids_count_from_each_rows_first_real_token_and_only_when_asked():
+    ids = torch.tensor([[0, 0, 7, 8], [5, 6, 7, 8]])
+    valid = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    new_ids, new_valid, cols = sink_token.insert(ids, valid, SinkToken(9, "start"))
+    with_positions = sink_token.model_inputs(new_ids, new_valid, cols, with_position_ids=True)
+    assert with_positions["position_ids"].tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert "position_ids" not in sink_token.model_inputs(new_ids, new_valid, cols, False)
+
+
+@pytest.mark.parametrize("position", ["start", "end"])
+def test_a_row_without_real_tokens_keeps_its_sink_at_column_0(position):
+    ids, valid = torch.tensor([[1, 2], [0, 0]]), torch.tensor([[True, True], [False, False]])
+    _, _, cols = sink_token.insert(ids, valid, SinkToken(9, position))
+    assert cols.tolist() == [0 if position == "start" else 2, 0]
 
 
 def test_masker_excludes_or_includes_the_extra_token():
@@ -219,6 +248,7 @@ def test_a_trace_counts_keys_with_the_sink_token_and_text_without_it(sink_dir):
     assert position_label(prompt + offset, prompt, offset, len(tokens)) == "answer +0"
     assert position_label(len(tokens), prompt, 0, len(tokens)) == "sink token"  # one at the end
 
+
 @pytest.mark.parametrize("config, message", [
     ({"sink_token_id": 900, "vocab_size": 843}, "outside the vocabulary"),
     ({"sink_token_id": 843, "vocab_size": 843}, "outside the vocabulary"),  # ids run to 842
@@ -229,6 +259,11 @@ def test_a_trace_counts_keys_with_the_sink_token_and_text_without_it(sink_dir):
 def test_bad_declarations_fail_clearly(config, message):
     with pytest.raises(ValueError, match=message):
         SinkToken.from_config(config)
+
+
+def test_a_sink_token_declared_without_a_position_goes_first():
+    assert SinkToken.from_config({"sink_token_id": 5, "vocab_size": 10}) == SinkToken(5, "start")
+    assert SinkToken.from_config({"sink_token_id": 5, "sink_token_position": "end"}).position == "end"
 
 
 def test_bad_declaration_fails_in_dlm_sinkmask_and_bad_mode_in_config(sink_dir, tmp_path):

@@ -468,6 +468,28 @@ def test_a_model_that_switches_sdpa_kernels_off_does_not_change_the_later_cells(
         torch.backends.cuda.enable_mem_efficient_sdp(before)
 
 
+def test_the_kernels_a_cell_finds_switched_off_stay_off_after_it():
+    """What a cell restores is the state it found, not every kernel on: one the researcher (or
+    an earlier model) switched off stays off for the later cells."""
+    import torch
+
+    from lm_eval_sinkmask import sdpa_backends
+
+    cuda = torch.backends.cuda
+    names = [n for n in sdpa_backends._KERNELS if hasattr(cuda, f"{n}_sdp_enabled")]
+    before = {n: getattr(cuda, f"{n}_sdp_enabled")() for n in names}
+    try:
+        for n in names:
+            getattr(cuda, f"enable_{n}_sdp")(False)
+        with sdpa_backends.kept():
+            for n in names:
+                getattr(cuda, f"enable_{n}_sdp")(True)
+        assert names and not any(getattr(cuda, f"{n}_sdp_enabled")() for n in names)
+    finally:
+        for n, on in before.items():
+            getattr(cuda, f"enable_{n}_sdp")(on)
+
+
 # ---- inputs that change under a sweep --------------------------------------------------------
 
 def retrain(model: Path) -> None:

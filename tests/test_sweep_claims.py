@@ -59,11 +59,12 @@ def test_a_claim_is_one_processs_at_a_time_and_leaves_no_file_behind(tmp_path):
     again.release()
 
 
-def test_a_claim_locked_on_a_file_its_holder_deleted_meanwhile_locks_the_new_one(tmp_path,
-                                                                                 monkeypatch):
-    """Between opening the claim file and locking it, its holder lets go (deleting it) and
-    another process makes a new one: a lock on the deleted file would let that process claim
-    the same cell at once."""
+@pytest.mark.parametrize("made_again", [True, False])
+def test_a_claim_locked_on_a_file_its_holder_deleted_meanwhile_locks_the_file_there_now(
+        tmp_path, monkeypatch, made_again):
+    """Between opening the claim file and locking it, its holder lets go (deleting it), and
+    another process makes a new one or none does: a lock on the deleted file would let that
+    process claim the same cell at once; with no new file the cell is free, and claimed."""
     from lm_eval_sinkmask import cell_claims
 
     folder = tmp_path / "cells" / "m" / "t" / "k0"
@@ -76,12 +77,13 @@ def test_a_claim_locked_on_a_file_its_holder_deleted_meanwhile_locks_the_new_one
         if not raced:
             raced.append(fd)
             path.unlink()
-            path.touch()
+            if made_again:
+                path.touch()
         return real(fd, operation)
 
     monkeypatch.setattr(cell_claims.fcntl, "flock", flock)
     held = claim(folder)
-    assert held is not None and raced and claim(folder) is None
+    assert held is not None and raced and path.exists() and claim(folder) is None
     held.release()
 
 

@@ -213,6 +213,26 @@ def test_the_csv_lists_k_in_ascending_order_whatever_order_the_grid_gives(tmp_pa
     assert [r["top_k"] for r in rows] == ["0", "0", "1", "1"]
 
 
+def test_the_markdown_lists_k_in_ascending_order_whatever_order_the_grid_gives(tmp_path):
+    """``--top-k 5,1,0`` is a grid order parse_ks keeps: the rows still run Unmasked, K=1, K=5,
+    the task named on the first."""
+    folder = write_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "ks": [5, 1, 0]}))
+    assert table.render(folder, figure=False)["markdown"].read_text() == EXPECTED_MD
+
+
+def test_seeds_the_grid_does_not_name_stay_out_of_the_mean():
+    """seed_stats.aggregate's own guard (the table drops such cells before it, too)."""
+    entries = [table.Entry("llada", "dlm", "mini_gsm", k, GSM, value, 0.01, 40, seed=seed)
+               for seed, values in enumerate([(0.8, 0.7), (0.6, 0.6), (0.0, 0.0)])
+               for k, value in zip((0, 1), values)]
+    cells = seed_stats.aggregate({"seeds": [0, 1]}, entries)
+    assert set(cells[("llada", "mini_gsm", 1)].values) == {(0, None), (1, None)}
+    assert cells[("llada", "mini_gsm", 0)].mean == pytest.approx(0.7)
+    assert list(cells[("llada", "mini_gsm", 1)].deltas.values()) == pytest.approx([-0.1, 0.0])
+
+
 def test_a_plain_table_refuses_two_runs_of_one_cell(tmp_path):
     # sweep.json without its seeds (edited, or from elsewhere) names one run per cell, and the
     # cells hold three: one of them must not stand for the cell
