@@ -212,8 +212,8 @@ class GraphedSteps:
 
     def _copy_in(self, args: tuple, kwargs: dict) -> None:
         """The call's inputs into the captured ones, which must be of the same form (the same
-        tensors, by position and name, of the same shapes; None where None was given; a name
-        given None counts as not given, as in the capture)."""
+        tensors, by position and name, of the same shapes and dtypes; None where None was
+        given; a name given None counts as not given, as in the capture)."""
         if _form(args, kwargs) != _form(self.args, self.kwargs):
             raise ValueError(f"a captured step replays inputs of one form, "
                              f"{_form(self.args, self.kwargs)}; got {_form(args, kwargs)}")
@@ -248,6 +248,11 @@ def _static(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _form(args: tuple, kwargs: dict) -> tuple:
-    """Shapes by position (None for None) and by name (a name given None is left out)."""
-    return (tuple(None if t is None else tuple(t.shape) for t in args),
-            {name: tuple(t.shape) for name, t in kwargs.items() if t is not None})
+    """Shape and dtype by position (None for None) and by name (a name given None is left
+    out): a copy into the captured tensor would cast another dtype silently (a bool mask into
+    a float one reads as 0/1 biases)."""
+    def of(t: torch.Tensor) -> str:
+        return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+    return (tuple(None if t is None else of(t) for t in args),
+            {name: of(t) for name, t in kwargs.items() if t is not None})

@@ -164,6 +164,17 @@ class MaskingLMMixin:
         self.batch_sizes_found.append(size)
         return size
 
+    def _batch_scheduler(self, pos: int, n_reordered_requests) -> int:
+        """``batch_size=auto:N`` searches again after every ``len(requests) / N`` requests,
+        which HFLM rounds down: with fewer requests than N (a short ``--limit`` run) that is
+        every 0 requests, and HFLM's schedule divides by it. Search at most once per request."""
+        asked = self.batch_schedule
+        self.batch_schedule = min(asked, len(n_reordered_requests))
+        try:
+            return super()._batch_scheduler(pos, n_reordered_requests)
+        finally:
+            self.batch_schedule = asked
+
     def set_cache_hook(self, cache_hook) -> None:
         """``--use_cache``: lm-eval's db keys answers on the request only, so it must hold
         answers of these settings and no other (see answer_cache)."""

@@ -316,9 +316,11 @@ def test_a_captured_step_replays_one_form_of_inputs():
     with torch.inference_mode():
         for _ in range(graphed_steps.WARM_UP_STEPS + 1):
             steps(ids, mask=None)
-        with pytest.raises(ValueError, match=r"replays inputs of one form, \(\(\(1, 4\),\), "
-                                             r"\{\}\); got \(\(\(1, 5\),\)"):
+        with pytest.raises(ValueError, match=r"replays inputs of one form, \(\('\[1, 4\] int64',\), "
+                                             r"\{\}\); got \(\('\[1, 5\] int64',\)"):
             steps(torch.zeros(1, 5, dtype=torch.long), mask=None)
+        with pytest.raises(ValueError, match=r"got \(\('\[1, 4\] int32',\)"):  # copy_ would cast it
+            steps(ids.int(), mask=None)
         with pytest.raises(ValueError, match="inputs of one form"):
             steps(ids, mask=torch.ones(1, 4))
         assert torch.equal(steps(ids + 1, mask=None), model(input_ids=ids + 1).logits)

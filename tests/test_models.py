@@ -671,6 +671,15 @@ def test_batch_size_search_passes_are_not_counted_as_the_runs(tiny_dirs, batch_s
     assert runs[2][2]["forward_passes"] > 0
 
 
+def test_auto_n_with_fewer_requests_than_n_scores_them(tiny_dirs):
+    """HFLM's auto:N schedule searches again every len(requests) // N requests: a short
+    --limit run of fewer requests than N divided by zero (in lm-eval's own hf model too)."""
+    scored = [Instance("loglikelihood", {}, (p, " 3 apples"), i) for i, p in enumerate(PROMPTS[:2])]
+    lm = make("arm_sinkmask", tiny_dirs["llama"], batch_size="auto:4", max_batch_size=2)
+    assert lm.loglikelihood(scored) == make("arm_sinkmask", tiny_dirs["llama"], batch_size=2).loglikelihood(scored)
+    assert 1 <= len(lm.batch_sizes_found) <= 2 and lm.batch_schedule == 4
+
+
 @pytest.mark.parametrize("cfg_scale", [0.0, 1.0])
 def test_dlm_batch_size_search_measures_a_masked_denoising_step(tiny_dirs, cfg_scale):
     """``--batch_size auto`` sizes batches with full-length forward passes. For the size found
