@@ -145,15 +145,16 @@ def check_sink_token(mask: SinkMaskConfig, sink: Any) -> None:
 
 def check_model_class(model_class: Any, config: dict[str, Any]) -> None:
     """A class of another architecture would load what weights match and start the rest from
-    random (transformers only warns), and the run would score noise as a result. Two masked
-    diffusion types pass (MMaDA's class is LLaDA's with its own config type, and a checkpoint
-    may declare either)."""
+    random (transformers only warns), and the run would score noise as a result. Two types of
+    one family pass, and LLaDA's and MMaDA's (MMaDA's class is LLaDA's with its own config
+    type, and a checkpoint may declare either); Dream's class on a LLaDA checkpoint does not."""
     from .families import diffusion_family_of
 
     declared = getattr(getattr(model_class, "config_class", None), "model_type", None)
     model_type = config.get("model_type")
-    both_diffusion = diffusion_family_of(declared) and diffusion_family_of(model_type)
-    if declared and model_type and declared != model_type and not both_diffusion:
+    families = {diffusion_family_of(declared), diffusion_family_of(model_type)}
+    one_architecture = None not in families and (len(families) == 1 or families == {"llada", "mmada"})
+    if declared and model_type and declared != model_type and not one_architecture:
         raise ValueError(f"model_class {model_class.__name__} is for model_type {declared!r}, but "
                          f"the checkpoint's config says {model_type!r}: pass the class its "
                          "auto_map or model card names, or drop model_class")

@@ -59,9 +59,19 @@ def test_a_model_class_must_be_of_the_checkpoints_architecture():
     class MMaDA:
         config_class = type("MMadaConfig", (), {"model_type": "mmada"})
 
+    class Dream:
+        config_class = type("DreamConfig", (), {"model_type": "dream"})
+
     with pytest.raises(ValueError, match="model_class Llama is for model_type 'llama', but the "
                                          "checkpoint's config says 'llada'"):
         checkpoint_checks.check_model_class(Llama, {"model_type": "llada"})
+    # two diffusion models of other architectures: Dream's class on LLaDA weights would start
+    # most of them from random
+    for model_type in ("llada", "mmada", "sinkmask_llada"):
+        with pytest.raises(ValueError, match=f"model_class Dream is for model_type 'dream', but "
+                                             f"the checkpoint's config says '{model_type}'"):
+            checkpoint_checks.check_model_class(Dream, {"model_type": model_type})
+    checkpoint_checks.check_model_class(Dream, {"model_type": "sinkmask_dream"})  # one family
     checkpoint_checks.check_model_class(MMaDA, {"model_type": "llada"})  # LLaDA's code, its own type
     checkpoint_checks.check_model_class(MMaDA, {"model_type": "mmada"})
     checkpoint_checks.check_model_class(object, {"model_type": "llada"})  # declares nothing
