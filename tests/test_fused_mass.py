@@ -524,6 +524,29 @@ def test_compiled_selection_picks_exactly_the_eager_sinks():
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+def test_a_selection_that_fails_to_compile_falls_back_to_eager_for_good(monkeypatch, caplog):
+    """The fallback is remembered: the broken compiled function is tried once, warned about
+    once, and compile_failed() says so (bench_masking flags its "compiled" rows with it)."""
+    from lm_eval_sinkmask import compiled_tail
+
+    tries = []
+
+    def broken_compile(fn, **kwargs):
+        def run(*args, **kw):
+            tries.append(1)
+            raise RuntimeError("no C compiler")
+        return run
+
+    monkeypatch.setattr(compiled_tail.torch, "compile", broken_compile)
+    compiled = compiled_tail._Compiled(lambda x: x + 1)
+    monkeypatch.setattr(compiled_tail, "_COMPILED", compiled)
+    assert not compiled_tail.compile_failed()
+    with caplog.at_level("WARNING", logger=compiled_tail.logger.name):
+        assert [compiled(torch.tensor(i)).item() for i in range(3)] == [1, 2, 3]
+    assert compiled.failed and compiled_tail.compile_failed() and len(tries) == 1
+    assert sum("torch.compile of the sink selection failed" in r.message for r in caplog.records) == 1
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_the_selection_leaves_the_shared_counts_as_it_found_them(backend):
     """A pass's KeyCounts serve every layer's selection, eager and compiled (dynamic shapes,

@@ -136,11 +136,21 @@ def right_padding_leaks(ids, mask):
     return LOGITS[ids] + leak
 
 
+def minus_inf_alone_only(ids, mask):
+    """A logit that is -inf by design when the row is alone (an extra sink token's) comes out
+    finite once the row is padded: padding changed what the real positions see."""
+    out = LOGITS[ids].clone()
+    if bool(mask.all()):
+        out[..., 0] = float("-inf")
+    return out
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_the_probe_tells_invisible_padding_from_each_leak(side):
     assert honours_padding(own_token_only, padding_side=side, **PROBE)
     assert not honours_padding(pads_leak_slightly, padding_side=side, **PROBE)
     assert not honours_padding(length_moves_logits, padding_side=side, **PROBE)
+    assert not honours_padding(minus_inf_alone_only, padding_side=side, **PROBE)
     # the probe pads on the side the run pads
     assert honours_padding(right_padding_leaks, padding_side=side, **PROBE) == (side == "left")
 
