@@ -125,8 +125,8 @@ def test_cuda_graphs_need_cuda_and_a_capture_one_shape():
             forward(input_ids=ids)
     with torch.inference_mode():
         g = graphed_pass.captured(model, ids + 5, None, None, capture=recorded)
-        with pytest.raises(ValueError, match=r"inputs of one form, \(\(\), \{'input_ids': \(1, 4\)\}\); "
-                                             r"got \(\(\), \{'input_ids': \(1, 5\)\}\)"):
+        with pytest.raises(ValueError, match=r"inputs of one form, \(\(\), \{'input_ids': '\[1, 4\] int64'\}\); "
+                                             r"got \(\(\), \{'input_ids': '\[1, 5\] int64'\}\)"):
             g(input_ids=torch.zeros(1, 5, dtype=torch.long), attention_mask=None)
         with pytest.raises(ValueError, match="inputs of one form"):
             g(input_ids=ids, attention_mask=torch.ones(1, 4))
