@@ -161,6 +161,7 @@ class GraphedSteps:
         self.logits: torch.Tensor | None = None
         self._replay: Callable[[], None] | None = None
         self._counts: ReplayCounts | None = None
+        self._captured_form: tuple = ()
 
     def __call__(self, *args: torch.Tensor | None, **kwargs: torch.Tensor | None) -> torch.Tensor:
         self.steps_run += 1
@@ -180,6 +181,7 @@ class GraphedSteps:
             return self.logits
         self.args = tuple(_static(t) for t in args)
         self.kwargs = {name: _static(t) for name, t in kwargs.items()}
+        self._captured_form = _form(self.args, self.kwargs)
         if self.steps_run <= WARM_UP_STEPS:
             return self._eager()
         try:
@@ -214,9 +216,10 @@ class GraphedSteps:
         """The call's inputs into the captured ones, which must be of the same form (the same
         tensors, by position and name, of the same shapes and dtypes; None where None was
         given; a name given None counts as not given, as in the capture)."""
-        if _form(args, kwargs) != _form(self.args, self.kwargs):
+        form = _form(args, kwargs)
+        if form != self._captured_form:
             raise ValueError(f"a captured step replays inputs of one form, "
-                             f"{_form(self.args, self.kwargs)}; got {_form(args, kwargs)}")
+                             f"{_described(self._captured_form)}; got {_described(form)}")
         named = ((self.kwargs[name], t) for name, t in kwargs.items() if t is not None)
         for mine, t in (*zip(self.args, args), *named):
             if t is not None:
@@ -250,9 +253,18 @@ def _static(t: torch.Tensor | None) -> torch.Tensor | None:
 def _form(args: tuple, kwargs: dict) -> tuple:
     """Shape and dtype by position (None for None) and by name (a name given None is left
     out): a copy into the captured tensor would cast another dtype silently (a bool mask into
-    a float one reads as 0/1 biases)."""
-    def of(t: torch.Tensor) -> str:
-        return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+    a float one reads as 0/1 biases). Compared at every replay, so kept as plain tuples."""
+    return (tuple(None if t is None else (tuple(t.shape), t.dtype) for t in args),
+            {name: (tuple(t.shape), t.dtype) for name, t in kwargs.items() if t is not None})
 
-    return (tuple(None if t is None else of(t) for t in args),
-            {name: of(t) for name, t in kwargs.items() if t is not None})
+
+def _described(form: tuple) -> tuple:
+    """A :func:`_form` as the error message shows it: ``'[1, 4] int64'`` per tensor."""
+    def of(shape_dtype: tuple | None) -> str | None:
+        if shape_dtype is None:
+            return None
+        shape, dtype = shape_dtype
+        return f"{list(shape)} {str(dtype).removeprefix('torch.')}"
+
+    by_position, by_name = form
+    return tuple(of(f) for f in by_position), {name: of(f) for name, f in by_name.items()}

@@ -123,6 +123,9 @@ def placed_device(device: Any) -> str:
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError) as e:
+        if str(device).split(":")[0] == "npu":  # torch learns the type from Ascend's package
+            raise ValueError(f"device={device}: this torch knows no npu devices; install "
+                             "torch_npu, Ascend's torch extension, which adds them") from None
         raise ValueError(f"device={device!r} is not a torch device ({e})") from None
     device = str(device)
     mps = torch.backends.mps.is_available()

@@ -250,6 +250,10 @@ def test_a_device_torch_does_not_have_here_is_refused_before_loading(
             make(model, config_only[kind], device=device)
     with pytest.raises(ValueError, match=r"device='gpu' is not a torch device"):
         make(model, config_only[kind], device="gpu")
+    if not hasattr(torch, "npu"):  # torch without Ascend's extension does not parse npu
+        with pytest.raises(ValueError, match=r"device=npu:0: this torch knows no npu devices; "
+                                             r"install torch_npu"):
+            make(model, config_only[kind], device="npu:0")
     assert placed_device(None) == "cpu"  # HFLM's own default would be cuda
     # the lm_eval command passes cuda:0 when --device is not given: the CPU here, as in HFLM
     assert placed_device("cuda:0") == "cpu"
