@@ -18,9 +18,9 @@ from tests import tiny
 from tests.test_models import PROMPTS, make, requests
 
 
-def sink_llada(seed=0, position="start"):
-    """The tests' tiny LLaDA-style model with one extra embedding row for ``<|sink|>``."""
-    model = tiny.build("llada", seed)
+def sink_model(kind="llada", seed=0, position="start"):
+    """The tests' tiny model of ``kind`` with one extra embedding row for ``<|sink|>``."""
+    model = tiny.build(kind, seed)
     tok = tiny.tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|sink|>"]})
     sink = SinkToken(tok.convert_tokens_to_ids("<|sink|>"), position)
@@ -75,7 +75,7 @@ def _capture_attention(monkeypatch):
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_sink_row_attends_only_to_itself_and_every_row_attends_to_it(monkeypatch, side):
-    model, _, sink = sink_llada()
+    model, _, sink = sink_model()
     lengths = [6, 3, 9]
     ids, valid = padded(lengths, side, vocab=sink.token_id)
     calls = _capture_attention(monkeypatch)
@@ -106,13 +106,7 @@ def test_batch_of_different_lengths_matches_each_row_alone(side, kind):
     padded row sees the positions it has alone."""
     from lm_eval_sinkmask.families import FAMILIES
 
-    if kind == "llada":
-        model, _, sink = sink_llada()
-    else:
-        model = tiny.build("dream", 0)
-        sink = SinkToken(model.config.vocab_size, "start")
-        add_sink_embedding(model, sink, 0)
-        model.eval()
+    model, _, sink = sink_model(kind)
     with_position_ids = FAMILIES[kind].takes_position_ids
     assert with_position_ids == (kind == "dream")
     lengths = [4, 9, 6]
@@ -144,7 +138,7 @@ def test_a_row_without_real_tokens_keeps_its_sink_at_column_0(position):
 
 
 def test_masker_excludes_or_includes_the_extra_token():
-    model, _, sink = sink_llada()
+    model, _, sink = sink_model()
     ids, valid = padded([7, 4], "right", vocab=sink.token_id)
     chosen = {}
     for mode in ("include", "exclude"):
@@ -169,7 +163,7 @@ def test_masker_excludes_or_includes_the_extra_token():
 
 @pytest.fixture(scope="module")
 def sink_dir(tmp_path_factory):
-    model, tok, _ = sink_llada()
+    model, tok, _ = sink_model()
     path = tmp_path_factory.mktemp("llada_sink")
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -283,7 +277,7 @@ def test_bad_declaration_fails_in_dlm_sinkmask_and_bad_mode_in_config(sink_dir, 
 
 def test_sink_embedding_leaves_every_other_initial_weight_alone():
     base = tiny.build("llada", 0)
-    model, _, sink = sink_llada(0)
+    model, _, sink = sink_model(0)
     emb = model.get_input_embeddings().weight
     assert emb.shape[0] == base.config.vocab_size + 1 == model.config.vocab_size
     assert torch.equal(emb[:-1], base.get_input_embeddings().weight)
