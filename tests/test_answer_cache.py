@@ -6,6 +6,7 @@ import re
 import pytest
 from lm_eval.api.model import CachingLM
 
+from lm_eval_sinkmask import answer_cache
 from tests.test_models import RANDOM_LLADA, make, requests
 
 MODELS = {"dlm_sinkmask": ("llada", dict(block_length=4, **RANDOM_LLADA)),
@@ -245,3 +246,12 @@ def test_a_setting_on_one_side_only_is_a_difference(cached, now, named):
         answer_cache.claim(db, now, "x.db")
     answer_cache.claim(db, cached, "x.db")  # the same settings pass
 
+
+def test_reading_the_settings_record_is_not_counted_as_a_cached_answer():
+    db = {}
+    answer_cache.claim(db, {"top_k": 1}, "x.db")
+    db = type("Db", (dict,), {})(db)  # a class of its own, as SqliteDict's, to be swapped
+    tally = answer_cache.count_answers_read(db, "x.db")
+    db["0" * 64] = "an answer"
+    assert db[answer_cache.KEY] == {"top_k": 1} and tally.count == 0
+    assert db["0" * 64] == "an answer" and tally.as_dict() == {"db": "x.db", "answers_from_cache": 1}

@@ -400,3 +400,41 @@ def test_an_observer_under_in_place_choices_keeps_what_each_call_chose():
         seen[in_place] = [(c, d) for _, _, c, d in events]
     assert len(seen[True]) > 2 and all(
         torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(seen[False], seen[True]))
+
+
+def test_random_target_with_masking_off_is_replayable():
+    """mask_target=random draws nothing when masking is off (top_k=0, a control run)."""
+    off = SinkMaskConfig(top_k=0, mask_target="random")
+    assert graphed_steps.unreplayable(off, observers=()) is None
+    graphed_steps.refuse_unreplayable(off, observers=())
+    assert "mask_target=random" in graphed_steps.unreplayable(
+        SinkMaskConfig(top_k=1, mask_target="random"), observers=())
+
+
+class _OnCuda0(torch.nn.Module):
+    """A model whose weights all say they are on cuda:0 (no GPU needed)."""
+
+    def parameters(self, recurse=True):
+        return iter([type("P", (), {"device": torch.device("cuda", 0)})()])
+
+    def buffers(self, recurse=True):
+        return iter([])
+
+
+def test_a_bare_cuda_device_is_the_current_one(monkeypatch):
+    """--device cuda (no index) means the current device: weights on cuda:0 are not elsewhere."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert graphed_steps.weights_elsewhere(_OnCuda0(), "cuda") is None
+    assert graphed_steps.weights_elsewhere(_OnCuda0(), "cuda:0") is None
+    assert graphed_steps.weights_elsewhere(_OnCuda0(), "cuda:1") == \
+        "a model with weights on cuda:0 beside cuda:1"
+
+
+def test_a_named_input_of_another_dtype_is_refused_not_cast():
+    steps = graphed_steps.GraphedSteps(lambda x, mask=None: x * mask, capture_with=recorded)
+    x, mask = torch.ones(1, 4), torch.ones(1, 4)
+    for _ in range(graphed_steps.WARM_UP_STEPS + 1):
+        steps(x, mask=mask)
+    with pytest.raises(ValueError, match=r"inputs of one form.*got .*\{'mask': '\[1, 4\] bool'\}"):
+        steps(x, mask=torch.ones(1, 4, dtype=torch.bool))
+    assert torch.equal(steps(x + 1, mask=mask * 2), (x + 1) * 2)

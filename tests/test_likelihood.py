@@ -703,3 +703,17 @@ def test_zoo_estimates_tighten_with_more_samples(zoo_lms, name):
     # models are nearly certain of this answer, so the spread is small, but it still shrinks)
     print(f"{name}: std over 8 seeds {spread}")
     assert spread[64] < 0.5 * spread[4]
+
+
+def test_rolling_windows_are_not_greedy_checked(tiny_dirs):
+    """lm-eval never reads a rolling window's is_greedy: greedy_check must not decode it (extra
+    forward passes, each counted in the run's masking counters)."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], mc_num=2, max_length=16, greedy_check="true")
+    checked = []
+    lm._greedy_matches = lambda c, t: checked.append((c, t)) or True
+    text = " ".join(["Tom has 3 apples and Anna has 12 books ."] * 3)
+    [total] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    assert total < 0 and checked == []
+    # a loglikelihood request is checked: the same model does decode greedily there
+    lm.loglikelihood([Instance("loglikelihood", {}, ("Tom has", " 3 apples"), 0)])
+    assert len(checked) == 1

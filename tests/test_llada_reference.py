@@ -19,6 +19,7 @@ from lm_eval_sinkmask.families import FAMILIES
 from lm_eval_sinkmask.samplers import generate_block
 from tests import tiny
 from tests.test_dream_reference import FondOfMask
+from tests.test_samplers import MASK, V
 
 GEN, STEPS, BLOCK = 12, 12, 4
 
@@ -203,3 +204,34 @@ def test_dlm_sinkmask_decodes_with_its_familys_confidence_dtype(tiny_dirs, monke
     lm.generate_until(requests(max_gen_toks=8))
     lm._greedy_matches([5, 6, 7], [8, 9])
     assert seen and set(seen) == {dtype}
+
+
+class LateDecider(torch.nn.Module):
+    """Column 3 of the answer (block 0's last) predicts the mask token, at low confidence,
+    until column 4 is decoded; then token 3, very confidently. Other columns predict token
+    (col % 10) at confidences falling with the column."""
+
+    P = 2
+
+    def forward(self, input_ids, **kwargs):
+        B, T = input_ids.shape
+        col = torch.arange(T) - self.P
+        logits = torch.zeros(B, T, V)
+        logits[:, torch.arange(T), (col % 10).clamp_min(0)] = 3.0 - 0.1 * col.float()
+        waiting = input_ids[:, self.P + 4] == MASK  # [B]
+        logits[:, self.P + 3] = 0.0
+        logits[waiting, self.P + 3, MASK] = 0.5
+        logits[~waiting, self.P + 3, 3] = 9.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_a_mask_left_in_a_blocks_last_column_competes_in_the_next_block():
+    """Reference variant: as in LLaDA's loop, a column left masked (the mask token predicted)
+    stays a candidate in later blocks; here the only such column is the last of block 0."""
+    model, ids = LateDecider(), torch.tensor([[5, 6]])
+    kw = dict(mask_id=MASK, gen_length=8, steps=4, block_length=4)
+    with torch.no_grad():
+        expected = llada_loop(model, ids, **kw)
+        got = ours(model, ids, variant="reference", **kw)
+    assert expected[0, 3] == 3 and expected[0, 7] == MASK  # the test has teeth
+    assert torch.equal(got, expected)

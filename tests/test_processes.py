@@ -95,3 +95,13 @@ def test_the_arm_runs_no_padding_window_of_a_rolling_loglikelihood(tiny_dirs, mo
     assert got == want
     assert padded.run_mask_stats.as_dict() == alone.run_mask_stats.as_dict()
     assert padded.run_mask_stats.forward_passes > 0
+
+
+def test_a_request_without_repeats_counts_as_one():
+    """An Instance made without metadata has repeats None: one request, not filler."""
+    a, b = SimpleNamespace(), SimpleNamespace(repeats=None)
+    assert filler_count([a, b], 2) == 0
+    assert filler_count([a, b, b], 2) == 1
+    bare = Instance("loglikelihood", {}, ("x", " y"), 0)
+    assert bare.repeats is None
+    assert filler_count([bare], 2) == 0 and filler_count([bare, bare], 2) == 1

@@ -344,3 +344,24 @@ def test_model_args_the_sweep_sets_itself_are_refused(tmp_path, extra, for_model
     llada = ModelSpec("llada", "zoo:llada", "dlm", for_model)
     with pytest.raises(ValueError, match=f"^{named}: .*pretrained from --models.*eps from --eps"):
         SweepPlan(models=[llada], tasks=["t"], ks=[0, 1], out=tmp_path, model_args_extra=extra)
+
+
+def limited_cell(tmp_path, limit):
+    model = ModelSpec("llada", "/m/llada", "dlm")
+    plan = SweepPlan(models=[model], tasks=["t"], ks=[0], out=tmp_path, limit=limit)
+    return Cell(plan, model, "t", 0)
+
+
+def test_a_cell_request_records_the_limit_and_a_done_cell_at_another_limit_is_refused(tmp_path):
+    """--limit is part of a cell's request: a cell done on 2 problems per task is neither
+    reused as a --limit 3 cell nor averaged with them in its column."""
+    done, now = limited_cell(tmp_path, 2), limited_cell(tmp_path, 3)
+    assert done.request()["limit"] == 2 and now.request()["limit"] == 3
+    inputs = {"checkpoint": None, "task": {}}
+    done.folder.mkdir(parents=True)
+    (done.folder / "cell.json").write_text(json.dumps({"request": done.request(), "inputs": inputs}))
+    assert done.is_done(inputs)  # same request, same inputs: reused
+    with pytest.raises(SystemExit, match="was run with different settings"):
+        now.is_done(inputs)
+    assert mixed_settings([done.request(), now.request()]) == [
+        "column 'llada' ran t with --limit 2 and 3"]
