@@ -277,7 +277,7 @@ def test_bad_declaration_fails_in_dlm_sinkmask_and_bad_mode_in_config(sink_dir, 
 
 def test_sink_embedding_leaves_every_other_initial_weight_alone():
     base = tiny.build("llada", 0)
-    model, _, sink = sink_model(0)
+    model, _, sink = sink_model(seed=0)
     emb = model.get_input_embeddings().weight
     assert emb.shape[0] == base.config.vocab_size + 1 == model.config.vocab_size
     assert torch.equal(emb[:-1], base.get_input_embeddings().weight)
