@@ -255,3 +255,35 @@ def test_reading_the_settings_record_is_not_counted_as_a_cached_answer():
     db["0" * 64] = "an answer"
     assert db[answer_cache.KEY] == {"top_k": 1} and tally.count == 0
     assert db["0" * 64] == "an answer" and tally.as_dict() == {"db": "x.db", "answers_from_cache": 1}
+
+
+def test_dreams_invariant_sampler_reads_a_db_of_any_batch_size(tiny_dirs, tmp_path):
+    """Which sampler setting makes Dream's tokens depend on the batch is dream_sampler (not
+    llada_sampler, which Dream never reads)."""
+    assert make("dlm_sinkmask", tiny_dirs["dream"]).batch_dependent() == "dream_sampler=reference"
+    db = str(tmp_path / "cache.db")
+    first = CachingLM(make("dlm_sinkmask", tiny_dirs["dream"], dream_sampler="invariant",
+                           batch_size=1), db)
+    assert first.lm.batch_dependent() is None
+    answers = first.generate_until(requests(max_gen_toks=4))
+    again = CachingLM(make("dlm_sinkmask", tiny_dirs["dream"], dream_sampler="invariant",
+                           batch_size=3), db)
+    assert again.generate_until(requests(max_gen_toks=4)) == answers
+
+
+def test_a_dream_with_a_random_unmasking_order_refuses_the_cache(tiny_dirs, tmp_path):
+    lm = make("dlm_sinkmask", tiny_dirs["dream"], alg_temp=0.3)
+    assert lm.random_sampling() == "alg_temp=0.3"
+    with pytest.raises(ValueError, match=r"draws at random \(alg_temp=0\.3\)"):
+        CachingLM(lm, str(tmp_path / "cache.db"))
+
+
+def test_a_db_scored_with_another_mc_num_is_refused_and_mc_batch_size_is_not_a_difference(
+        tiny_dirs, tmp_path):
+    """mc_num changes every log-likelihood (how many Monte Carlo samples); mc_batch_size only
+    how many run per pass."""
+    db = str(tmp_path / "cache.db")
+    CachingLM(make("dlm_sinkmask", tiny_dirs["llada"], mc_num=4, mc_batch_size=2), db)
+    CachingLM(make("dlm_sinkmask", tiny_dirs["llada"], mc_num=4, mc_batch_size=4), db)
+    with pytest.raises(ValueError, match=r"mc_num: 4 in the cache, 8 now"):
+        CachingLM(make("dlm_sinkmask", tiny_dirs["llada"], mc_num=8, mc_batch_size=2), db)

@@ -7,9 +7,11 @@ import logging
 import pytest
 
 from lm_eval_sinkmask import code_eval, sandbox
-from lm_eval_sinkmask.sandbox import Outcome
+from lm_eval_sinkmask.sandbox import Limits, Outcome
 
 PASS = Outcome(True, "passed", "", 0.1)
+FAST = Limits(timeout_s=3.0, cpu_s=3)
+ADD = "def add(a, b):\n    return a + b\n"
 
 
 @pytest.fixture
@@ -71,3 +73,28 @@ def test_failures_of_the_models_own_code_are_not_reported():
                 failed("timed out after 10s", "timeout")]
     assert sandbox.warn_if_mostly_infrastructure(outcomes) is None
     assert sandbox.warn_if_mostly_infrastructure([PASS, PASS]) is None
+
+
+@pytest.mark.parametrize("outcome", [
+    Outcome(False, "timeout", "timed out after 10s", 10.0),
+    Outcome(False, "failed", "AssertionError", 0.1),
+])
+def test_a_program_that_timed_out_or_failed_scores_zero(monkeypatch, outcome):
+    monkeypatch.setattr(code_eval, "_memo", {})
+    monkeypatch.setattr(code_eval, "run_programs", lambda jobs, limits, **_: [outcome] * len(jobs))
+    assert code_eval.pass_at_k(["check()"], [["program"]], k=[1]) == {"pass@1": 0.0}
+    monkeypatch.setattr(code_eval, "_memo", {})
+    monkeypatch.setattr(code_eval, "run_programs", lambda jobs, limits, **_: [PASS, outcome])
+    # one of two samples passes: pass@1 = 1/2, pass@2 = 1
+    assert code_eval.pass_at_k(["check()"], [["p1", "p2"]], k=[1, 2]) == {"pass@1": 0.5, "pass@2": 1.0}
+
+
+def test_the_same_program_under_different_tests_is_run_against_each(monkeypatch):
+    monkeypatch.setattr(code_eval, "_memo", {})
+    right, wrong = "assert add(2, 3) == 5\n", "assert add(2, 3) == 6\n"
+    first, second = code_eval.execute([(ADD, right), (ADD, wrong)], FAST, progress=False)
+    assert first.passed and not second.passed, (first, second)
+    # ... and a memo hit from an earlier call is no answer for another test either
+    (again,) = code_eval.execute([(ADD, wrong)], FAST, progress=False)
+    assert not again.passed
+    assert code_eval.pass_at_k([wrong], [[ADD]]) == {"pass@1": 0.0}

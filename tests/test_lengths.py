@@ -197,3 +197,16 @@ def test_more_steps_than_tokens_are_said_to_waste_passes(tiny_dirs, caplog, kind
         lm.generate_until(requests([words(3)], max_gen_toks=4))
     assert ("of the %d denoising passes unmask no token" % steps in caplog.text) is warned
     assert len(widths) == steps  # the passes still run, as asked
+
+
+def test_model_args_max_length_wins_over_llada_max_sequence_length(tiny_dirs):
+    """LLaDA's config names its length max_sequence_length; a max_length in model_args still
+    decides how long a sequence may be."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], max_length=24)
+    lm.model.config.max_position_embeddings = None  # as LLaDA's config, which has none
+    lm.model.config.max_sequence_length = 64
+    assert lm.max_length == 24
+    bare = make("dlm_sinkmask", tiny_dirs["llada"])
+    bare.model.config.max_position_embeddings = None
+    bare.model.config.max_sequence_length = 64
+    assert bare.max_length == 64

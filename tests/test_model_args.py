@@ -15,13 +15,9 @@ from lm_eval.api.registry import get_model
 from lm_eval_sinkmask import model_args
 from lm_eval_sinkmask.config import SinkMaskConfig, flag_value
 from lm_eval_sinkmask.sampler_settings import DiffusionSettings
+from tests.test_models import RANDOM_LLADA, make, task_requests
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-def make(name, path, **args):
-    arg_string = ",".join(f"{k}={v}" for k, v in {"pretrained": path, "device": "cpu", **args}.items())
-    return get_model(name).create_from_arg_string(arg_string)
 
 
 def from_lm_eval(path, args="", **options):
@@ -592,3 +588,13 @@ def test_tokenizer_zoo_names_mask_id_strings_and_gguf_are_settled_before_loading
         DLMSinkMaskLM.check_args(str(config_only["llada"]), tokenizer="zoo:lada")
     assert _CheckedArgs.take(str(config_only["llada"]), None, "4.0", None, {}).mask_id == 4
     ARMSinkMaskLM.check_args(str(tmp_path), gguf_file="model.gguf")  # HFLM reads its config
+
+
+def test_a_gen_length_shorter_than_the_tasks_budget_is_warned_about(tiny_dirs, caplog):
+    """gen_length in model_args overrides a task's max_gen_toks either way; a shorter one cuts
+    the task's answers, so it must be said as a longer one is."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, gen_length=4, **RANDOM_LLADA)
+    with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
+        lm.generate_until(task_requests(8))
+    assert caplog.text.count("t: its requests ask for max_gen_toks=8; gen_length=4 in "
+                             "model_args overrides it") == 1

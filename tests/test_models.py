@@ -801,3 +801,22 @@ def test_a_masked_arm_refuses_a_checkpoint_whose_inputs_or_cache_it_would_mispla
         unused.pop("layer_types", None)
         (folder / "config.json").write_text(json.dumps(unused))  # Qwen2's switch, off
         check()
+
+
+def task_requests(max_gen_toks, task="t", **gen_kwargs):
+    """One request of task ``task``, as lm-eval builds it (its task name in metadata)."""
+    return [Instance("generate_until", {}, (PROMPTS[0], {"until": ["<eos>"],
+                                                         "max_gen_toks": max_gen_toks,
+                                                         **gen_kwargs}), 0, (task, 0, 1))]
+
+
+@pytest.mark.parametrize("asked", [0.3, 1.2])
+def test_a_request_sampling_at_another_temperature_than_model_args_is_refused(tiny_dirs, asked):
+    """do_sample at a temperature lower or higher than model_args' would be decoded at
+    model_args' temperature and recorded as the request's."""
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, temperature=0.7,
+              **RANDOM_LLADA)
+    with pytest.raises(ValueError, match=rf"sampling at temperature {asked:g} .* model_args "
+                                         r"temperature=0\.7"):
+        lm.generate_until(task_requests(8, do_sample=True, temperature=asked))
+    assert lm.mask_stats.forward_passes == 0

@@ -367,3 +367,12 @@ def test_the_seatbelt_also_closes_the_c_modules_behind_os():
     )
     outcome = run_program(program, TEST, FAST)
     assert outcome.passed, outcome
+
+
+def test_a_program_allocating_past_the_memory_limit_fails_with_a_memory_error():
+    # 512 MiB under a 256 MiB RLIMIT_AS: refused at once (no CPU or wall-clock limit involved)
+    limits = Limits(timeout_s=10.0, cpu_s=10, memory_mb=256)
+    small = run_program("blob = bytearray(16 << 20)\n" + CORRECT, TEST, limits)
+    assert small.passed, small
+    large = run_program("blob = bytearray(512 << 20)\n" + CORRECT, TEST, limits)
+    assert not large.passed and large.status == "failed" and "MemoryError" in large.detail, large

@@ -293,3 +293,28 @@ def test_eps_selection_and_fig5_leave_out_layers_the_trace_did_not_score(tmp_pat
     figures.fig_stability(trace, tmp_path / "stability.png")
     assert any("over 2/2 heads" in t for t in titles[-1])
     assert sum(t.startswith("not\nscored") for t in titles[-1]) == 4  # 2 heads x 2 panels
+
+
+def test_top_is_sink_compares_with_the_mean_of_the_other_keys_as_the_recorder_does():
+    # |K| = 2, eps = 3: 3.4 is not above the other key's 0.6 + 3 (a mean over |K| rather than
+    # |K| - 1 keys would put the bar at 0.3 + 3 and call it a sink); 3.7 is.
+    rec = TraceRecorder(eps=3.0, topn=2)
+    rec(event(1, 0, torch.tensor([[[3.4, 0.6], [3.7, 0.3]]])))
+    g = torch.Generator().manual_seed(0)
+    rec(event(2, 0, torch.rand(1, 2, 5, generator=g) * torch.tensor([[[9.0], [2.0]]])))
+    trace = Trace({"eps": 3.0}, rec.arrays(full_steps=2))
+    assert trace.top_is_sink()[0, 0].tolist() == [False, True]
+    # the top key is a sink exactly where the recorder found any sink (metric.find_sinks)
+    np.testing.assert_array_equal(trace.top_is_sink(), trace["n_sinks"] > 0)
+
+
+def test_a_score_on_a_bin_edge_is_counted_in_the_bin_it_opens():
+    # bins are [edge_i, edge_i+1): uniform attention (every score 1.0) is in [1, 2)
+    rec = TraceRecorder(eps=3.0, topn=1)
+    scores = torch.tensor([[[1.0, 1.0, 1.0, 1.0], [0.0, 1 / 16, 2.0, 1024.0]]])
+    rec(event(1, 0, scores))
+    hist = rec.arrays(full_steps=1)["hist"][0, 0]
+    one = int(np.flatnonzero(HIST_EDGES == 1.0)[0])
+    assert hist[0].tolist() == [4 if i == one else 0 for i in range(len(HIST_EDGES) - 1)]
+    bins = [int(np.flatnonzero(HIST_EDGES == e)[0]) for e in (0.0, 1 / 16, 2.0, 1024.0)]
+    assert np.flatnonzero(hist[1]).tolist() == bins and hist[1].sum() == 4

@@ -88,3 +88,9 @@ def test_mini_mc_has_one_right_and_three_distinct_wrong_worked_answers():
 def test_every_mini_gsm_answer_parses_back_to_itself():
     for d in data.mini_gsm_test():
         assert data.worked_answer(*data.parse_steps(d["answer"])) == d["answer"]
+
+
+def test_the_code_test_split_has_no_repeated_prompt():
+    prompts = [d["prompt"] for d in data.mini_code_test()]
+    assert len(set(prompts)) == len(prompts) == data.N_TEST_CODE
+    assert [d["task_id"] for d in data.mini_code_test()] == [f"MiniCode/{i}" for i in range(100)]
