@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from lm_eval_sinkmask import decode_step, fused_mass, metric
+from lm_eval_sinkmask.attention_view import MaskView
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 from tests.interpreted import compared_with_the_package, interpreted_results, print_results
@@ -451,3 +452,17 @@ def _auto_case(name: str) -> dict:
 
 if __name__ == "__main__":
     print_results(_results())
+
+
+def test_a_one_row_call_with_is_causal_is_out_of_the_kernels_scope():
+    """SDPA's is_causal is aligned top-left: a one-row call over five keys sees key 0 only.
+    The kernel reads a key-only mask and no is_causal, so such a call goes by parts."""
+    def view(mask, causal):
+        return MaskView(mask, causal, 2, 1, 5, torch.device("cpu"), None, "last_row", 256)
+
+    key_pad = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    key_pad[1, ..., :2] = False
+    assert decode_step.fits(view(None, False)) and decode_step.fits(view(key_pad, False))
+    assert decode_step.fits(view(torch.zeros(2, 1, 1, 5), False))
+    assert not decode_step.fits(view(None, True))
+    assert not decode_step.fits(view(torch.ones(2, 4, 1, 5, dtype=torch.bool), False))  # head axis

@@ -963,3 +963,79 @@ def test_a_masked_output_is_laid_out_as_the_unmasked_one(path, sdpa_kwargs, monk
     event, out = _masked_call(SDPALayer(q, k, v, **sdpa_kwargs), path, monkeypatch, top_k=1)
     assert bool(event.blocked.any())
     assert out.shape == plain.shape and out.stride() == plain.stride()
+
+
+def test_detect_previous_starts_afresh_when_a_pass_has_fewer_keys():
+    """Last pass's sinks index last pass's keys: a pass over fewer keys (another, shorter
+    request in the same attach block) detects on its own, rather than masking the first
+    keys of a choice cut to its length (a negative pad crops)."""
+    g = torch.Generator().manual_seed(4)
+    m, events = masker(top_k=1, detect="previous")
+    attn = SDPALayer(None, None, None)
+    with torch.no_grad(), m.attach(attn):
+        attn.q, attn.k, attn.v = _qkv_with_a_sink_at(1, 1, g)  # 7 keys, sink at key 1
+        attn()
+        q, k, v = _qkv_with_a_sink_at(3, 1, g)
+        attn.q, attn.k, attn.v = q[:, :, :5], k[:, :, :5], v[:, :, :5]  # 5 keys, sink at key 3
+        attn()
+    first, second = events
+    assert first.chosen[0, :, 1].all() and second.chosen[0, :, 3].all()
+    assert second.blocked.shape == second.chosen.shape
+    assert torch.equal(second.blocked, second.chosen)
+
+
+def test_a_half_precision_float_bias_is_kept_in_the_masked_output():
+    """A float mask is a bias, not only 0 / finfo.min: in bfloat16 as in float32 the masked
+    output adds it to the scores (treated as a bool mask, its values were dropped)."""
+    g = torch.Generator().manual_seed(3)
+    B, H, S, D = 2, 2, 9, 8
+    q, k, v = (torch.randn(B, H, S, D, generator=g) for _ in range(3))
+    k[:, :, 4] *= 4
+    bias = torch.randn(B, 1, 1, S, generator=g) * 3  # finite, per key
+    for dtype in (torch.float32, torch.bfloat16):
+        qd, kd, vd, bd = q.to(dtype), k.to(dtype), v.to(dtype), bias.to(dtype)
+        m, events = masker(top_k=1, detect="current")
+        attn = SDPALayer(qd, kd, vd, attn_mask=bd)
+        with torch.no_grad(), m.attach(attn):
+            out = attn()
+        (event,) = events
+        assert event.blocked.any()
+        _, expected, _ = eager_attention(qd, kd, vd, attn_mask=bd, blocked=event.blocked)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_the_sweeps_masked_output_has_the_calls_dtype(monkeypatch):
+    """detect=previous on a CPU makes the masked output from its float32 probabilities: it
+    must come back in the call's dtype, as SDPA's does (a bfloat16 model's next projection
+    refuses a float32 input)."""
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: True)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 8, 8, generator=g).bfloat16() for _ in range(3))
+    k[:, :, 2] *= 4
+    outs, events = _two_pass_events([q, q], k, v, 3, "previous")
+    assert events[1].blocked.any()
+    plain = F.scaled_dot_product_attention(q, k, v)
+    assert all(o.dtype == plain.dtype == torch.bfloat16 for o in outs)
+
+
+def test_a_row_that_sees_no_key_stays_zero_when_the_underflow_redo_runs(monkeypatch):
+    """A dominant sink makes the sweep redo its chunks with the kept keys' own maximum; a
+    row the mask lets see no key must come out 0 there too, as from SDPA and from the sweep
+    without the redo (it came out as the mean of the values)."""
+    monkeypatch.setattr(intercept, "_output_from_scores", lambda device: True)
+    torch.manual_seed(7)
+    B, H, S, D = 1, 2, 8, 4
+    q, k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    q[..., 0], k[..., 0] = 10.0, 0.0
+    k[:, :, 2, 0] = 40.0  # 200 nats above the rest: the others underflow next to it
+    visible = torch.ones(B, 1, S, S, dtype=torch.bool)
+    visible[:, :, 5] = False  # row 5 sees no key
+    outs, events = _two_pass_events([q, q], k, v, 3, "previous", attn_mask=visible)
+    assert bool(events[1].blocked[:, :, 2].all())
+    plain = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    assert torch.equal(plain[:, :, 5], torch.zeros_like(plain[:, :, 5]))
+    assert torch.equal(outs[1][:, :, 5], torch.zeros_like(outs[1][:, :, 5]))
+    probs, expected, _ = eager_attention(q, k, v, attn_mask=visible, blocked=events[1].blocked)
+    rows = probs.sum(-1) > 0
+    torch.testing.assert_close(outs[1][rows], expected[rows], atol=2e-5, rtol=1e-4)

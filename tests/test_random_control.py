@@ -179,3 +179,22 @@ def test_model_args_strings_become_the_config():
     config = SinkMaskConfig.pop_from(kwargs)
     assert (config.mask_target, config.mask_seed) == ("random", 3) and kwargs == {"pretrained": "x"}
     assert config.as_dict()["mask_target"] == "random"
+
+
+def test_each_head_draws_its_own_keys():
+    """The draws are per (batch element, head): heads with the same candidates must not
+    mask the same random keys in lockstep."""
+    d = key_draws(torch.ones(2, 16, dtype=torch.bool), 4, row_seeds(0, [[1, 2], [3]], 2), 1, 0)
+    for b in range(2):
+        assert len({tuple(d[b, h].tolist()) for h in range(4)}) == 4
+
+
+def test_no_two_pass_layer_pairs_share_a_stream():
+    """(pass, layer) pairs with equal sums, e.g. (1, 1) and (2, 0), draw afresh too."""
+    seen = torch.ones(1, 12, dtype=torch.bool)
+    seeds = row_seeds(0, [[5, 6, 7]], 1)
+    draws = {(s, l): key_draws(seen, 2, seeds, s, l) for s in range(1, 4) for l in range(3)}
+    keys = list(draws)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            assert not torch.equal(draws[a], draws[b]), (a, b)
