@@ -318,3 +318,15 @@ def test_a_score_on_a_bin_edge_is_counted_in_the_bin_it_opens():
     assert hist[0].tolist() == [4 if i == one else 0 for i in range(len(HIST_EDGES) - 1)]
     bins = [int(np.flatnonzero(HIST_EDGES == e)[0]) for e in (0.0, 1 / 16, 2.0, 1024.0)]
     assert np.flatnonzero(hist[1]).tolist() == bins and hist[1].sum() == 4
+
+
+def test_selected_share_is_eq3_at_every_eps():
+    # key 0: 6 against the others' mean 1 (over 3 keys, not 4): a margin of exactly 5
+    assert selected_share(np.array([[6.0, 1, 1, 1]]), np.array([4.9, 5.1]))[:, 0].tolist() == [0.25, 0.0]
+    scores = np.random.default_rng(0).exponential(size=(64, 7))
+    eps_grid = np.linspace(0, 4, 41)
+    got = selected_share(scores, eps_grid)
+    valid = torch.ones(scores.shape, dtype=torch.bool)
+    want = np.stack([find_sinks(torch.tensor(scores), valid, e).double().mean(-1).numpy()
+                     for e in eps_grid])
+    np.testing.assert_allclose(got, want)

@@ -682,3 +682,25 @@ def test_a_metric_override_on_a_cell_without_lm_evals_results_says_so(tmp_path):
         path.unlink()
     with pytest.raises(SystemExit, match=rf"{cell}: no lm-eval results\*\.json to read --metric"):
         table.render(folder, figure=False, metrics={"mini_gsm": "exact_match,flexible-extract"})
+
+
+def test_table_digits_reach_every_number_of_a_cell(tmp_path):
+    """--digits sets the decimals of the value, its standard error and its drop."""
+    folder = write_sweep(tmp_path)
+    assert main(["table", str(folder), "--digits", "3"]) == 0
+    assert "| 0.730 ± 0.012 (-0.030) |" in (folder / "table.md").read_text()
+    assert main(["table", str(folder)]) == 0  # the default: 2
+    assert "| 0.73 ± 0.01 (-0.03) |" in (folder / "table.md").read_text()
+
+
+def test_a_metric_override_reads_the_newest_results_file_of_a_cell(tmp_path):
+    folder = write_sweep(tmp_path)
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1"
+    # a rerun of the cell left lm-eval's newer results beside the older ones
+    (cell / "results_2025-02-01T00-00-00.json").write_text(json.dumps({"results": {"mini_gsm": {
+        "exact_match,strict-match": 0.75, "exact_match_stderr,strict-match": 0.012,
+        "exact_match,flexible-extract": 0.6, "exact_match_stderr,flexible-extract": 0.07}}}))
+    _, entries, _ = table.load(folder, {"mini_gsm": "exact_match,flexible-extract"})
+    got = {(e.model, e.k): (e.value, e.stderr) for e in entries if e.task == "mini_gsm"}
+    assert got[("llada", 1)] == (0.6, 0.07)
+    assert got[("llada", 0)] == (0.5, 0.05)

@@ -198,3 +198,42 @@ def test_the_installed_inputs_are_the_digests_a_sweep_records():
     assert now(("arm", 0), gsm) == InputDigests(TaskManager(include_defaults=False)).for_cell(
         "zoo:arm", gsm)
     assert now(("arm", 999), gsm) is None  # not installed here
+
+
+def test_of_two_folders_with_as_many_problems_the_earlier_one_wins(tmp_path):
+    gsm, _ = report.TASKS
+    _cell(tmp_path / "a", "llada", 0, gsm, 0.55, 300)
+    _cell(tmp_path / "b", "llada", 0, gsm, 0.45, 300)
+    acc = report.read_accuracy([tmp_path / "a", tmp_path / "b"], current=_installed)
+    assert acc[("llada", 0)][gsm]["value"] == 0.55
+    acc = report.read_accuracy([tmp_path / "b", tmp_path / "a"], current=_installed)
+    assert acc[("llada", 0)][gsm]["value"] == 0.45
+
+
+def _result(value, n):
+    return {"metric": "m", "value": value, "stderr": 0.01, "n": n, "cell": "c", "dtype": None,
+            "checkpoint": "sha256:llada-0"}
+
+
+def test_a_partial_mini_code_cell_names_its_own_split_size_and_no_bar_met_reads_0_of_n():
+    gsm, code = report.TASKS
+    acc = {("llada", 0): {gsm: _result(0.10, 300), code: _result(0.70, 50)}}
+    rep = report.build_report(acc, {}, ["llada"], recipe_of=lambda n, s: "r")
+    assert rep["summary"]["llada"]["bars_met"][gsm] == [0, 1]
+    md = report_markdown.markdown(rep)
+    assert "| 0.700 ± 0.010 (n=50) | not judged (n=50 of 100) |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| llada | r | 1 |"))
+    assert row.endswith("| - | 0/1 | - | - |")  # 0 of 1 judged; mini_code and sinks unjudged
+
+
+def test_the_share_by_layer_is_per_layer_not_per_head():
+    n_sinks = np.zeros((2, 2, 3))  # [T, L=2, H=3]
+    n_sinks[:, 0, :] = 1  # every head of layer 0 has a sink, none of layer 1
+    counts = sink_stats.pair_counts(n_sinks)
+    assert counts["share_by_layer"] == [1.0, 0.0]
+    assert (counts["pairs"], counts["pairs_with_sink"]) == (6, 3)
+
+
+def test_the_first_answer_token_is_answer_plus_0():
+    assert sink_stats.position_label(10, 10) == "answer +0"
+    assert sink_stats.position_label(11, 10, key_offset=1) == "answer +0"

@@ -9,6 +9,7 @@ import pytest
 
 from lm_eval_sinkmask.zoo import checkpoint_path, sink_share
 from lm_eval_sinkmask.zoo.report import trace_sinks
+from lm_eval_sinkmask.zoo.data import N_TEST_GSM
 from lm_eval_sinkmask.zoo.sink_stats import combine
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "zoo" / "traces" / "llada" / "seed0"
@@ -47,3 +48,15 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused_before_tracing(tmp_path, c
     assert "no config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         sink_share.main([str(tmp_path), "--traces", "0"])
+
+
+def _stats(share, sinks_per_pair):
+    return {"generations": N_TEST_GSM, "share_of_pairs_with_sink": share,
+            "share_stderr": 0.01, "mean_sinks_per_pair": sinks_per_pair,
+            "share_by_layer": [share]}
+
+
+def test_the_bar_is_judged_on_the_share_of_pairs_not_on_sinks_per_pair(tmp_path):
+    ckpt = str(tmp_path / "run")  # no train_info.json: the recipe reads "?"
+    assert sink_share.row(ckpt, _stats(0.6, 0.3)).endswith(f"| {N_TEST_GSM} | 60.0% ± 1.0% | 60 | met |")
+    assert sink_share.row(ckpt, _stats(0.4, 2.0)).endswith("| 40 | **not met** |")

@@ -135,3 +135,15 @@ def test_records_made_by_parallel_workers_are_those_of_one_process(tmp_path, cap
         assert saved["generations"] == [
             pair_counts(sink_trace.Trace.load(root / label / "seed0" / "gsm_0")["n_sinks"])]
     assert "dream seed 0: 1 sink record(s)" in capsys.readouterr().out
+
+
+def test_records_of_another_eps_length_or_trace_version_are_not_resumed(tmp_path):
+    header = {"checkpoint": "sha256:a", "trace_version": 3, "gen_length": 64, "eps": 3.0}
+    path = tmp_path / "shares" / "llada" / "seed0.json"
+    records = [{"mean_sinks_per_pair": 1.0, "pairs": 4, "pairs_with_sink": 2,
+                "share_by_layer": [0.5, 0.5]}]
+    split_shares.save_records(path, header, records)
+    assert split_shares.load_records(path, header) == records
+    for key, other in (("eps", 2.0), ("gen_length", 128), ("trace_version", 2),
+                       ("checkpoint", "sha256:b")):
+        assert split_shares.load_records(path, {**header, key: other}) == [], key
