@@ -11,6 +11,7 @@ demonstrations neither fail a correct function nor pass a wrong one.
 from __future__ import annotations
 
 import ast
+import codeop
 import re
 
 from .code_eval import execute
@@ -33,11 +34,10 @@ def build_predictions_instruct(resps: list[list[str]], docs: list[dict]) -> list
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)(?:```|\Z)", re.S | re.I)
 # A constant (``LIMIT = 10``, ``LIMIT: int = 10``) starts code too: a function reads it later.
 _TYPE = r"[\w.]+(?:\[[^=\n]*\])?"
-_CODE_START = re.compile(
-    r"^(?:from\s|import\s|def\s|async\s+def\s|class\s|@"
-    rf"|[A-Za-z_]\w*[ \t]*(?::[ \t]*{_TYPE}(?:[ \t]*\|[ \t]*{_TYPE})*[ \t]*)?=(?!=))",
-    re.M,
-)
+_ASSIGNMENT = rf"[A-Za-z_]\w*[ \t]*(?::[ \t]*{_TYPE}(?:[ \t]*\|[ \t]*{_TYPE})*[ \t]*)?=(?!=)"
+_CODE_START = re.compile(rf"^(?:from\s|import\s|def\s|async\s+def\s|class\s|@|{_ASSIGNMENT})",
+                         re.M)
+_ASSIGNMENT_START = re.compile(_ASSIGNMENT)
 
 
 def extract_code(answer: str, entry_point: str | None = None) -> str:
@@ -58,12 +58,29 @@ def _defines(code: str, entry_point: str) -> bool:
 
 
 def _skip_leading_prose(answer: str) -> str:
-    """'Here is the code:' before an unfenced function; a bare body (indented) is kept as is."""
+    """'Here is the code:' before an unfenced function; a bare body (indented) is kept as is.
+    A line shaped like an assignment starts the code only if Python reads it as one, whole
+    or unfinished ('DATA = ['): 'Result = the sum of the list.' is prose."""
     first = next((line for line in answer.splitlines() if line.strip()), "")
-    if first[:1].isspace() or _CODE_START.match(first):
+    if first[:1].isspace() or (_CODE_START.match(first) and _reads_as_code(first)):
         return answer
-    start = _CODE_START.search(answer)
-    return answer[start.start():] if start else answer
+    for start in _CODE_START.finditer(answer):
+        if _reads_as_code(answer[start.start():].partition("\n")[0]):
+            return answer[start.start():]
+    return answer
+
+
+def _reads_as_code(line: str) -> bool:
+    """Whether a line that starts as code does (:data:`_CODE_START`) is Python: a statement,
+    or the first line of an unfinished one. Only assignments are checked: prose rarely starts
+    with an import, def, class or decorator."""
+    if not _ASSIGNMENT_START.match(line):
+        return True
+    try:
+        codeop.compile_command(line, "<answer>", "exec")
+    except (SyntaxError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def program_from_answer(prompt: str, answer: str, entry_point: str) -> str:

@@ -49,3 +49,19 @@ def test_an_indented_first_line_is_a_body_that_continues_the_prompt():
     program = program_from_answer(PROMPT, answer, "capped")
     assert program.startswith(PROMPT + "    return min(x, cap())\n")
     assert run(program, "capped")(20) == 10
+
+
+@pytest.mark.parametrize("prose", ["Result = the sum of the list, capped.",
+                                   "total = every value, at most LIMIT"])
+@pytest.mark.parametrize("before", ["", "Here is the code:\n"])
+def test_prose_shaped_like_an_assignment_is_not_where_the_code_starts(prose, before):
+    # Such a line, kept, made the whole program a SyntaxError: a correct answer scored 0.
+    answer = f"{before}{prose}\nLIMIT = 10\n\n{FUNCTION}"
+    assert extract_code(answer, "capped") == f"LIMIT = 10\n\n{FUNCTION}"
+    assert run(program_from_answer(PROMPT, answer, "capped"), "capped")(20) == 10
+
+
+def test_an_unfinished_assignment_still_starts_the_code():
+    answer = f"Here is the code:\nLIMITS = [\n    10,\n]\nLIMIT = LIMITS[0]\n{FUNCTION}"
+    assert extract_code(answer, "capped").startswith("LIMITS = [\n")
+    assert run(program_from_answer(PROMPT, answer, "capped"), "capped")(20) == 10
