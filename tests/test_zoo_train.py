@@ -1,14 +1,19 @@
 """A few training steps of every zoo model: proves the script runs (CI does not retrain)."""
 
 import json
+import math
+import string
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-from lm_eval_sinkmask.zoo import batches, data, objectives, train, training_loop
+from lm_eval_sinkmask.zoo import (batches, checkpoint_path, data, objectives, save_checkpoint, train,
+                                  training_loop)
 from lm_eval_sinkmask.zoo.modeling import TinyDreamModel, TinyLladaModel
+from tests import tiny
 
 
 def test_training_script_writes_loadable_checkpoints(tmp_path):
@@ -399,3 +404,117 @@ def test_a_one_seed_probe_times_that_seed_alone(tmp_path, monkeypatch):
     args = gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "2"])
     gpu_zoo.probe(args, tmp_path)
     assert launched == [2, 2, 2]
+
+
+def _pool(n=200, width=20, answer=6):
+    """A synthetic pre-tokenized pool: every row a 4-token prompt and a ``answer``-token answer."""
+    length = torch.full((n,), 4 + answer)
+    return {"ids": torch.randint(4, 50, (n, width)), "length": length,
+            "prompt_len": torch.full((n,), 4),
+            "n_steps": torch.tensor([0, 1, 2, 3] * (n // 4))}
+
+
+def test_short_answer_padding_reaches_eight_eos_tokens_like_the_cpu_stream():
+    p = _pool()
+    stream = batches.PoolBatches(p, seed=0, device="cpu", eos_id=1, pad_id=2)
+    pads = []
+    for _ in range(10):
+        ids, region, valid = stream.next(256, max_steps=3, pad_region=True)
+        pads.append(valid.sum(1) - p["length"][0])
+        # the padding is EOS, inside the answer region
+        assert torch.equal(region.sum(1), valid.sum(1) - 4)
+    pads = torch.cat(pads)
+    short = pads[pads <= 8]
+    counts = torch.bincount(short, minlength=9)
+    # short pads are uniform over 0..8 (85% of rows), so each value is about 1/9 of them
+    assert (counts > 0.05 * len(short)).all(), counts.tolist()
+
+
+def test_curriculum_moves_up_a_step_at_each_third_of_the_ramp():
+    ramp = 0.9
+    assert [batches.curriculum(f, ramp) for f in (0.0, 0.29, 0.31, 0.59, 0.61, 0.95)] == \
+        [1, 1, 2, 2, 3, 3]
+
+
+def test_cpu_stream_answers_end_with_eos_and_only_the_answer_is_the_region():
+    tok = AutoTokenizer.from_pretrained(checkpoint_path("arm"))
+    stream = batches.Batches(tok, seed=0)
+    ids, region, valid = stream.next(16, max_steps=2)
+    for r in range(16):
+        start, end = int(region[r].long().argmax()), int(valid[r].sum())
+        assert ids[r, 0] == tok.bos_token_id and start > 0
+        assert region[r, start:end].all() and not region[r, :start].any()
+        assert ids[r, end - 1] == tok.eos_token_id  # the answer's own EOS, the target to stop on
+        assert (ids[r, start:end - 1] != tok.eos_token_id).all()
+        assert not valid[r, end:].any() and (ids[r, end:] == tok.pad_token_id).all()
+
+
+class _Stream:
+    """Batches of 2 rows x 5 columns, the last two columns padding; records max_steps."""
+
+    def __init__(self):
+        self.max_steps = []
+
+    def next(self, batch_size, max_steps, pad_region):
+        self.max_steps.append(max_steps)
+        ids = torch.zeros(batch_size, 5, dtype=torch.long)
+        valid = torch.zeros(batch_size, 5, dtype=torch.bool)
+        valid[:, :3] = True
+        return ids, valid.clone(), valid
+
+
+def _run(monkeypatch, steps, warmup, lr=1.0):
+    seen = []
+
+    class Recording(torch.optim.AdamW):
+        def step(self, *a, **kw):
+            seen.append(self.param_groups[0]["lr"])
+            return super().step(*a, **kw)
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    model = torch.nn.Linear(1, 1)
+    stream = _Stream()
+    info = training_loop.train("t", model, stream, lambda m, i, r, v: (m.weight ** 2).sum(),
+                               None, steps, lr, 2, 0.3, False, log_every=10**6, warmup=warmup)
+    return seen, info, stream
+
+
+def test_warmup_starts_above_zero_and_the_cosine_ends_at_a_tenth(monkeypatch):
+    lrs, _, _ = _run(monkeypatch, steps=100, warmup=4)
+    assert len(lrs) == 100
+    # warmup: step s runs at (s + 1) / warmup of the cosine value, the first one too
+    assert lrs[0] == pytest.approx(0.25 * (0.1 + 0.45 * 2), rel=1e-6)
+    assert all(a < b for a, b in zip(lrs[:4], lrs[1:4]))
+    # after warmup the rate only falls, down to about 10% of the peak at the end
+    after = lrs[3:]
+    assert all(a >= b for a, b in zip(after, after[1:]))
+    assert lrs[-1] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.99)), rel=1e-6)
+    assert 0.1 <= lrs[-1] < 0.101
+
+
+def test_tokens_seen_counts_valid_tokens_not_padding(monkeypatch):
+    _, info, stream = _run(monkeypatch, steps=4, warmup=1)
+    assert info["steps"] == 4 and info["tokens_seen"] == 4 * 2 * 3  # 3 of 5 columns valid
+    # the curriculum follows the same progress fraction (ramp 0.3: all past it are 3-step)
+    assert stream.max_steps == [1, 3, 3, 3]
+
+
+def _info():
+    fields = {f for _, f, _, _ in string.Formatter().parse(save_checkpoint.CARD) if f}
+    fields = {f.split(":")[0] for f in fields} - {"name"}
+    return {f: 0 for f in fields}
+
+
+def test_a_float16_checkpoint_stores_half_weights_and_computes_in_float32(tmp_path):
+    model, tok = tiny.build("llada", 0), tiny.tokenizer()
+    save_checkpoint.save(model, tok, tmp_path, "m", _info(), dtype="float16")
+    path = tmp_path / "m"
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg.get("dtype", cfg.get("torch_dtype")) == "float32"
+    with safe_open(path / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    loaded = AutoModel.from_pretrained(path)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    assert model.get_input_embeddings().weight.dtype == torch.float32  # the original untouched
+    assert AutoTokenizer.from_pretrained(path).get_vocab() == tok.get_vocab()
+    assert json.loads((path / "train_info.json").read_text()) == _info()
+    assert (path / "README.md").exists()
