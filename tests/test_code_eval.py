@@ -7,11 +7,10 @@ import logging
 import pytest
 
 from lm_eval_sinkmask import code_eval, sandbox
-from lm_eval_sinkmask.sandbox import Limits, Outcome
+from lm_eval_sinkmask.sandbox import Outcome
+from tests.test_sandbox import CORRECT, FAST
 
 PASS = Outcome(True, "passed", "", 0.1)
-FAST = Limits(timeout_s=3.0, cpu_s=3)
-ADD = "def add(a, b):\n    return a + b\n"
 
 
 @pytest.fixture
@@ -92,9 +91,9 @@ def test_a_program_that_timed_out_or_failed_scores_zero(monkeypatch, outcome):
 def test_the_same_program_under_different_tests_is_run_against_each(monkeypatch):
     monkeypatch.setattr(code_eval, "_memo", {})
     right, wrong = "assert add(2, 3) == 5\n", "assert add(2, 3) == 6\n"
-    first, second = code_eval.execute([(ADD, right), (ADD, wrong)], FAST, progress=False)
+    first, second = code_eval.execute([(CORRECT, right), (CORRECT, wrong)], FAST, progress=False)
     assert first.passed and not second.passed, (first, second)
     # ... and a memo hit from an earlier call is no answer for another test either
-    (again,) = code_eval.execute([(ADD, wrong)], FAST, progress=False)
+    (again,) = code_eval.execute([(CORRECT, wrong)], FAST, progress=False)
     assert not again.passed
-    assert code_eval.pass_at_k([wrong], [[ADD]]) == {"pass@1": 0.0}
+    assert code_eval.pass_at_k([wrong], [[CORRECT]]) == {"pass@1": 0.0}

@@ -15,7 +15,7 @@ from lm_eval.api.registry import get_model
 from lm_eval_sinkmask import model_args
 from lm_eval_sinkmask.config import SinkMaskConfig, flag_value
 from lm_eval_sinkmask.sampler_settings import DiffusionSettings
-from tests.test_models import RANDOM_LLADA, make, task_requests
+from tests.test_models import RANDOM_LLADA, make
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -595,6 +595,6 @@ def test_a_gen_length_shorter_than_the_tasks_budget_is_warned_about(tiny_dirs, c
     the task's answers, so it must be said as a longer one is."""
     lm = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4, gen_length=4, **RANDOM_LLADA)
     with caplog.at_level("WARNING", logger="lm_eval.sinkmask"):
-        lm.generate_until(task_requests(8))
+        lm.generate_until([request(8, task="t")])
     assert caplog.text.count("t: its requests ask for max_gen_toks=8; gen_length=4 in "
                              "model_args overrides it") == 1

@@ -210,14 +210,11 @@ def test_of_two_folders_with_as_many_problems_the_earlier_one_wins(tmp_path):
     assert acc[("llada", 0)][gsm]["value"] == 0.45
 
 
-def _result(value, n):
-    return {"metric": "m", "value": value, "stderr": 0.01, "n": n, "cell": "c", "dtype": None,
-            "checkpoint": "sha256:llada-0"}
-
-
-def test_a_partial_mini_code_cell_names_its_own_split_size_and_no_bar_met_reads_0_of_n():
+def test_a_partial_mini_code_cell_names_its_own_split_size_and_no_bar_met_reads_0_of_n(tmp_path):
     gsm, code = report.TASKS
-    acc = {("llada", 0): {gsm: _result(0.10, 300), code: _result(0.70, 50)}}
+    _cell(tmp_path, "llada", 0, gsm, 0.10, 300)
+    _cell(tmp_path, "llada", 0, code, 0.70, 50)
+    acc = report.read_accuracy([tmp_path], current=_installed)
     rep = report.build_report(acc, {}, ["llada"], recipe_of=lambda n, s: "r")
     assert rep["summary"]["llada"]["bars_met"][gsm] == [0, 1]
     md = report_markdown.markdown(rep)

@@ -111,7 +111,6 @@ def _small_pool(workers=1):
 def test_pool_rows_are_training_problems_and_do_not_depend_on_workers():
     p = _small_pool()
     assert torch.equal(p["ids"], _small_pool(workers=2)["ids"])
-    from lm_eval_sinkmask.zoo import checkpoint_path
     tok = AutoTokenizer.from_pretrained(checkpoint_path("arm"))
     test_questions = {d["question"] for d in data.mini_gsm_test()}
     for i in range(0, 360, 37):
