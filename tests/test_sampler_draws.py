@@ -119,16 +119,29 @@ def test_invariant_confidences_are_float32_for_bfloat16_logits():
     assert generated(rec, ids, mask, G).tolist() == [list(range(G, 0, -1))]
 
 
-def test_invariant_ties_go_to_the_leftmost_column():
-    """Equal confidences everywhere: the invariant variant unmasks left to right (a stable
-    sort), one token per step, at any batch size. (CPU sorts are stable either way; the
-    stable flag is what keeps CUDA's to the same order.)"""
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("sampler", ["block", "dream"])
+def test_invariant_ties_go_to_the_leftmost_column(sampler, device):
+    """Equal confidences everywhere: the invariant variants unmask left to right (a stable
+    sort), at any batch size. The row is long enough (64) for an unstable sort to reorder
+    ties, on the CPU as on CUDA, where the check runs too."""
+    G = 64
     rec = Recorder(toy(score=lambda r: torch.full_like(r, 2.0, dtype=torch.float64),
                        target=lambda r: torch.full_like(r, 3)))
-    ids, mask = padded([[1, 2]] * 3)
-    generate_block(rec, ids, mask, mask_id=MASK, gen_length=8, steps=8, block_length=8,
-                   variant="invariant")
-    assert generated(rec, ids, mask, 8).tolist() == [list(range(1, 9))] * 3
+    ids, mask = (t.to(device) for t in padded([[1, 2]] * 3))
+    if sampler == "block":
+        generate_block(rec, ids, mask, mask_id=MASK, gen_length=G, steps=G, block_length=G,
+                       variant="invariant")
+    else:
+        generate_dream(rec, ids, mask, mask_id=MASK, gen_length=G, steps=G, alg="maskgit_plus",
+                       variant="invariant")
+    order = generated(rec, ids, mask, G).tolist()
+    assert order == [sorted(order[0])] * 3  # each position unmasked no later than the next
+    if sampler == "block":  # one token a step (Dream's schedule reveals by its own counts)
+        assert order[0] == list(range(1, G + 1))
 
 
 def test_a_suppressed_token_at_a_blocks_right_end_is_still_unmasked_in_its_block():

@@ -71,7 +71,7 @@ def toy(score, target=lambda rel: rel % (V - 1), offset=0):
 
     def fn(ids, attn):
         rel = (attn.long().cumsum(1) - 1).clamp_min(0) + offset
-        logits = torch.zeros(*ids.shape, V, dtype=torch.float64)
+        logits = torch.zeros(*ids.shape, V, dtype=torch.float64, device=ids.device)
         return logits.scatter(-1, target(rel)[..., None], score(rel).double()[..., None])
 
     return fn

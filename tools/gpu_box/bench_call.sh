@@ -7,9 +7,10 @@
 #
 # returns within BUDGET_S seconds (default 560) of its start, the wheels' install included,
 # and leaves in $OUT one file per step (at most 8 files come back from a call):
-# - cuda_tests.log, bench_checks.md: the CUDA tests of the fused and flex detection paths and
-#   the bench's parts mass, select and zoo (kernels vs reference, the one-launch selection
-#   candidate vs the package's selection, CUDA vs CPU tokens), side by side:
+# - cuda_tests.log, bench_checks.md: the CUDA tests of the fused and flex detection paths and of
+#   the samplers' tie order, and the bench's parts mass, select and zoo (kernels vs reference,
+#   the one-launch selection candidate vs the package's selection, CUDA vs CPU tokens), side
+#   by side:
 #   they compare and time nothing. CHECKS=0 leaves them out, for the timings' sake, when the
 #   package's cell code (provenance.package_code_digest) is the one an earlier call checked;
 # - then the timings, alone on the GPU, most needed first (the LLaDA shape's ratios), each cut
@@ -46,7 +47,8 @@ if [ "${CHECKS:-1}" = 0 ]; then
 else
     step "cuda tests" 0 timeout "$checks_budget" python3 -m pytest -q -p no:cacheprovider -rs \
         tests/test_fused_mass.py tests/test_flex_mass.py tests/test_decode_kernel.py \
-        -k "cuda and (test_fused_mass or detection_masks or the_kernel_decodes)" \
+        tests/test_sampler_draws.py \
+        -k "cuda and (test_fused_mass or detection_masks or the_kernel_decodes or ties)" \
         > "$out/cuda_tests.log" 2>&1 &
     step "bench checks" 0 timeout "$checks_budget" "${bench[@]}" --gpu-parts mass,select,decode,zoo \
         > "$out/bench_checks.md" 2>&1 &
