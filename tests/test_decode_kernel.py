@@ -13,7 +13,9 @@ detect modes, bfloat16). Synthetic cases: one-row SDPA calls with a float bias (
 added to the scores, the dtype's minimum for padding), bool masks, a padding query row, top_k
 1, top_k above the keys, and a row whose every visible key is blocked. The auto cases run
 ``detect_backend=auto`` as on CUDA: each kernel variant's first call by parts and checked,
-the rest in the kernel. The fallback tests (in this process, the kernel replaced by a broken
+the rest in the kernel. The edge cases call the kernel once on a hand-made row and hold it to
+Eq. 3 on a float64 softmax: an element that sees one key, a valid key no row sees, and
+all_rows history rows that see no key or weigh 0. The fallback tests (in this process, the kernel replaced by a broken
 one) show a variant that fails its check going by parts for the rest of the process.
 """
 
@@ -81,6 +83,25 @@ def test_auto_checks_each_variant_once_then_takes_the_kernel(interpreted, case):
     assert r["same_sinks"] and r["same_chosen"] and r["same_blocked"] and r["same_stats"], r
     assert r["same_tokens"] and r["output_max_diff"] <= r["output_tol"], r
     assert not r["warnings"], r
+
+
+# an element that sees one key (|K| = 1: no sink, Eq. 3), a valid token that the mask hides
+# from the row (outside K), and under all_rows a row that sees no key or weighs 0 (padding):
+# such rows add nothing to the history
+EDGE_CASES = ["one_visible_key", "valid_key_no_row_sees", "history_row_sees_no_key",
+              "history_row_of_weight_0"]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", EDGE_CASES)
+def test_the_kernel_selects_and_accumulates_as_eq3_says_on_the_edges(interpreted, case):
+    """One call in the kernel against metric.select_sinks on the float64 softmax of the same
+    row, and under all_rows the history it returns against the earlier rows' mass and row
+    counts plus this row's."""
+    r = interpreted[case]
+    assert r["scores_max_diff"] <= 1e-5, r
+    assert r["same_sinks"] and r["same_chosen"] and r["same_counts"], r
+    assert r["history_max_diff"] <= 1e-5 and r["same_history_rows"], r
 
 
 # -- auto's fallback, in this process: the kernel replaced by one that fails ---------------------
@@ -312,6 +333,32 @@ def test_on_cuda_the_kernel_decodes_what_the_path_by_parts_decodes(rule):
                                                          ref_stats.keys_masked)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
+                    reason="no CUDA device with Triton here: the compiled kernel's tie break is "
+                           "checked on a GPU machine")
+def test_on_cuda_the_kernel_breaks_score_ties_towards_the_lower_position():
+    """Two sinks of equal scores (the same key at two positions) and top_k 1: the compiled
+    kernel chooses the lower position, as metric.top_k_sinks' stable sort does (argmax's
+    fast tie break on hardware may return either)."""
+    from lm_eval_sinkmask.attention_view import Scores
+
+    device = torch.device("cuda")
+    B, H, D, S = 2, 4, 16, 200
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, 1, D, generator=g)
+    k = torch.randn(B, H, S, D, generator=g)
+    strong = k[:, :, 0] + 3 * q[:, :, 0]
+    for j in (37, 150):  # the same key twice: equal logits, mass and scores to the bit
+        k[:, :, j] = strong
+    q, k = q.to(device), k.to(device)
+    view = MaskView(None, False, B, 1, S, device, None, "last_row", 256)
+    got = decode_step.masked_decode(Scores(q, k, k, view, None, False), eps=0.0, k=1,
+                                    previous=None, history=None)
+    assert torch.equal(got.scores[..., 37], got.scores[..., 150])
+    assert got.sinks[..., 37].all() and got.sinks[..., 150].all()
+    assert got.chosen[..., 37].all() and not got.chosen[..., 150].any()
+
+
 # -- the child process ------------------------------------------------------------------------
 
 
@@ -450,8 +497,69 @@ def _auto_case(name: str) -> dict:
                 warnings=[w.getMessage() for w in warnings])
 
 
+def _edge_results():
+    from lm_eval_sinkmask.attention_view import Detection, Scores
+
+    B, H, D, S = 3, 2, 16, 12
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(B, H, 1, D, generator=g)
+    k = torch.randn(B, H, S, D, generator=g)
+    k[:, :, 2] += 3 * q[:, :, 0]  # a strong key: sinks exist
+    v = torch.randn(B, H, S, D, generator=g)
+    old_mass = torch.rand(B, H, S - 1, generator=g)
+    old_rows = torch.randint(1, 4, (B, 1, S - 1), generator=g)
+
+    one_key = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    one_key[1] = False
+    one_key[1, ..., 7] = True
+    hides_valid = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    hides_valid[0, ..., 5] = False  # hidden by the mask, valid by the model's 2-D mask
+    no_key = torch.zeros(B, 1, 1, S)
+    no_key[1] = torch.finfo(torch.float32).min  # element 1's row sees no key
+    valid_but_last = torch.ones(B, S, dtype=torch.bool)
+    valid_but_last[2, -1] = False  # element 2's row (the last token) is padding
+    cases = {  # mask, token_valid, all_rows history
+        "one_visible_key": (one_key, None, False),
+        "valid_key_no_row_sees": (hides_valid, torch.ones(B, S, dtype=torch.bool), False),
+        "history_row_sees_no_key": (no_key, None, True),
+        "history_row_of_weight_0": (None, valid_but_last, True),
+    }
+    eps, top_k = 0.0, 2
+    for name, (mask, token_valid, history) in cases.items():
+        rule = "all_rows" if history else "last_row"
+        view = MaskView(mask, False, B, 1, S, q.device, token_valid, rule, 256)
+        hist = Detection(old_mass, old_rows) if history else None
+        got = decode_step.masked_decode(Scores(q, k, v, view, None, False), eps=eps, k=top_k,
+                                        previous=None, history=hist)
+        # the reference: this row's float64 softmax, weighed as the metric weighs it
+        s = (q.double() @ k.double().transpose(-1, -2))[:, :, 0] * D ** -0.5
+        if mask is not None:
+            visible = mask[:, :, 0] if mask.dtype == torch.bool else \
+                mask[:, :, 0] > torch.finfo(mask.dtype).min / 2
+            s = s.masked_fill(~visible, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0) * view.qw[:, :, 0].double()
+        mass, rows = p.float(), view.rows
+        if history:
+            mass = torch.nn.functional.pad(old_mass, (0, 1)) + mass
+            rows = torch.nn.functional.pad(old_rows, (0, 1)) + rows
+        seen = view.key_valid & (rows.amax(dim=1) > 0)
+        scores, sinks, chosen = metric.select_sinks(mass, rows, seen, eps=eps, k=top_k,
+                                                    per_layer=False)
+        result = {"case": name,
+                  "scores_max_diff": float((got.scores - scores).abs().max()),
+                  "same_sinks": bool(torch.equal(got.sinks, sinks)),
+                  "same_chosen": bool(torch.equal(got.chosen, chosen)),
+                  "same_counts": (int(got.n_sinks), int(got.n_chosen)) == (int(sinks.sum()),
+                                                                           int(chosen.sum())),
+                  "history_max_diff": 0.0, "same_history_rows": True}
+        if history:
+            result.update(history_max_diff=float((got.history.mass - mass).abs().max()),
+                          same_history_rows=bool(torch.equal(got.history.rows, rows)))
+        yield result
+
+
 if __name__ == "__main__":
-    print_results(_results())
+    print_results(_results(), _edge_results())
 
 
 def test_a_one_row_call_with_is_causal_is_out_of_the_kernels_scope():

@@ -56,6 +56,19 @@ def test_flex_mass_of_bf16_inputs(case):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["none", "causal_and_bool", "float_per_row_with_dead_row"])
+def test_flex_mass_weighs_each_row_by_its_weight(case):
+    """Row weights are any numbers >= 0, not only 0/1: a row of weight w adds w times its
+    softmax (the second pass offsets row i by lse_i - log w_i, which 0/1 weights leave
+    untested, since log 1 = 0)."""
+    kw = _unit_cases()[case]
+    q, k, _ = _qkw(2, 0)
+    w = torch.rand(B, SQ, generator=torch.Generator().manual_seed(3)) * 3
+    w[:, ::5] = 0
+    got = flex_mass.flex_column_mass(q, k, w, **kw)
+    torch.testing.assert_close(got, softmax_mass(q, k, w, **kw), atol=1e-5, rtol=1e-5)
+
+
 def test_flex_mass_of_empty_calls_and_bad_heads():
     q, k, w = _qkw(1, 0)
     assert torch.equal(flex_mass.flex_column_mass(q, k, w, first_row=SQ), torch.zeros(B, H, SK))

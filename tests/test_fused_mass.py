@@ -614,17 +614,19 @@ def test_cuda_fused_detection_masks_what_the_materialised_path_masks(kind):
     assert_same_detection(run["fused"], run["materialized"])
 
 
-@pytest.mark.parametrize("faulty", ["causal", "gqa", "short"])
+@pytest.mark.parametrize("faulty", ["causal", "gqa", "short", "short_at_the_limit"])
 def test_auto_checks_each_variant_on_its_first_call_whatever_passed_before(monkeypatch, faulty):
     """A compiler may get one variant of the kernels wrong and the others right: a causal, a
-    GQA or a short-tile call is checked on its own first call after a plain call passed."""
-    n = fused_mass.SHORT_BLOCK_M + 8
+    GQA or a short-tile call is checked on its own first call after a plain call passed (a
+    call of exactly SHORT_BLOCK_M rows from first_row on takes the short tiles too)."""
+    n, short = fused_mass.SHORT_BLOCK_M + 8, fused_mass.SHORT_BLOCK_M
+    rows = {"short": 4, "short_at_the_limit": short}.get(faulty, 0)
 
     def kernel(q, k, w, **kw):  # wrong only on the faulty variant's calls
         mass = fused_mass.blocked_column_mass(q, k, w, **kw)
-        wrong = {"causal": kw.get("is_causal", False), "gqa": k.shape[1] != q.shape[1],
-                 "short": q.shape[-2] - kw.get("first_row", 0) <= fused_mass.SHORT_BLOCK_M}
-        return mass * 2 if wrong[faulty] else mass
+        wrong = {"causal": kw.get("is_causal", False), "gqa": k.shape[1] != q.shape[1]}.get(
+            faulty, q.shape[-2] - kw.get("first_row", 0) <= short)
+        return mass * 2 if wrong else mass
 
     calls = _auto_on_a_gpu(monkeypatch, kernel)
     g = torch.Generator().manual_seed(0)
@@ -632,11 +634,10 @@ def test_auto_checks_each_variant_on_its_first_call_whatever_passed_before(monke
     w = torch.ones(1, n)
     assert fused_mass.checked_column_mass(q, k, w) is not None
     last_rows = w.clone()
-    last_rows[:, :-4] = 0
+    last_rows[:, :n - rows] = 0
     faulty_call = {"causal": lambda: fused_mass.checked_column_mass(q, k, w, is_causal=True),
-                   "gqa": lambda: fused_mass.checked_column_mass(q, k[:, :2], w),
-                   "short": lambda: fused_mass.checked_column_mass(q, k, last_rows,
-                                                                   first_row=n - 4)}[faulty]
+                   "gqa": lambda: fused_mass.checked_column_mass(q, k[:, :2], w)}.get(
+        faulty, lambda: fused_mass.checked_column_mass(q, k, last_rows, first_row=n - rows))
     assert faulty_call() is None and calls == [True, True]
 
 

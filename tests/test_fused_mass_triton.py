@@ -78,6 +78,24 @@ def test_intercept_with_the_kernels_masks_what_the_materialised_path_masks(inter
         assert (r["one_row_calls"] > 0) == (case == "llada"), r
 
 
+# a row whose first key tile is all hidden (more left padding than one 16-key tile: the online
+# LSE must rescale by a safe max, or the row turns NaN and then reads as dead), a float mask at
+# exactly its hidden threshold ("at or below" hides), and a float16 mask over float32 queries
+# (the threshold is the mask dtype's: float16's finfo.min hides)
+EDGE_CASES = ["first_key_tile_hidden_bool", "first_key_tile_hidden_float", "mask_at_the_threshold",
+              "fp16_mask_fp32_queries"]
+
+
+@pytest.mark.parametrize("case", EDGE_CASES)
+def test_kernels_match_the_torch_blocked_algorithm_on_the_mask_edges(interpreted, case):
+    """The kernels against the torch blocked algorithm, and that one against a float64
+    softmax, where a mask hides a whole key tile, sits at its threshold, or is float16."""
+    r = interpreted[case]
+    assert r["kernels"] is True, "the child did not run the Triton kernels"
+    assert r["max_abs"] <= 1e-5 * max(1.0, r["max_ref"]), r
+    assert r["ref_is_softmax"], r
+
+
 # -- the child process ------------------------------------------------------------------------
 
 
@@ -118,6 +136,41 @@ def _unit_results():
                    "max_abs": float((got - ref).abs().max()), "max_ref": float(ref.abs().max()),
                    "check_passed": checked is not None and bool(torch.equal(checked, got)),
                    "one_row_load": one_row, "same_as_tile_load": bool(torch.equal(tiled, got))}
+
+
+def _edge_results():
+    import torch
+
+    from lm_eval_sinkmask import fused_mass
+    from lm_eval_sinkmask.attention_view import hidden_below
+    from tests.test_fused_mass import softmax_mass
+
+    B, H, Sq, Sk, D = 2, 2, 20, 40, 24
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(B, H, Sq, D, generator=g)
+    k = torch.randn(B, H, Sk, D, generator=g)
+    w = (torch.rand(B, Sq, generator=g) > 0.2).float()
+    w[0, 3:5] = 1  # rows the masks below leave without a key: they must add nothing
+    pad = torch.ones(B, 1, 1, Sk, dtype=torch.bool)
+    pad[1, ..., :20] = False  # more than one 16-key tile of left padding
+    at = torch.randn(B, 1, Sq, Sk, generator=g)
+    at[0, :, 3] = hidden_below(torch.float32)  # a row whose every key sits at the threshold
+    at[1, :, :, :5] = hidden_below(torch.float32)
+    f16 = torch.randn(B, 1, Sq, Sk, generator=g).half()
+    f16[0, :, 4] = torch.finfo(torch.float16).min  # a row that sees no key
+    f16[1, ..., :3] = torch.finfo(torch.float16).min
+    masks = {"first_key_tile_hidden_bool": pad,
+             "first_key_tile_hidden_float": torch.zeros(B, 1, 1, Sk).masked_fill(
+                 ~pad, torch.finfo(torch.float32).min),
+             "mask_at_the_threshold": at, "fp16_mask_fp32_queries": f16}
+    for name, mask in masks.items():
+        kw = dict(mask=mask, scale=D ** -0.5, block_m=16, block_n=16)
+        ref = fused_mass.blocked_column_mass(q, k, w, **kw)
+        got = fused_mass.column_mass(q, k, w, use_triton=True, **kw)
+        yield {"case": name, "kernels": True,
+               "max_abs": float((got - ref).abs().max()), "max_ref": float(ref.abs().max()),
+               "ref_is_softmax": bool(torch.allclose(ref, softmax_mass(q, k, w, mask=mask),
+                                                     atol=1e-5, rtol=1e-5))}
 
 
 def _with_the_tile_load(mass):
@@ -174,4 +227,4 @@ if __name__ == "__main__":
     from lm_eval_sinkmask import fused_mass as _fm
 
     assert _fm.triton_runs_on(__import__("torch").device("cpu")), "Triton did not load"
-    print_results(_unit_results(), _model_results())
+    print_results(_unit_results(), _edge_results(), _model_results())
