@@ -295,3 +295,103 @@ def test_the_cli_stages_seed_0_and_promotes_every_model(monkeypatch, capsys):
             install.main(argv)
         assert said in capsys.readouterr().err
     assert len(calls) == count  # each refused before anything ran
+
+
+def test_a_seed_0_over_the_package_budget_is_not_installed(zoo_run, monkeypatch):
+    """Seed 0 installed into the package (not staged) counts against the package's budget:
+    over it, nothing is installed though the repository's budget holds."""
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    before = checkpoint_digest(str(package / "llada"))
+    monkeypatch.setattr(install, "PACKAGE_BUDGET_MB", 1e-3)
+    with pytest.raises(SystemExit, match="over the size budget"):
+        install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root)
+    assert checkpoint_digest(str(package / "llada")) == before
+
+
+def test_a_refused_install_keeps_no_step_plan(zoo_run):
+    """The kept plan is the first *installed* run's: a run refused (seed 1 never evaluated)
+    leaves no plan.json behind to hold the later seeds to."""
+    run, package, seeds_root = zoo_run
+    _evaluated(run, "llada", 0, checkpoint_digest(str(run / "seed0" / "llada")))
+    _plan(run, {"llada": 7})
+    with pytest.raises(SystemExit, match="no evaluation cell"):
+        _install(run, package, seeds_root)
+    assert not (seeds_root / "plan.json").exists()
+
+
+def test_a_promotion_counts_the_package_folders_it_replaces(zoo_run, monkeypatch):
+    """The package after a promotion holds the staged models instead of its own: a budget
+    that the result fits passes, however large the replaced folders were."""
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root, stage=True)
+    staged = seeds_root / install.STAGED_NAME / "llada"
+    after = (install.megabytes(package) - install.megabytes(package / "llada")
+             + install.megabytes(staged))
+    monkeypatch.setattr(install, "PACKAGE_BUDGET_MB", after + 1e-3)
+    install.promote(["llada"], package=package, seeds_root=seeds_root)
+    assert checkpoint_digest(str(package / "llada")) == checkpoint_digest(
+        str(run / "seed0" / "llada"))
+
+
+def test_a_seed_not_trained_is_refused_by_name(zoo_run):
+    """A named seed the run never trained is refused with the folder it lacks, before any
+    digest or copy."""
+    run, package, seeds_root = zoo_run
+    _evaluate_all(run)
+    with pytest.raises(SystemExit, match=r"not trained \(no config\.json\).*seed2"):
+        install.install(run, [0, 2], ["llada"], package=package, seeds_root=seeds_root)
+    assert not seeds_root.exists()
+
+
+def test_the_kept_plan_stays_the_first_installed_runs(zoo_run):
+    """A later seed trained by the same steps (``--plan``) writes a plan.json of its own (its
+    own arguments, its own session's timings): the kept plan stays the first installed run's,
+    the one later sessions' ``--plan`` compare their recipe with."""
+    _, package, seeds_root = zoo_run
+    first, later = _two_sessions(zoo_run, {"llada": 7}, {"llada": 7})
+    (later / "plan.json").write_text(json.dumps({
+        "steps": {"llada": 7}, "seconds_per_step": {"llada": 0.3}, "args": {"seeds": "1"}}))
+    install.install(later, [1], ["llada"], package=package, seeds_root=seeds_root)
+    assert json.loads((seeds_root / "plan.json").read_text()) == json.loads(
+        (first / "plan.json").read_text())
+
+
+def _recipe_card(checkpoint, hardware, lr=0.002):
+    (checkpoint / "train_info.json").write_text(json.dumps({
+        "arch": "TinyLlada", "params": 1000, "steps": 7, "batch_size": 8, "lr": lr,
+        "weight_decay": 0.01, "gen_len": 64, "train_desc": "x", "hardware": hardware}))
+
+
+def test_a_lever_trial_is_not_installed_as_a_seed(zoo_run):
+    """A ``gpu_zoo --steps-from`` run trains the kept plan's steps under a setting changed on
+    purpose, and its plan.json says which: refused, whatever its cards say."""
+    _, package, seeds_root = zoo_run
+    _, later = _two_sessions(zoo_run, {"llada": 7}, {"llada": 7})
+    (later / "plan.json").write_text(json.dumps({
+        "steps": {"llada": 7}, "args": {"weight_decay": "0.1"},
+        "recipe_changed": {"weight_decay": ["0.01", "0.1"]}}))
+    with pytest.raises(SystemExit, match="records a lever trial"):
+        install.install(later, [1], ["llada"], package=package, seeds_root=seeds_root)
+    assert not (seeds_root / "llada").exists()
+
+
+@pytest.mark.parametrize("seed0", ["GPU", "CPU", "staged GPU"])
+def test_a_seed_of_another_recipe_than_the_gpu_seeds_it_joins_is_not_installed(zoo_run, seed0):
+    """Seed 1 trained at another learning rate than the installed GPU seed 0 (in the package
+    or staged) is refused, nothing copied; beside a CPU-trained seed 0 in the package, which
+    the GPU seeds replace last, it installs."""
+    run, package, seeds_root = zoo_run
+    _recipe_card(run / "seed0" / "llada", "1 NVIDIA H100" if "GPU" in seed0 else "2 CPU threads")
+    _recipe_card(run / "seed1" / "llada", "1 NVIDIA H100", lr=0.004)
+    _evaluate_all(run)
+    install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root,
+                    stage=seed0 == "staged GPU")
+    if seed0 == "CPU":
+        install.install(run, [1], ["llada"], package=package, seeds_root=seeds_root)
+        assert (seeds_root / "llada" / "seed1" / "config.json").is_file()
+        return
+    with pytest.raises(SystemExit, match=r"different recipes: seed 0 .* seed 1 .*\(lr differ\)"):
+        install.install(run, [1], ["llada"], package=package, seeds_root=seeds_root)
+    assert not (seeds_root / "llada").exists()

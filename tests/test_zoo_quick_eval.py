@@ -4,9 +4,11 @@
 import pytest
 import torch
 from lm_eval.api.registry import get_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm_eval_sinkmask.samplers import generate_block, generate_dream
 from lm_eval_sinkmask.zoo import checkpoint_path, data, quick_eval
+from tests import tiny
 
 GEN = 64  # the zoo tasks' generation length
 PROMPTS = ([data.gsm_prompt(d) for d in data.mini_gsm_test()[:3]]
@@ -58,3 +60,32 @@ def test_quick_eval_runs_code_in_the_sandbox_with_the_tasks_stops():
     solved = quick_eval.cut_at_stops(docs[0]["canonical_solution"] + "\ndef extra():\n", until)
     assert solved == docs[0]["canonical_solution"]  # cut at "\ndef" as lm-eval cuts
     assert quick_eval.code_passes([solved, "    return None\n"], docs) == [True, False]
+
+
+def test_a_budget_of_part_of_a_block_decodes_as_one_block():
+    """The block sampler needs whole blocks: a generation length that is not a multiple of
+    LLaDA's 32 is decoded as one block of that length rather than refused."""
+    model, tok = tiny.build("llada", 0), tiny.tokenizer()
+    out = quick_eval.generate_dlm(model, tok, ["Question : Tom has 3 apples", "1 + 2 ="], 20)
+    assert out.shape == (2, 20)
+
+
+def test_quick_eval_scores_exactly_the_first_problems_it_is_asked_for():
+    """The first ``n_gsm`` mini_gsm and ``n_code`` mini_code problems, every one of them
+    decoded (here one per batch) and counted: the same scores as each prompt's own answer."""
+    tok = AutoTokenizer.from_pretrained(checkpoint_path("arm"))
+    model = AutoModelForCausalLM.from_pretrained(checkpoint_path("arm")).eval()
+    gsm, code = data.mini_gsm_test()[:3], data.mini_code_test()[:2]
+    res = quick_eval.quick_eval(model, tok, 3, 2, batch=1)
+    assert (res["eval_n_gsm"], res["eval_n_code"]) == (3, 2)
+
+    def own(task, prompt):
+        kw = quick_eval.task_config(task)["generation_kwargs"]
+        [text] = quick_eval.generate_arm(model, tok, [prompt], kw["max_gen_toks"])
+        return quick_eval.cut_at_stops(text, kw["until"])
+
+    g = [own("mini_gsm_sinkmask", data.gsm_prompt(d)) for d in gsm]
+    c = [own("mini_code_sinkmask", data.code_prompt(d)) for d in code]
+    assert res["example_gsm"] == g[0]
+    assert res["mini_gsm_acc"] == sum(quick_eval.gsm_correct(g, gsm)) / 3
+    assert res["mini_code_pass@1"] == sum(quick_eval.code_passes(c, code)) / 2

@@ -3,11 +3,14 @@
 import json
 import math
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from lm_eval_sinkmask.zoo import (batches, checkpoint_path, data, objectives, save_checkpoint, train,
@@ -517,3 +520,132 @@ def test_a_float16_checkpoint_stores_half_weights_and_computes_in_float32(tmp_pa
     assert AutoTokenizer.from_pretrained(path).get_vocab() == tok.get_vocab()
     assert json.loads((path / "train_info.json").read_text()) == _info()
     assert (path / "README.md").exists()
+
+
+def test_pool_holds_no_test_problem_of_either_task():
+    """The pool never holds a test problem: mini_code's generator repeats test prompts often
+    (about one draw in six), so its rows are checked as mini_gsm's are."""
+    p = _small_pool()
+    tok = AutoTokenizer.from_pretrained(checkpoint_path("arm"))
+    tests = {tuple(tok(data.code_prompt(d)).input_ids) for d in data.mini_code_test()}
+    tests |= {tuple(tok(data.gsm_prompt(d)).input_ids) for d in data.mini_gsm_test()}
+    prompts = {tuple(p["ids"][i, :p["prompt_len"][i]].tolist()) for i in range(len(p["ids"]))}
+    assert len(prompts) > 300 and not prompts & tests
+
+
+def test_a_cached_pool_of_other_sizes_is_built_again(tmp_path):
+    """OUT/pool.pt is reused only when it was built for the sizes asked for; asked for other
+    sizes, the pool is built again and replaces it."""
+    from lm_eval_sinkmask.zoo import pool
+
+    path = tmp_path / "pool.pt"
+    assert len(pool.load_or_build(path, 30, 10, workers=1)["ids"]) == 40
+    bigger = pool.load_or_build(path, 50, 10, workers=1)
+    assert len(bigger["ids"]) == 60
+    assert torch.load(path)["meta"] == {"n_gsm": 50, "n_code": 10}
+    assert torch.equal(pool.load_or_build(path, 50, 10, workers=1)["ids"], bigger["ids"])
+
+
+def test_probe_takes_each_models_slowest_seed_from_the_training_logs(tmp_path, monkeypatch):
+    """Each probe log holds a training run's output around its ``PROBE`` line; a model's time
+    is its slowest seed's, and the arm,dream chain is probed by its ARM alone."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    secs = {0: {"arm": 0.05, "llada": 0.2, "llada_sink": 0.21},
+            1: {"arm": 0.07, "llada": 0.1, "llada_sink": 0.3}}
+    launched = []
+
+    def launch(args, seed, chain, extra, log):  # what train.py --probe writes to its log
+        launched.append((seed, chain))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"[{chain}] step 1 loss 5.1\nPROBE {chain} {secs[seed][chain]:.5f}\n"
+                       f"[{chain}] step 2 loss 5.0\n")
+    monkeypatch.setattr(gpu_zoo, "_launch", launch)
+    monkeypatch.setattr(gpu_zoo, "_wait", lambda procs: None)
+    times = gpu_zoo.probe(gpu_zoo.parse_args(["--out", str(tmp_path), "--seeds", "0,1"]),
+                          tmp_path)
+    assert sorted(launched) == [(s, c) for s in (0, 1) for c in ("arm", "llada", "llada_sink")]
+    assert times == {"arm": 0.07, "llada": 0.2, "llada_sink": 0.3}
+
+
+def test_a_restarted_run_keeps_the_steps_it_started_with(tmp_path, monkeypatch):
+    """A run cut off by a time limit is continued by calling gpu_zoo again: its own plan.json
+    fixes the steps, so the restart neither probes again nor re-budgets another --minutes."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    first = _probed_plan(tmp_path, monkeypatch, "--minutes", "10")
+    monkeypatch.setattr(gpu_zoo, "probe", lambda args, out: pytest.fail("probed again"))
+    again = gpu_zoo.parse_args(["--out", str(first.parent), "--seeds", "0", "--minutes", "3"])
+    assert gpu_zoo.step_plan(again, first.parent)["steps"] == {"arm": 4800, "dream": 3600,
+                                                               "llada": 5000}
+
+
+def test_a_restart_trains_again_only_the_chains_with_a_model_left_to_train(tmp_path,
+                                                                          monkeypatch):
+    """A chain is skipped only when every model of it has its card: seed 0's arm done and its
+    dream cut off, the arm,dream chain runs again (resuming from OUT/state) with the plan's
+    step counts, and the finished llada chains do not."""
+    from lm_eval_sinkmask.zoo import gpu_zoo, pool
+
+    out = _probed_plan(tmp_path, monkeypatch).parent
+    for m in ("arm", "llada", "llada_sink"):
+        (out / "seed0" / m).mkdir(parents=True)
+        (out / "seed0" / m / "train_info.json").write_text("{}")
+    launched = {}
+    monkeypatch.setattr(pool, "load_or_build", lambda *a, **kw: None)
+    monkeypatch.setattr(gpu_zoo, "_launch",
+                        lambda args, seed, chain, extra, log: launched.update({chain: extra}))
+    monkeypatch.setattr(gpu_zoo, "_wait", lambda procs: None)
+    monkeypatch.setattr(gpu_zoo.subprocess, "run", lambda cmd, **kw: None)  # the evaluation
+    gpu_zoo.main(["--out", str(out), "--seeds", "0"])
+    assert list(launched) == ["arm,dream"]
+    flags = dict(zip(launched["arm,dream"][::2], launched["arm,dream"][1::2]))
+    assert (flags["--steps-arm"], flags["--steps-dream"], flags["--steps-llada"]) == \
+        ("4800", "3600", "5000")
+    assert flags["--resume-dir"] == str(out / "state")
+
+
+def test_a_training_process_killed_by_a_signal_fails_the_run():
+    """A process ended by a signal (the OOM killer's SIGKILL) has a negative exit code: it
+    fails the run like any other failure instead of passing for a finished one."""
+    from lm_eval_sinkmask.zoo import gpu_zoo
+
+    ok = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed = subprocess.Popen([sys.executable, "-c",
+                               "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    with pytest.raises(SystemExit, match="llada-seed0"):
+        gpu_zoo._wait({"arm,dream-seed0": ok, "llada-seed0": killed})
+
+
+def test_seeds_sharing_a_resume_folder_keep_their_own_state(tmp_path):
+    """gpu_zoo gives all seeds one OUT/state folder: each seed's training state is its own, so
+    a seed started after another one finished trains its own weights, not the other's."""
+    from lm_eval_sinkmask.zoo import pool
+
+    pool_file = tmp_path / "pool.pt"
+    pool.load_or_build(pool_file, 300, 60, workers=1)
+    for seed in (0, 1):
+        train.main(["--out", str(tmp_path / f"seed{seed}"), "--size", "test", "--models",
+                    "llada", "--steps-llada", "2", "--eval-gsm", "1", "--eval-code", "1",
+                    "--seed", str(seed), "--pool", str(pool_file), "--pool-gsm", "300",
+                    "--pool-code", "60", "--resume-dir", str(tmp_path / "state")])
+    a, b = (load_file(tmp_path / f"seed{s}" / "llada" / "model.safetensors") for s in (0, 1))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_dream_only_run_trains_the_arm_it_adapts_but_does_not_keep_it(tmp_path):
+    """``--models dream`` trains this run's ARM to adapt it, and saves only the dream model."""
+    train.main(["--out", str(tmp_path), "--size", "test", "--models", "dream", "--steps-arm",
+                "2", "--steps-dream", "2", "--eval-gsm", "1", "--eval-code", "1"])
+    assert (tmp_path / "dream" / "config.json").is_file()
+    assert not (tmp_path / "arm").exists()
+
+
+def test_the_sink_tokenizer_leaves_the_shared_one_untouched():
+    """llada_sink gets its own tokenizer with ``<|sink|>``; the run's shared tokenizer, which
+    the dream checkpoint trained after it is saved with, keeps the shared vocabulary."""
+    tok = AutoTokenizer.from_pretrained(checkpoint_path("arm"))
+    n = len(tok)
+    model_tok, sink = train.with_sink_token(tok)
+    assert len(tok) == n and train.SINK not in tok.get_vocab()
+    assert len(model_tok) == n + 1 and sink.token_id == n

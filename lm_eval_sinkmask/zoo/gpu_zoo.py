@@ -96,8 +96,8 @@ def earlier_plan(args, earlier_file: Path, trial: bool = False) -> dict:
     """The step counts of an earlier run (its ``plan.json``), so that a seed trained in another
     session trains the same steps as the seeds before it; refused under another recipe. A
     ``trial`` (a lever trial: the same steps, a setting changed on purpose) takes them anyway
-    and its plan names what differs; the cards record the recipe, so ``zoo.install`` never
-    pools the trial with the earlier seeds."""
+    and its plan names what differs, so ``zoo.install`` refuses to install the trial as a
+    seed (and its cards record the recipe, which a sweep pooling seeds checks)."""
     earlier = json.loads(Path(earlier_file).read_text())
     differ = recipe_change(args, earlier)
     if differ and not trial:

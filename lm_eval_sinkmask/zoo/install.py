@@ -13,8 +13,11 @@ is copied):
 - the size budget: checkpoints inside the package <= 40 MB (every install carries them), all
   checkpoints in the repository <= 120 MB;
 - the run trained the step counts of the seeds installed before it (``zoo_seeds/plan.json``,
-  kept from the first installed run's ``plan.json``): seeds arrive from separate GPU sessions,
-  and a seed must differ from the others in initial weights and data order only.
+  kept from the first installed run's ``plan.json``), under their recipe (each model's
+  ``train_info.json``, :data:`RECIPE_FIELDS`, against the GPU-trained seeds it joins), and is
+  no lever trial (``gpu_zoo --steps-from``, whose ``plan.json`` records the setting it
+  changed): seeds arrive from separate GPU sessions, and a seed must differ from the others
+  in initial weights and data order only.
 
 Installing some seeds leaves the other installed seeds as they are, so each session's seed is
 installed as it arrives. The same rule holds where seeds are pooled: :func:`check_one_recipe`
@@ -179,7 +182,7 @@ def install(run: Path, seeds: list[int], names=ZOO_NAMES, package: Path = CHECKP
                  f"{total:.1f} MB (budget {REPO_BUDGET_MB})")
     if shipped > PACKAGE_BUDGET_MB or total > REPO_BUDGET_MB:
         problems.append("over the size budget")
-    problems += plan_mismatch(run, seeds_root)
+    problems += plan_mismatch(run, seeds_root) + recipe_mismatch(run, sources, package, seeds_root)
     if problems:
         raise SystemExit("\n".join(lines + ["nothing installed:"] + problems))
     for (name, seed), source in sources.items():
@@ -242,6 +245,39 @@ def plan_mismatch(run: Path, seeds_root: Path) -> list[str]:
         return []
     return [f"trained {run_steps} steps, the installed seeds {kept_steps} ({kept}); train "
             f"with gpu_zoo --plan {kept}"]
+
+
+def recipe_mismatch(run: Path, sources: dict[tuple[str, int], Path], package: Path,
+                    seeds_root: Path) -> list[str]:
+    """Problem lines when ``run`` is a lever trial, or when a model's incoming seeds and the
+    installed seeds they join (:func:`joined_seeds`) were trained under different recipes."""
+    problems = []
+    plan = run / PLAN_NAME
+    changed = json.loads(plan.read_text()).get("recipe_changed") if plan.is_file() else None
+    if changed:
+        problems.append(f"{plan} records a lever trial (recipe_changed {changed}): its "
+                        "checkpoints are not seeds of the zoo's recipe")
+    for name in dict.fromkeys(n for n, _ in sources):
+        incoming = {s: src for (n, s), src in sources.items() if n == name}
+        try:
+            check_one_recipe(name, {**joined_seeds(name, package, seeds_root), **incoming})
+        except ValueError as e:
+            problems.append(str(e))
+    return problems
+
+
+def joined_seeds(name: str, package: Path, seeds_root: Path) -> dict[int, Path]:
+    """{seed: folder} of ``name``'s installed GPU seeds, which an incoming seed joins: every
+    seed >= 1 under ``seeds_root``, and seed 0 staged or, failing that, in the package where
+    it was trained on a GPU (the CPU-trained seed 0 it replaces last is no run of theirs)."""
+    found = {int(p.parent.name.removeprefix("seed")): p.parent
+             for p in (seeds_root / name).glob("seed*/config.json")
+             if p.parent.name.removeprefix("seed").isdigit()}
+    seed0 = next((f for f in (staged_dir(seeds_root) / name, package / name)
+                  if (f / "config.json").is_file()), None)
+    if seed0 is not None and trained_on_gpu(seed0):
+        found[0] = seed0
+    return found
 
 
 def keep_plan(run: Path, seeds_root: Path) -> None:
