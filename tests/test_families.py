@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lm_eval_sinkmask.families import FAMILIES, disable_flash_attention, family_for
+from lm_eval_sinkmask.families import (FAMILIES, disable_flash_attention, family_for,
+                                       is_autoregressive)
 
 
 @pytest.mark.parametrize(
@@ -116,3 +117,11 @@ def test_eos_falls_back_to_the_tokenizers_own_where_the_familys_name_is_not_a_to
     assert FAMILIES["llada"].eos_ids(zoo) == (1,)
     assert FAMILIES["llada"].eos_ids(_Vocab({}, None)) == ()
     assert FAMILIES["dream"].eos_ids(_Vocab(LLADA_VOCAB, "<|eot_id|>")) == (126348,)
+
+
+def test_an_autoregressive_model_type_is_told_apart_in_any_case():
+    """model_types are matched case-blind (Dream's own config says ``"Dream"``): a causal LM's
+    too, so one spelled ``"Llama"`` is pointed to arm_sinkmask, not called an unknown family."""
+    assert is_autoregressive("Llama") and is_autoregressive("llama")
+    with pytest.raises(ValueError, match="'Llama' is an autoregressive LM: use --model arm_sinkmask"):
+        family_for("Llama")

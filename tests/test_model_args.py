@@ -14,6 +14,7 @@ from lm_eval.api.registry import get_model
 
 from lm_eval_sinkmask import model_args
 from lm_eval_sinkmask.config import SinkMaskConfig, flag_value
+from lm_eval_sinkmask.families import FAMILIES
 from lm_eval_sinkmask.sampler_settings import DiffusionSettings
 from tests.test_models import RANDOM_LLADA, make
 
@@ -598,3 +599,24 @@ def test_a_gen_length_shorter_than_the_tasks_budget_is_warned_about(tiny_dirs, c
         lm.generate_until([request(8, task="t")])
     assert caplog.text.count("t: its requests ask for max_gen_toks=8; gen_length=4 in "
                              "model_args overrides it") == 1
+
+
+def test_the_documented_mask_token_ids_are_the_families_own():
+    """mask_id's row names each family's fallback mask token (used when neither model_args, the
+    config nor the tokenizer names one): tie that text to the family table; MMaDA decodes with
+    LLaDA's."""
+    meaning = {a.name: a.meaning for a in model_args.ARGS}["mask_id"]
+    llada, mmada, dream = (FAMILIES[f].mask_token_id for f in ("llada", "mmada", "dream"))
+    assert meaning == f"mask token id (LLaDA {llada}, Dream {dream})"
+    assert mmada == llada and llada != dream
+
+
+def test_a_max_batch_size_of_1_counts_as_given():
+    """Only the batch size is dropped when it is 1 (lm-eval passes its default of 1 to every
+    model); lm-eval passes --max_batch_size only when asked for, so max_batch_size=1 is a
+    setting given, and unread by a run whose batch size is not auto."""
+    from lm_eval_sinkmask.unread_settings import settings_given, unread_settings
+
+    given = settings_given({"batch_size": 1, "max_batch_size": 1})
+    assert given == {"max_batch_size"}
+    assert unread_settings(given, True, False, False, auto_batch=False) == ["max_batch_size"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lm_eval_sinkmask import sweep
-from lm_eval_sinkmask.cell_claims import claim, claim_path
+from lm_eval_sinkmask.cell_claims import claim, claim_path, folder_locked
 from lm_eval_sinkmask.cli import main
 from lm_eval_sinkmask.sweep import record_grid, run_sweep
 from lm_eval_sinkmask.sweep_plan import ModelSpec, SweepPlan
@@ -267,3 +267,40 @@ def test_a_table_loads_while_another_sweep_starts_a_half_written_cell_afresh(tmp
     monkeypatch.setattr(os, "scandir", deleted_first)
     _, entries, _ = table.load(folder)
     assert len(entries) == len(VALUES) and not half.exists()
+
+
+def test_a_claim_that_locked_a_deleted_file_closes_it_before_trying_again(tmp_path, monkeypatch):
+    """The file it opened was deleted by its holder before the lock came (see the race test
+    above): the claim closes that descriptor, which would otherwise stay open, holding a lock
+    on a deleted file, for as long as the sweep runs (one per contested cell)."""
+    from lm_eval_sinkmask import cell_claims
+
+    folder = tmp_path / "cells" / "m" / "t" / "k0"
+    path = claim_path(folder)
+    path.parent.mkdir(parents=True)
+    path.touch()
+    real, raced = cell_claims.fcntl.flock, []
+
+    def flock(fd, operation):
+        if not raced:
+            raced.append(fd)
+            path.unlink()
+            path.touch()
+        return real(fd, operation)
+
+    monkeypatch.setattr(cell_claims.fcntl, "flock", flock)
+    held = claim(folder)
+    assert held is not None and raced
+    held.release()
+    with pytest.raises(OSError):  # closed: neither the first descriptor nor the claim's is open
+        os.fstat(raced[0])
+
+
+def test_the_folders_lock_is_let_go_when_the_work_under_it_fails(tmp_path):
+    """An error while sweep.json is merged or the table rendered under the folder's lock still
+    lets go of it, deleting its file: otherwise this process would hold it for good and any
+    later merge or render of the folder would wait forever."""
+    with pytest.raises(RuntimeError, match="render failed"), folder_locked(tmp_path):
+        assert (tmp_path / "sweep.lock").is_file()
+        raise RuntimeError("render failed")
+    assert not (tmp_path / "sweep.lock").exists()

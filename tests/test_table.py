@@ -102,6 +102,8 @@ def test_a_zoo_table_says_so_in_its_title_even_with_a_custom_title(tmp_path, cap
     (["pass@1,create_test", "pass@1_stderr,create_test"], CODE),
     (["exact_match,none", "exact_match_stderr,none", "alias"], "exact_match,none"),
     (["f1_stderr,none", "f1,none"], "f1,none"),  # no prefix: the first metric, never its stderr
+    # multiple choice: acc is Table 1's, also where lm-eval lists acc_norm first
+    (["alias", "acc_norm,none", "acc_norm_stderr,none", "acc,none", "acc_stderr,none"], "acc,none"),
 ])
 def test_primary_metric(keys, expected):
     assert primary_metric(dict.fromkeys(keys, 0.0)) == expected

@@ -203,3 +203,50 @@ def test_the_figure_draws_each_pair_in_one_colour_the_second_dotted(tmp_path, mo
     sinks, control = lines["llada (DLM)"], lines["llada_random (DLM, 3 draws)"]
     assert sinks.get_color() == control.get_color()
     assert (sinks.get_linestyle(), control.get_linestyle()) == ("-", ":")
+
+
+def test_the_comparisons_follow_the_tables_k_order_whatever_sweep_json_lists(tmp_path):
+    """A sweep widened later (--top-k 1, then --top-k 0) lists K in the order they were added;
+    versus.csv, like the table, runs through K in ascending order."""
+    folder = _sweep(tmp_path / "t", {None: {"llada": SINKS, "llada_random": RANDOM}})
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "ks": [1, 0]}))
+    out = table.render(folder, figure=False)
+    rows = list(csv.DictReader(out["versus"].open()))
+    assert [r["top_k"] for r in rows] == ["0", "1"]
+    assert float(rows[1]["difference"]) == pytest.approx(_paired(SINKS[1], RANDOM[1])[0])
+
+
+def test_a_k_neither_pair_has_both_cells_of_gets_no_row_of_differences(tmp_path):
+    """The control's K=1 cell not run yet: the paired differences list only K=0, not a row of
+    dashes."""
+    folder = _sweep(tmp_path / "t", {None: {"llada": SINKS, "llada_random": {0: RANDOM[0]}}})
+    md = table.render(folder, figure=False)["markdown"].read_text()
+    section = md.split("## Paired differences on the same problems")[1]
+    assert "| mini_gsm | Unmasked | +0.00 ± 0.00 |" in section
+    assert "K=1" not in section
+
+
+def test_one_draw_explains_its_differences_as_one_runs(tmp_path):
+    """With a single draw (sweep --mask-seeds 1) every cell is one run: the note under the
+    paired differences says ± the paired standard error, not a spread across runs."""
+    one = _drawn_sweep(tmp_path / "one", {1: DRAWS[1]})
+    grid = json.loads((one / "sweep.json").read_text())
+    (one / "sweep.json").write_text(json.dumps({**grid, "mask_seeds": [1]}))
+    md = table.render(one, figure=False)["markdown"].read_text()
+    diff, se = _paired(SINKS[1], DRAWS[1])
+    assert f"|  | K=1 | {diff:+.2f} ± {se:.2f} |" in md
+    assert "on the same problems ± the paired standard error" in md
+    assert "across runs" not in md.split("## Paired differences on the same problems")[1]
+
+
+def test_the_difference_over_draws_is_their_mean_not_their_median(tmp_path):
+    """Draws whose differences are not symmetric about their middle one: the cell shows their
+    mean (the existing draws' differences, -2/8, -3/8, -1/8, have median = mean)."""
+    draws = {0: DRAWS[0], 1: DRAWS[1], 2: [1] * 8}
+    md = table.render(_drawn_sweep(tmp_path / "t", draws), figure=False)["markdown"].read_text()
+    pairs = [_paired(SINKS[1], s) for s in draws.values()]
+    diffs, ses = [d for d, _ in pairs], [s for _, s in pairs]
+    assert np.mean(diffs) != pytest.approx(np.median(diffs), abs=0.01)  # the test has teeth
+    assert (f"|  | K=1 | {np.mean(diffs):+.2f} ± {np.std(diffs, ddof=1):.2f} "
+            f"(se {np.mean(ses):.2f}) |") in md
