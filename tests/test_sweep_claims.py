@@ -64,7 +64,8 @@ def test_a_claim_locked_on_a_file_its_holder_deleted_meanwhile_locks_the_file_th
         tmp_path, monkeypatch, made_again):
     """Between opening the claim file and locking it, its holder lets go (deleting it), and
     another process makes a new one or none does: a lock on the deleted file would let that
-    process claim the same cell at once; with no new file the cell is free, and claimed."""
+    process claim the same cell at once; with no new file the cell is free, and claimed. The
+    descriptor of the deleted file is closed, not left holding a lock for the sweep's life."""
     from lm_eval_sinkmask import cell_claims
 
     folder = tmp_path / "cells" / "m" / "t" / "k0"
@@ -85,6 +86,8 @@ def test_a_claim_locked_on_a_file_its_holder_deleted_meanwhile_locks_the_file_th
     held = claim(folder)
     assert held is not None and raced and path.exists() and claim(folder) is None
     held.release()
+    with pytest.raises(OSError):  # neither the first descriptor nor the claim's is open
+        os.fstat(raced[0])
 
 
 def test_without_fcntl_nothing_is_locked_and_a_warning_says_so(tmp_path, monkeypatch):
@@ -267,33 +270,6 @@ def test_a_table_loads_while_another_sweep_starts_a_half_written_cell_afresh(tmp
     monkeypatch.setattr(os, "scandir", deleted_first)
     _, entries, _ = table.load(folder)
     assert len(entries) == len(VALUES) and not half.exists()
-
-
-def test_a_claim_that_locked_a_deleted_file_closes_it_before_trying_again(tmp_path, monkeypatch):
-    """The file it opened was deleted by its holder before the lock came (see the race test
-    above): the claim closes that descriptor, which would otherwise stay open, holding a lock
-    on a deleted file, for as long as the sweep runs (one per contested cell)."""
-    from lm_eval_sinkmask import cell_claims
-
-    folder = tmp_path / "cells" / "m" / "t" / "k0"
-    path = claim_path(folder)
-    path.parent.mkdir(parents=True)
-    path.touch()
-    real, raced = cell_claims.fcntl.flock, []
-
-    def flock(fd, operation):
-        if not raced:
-            raced.append(fd)
-            path.unlink()
-            path.touch()
-        return real(fd, operation)
-
-    monkeypatch.setattr(cell_claims.fcntl, "flock", flock)
-    held = claim(folder)
-    assert held is not None and raced
-    held.release()
-    with pytest.raises(OSError):  # closed: neither the first descriptor nor the claim's is open
-        os.fstat(raced[0])
 
 
 def test_the_folders_lock_is_let_go_when_the_work_under_it_fails(tmp_path):
