@@ -114,7 +114,8 @@ def placed_device(device: Any) -> str:
     replaces by CUDA if there is one, else the CPU. ``cuda:0`` is the ``lm_eval`` command's
     default device: without CUDA it means the CPU, as HFLM makes it. With none given (the
     Python API), CUDA if there is one, else the CPU. Other accelerators (``xpu``, ``npu``,
-    ``hpu``) are HFLM's to place."""
+    ``hpu``) HFLM takes by index only, below that accelerator's device count: a bare ``xpu``,
+    like ``cpu:0`` on a CUDA machine, it would also replace by CUDA or the CPU."""
     import torch
 
     available = torch.cuda.is_available()
@@ -143,6 +144,19 @@ def placed_device(device: Any) -> str:
         raise ValueError(f"device={device}: this machine has {gpus} CUDA device(s), cuda:0 to "
                          f"cuda:{gpus - 1}, so lm-eval's hf model would run on cuda instead; "
                          "pass one of them")
+    fallback = "cuda" if available else "cpu"  # where HFLM puts a name it does not list
+    if kind == "cpu" and device != "cpu":
+        if available:
+            raise ValueError(f"device={device}: lm-eval's hf model takes the CPU as 'cpu' only "
+                             "and would run on cuda instead; pass device=cpu")
+        return "cpu"
+    if kind in ("xpu", "npu", "hpu"):
+        count = getattr(getattr(torch, kind, None), "device_count", lambda: 0)()
+        if device not in {f"{kind}:{i}" for i in range(count)}:
+            listed = f", {kind}:0 to {kind}:{count - 1}" if count else ""
+            raise ValueError(f"device={device}: lm-eval's hf model takes {kind} devices by index "
+                             f"only, below the {count} device(s) torch sees here{listed}, and "
+                             f"would run on {fallback} instead; pass one of them")
     if kind not in ("cpu", "cuda", "mps", "xpu", "npu", "hpu"):
         raise ValueError(f"device={device}: lm-eval's hf model places models on cpu, cuda, mps "
                          "or another accelerator it knows (xpu, npu, hpu), and would put this "
