@@ -73,3 +73,23 @@ def test_a_failed_step_names_what_lm_eval_runs_without():
     assert "data check" in said["lm_eval.evaluator"]
     assert not any("models and tasks" in text for text in said.values())
     assert all("OSError: gone" in text for text in said.values())
+
+
+def test_the_task_folder_is_appended_once_after_the_users_paths(tmp_path):
+    """Every TaskManager gets our folder after the paths the user gave, and not a second time
+    when the user already gave it (spelt with a trailing slash or through a symlink)."""
+    import os
+
+    from lm_eval.tasks import TaskManager
+
+    from lm_eval_sinkmask.tasks import TASKS_DIR
+
+    own = tmp_path / "own"
+    own.mkdir()
+    manager = TaskManager(include_path=str(own), include_defaults=False)
+    assert manager.include_path == [str(own), str(TASKS_DIR)]  # after the user's
+    link = tmp_path / "tasks_link"
+    os.symlink(TASKS_DIR, link)
+    for given in (str(TASKS_DIR) + "/", str(link)):
+        manager = TaskManager(include_path=[given], include_defaults=False)
+        assert manager.include_path == [given]  # not a second time

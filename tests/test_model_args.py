@@ -270,8 +270,34 @@ def test_a_device_torch_does_not_have_here_is_refused_before_loading(
                                              r"device\(s\), cuda:0 to cuda:1, so lm-eval's hf model "
                                              "would run on cuda"):
             placed_device(past_the_last)
-    # other accelerators HFLM places itself, as asked
-    assert [placed_device(d) for d in ("xpu", "xpu:1", "hpu")] == ["xpu", "xpu:1", "hpu"]
+    # cpu:0 is no name HFLM lists: it would run on cuda
+    with pytest.raises(ValueError, match=r"device=cpu:0: .* would run on cuda instead; pass "
+                                         "device=cpu"):
+        placed_device("cpu:0")
+    # other accelerators HFLM takes by index only, below their own device count; a bare name
+    # (or one past the last) it would replace by CUDA
+    monkeypatch.setattr(torch.xpu, "device_count", lambda: 2)
+    assert [placed_device(d) for d in ("xpu:0", "xpu:1")] == ["xpu:0", "xpu:1"]
+    for device in ("xpu", "xpu:2"):
+        with pytest.raises(ValueError, match=rf"device={device}: lm-eval's hf model takes xpu "
+                                             r"devices by index only, below the 2 device\(s\) "
+                                             r"torch sees here, xpu:0 to xpu:1, and would run on "
+                                             "cuda instead"):
+            placed_device(device)
+    with pytest.raises(ValueError, match=r"device=hpu: .* below the 0 device\(s\) torch sees "
+                                         "here, and would run on cuda"):
+        placed_device("hpu")
+
+
+def test_a_bare_accelerator_name_or_cpu_0_runs_where_hflm_puts_it(monkeypatch):
+    """Without CUDA, cpu:0 is the CPU (HFLM's fallback is the CPU too), while xpu, which HFLM
+    does not list either, would also land on the CPU: refused."""
+    from lm_eval_sinkmask.hflm_args import placed_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert placed_device("cpu:0") == "cpu"
+    with pytest.raises(ValueError, match=r"device=xpu: .* would run on cpu instead"):
+        placed_device("xpu")
 
 
 def test_hflm_arguments_from_a_dict_are_checked_in_their_string_form():
@@ -620,3 +646,47 @@ def test_a_max_batch_size_of_1_counts_as_given():
     given = settings_given({"batch_size": 1, "max_batch_size": 1})
     assert given == {"max_batch_size"}
     assert unread_settings(given, True, False, False, auto_batch=False) == ["max_batch_size"]
+
+
+@pytest.mark.parametrize("name", ["dtype", "softmax_dtype", "mixed_precision_dtype",
+                                  "bnb_4bit_compute_dtype"])
+def test_every_hflm_dtype_argument_is_checked_before_loading(name):
+    """Each of HFLM's dtype arguments is looked up in torch before the weights load: a name
+    that is no floating dtype fails here, not after an 8B load."""
+    from lm_eval_sinkmask.hflm_args import check_and_normalise
+
+    with pytest.raises(ValueError, match=rf"{name}=int8 is not a floating torch dtype"):
+        check_and_normalise({name: "int8", "device": "cpu"})
+    kwargs = {name: "bfloat16", "device": "cpu"}
+    check_and_normalise(kwargs)
+    assert kwargs == {name: "bfloat16", "device": "cpu"}
+
+
+def test_a_think_end_token_given_as_id_0_counts_as_given():
+    """think_end_token may be a token id, and 0 is an id: enable_thinking is satisfied."""
+    from lm_eval_sinkmask.hflm_args import check_hflm_options
+
+    check_hflm_options({"enable_thinking": True, "think_end_token": 0})
+    check_hflm_options({"enable_thinking": "true", "think_end_token": "</think>"})
+
+
+def test_mps_0_without_mps_fails_as_mps_does(monkeypatch):
+    """HFLM takes mps:0 as given, like mps: without MPS the run would fail after the weights
+    load, not move to the CPU, and the message says so."""
+    from lm_eval_sinkmask.hflm_args import placed_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device=mps:0: torch .* sees no MPS device on this "
+                                         r"machine, so the run would fail"):
+        placed_device("mps:0")
+
+
+@pytest.mark.parametrize("device", [1.5, ["cpu"]])
+def test_a_device_of_a_type_torch_cannot_read_is_refused_in_our_words(device):
+    """lm-eval's arg-string parser makes device=1.5 a float: refused as no torch device (a
+    ValueError naming the value), not torch's TypeError."""
+    from lm_eval_sinkmask.hflm_args import placed_device
+
+    with pytest.raises(ValueError, match=r"is not a torch device"):
+        placed_device(device)

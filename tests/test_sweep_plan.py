@@ -365,3 +365,53 @@ def test_a_cell_request_records_the_limit_and_a_done_cell_at_another_limit_is_re
         now.is_done(inputs)
     assert mixed_settings([done.request(), now.request()]) == [
         "column 'llada' ran t with --limit 2 and 3"]
+
+
+def test_a_seed_folder_without_its_config_is_not_there(tmp_path, monkeypatch):
+    """A seed folder left half-copied (no config.json) is refused by name, not loaded."""
+    from lm_eval_sinkmask import zoo
+
+    monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path))
+    (tmp_path / "llada" / "seed3").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"zoo checkpoint llada@3 not found: no .*seed3/config\.json"):
+        zoo.checkpoint_path("llada", 3)
+
+
+def test_installed_seeds_count_only_numbered_seed_folders(tmp_path, monkeypatch):
+    """seed_old/ or seedx/ beside seed1/ is no training seed (and does not break the listing)."""
+    from lm_eval_sinkmask import zoo
+
+    monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path))
+    for folder in ("seed1", "seed_old", "seedx"):
+        (tmp_path / "llada" / folder).mkdir(parents=True)
+        (tmp_path / "llada" / folder / "config.json").write_text("{}")
+    assert zoo.installed_seeds(("llada",)) == [0, 1]
+
+
+def test_an_empty_seeds_variable_means_the_repositorys_folder(monkeypatch):
+    """SINKMASK_ZOO_SEEDS= (set but empty, as an unset shell variable exports it) is unset."""
+    from lm_eval_sinkmask import zoo
+
+    monkeypatch.setenv(zoo.SEEDS_ENV, "")
+    assert zoo.seeds_dir() == zoo.REPO_SEEDS_DIR
+
+
+def test_identify_reads_paths_written_on_other_machines(tmp_path, monkeypatch):
+    """identify: a Windows path with a trailing separator, a seed past 9, and a seeds folder
+    whose name holds characters a regex would read."""
+    from lm_eval_sinkmask import zoo
+
+    assert zoo.identify("C:\\runs\\zoo_seeds\\llada\\seed2\\") == ("llada", 2)
+    assert zoo.identify("/data/zoo_seeds/dream/seed12") == ("dream", 12)
+    seeds = tmp_path / "seeds (v2)"
+    monkeypatch.setenv(zoo.SEEDS_ENV, str(seeds))
+    assert zoo.identify(str(seeds / "llada_sink" / "seed1")) == ("llada_sink", 1)
+
+
+@pytest.mark.parametrize("pretrained", [123, 1.5, True])
+def test_a_number_for_pretrained_is_refused_naming_what_to_pass(pretrained):
+    """lm-eval parses pretrained=123 as a number: refused here, not handed to transformers."""
+    from lm_eval_sinkmask.zoo import resolve_pretrained
+
+    with pytest.raises(ValueError, match=r"pass a hub id, a local checkpoint folder or zoo:NAME"):
+        resolve_pretrained(pretrained)

@@ -481,3 +481,43 @@ def test_the_instruct_task_without_a_chat_template_warns():
         warnings.simplefilter("error")
         check({**given, "apply_chat_template": True})
         check({**given, "tasks": ["humaneval_sinkmask"]})
+
+
+def test_unsafe_code_needs_a_true_confirmation():
+    """confirm_run_unsafe_code=False, spelt out (simple_evaluate's own default), is no
+    confirmation: the unsafe task is refused before the model loads."""
+    from lm_eval_sinkmask._autoload import check_code_tasks
+    from lm_eval_sinkmask.tasks import requested_task_configs
+
+    given = {"tasks": ["humaneval_sinkmask"], "confirm_run_unsafe_code": False}
+    with pytest.raises(ValueError, match=r"humaneval_sinkmask.*unsafe.*--confirm_run_unsafe_code"):
+        check_code_tasks(given, requested_task_configs(given["tasks"]))
+
+
+def test_the_instruct_task_warns_when_the_chat_template_is_turned_off():
+    """apply_chat_template=False, spelt out, is a run without the template: it warns."""
+    from lm_eval_sinkmask._autoload import check_code_tasks
+    from lm_eval_sinkmask.tasks import requested_task_configs
+
+    given = {"tasks": ["humaneval_sinkmask_instruct"], "confirm_run_unsafe_code": True,
+             "apply_chat_template": False}
+    with pytest.warns(RuntimeWarning, match="humaneval_sinkmask_instruct.*--apply_chat_template"):
+        check_code_tasks(given, requested_task_configs(given["tasks"]))
+
+
+def test_a_cot_target_drops_each_calculator_note_of_a_line():
+    """Two <<calc>> notes on one line are two notes (the text between them stays), and a
+    blank line of the rationale leaves no double space."""
+    cot_answer = gsm8k_module().cot_answer
+    answer = "He pays 2*3=<<2*3=6>>6 and then 6+1=<<6+1=7>>7 dollars.\n\nSo 7 in all.\n#### 7"
+    assert cot_answer(answer) == ("He pays 2*3=6 and then 6+1=7 dollars. So 7 in all. "
+                                  "The answer is 7.")
+
+
+def test_gsm8k_jsonl_with_blank_lines_loads(tmp_path, gsm8k_dir):
+    """A hand-edited JSONL with blank lines (a trailing one, one between records) loads."""
+    for split in ("train", "test"):
+        text = (gsm8k_dir / f"{split}.jsonl").read_text()
+        (tmp_path / f"{split}.jsonl").write_text(text.replace("\n", "\n\n", 1) + "\n  \n")
+    assert gsm8k_module().load_gsm8k(gsm8k_dir=str(tmp_path))["test"].num_rows == lines(
+        gsm8k_dir, "test")
