@@ -499,6 +499,7 @@ def _auto_case(name: str) -> dict:
 
 def _edge_results():
     from lm_eval_sinkmask.attention_view import Detection, Scores
+    from tests.test_fused_mass import softmax_mass
 
     B, H, D, S = 3, 2, 16, 12
     g = torch.Generator().manual_seed(7)
@@ -532,13 +533,7 @@ def _edge_results():
         got = decode_step.masked_decode(Scores(q, k, v, view, None, False), eps=eps, k=top_k,
                                         previous=None, history=hist)
         # the reference: this row's float64 softmax, weighed as the metric weighs it
-        s = (q.double() @ k.double().transpose(-1, -2))[:, :, 0] * D ** -0.5
-        if mask is not None:
-            visible = mask[:, :, 0] if mask.dtype == torch.bool else \
-                mask[:, :, 0] > torch.finfo(mask.dtype).min / 2
-            s = s.masked_fill(~visible, float("-inf"))
-        p = torch.softmax(s, dim=-1).nan_to_num(0.0) * view.qw[:, :, 0].double()
-        mass, rows = p.float(), view.rows
+        mass, rows = softmax_mass(q, k, view.qw.view(B, 1), mask=mask), view.rows
         if history:
             mass = torch.nn.functional.pad(old_mass, (0, 1)) + mass
             rows = torch.nn.functional.pad(old_rows, (0, 1)) + rows

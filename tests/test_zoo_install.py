@@ -122,10 +122,13 @@ def test_a_seed_trained_by_other_steps_is_not_installed(zoo_run):
     assert not (seeds_root / "llada").exists()
 
 
-def _card(folder, hardware):
+def _card(folder, hardware, **fields):
+    """A model card naming ``hardware`` (and any recipe ``fields``), in a checkpoint folder
+    made here when there is none."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text("{}")
-    (folder / "train_info.json").write_text(json.dumps({"hardware": hardware}))
+    if not (folder / "config.json").is_file():
+        (folder / "config.json").write_text("{}")
+    (folder / "train_info.json").write_text(json.dumps({"hardware": hardware, **fields}))
 
 
 def test_gpu_seeds_come_in_the_order_1_2_0(tmp_path, monkeypatch):
@@ -358,10 +361,8 @@ def test_the_kept_plan_stays_the_first_installed_runs(zoo_run):
         (first / "plan.json").read_text())
 
 
-def _recipe_card(checkpoint, hardware, lr=0.002):
-    (checkpoint / "train_info.json").write_text(json.dumps({
-        "arch": "TinyLlada", "params": 1000, "steps": 7, "batch_size": 8, "lr": lr,
-        "weight_decay": 0.01, "gen_len": 64, "train_desc": "x", "hardware": hardware}))
+RECIPE = {"arch": "TinyLlada", "params": 1000, "steps": 7, "batch_size": 8, "lr": 0.002,
+          "weight_decay": 0.01, "gen_len": 64, "train_desc": "x"}
 
 
 def test_a_lever_trial_is_not_installed_as_a_seed(zoo_run):
@@ -383,8 +384,9 @@ def test_a_seed_of_another_recipe_than_the_gpu_seeds_it_joins_is_not_installed(z
     or staged) is refused, nothing copied; beside a CPU-trained seed 0 in the package, which
     the GPU seeds replace last, it installs."""
     run, package, seeds_root = zoo_run
-    _recipe_card(run / "seed0" / "llada", "1 NVIDIA H100" if "GPU" in seed0 else "2 CPU threads")
-    _recipe_card(run / "seed1" / "llada", "1 NVIDIA H100", lr=0.004)
+    _card(run / "seed0" / "llada", "1 NVIDIA H100" if "GPU" in seed0 else "2 CPU threads",
+          **RECIPE)
+    _card(run / "seed1" / "llada", "1 NVIDIA H100", **{**RECIPE, "lr": 0.004})
     _evaluate_all(run)
     install.install(run, [0], ["llada"], package=package, seeds_root=seeds_root,
                     stage=seed0 == "staged GPU")
