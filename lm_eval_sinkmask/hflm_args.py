@@ -106,21 +106,38 @@ def check_dtype(name: str, value: Any) -> None:
                          "float16 or float32" + (", or auto" if name == "dtype" else ""))
 
 
-def placed_device(device: Any) -> str:
-    """The device HFLM will place the model on, refused before loading where that is not the
-    one asked for. HFLM takes ``cuda`` or ``mps`` as given (``cuda`` is its default when none
-    is passed) and the run fails at the first tensor moved there, after the weights load; a
-    CUDA name it does not list for this machine (``cuda:7`` with two GPUs) it silently
-    replaces by CUDA if there is one, else the CPU. ``cuda:0`` is the ``lm_eval`` command's
-    default device: without CUDA it means the CPU, as HFLM makes it. With none given (the
-    Python API), CUDA if there is one, else the CPU. Other accelerators (``xpu``, ``npu``,
-    ``hpu``) HFLM takes by index only, below that accelerator's device count: a bare ``xpu``,
-    like ``cpu:0`` on a CUDA machine, it would also replace by CUDA or the CPU."""
+ACCELERATORS = ("cuda", "xpu", "npu", "hpu")  # the kinds HFLM takes as kind:index
+
+
+def _device_count(kind: str) -> int:
     import torch
 
-    available = torch.cuda.is_available()
+    return getattr(getattr(torch, kind, None), "device_count", lambda: 0)()
+
+
+def hflm_device_names() -> set[str]:
+    """The device names lm-eval's hf model places a model on as given, on this machine; any
+    other it silently replaces by CUDA if there is one, else the CPU."""
+    names = {"cuda", "cpu", "mps", "mps:0"}
+    for kind in ACCELERATORS:
+        names |= {f"{kind}:{i}" for i in range(_device_count(kind))}
+    return names
+
+
+def placed_device(device: Any) -> str:
+    """The device HFLM will place the model on, refused before loading where that is not the
+    one asked for. HFLM takes the names of :func:`hflm_device_names` as given (``cuda`` is its
+    default when none is passed), and a run on ``cuda`` or ``mps`` without one fails at the
+    first tensor moved there, after the weights load; any other name (``cuda:7`` with two
+    GPUs, a bare ``xpu``, ``cpu:0``) it silently replaces by CUDA if there is one, else the
+    CPU. ``cuda:0`` is the ``lm_eval`` command's default device: without CUDA it means the
+    CPU, as HFLM makes it, and so does ``cpu:0``. With none given (the Python API), CUDA if
+    there is one, else the CPU."""
+    import torch
+
+    fallback = "cuda" if torch.cuda.is_available() else "cpu"
     if device is None:
-        return "cuda" if available else "cpu"
+        return fallback
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError) as e:
@@ -129,36 +146,38 @@ def placed_device(device: Any) -> str:
                              "torch_npu, Ascend's torch extension, which adds them") from None
         raise ValueError(f"device={device!r} is not a torch device ({e})") from None
     device = str(device)
-    mps = torch.backends.mps.is_available()
-    if device == "cuda:0" and not available:
-        return "cpu"
-    if (kind == "cuda" and not available) or (kind == "mps" and not mps):
-        if device in ("cuda", "mps", "mps:0"):
-            raise ValueError(f"device={device}: torch {torch.__version__} sees no {kind.upper()} "
-                             "device on this machine, so the run would fail once the weights "
-                             "had loaded; pass device=cpu (--device cpu), or run where there is one")
-        raise ValueError(f"device={device}: torch sees no {kind.upper()} device, so lm-eval's "
-                         "hf model would run on the CPU instead; pass device=cpu (--device cpu)")
-    gpus = torch.cuda.device_count()
-    if kind == "cuda" and device != "cuda" and device not in {f"cuda:{i}" for i in range(gpus)}:
-        raise ValueError(f"device={device}: this machine has {gpus} CUDA device(s), cuda:0 to "
-                         f"cuda:{gpus - 1}, so lm-eval's hf model would run on cuda instead; "
-                         "pass one of them")
-    fallback = "cuda" if available else "cpu"  # where HFLM puts a name it does not list
-    if kind == "cpu" and device != "cpu":
-        if available:
-            raise ValueError(f"device={device}: lm-eval's hf model takes the CPU as 'cpu' only "
-                             "and would run on cuda instead; pass device=cpu")
-        return "cpu"
-    if kind in ("xpu", "npu", "hpu"):
-        count = getattr(getattr(torch, kind, None), "device_count", lambda: 0)()
-        if device not in {f"{kind}:{i}" for i in range(count)}:
-            listed = f", {kind}:0 to {kind}:{count - 1}" if count else ""
-            raise ValueError(f"device={device}: lm-eval's hf model takes {kind} devices by index "
-                             f"only, below the {count} device(s) torch sees here{listed}, and "
-                             f"would run on {fallback} instead; pass one of them")
-    if kind not in ("cpu", "cuda", "mps", "xpu", "npu", "hpu"):
-        raise ValueError(f"device={device}: lm-eval's hf model places models on cpu, cuda, mps "
-                         "or another accelerator it knows (xpu, npu, hpu), and would put this "
-                         "one on the CPU or CUDA instead; pass one of those")
-    return device
+    present = {"cuda": fallback == "cuda", "mps": torch.backends.mps.is_available()}
+    if device in ("cuda", "mps", "mps:0") and not present[kind]:
+        raise ValueError(f"device={device}: torch {torch.__version__} sees no {kind.upper()} "
+                         "device on this machine, so the run would fail once the weights "
+                         "had loaded; pass device=cpu (--device cpu), or run where there is one")
+    if device in hflm_device_names():
+        return device
+    if fallback == "cpu" and (kind == "cpu" or device == "cuda:0"):
+        return "cpu"  # where HFLM puts cpu:N, and the lm_eval command's default, without CUDA
+    raise ValueError(f"device={device}: " + _where_hflm_puts(kind, fallback, present))
+
+
+def _where_hflm_puts(kind: str, fallback: str, present: dict[str, bool]) -> str:
+    """Why a device name HFLM does not list would land elsewhere, and what to pass instead."""
+    if kind in present and not present[kind]:
+        return (f"torch sees no {kind.upper()} device, so lm-eval's hf model would run on "
+                f"{'the CPU' if fallback == 'cpu' else fallback} instead; pass device=cpu "
+                "(--device cpu)")
+    if kind == "cuda":
+        gpus = _device_count("cuda")
+        return (f"this machine has {gpus} CUDA device(s), cuda:0 to cuda:{gpus - 1}, so "
+                "lm-eval's hf model would run on cuda instead; pass one of them")
+    if kind in ("cpu", "mps"):
+        names = "'cpu' only" if kind == "cpu" else "'mps' or 'mps:0' only"
+        return (f"lm-eval's hf model takes the {kind.upper()} as {names} and would run on "
+                f"{fallback} instead; pass device={kind}")
+    if kind in ACCELERATORS:
+        count = _device_count(kind)
+        listed = f", {kind}:0 to {kind}:{count - 1}" if count else ""
+        return (f"lm-eval's hf model takes {kind} devices by index only, below the {count} "
+                f"device(s) torch sees here{listed}, and would run on {fallback} instead; "
+                "pass one of them")
+    return ("lm-eval's hf model places models on cpu, cuda, mps or another accelerator it "
+            "knows (xpu, npu, hpu), and would put this one on the CPU or CUDA instead; pass "
+            "one of those")

@@ -682,6 +682,38 @@ def test_mps_0_without_mps_fails_as_mps_does(monkeypatch):
         placed_device("mps:0")
 
 
+def test_mps_past_0_is_refused_where_hflm_would_replace_it(monkeypatch):
+    """HFLM lists mps and mps:0 only: mps:1 it puts on CUDA or the CPU even on a Mac, so it is
+    refused with the names to pass; without MPS the message names where it would run."""
+    from lm_eval_sinkmask.hflm_args import hflm_device_names, placed_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert placed_device("mps") == "mps" and placed_device("mps:0") == "mps:0"
+    assert "mps:1" not in hflm_device_names()
+    with pytest.raises(ValueError, match=r"device=mps:1: lm-eval's hf model takes the MPS as "
+                                         r"'mps' or 'mps:0' only and would run on cpu instead; "
+                                         "pass device=mps"):
+        placed_device("mps:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device=mps:1: torch sees no MPS device, so lm-eval's "
+                                         "hf model would run on cuda instead"):
+        placed_device("mps:1")
+
+
+def test_the_names_hflm_lists_are_counted_per_accelerator(monkeypatch):
+    """The names taken as given: cuda, cpu, mps, mps:0 and each accelerator's indices below its
+    own device count."""
+    from lm_eval_sinkmask.hflm_args import hflm_device_names
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.xpu, "device_count", lambda: 1)
+    names = hflm_device_names()
+    assert {"cuda", "cpu", "mps", "mps:0", "cuda:0", "cuda:1", "xpu:0"} <= names
+    assert not {"cuda:2", "xpu:1", "cpu:0", "mps:1", "xpu", "hpu:0"} & names
+
+
 @pytest.mark.parametrize("device", [1.5, ["cpu"]])
 def test_a_device_of_a_type_torch_cannot_read_is_refused_in_our_words(device):
     """lm-eval's arg-string parser makes device=1.5 a float: refused as no torch device (a

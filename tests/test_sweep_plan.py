@@ -378,14 +378,18 @@ def test_a_seed_folder_without_its_config_is_not_there(tmp_path, monkeypatch):
 
 
 def test_installed_seeds_count_only_numbered_seed_folders(tmp_path, monkeypatch):
-    """seed_old/ or seedx/ beside seed1/ is no training seed (and does not break the listing)."""
+    """seed_old/ or seedx/ beside seed1/ is no training seed (and does not break the listing),
+    nor is seed2/ without a config.json; the folders are listed under any root."""
     from lm_eval_sinkmask import zoo
 
     monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path))
     for folder in ("seed1", "seed_old", "seedx"):
         (tmp_path / "llada" / folder).mkdir(parents=True)
         (tmp_path / "llada" / folder / "config.json").write_text("{}")
+    (tmp_path / "llada" / "seed2").mkdir()
     assert zoo.installed_seeds(("llada",)) == [0, 1]
+    assert zoo.seed_folders("llada") == {1: tmp_path / "llada" / "seed1"}
+    assert zoo.seed_folders("llada", tmp_path / "elsewhere") == {}
 
 
 def test_an_empty_seeds_variable_means_the_repositorys_folder(monkeypatch):

@@ -46,12 +46,19 @@ def checkpoint_path(name: str, seed: int = 0) -> Path:
     return path
 
 
+def seed_folders(name: str, root: Path | None = None) -> dict[int, Path]:
+    """{seed: folder} of ``name``'s checkpoints under ``root`` (default :func:`seeds_dir`):
+    each ``seed<N>/`` holding a config.json."""
+    root = seeds_dir() if root is None else root
+    return {int(p.parent.name.removeprefix("seed")): p.parent
+            for p in (root / name).glob("seed*/config.json")
+            if p.parent.name.removeprefix("seed").isdigit()}
+
+
 def installed_seeds(names=ZOO_NAMES) -> list[int]:
     """The training seeds every one of ``names`` has here: 0 (in the package) and each seed
     S >= 1 whose checkpoints :func:`seeds_dir` holds for all of them."""
-    found = [{int(p.parent.name.removeprefix("seed"))
-              for p in (seeds_dir() / name).glob("seed*/config.json")
-              if p.parent.name.removeprefix("seed").isdigit()} for name in names]
+    found = [set(seed_folders(name)) for name in names]
     return [0] + sorted(set.intersection(*found) if found else set())
 
 

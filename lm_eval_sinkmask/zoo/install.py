@@ -40,7 +40,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import CHECKPOINTS_DIR, ZOO_NAMES, installed_seeds, seeds_dir
+from . import CHECKPOINTS_DIR, ZOO_NAMES, installed_seeds, seed_folders, seeds_dir
 
 PACKAGE_BUDGET_MB = 40
 REPO_BUDGET_MB = 120
@@ -270,9 +270,7 @@ def joined_seeds(name: str, package: Path, seeds_root: Path) -> dict[int, Path]:
     """{seed: folder} of ``name``'s installed GPU seeds, which an incoming seed joins: every
     seed >= 1 under ``seeds_root``, and seed 0 staged or, failing that, in the package where
     it was trained on a GPU (the CPU-trained seed 0 it replaces last is no run of theirs)."""
-    found = {int(p.parent.name.removeprefix("seed")): p.parent
-             for p in (seeds_root / name).glob("seed*/config.json")
-             if p.parent.name.removeprefix("seed").isdigit()}
+    found = seed_folders(name, seeds_root)
     seed0 = next((f for f in (staged_dir(seeds_root) / name, package / name)
                   if (f / "config.json").is_file()), None)
     if seed0 is not None and trained_on_gpu(seed0):
