@@ -252,6 +252,43 @@ def test_host_parts_split_a_call_and_leave_the_package_as_it_was():
     assert gpu_profile.host_split({"host": {}}) is None
 
 
+def test_gpu_profile_reads_a_cuda_profile_in_ms_less_its_own_sync(monkeypatch):
+    """What a CUDA profile's events become (faked: this machine has no GPU): the kernels' own
+    time from us to ms, without the device side of the intercept's ranges; launches, copies,
+    and host waits less profiled()'s own final sync."""
+    from types import SimpleNamespace
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(key, count, device_us=0.0, device_type=cpu, cpu_us=0.0):
+        return SimpleNamespace(key=key, count=count, self_device_time_total=device_us,
+                               device_type=device_type, cpu_time_total=cpu_us)
+
+    events = [event("gemm", 4, 1500.0, cuda), event("sinkmask: detection", 2, 900.0, cuda),
+              event("sinkmask: detection", 2, cpu_us=80.0), event("cudaLaunchKernel", 6),
+              event("cuLaunchKernel", 2), event("cudaDeviceSynchronize", 3),
+              event("cudaMemcpyAsync", 1)]
+
+    class Profile:
+        def __init__(self, activities):
+            assert torch.profiler.ProfilerActivity.CUDA in activities
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            return events
+
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    monkeypatch.setattr(gpu_profile, "sync", lambda device: None)
+    assert gpu_profile.profiled(lambda n: None, "c", torch.device("cuda")) == {
+        "kernel ms": 1.5, "launches": 8, "syncs": 2, "copies": 1,
+        "device": {"gemm": (4, 1500.0)}, "host": {"detection": (2, 80.0)}}
+
+
 def test_variant_c_w8_launches_both_detection_kernels_with_8_warps(monkeypatch):
     """c_w8 (candidate): the fused path's own launches, the number of warps alone changed."""
     import types

@@ -5,6 +5,7 @@ shapes, and every sweep command of the recipe parsed by the real CLI with each m
 model_args validated against its family's sampler settings.
 """
 
+import argparse
 import inspect
 import math
 import re
@@ -39,21 +40,28 @@ def test_fit_to_full_depth():
     # noise larger than the per-layer cost: no line, the deepest count scaled instead
     assert gpu_hours.per_layer_line({2: 0.5, 8: 0.49}) is None
     assert gpu_hours.at_depth({2: 0.5, 8: 0.49}, 32) == pytest.approx(0.49 * 4)
+    # no change at all is no per-layer cost either
+    assert gpu_hours.at_depth({2: 0.5, 8: 0.5}, 32) == pytest.approx(0.5 * 4)
+    # three counts off a line: least squares, through the means (not through the first point)
+    assert gpu_hours.per_layer_line({2: 1.0, 4: 2.0, 6: 2.0}) == pytest.approx((2 / 3, 0.25))
 
 
-def test_a_fit_that_finds_no_per_layer_cost_is_reported_not_adopted(monkeypatch, capsys):
+@pytest.mark.parametrize("key", ["dream", "llada"])
+def test_a_fit_that_finds_no_per_layer_cost_is_reported_not_adopted(key, monkeypatch, capsys):
     """The real measure() on stubbed timings: a step that gets cheaper with more layers is
-    scaled from the deepest count and named under "Checks failed"."""
+    scaled from the deepest count and named under "Checks failed", once (LLaDA's timing is
+    also MMaDA's rows')."""
+    depth = gpu_hours.SHAPES[key].layers
     monkeypatch.setattr(gpu_hours, "build", lambda shape, layers, device, dtype: layers)
     monkeypatch.setattr(gpu_hours, "time_dlm", lambda layers, kind, batch, seq, args, device: (
         {"a": 0.1 + 0.01 * layers, "c": 0.3 - 0.01 * layers}, 5))
-    out = gpu_hours.main(["--device", "cpu", "--models", "dream", "--tasks", "gsm8k_sinkmask",
+    out = gpu_hours.main(["--device", "cpu", "--models", key, "--tasks", "gsm8k_sinkmask",
                           "--batch", "8", "--layers", "2,8"])
     t, = out["timings"]
-    assert t["step_a"] == pytest.approx(0.1 + 0.01 * 28)  # a line: extrapolated
-    assert t["step_c"] == pytest.approx((0.3 - 0.08) * 28 / 8)  # none: the deepest, scaled
+    assert t["step_a"] == pytest.approx(0.1 + 0.01 * depth)  # a line: extrapolated
+    assert t["step_c"] == pytest.approx((0.3 - 0.08) * depth / 8)  # none: the deepest, scaled
     assert out["checks_failed"] == [
-        "dream gsm8k_sinkmask batch 8: the step top_k=5 found no per-layer cost between "
+        f"{key} gsm8k_sinkmask batch 8: the step top_k=5 found no per-layer cost between "
         "[2, 8] layers (scaled the deepest instead)"]
     text = capsys.readouterr().out
     assert "**Checks failed: do not adopt these numbers**" in text
@@ -70,6 +78,14 @@ def test_a_step_cheaper_at_a_larger_batch_fails_the_checks():
         "llama gsm8k_sinkmask: the unmasked step at batch 8 (0.0088 s) costs less than at "
         "batch 1 (0.0273 s)"]
     assert gpu_hours.failed_checks([row(1, 0.0273, 0.0597), row(8, 0.0260, 0.0613)]) == []
+    # the rows in any batch order (--batch 8,1)
+    assert gpu_hours.failed_checks([row(8, 0.0088, 0.0613), row(1, 0.0273, 0.0597)]) == [
+        "llama gsm8k_sinkmask: the unmasked step at batch 8 (0.0088 s) costs less than at "
+        "batch 1 (0.0273 s)"]
+    # and the top_k=5 step is checked too
+    assert gpu_hours.failed_checks([row(1, 0.0273, 0.0597), row(8, 0.0280, 0.0200)]) == [
+        "llama gsm8k_sinkmask: the top_k=5 step at batch 8 (0.0200 s) costs less than at "
+        "batch 1 (0.0597 s)"]
 
 
 def test_flops_of_the_8b_shapes():
@@ -107,13 +123,74 @@ def test_hours_from_stubbed_timings(capsys):
                 want = s * steps * math.ceil(n / b) / 3600
             assert r["hours"][k] == pytest.approx(want)
         assert r["cell_total"] == pytest.approx(sum(r["hours"].values()))
+        # top_k=5 / unmasked; the stub's 1e12 FLOPs per step in TFLOP/s
+        assert r["ratio"] == pytest.approx(1.5) and r["tflops"] == pytest.approx(1 / step)
     assert out["checks_failed"] == []
+    # the defaults (the module docstring's), as the JSON records them
+    assert out["layers"] == [2, 8] and out["prompt_tokens"] == gpu_hours.PROMPT_TOKENS
+    assert out["gen_tokens"] == gpu_hours.GEN_LENGTH
     text = capsys.readouterr().out
     assert "NOT GPU estimates" in text
+    assert "layer counts timed 2,8 (fitted to the full depth); 5 interleaved repeats" in text
     assert "Checks: every fit to full depth found a per-layer cost" in text
-    total1 = sum(r["cell_total"] for r in rows if r["batch"] == 1)
+    # the markdown rows: K=0, one K>0 cell, the four cells
+    for r in (rows[0], rows[-1]):
+        assert f"| {r['hours'][0]:.2f} | {r['hours'][5]:.2f} | {r['cell_total']:.2f} |" in text
+    assert "| llada | gsm8k_sinkmask | 1 | 800+256 | 0.0400 | 0.0600 | 1.50 | 25 |" in text
+    assert ("| llama | humaneval_sinkmask | 8 | 140+512 | 0.100 + 512x0.0200 "
+            "| 0.200 + 512x0.0300 | 1.50 | 50 |") in text
+    sel = [r for r in rows if r["batch"] == 1]
+    per_model = ", ".join(f"{m} {sum(r['cell_total'] for r in sel if r['model'] == m):.1f}"
+                          for m in ("llada", "mmada", "dream", "llama"))
     assert f"Whole sweep (4 models x 2 tasks x K in {{0, 1, 5, 10}} = 32 cells) at batch 1: " \
-           f"**{total1:.1f} CPU-h" in text
+           f"**{sum(r['cell_total'] for r in sel):.1f} CPU-h (NOT a GPU estimate)** " \
+           f"({per_model})." in text
+
+
+def test_prompt_token_flags_set_each_tasks_prompt():
+    """--gsm8k-prompt-tokens and --humaneval-prompt-tokens each time their own task's prompt."""
+    out = gpu_hours.main(["--device", "cpu", "--models", "dream", "--batch", "1",
+                          "--gsm8k-prompt-tokens", "900", "--humaneval-prompt-tokens", "150"],
+                         timer=stub_timer)
+    assert out["prompt_tokens"] == {"gsm8k_sinkmask": 900, "humaneval_sinkmask": 150}
+    assert [(t["task"], t["prompt"]) for t in out["timings"]] == [
+        ("gsm8k_sinkmask", 900), ("humaneval_sinkmask", 150)]
+
+
+def test_llama_prefill_and_decoding_step_are_fitted_apart(monkeypatch):
+    """The real measure() on stubbed ARM timings: prefill and decoding step, each unmasked and
+    masked, fitted to full depth from their own times; the keys masked at the deepest count;
+    FLOPs of a step at the decoding's mean key count (prompt + gen / 2)."""
+    monkeypatch.setattr(gpu_hours, "build", lambda shape, layers, device, dtype: layers)
+    monkeypatch.setattr(gpu_hours, "time_arm", lambda layers, batch, prompt, args, device: (
+        {"a": 0.01 * layers, "c": 0.02 * layers}, {"a": 0.001 * layers, "c": 0.003 * layers},
+        10 * layers))
+    shape = gpu_hours.SHAPES["llama"]
+    t = gpu_hours.measure("llama", shape, "gsm8k_sinkmask", 8, 800, 256, None,
+                          torch.device("cpu"), [2, 8], torch.float32)
+    assert (t.prefill_a, t.prefill_c, t.step_a, t.step_c) == pytest.approx(
+        (0.32, 0.64, 0.032, 0.096))
+    assert t.keys_masked == 80 and t.fit_notes == []
+    assert t.flops_step == shape.flops_per_forward(8, 800 + 128, new=1)
+
+
+def test_a_step_is_per_forward_pass_and_per_decoding_step(monkeypatch):
+    """time_dlm divides a timing of --passes forwards by the passes; time_arm's decoding step
+    is (prefill + n steps) less the prefill, over n (generate makes n steps after the
+    prefill). Medians stubbed; the warm-up runs are real, on tiny shapes."""
+    med = {"a": 0.6, "c": 0.9, "a:0": 0.1, "c:0": 0.2, "a:4": 0.5, "c:4": 1.0}
+    monkeypatch.setattr(gpu_hours, "interleaved", lambda run_one, names, repeats, device: (
+        {n: med[n] for n in names}, {n: 7 for n in names}))
+    args = argparse.Namespace(passes=3, decode_steps=4, repeats=1, chunk=64,
+                              detect_backend="auto", candidates=False)
+    cpu = torch.device("cpu")
+    llada = gpu_hours.build(gpu_hours.QUICK["llada"], 1, cpu, torch.float32)
+    step, keys = gpu_hours.time_dlm(llada, "llada", 1, 8, args, cpu)
+    assert step == pytest.approx({"a": 0.2, "c": 0.3}) and keys == 7
+    llama = gpu_hours.build(gpu_hours.QUICK["llama"], 1, cpu, torch.float32)
+    prefill, step, keys = gpu_hours.time_arm(llama, 1, 8, args, cpu)
+    assert prefill == pytest.approx({"a": 0.1, "c": 0.2}) and keys == 7
+    assert step == pytest.approx({"a": 0.1, "c": 0.2})
 
 
 def test_cpu_smoke_run(tmp_path, capsys):

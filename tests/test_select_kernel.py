@@ -81,6 +81,30 @@ def test_the_call_path_leaves_a_per_row_mask_to_the_package(interpreted):
     assert r["kernel_calls"] == 0 < r["calls"] and r["output_max_diff"] == 0.0, r
 
 
+def test_a_call_of_max_keys_keys_is_in_scope_and_not_one_more(monkeypatch):
+    """taken_calls.in_scope: at most MAX_KEYS keys, the limit itself included (the kernel
+    refuses only n_k > MAX_KEYS). In this process, with no kernel run."""
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+
+    from lm_eval_sinkmask import fused_mass
+    from lm_eval_sinkmask.config import SinkMaskConfig
+
+    monkeypatch.setattr(sys, "path", [str(ROOT / "benchmarks"), *sys.path])
+    import select_kernel
+    import taken_calls
+
+    monkeypatch.setattr(fused_mass, "triton_runs_on", lambda device: True)
+    run = SimpleNamespace(config=SinkMaskConfig(top_k=5),
+                          masker=SimpleNamespace(excluded_keys=None))
+    call = lambda keys: {"query": torch.zeros(1, 1, 2, 1),  # noqa: E731
+                         "key": torch.zeros(1, 1, keys, 1)}
+    assert taken_calls.in_scope(run, call(select_kernel.MAX_KEYS), select_kernel.MAX_KEYS)
+    assert not taken_calls.in_scope(run, call(select_kernel.MAX_KEYS + 1), select_kernel.MAX_KEYS)
+
+
 # -- the child process ------------------------------------------------------------------------
 
 
