@@ -510,20 +510,21 @@ def main(argv=None, timer=None) -> dict:
     shapes = QUICK if args.quick else SHAPES
     plen = dict(QUICK_PROMPT if args.quick else PROMPT_TOKENS)
     gens = QUICK_GEN if args.quick else GEN_LENGTH
-    source = "defaults (character counts / assumed characters per token)"
+    source = dict.fromkeys(plen, "default: character count / assumed characters per token")
     if args.tokenizer and not args.quick:
         plen.update(measured_prompt_tokens(args.tokenizer, args.gsm8k_dir))
-        source = f"counted with {args.tokenizer}"
+        source.update(dict.fromkeys(plen, f"counted with {args.tokenizer}"))
     for task, value in (("gsm8k_sinkmask", args.gsm8k_prompt_tokens),
                         ("humaneval_sinkmask", args.humaneval_prompt_tokens)):
         if value:
-            plen[task], source = value, "given"
+            plen[task], source[task] = value, "given"
     device_name = torch.cuda.get_device_name(device) if on_gpu else "CPU"
     print(f"# gpu_hours: torch {torch.__version__}, device {device_name}, "
           f"command: python {' '.join(sys.argv if argv is None else ['benchmarks/gpu_hours.py'] + argv)}")
     if not on_gpu:
         print("# NOTE: running on CPU. CPU numbers are NOT GPU estimates.")
-    print(f"# prompt tokens {plen} ({source}); gen tokens {gens}")
+    print("# prompt tokens " + ", ".join(f"{t} {n} ({source[t]})" for t, n in plen.items())
+          + f"; gen tokens {gens}")
     sys.stdout.flush()
 
     timer = timer or measure

@@ -147,14 +147,19 @@ def test_hours_from_stubbed_timings(capsys):
            f"({per_model})." in text
 
 
-def test_prompt_token_flags_set_each_tasks_prompt():
-    """--gsm8k-prompt-tokens and --humaneval-prompt-tokens each time their own task's prompt."""
+def test_prompt_token_flags_set_each_tasks_prompt(capsys):
+    """--gsm8k-prompt-tokens and --humaneval-prompt-tokens each time their own task's prompt,
+    and the report says which length came from where."""
     out = gpu_hours.main(["--device", "cpu", "--models", "dream", "--batch", "1",
                           "--gsm8k-prompt-tokens", "900", "--humaneval-prompt-tokens", "150"],
                          timer=stub_timer)
     assert out["prompt_tokens"] == {"gsm8k_sinkmask": 900, "humaneval_sinkmask": 150}
     assert [(t["task"], t["prompt"]) for t in out["timings"]] == [
         ("gsm8k_sinkmask", 900), ("humaneval_sinkmask", 150)]
+    out = gpu_hours.main(["--device", "cpu", "--models", "dream", "--batch", "1",
+                          "--gsm8k-prompt-tokens", "900"], timer=stub_timer)
+    assert ("# prompt tokens gsm8k_sinkmask 900 (given), humaneval_sinkmask 140 (default: "
+            "character count / assumed characters per token)") in capsys.readouterr().out
 
 
 def test_llama_prefill_and_decoding_step_are_fitted_apart(monkeypatch):
