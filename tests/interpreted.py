@@ -67,6 +67,66 @@ def tiny_dlm_passes(kind: str, *, bf16: bool = False, padded: bool = False, pass
     return model, run
 
 
+class SyntheticAttention:
+    """A model of two SDPA calls (layers) per pass over fixed DLM-shaped q/k/v (as many
+    query rows as keys, 80: two query tiles), sinks planted at a few keys, under a float bias
+    with left padding, or ``bool_mask``, ``no_mask``, ``all_visible_blocked`` (element 2 sees
+    only three keys, the first sinks); ``gqa``: K and V with half the query's heads, passed to
+    SDPA with ``enable_gqa``."""
+
+    def __init__(self, name: str):
+        import torch
+
+        g = torch.Generator().manual_seed(6)
+        B, H, D, S = 3, 4, 16, 80
+        Hk = H // 2 if name == "gqa" else H
+        self.q = torch.randn(2, B, H, S, D, generator=g)
+        self.k = torch.randn(2, B, Hk, S, D, generator=g)
+        self.k[:, :, :, [0, 5, 9, 17, 30]] += 2.5 * self.q[:, :, ::H // Hk].mean(dim=3,
+                                                                                keepdim=True)
+        self.v = torch.randn(2, B, Hk, S, D, generator=g)
+        self.gqa = Hk != H
+        keep = torch.ones(B, S, dtype=torch.bool)
+        keep[1, :6] = False  # left padding
+        if name == "all_visible_blocked":  # element 2 sees three keys, all of them sinks
+            keep[2] = False
+            keep[2, [0, 5, 9]] = True
+        keep = keep[:, None, None, :]
+        if name == "no_mask":
+            self.mask = None
+        elif name in ("bool_mask", "all_visible_blocked"):
+            self.mask = keep
+        else:
+            bias = torch.linspace(-0.5, 0.5, S).expand(keep.shape)
+            self.mask = bias.masked_fill(~keep, torch.finfo(torch.float32).min)
+
+    def run(self):
+        import torch
+        import torch.nn.functional as F
+
+        return torch.cat([F.scaled_dot_product_attention(self.q[i], self.k[i], self.v[i],
+                                                         attn_mask=self.mask,
+                                                         enable_gqa=self.gqa)
+                          for i in range(2)], dim=2)
+
+
+def synthetic_passes(name: str, *, passes: int = 3):
+    """(model, run: () -> last pass's output, attention) of ``passes`` passes of the
+    :class:`SyntheticAttention` ``name``: the candidates' synthetic cases."""
+    import torch
+
+    att = SyntheticAttention(name)
+    model = torch.nn.Module()
+    model.forward = lambda: att.run()  # the masker hooks the module's forward passes
+
+    def run():
+        for _ in range(passes - 1):
+            model()
+        return model()
+
+    return model, run, att
+
+
 def compared_with_the_package(case: str, installed, name: str, model, rule: str, detect: str,
                               run, *, top_k: int, eps: float, tol: float, takes,
                               granularity: str = "head", backend: str = "auto",

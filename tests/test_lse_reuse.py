@@ -70,6 +70,23 @@ def test_calls_out_of_scope_stay_with_the_package(interpreted, case):
     assert r["same_chosen"] and r["same_blocked"], r
 
 
+def test_the_row_lse_patch_is_undone_after_each_call(monkeypatch):
+    """Each call patches fused_mass's kernels by hand (not with mock.patch): left in place,
+    the fused path's later calls in the process (bench_masking's other variants, timed after
+    c_lse) would launch the fix with a stale log-sum-exp instead of the row pass."""
+    import torch
+
+    from lm_eval_sinkmask import fused_mass
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import lse_reuse
+
+    package = fused_mass._kernels
+    with lse_reuse._row_lse_from(torch.zeros(1, 2, 3), torch.zeros(1, 2, 16, dtype=torch.int32)):
+        assert isinstance(fused_mass._kernels().row_lse_kernel, lse_reuse._FixLaunch)
+    assert fused_mass._kernels is package
+
+
 # -- the child process ------------------------------------------------------------------------
 
 
@@ -94,59 +111,10 @@ def _model_case(name: str):
     return model, "current" if name.endswith("current") else "previous", run
 
 
-class _Attention:
-    """A model of two SDPA calls (layers) per pass over fixed DLM-shaped q/k/v (as many
-    query rows as keys, 80: two query tiles), sinks planted at a few keys; ``gqa``: K and V
-    with half the query's heads."""
-
-    def __init__(self, name: str):
-        import torch
-
-        g = torch.Generator().manual_seed(6)
-        B, H, D, S = 3, 4, 16, 80
-        Hk = H // 2 if name == "gqa" else H
-        self.q = torch.randn(2, B, H, S, D, generator=g)
-        self.k = torch.randn(2, B, Hk, S, D, generator=g)
-        self.k[:, :, :, [0, 5, 9, 17, 30]] += 2.5 * self.q[:, :, ::H // Hk].mean(dim=3,
-                                                                                keepdim=True)
-        self.v = torch.randn(2, B, Hk, S, D, generator=g)
-        self.gqa = Hk != H
-        keep = torch.ones(B, S, dtype=torch.bool)
-        keep[1, :6] = False  # left padding
-        if name == "all_visible_blocked":  # element 2 sees three keys, all of them sinks
-            keep[2] = False
-            keep[2, [0, 5, 9]] = True
-        keep = keep[:, None, None, :]
-        if name == "no_mask":
-            self.mask = None
-        elif name in ("bool_mask", "all_visible_blocked"):
-            self.mask = keep
-        else:
-            bias = torch.linspace(-0.5, 0.5, S).expand(keep.shape)
-            self.mask = bias.masked_fill(~keep, torch.finfo(torch.float32).min)
-
-    def run(self):
-        import torch
-        import torch.nn.functional as F
-
-        return torch.cat([F.scaled_dot_product_attention(self.q[i], self.k[i], self.v[i],
-                                                         attn_mask=self.mask,
-                                                         enable_gqa=self.gqa)
-                          for i in range(2)], dim=2)
-
-
 def _synthetic_case(name: str):
-    import torch
+    from tests.interpreted import synthetic_passes
 
-    att = _Attention(name)
-    model = torch.nn.Module()
-    model.forward = lambda: att.run()  # the masker hooks the module's forward passes
-
-    def run():
-        for _ in range(PASSES - 1):
-            model()
-        return model()
-
+    model, run, att = synthetic_passes(name, passes=PASSES)
     return model, "previous", run, att
 
 

@@ -11,7 +11,10 @@ benchmarks (their launches counted): LLaDA calls with select_kernel.py's call pa
 lse_reuse.py.
 """
 
+import collections
+import itertools
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,8 +58,25 @@ def test_a_masked_call_adds_no_more_ops_than_pinned(scenario, path):
     assert c.selection > 0 or path in ("call", "lse") or (
         path == "fused" and scenario.startswith("llama"))
     assert c.outside_per_layer == 0  # the model handles a masked output as an unmasked one
-    assert c.extra_per_call <= per_layer, c
-    assert c.per_pass_fixed <= per_pass, c
+    # masking adds ops, never takes them away: a count below 0 is one taken the wrong way round
+    assert c.first_call >= 0 and c.outside_per_pass >= 0, c
+    assert 0 <= c.extra_per_call <= per_layer, c
+    assert 0 <= c.per_pass_fixed <= per_pass, c
+
+
+def test_the_ops_outside_the_calls_are_fitted_per_layer_and_per_pass(monkeypatch):
+    """compare() splits the masked pass's extra ops outside its calls into a part per layer
+    and a part per pass from the counts at two depths (here made up: 5 per pass, 3 per layer,
+    and a first call of 7 ops more than the others)."""
+    def counted(model, passes, config, rule, counter):
+        n = model.config.num_hidden_layers
+        calls = [collections.Counter({("call", "aten::add"): 1 + 7 * (i == 0)}) for i in range(n)]
+        return op_counts.PassCount(calls, 10 * n + (5 + 3 * n if config else 0))
+
+    monkeypatch.setattr(op_counts, "_count_last_pass", counted)
+    c = op_counts.compare("llada batch 1", "materialized", layers=(2, 4))
+    assert (c.outside_per_layer, c.outside_per_pass, c.first_call) == (3, 5, 7)
+    assert (c.extra_per_call, c.per_pass_fixed) == (3, 12)
 
 
 def test_the_fused_path_is_counted_as_on_a_gpu():
@@ -146,6 +166,15 @@ def test_host_time_runs_the_timed_passes_masked_and_not(scenario, path, monkeypa
         assert stats.detection == {path: stats.attention_calls}
     if path == "materialized":
         assert stats.keys_masked > 0
+
+
+def test_host_time_is_per_attention_call(monkeypatch):
+    """The time of the timed passes is divided by passes and by layers: per call, as the
+    benchmark reports it (a clock that advances 1 s per reading makes each run 1 s)."""
+    clock = itertools.count()
+    monkeypatch.setattr(time, "process_time", lambda: float(next(clock)))
+    t = op_counts.host_time("llada batch 1", "materialized", layers=2, timed=3, repeats=1)
+    assert t.unmasked == t.masked == pytest.approx(1e6 / (3 * 2))
 
 
 def test_decoding_passes_are_a_prefill_and_one_row_steps():

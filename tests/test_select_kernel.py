@@ -31,9 +31,10 @@ MODEL_CASES = ["llada", "dream", "llama_last_row_kv_cache", "llama_all_rows_kv_c
                "llada_per_layer"]
 # the call path (variant c_call): the kernel also writes the output's mask, the model's SDPA
 # makes the output; three passes of a batch of three (LLaDA's two of them left-padded, its
-# bias a float mask; Dream unpadded, with GQA)
+# bias a float mask; Dream unpadded, its K repeated to the query's heads before SDPA), and
+# DLM-shaped calls whose K has half the query's heads, given to SDPA with enable_gqa
 CALL_CASES = ["call_llada", "call_dream", "call_llada_per_layer", "call_llada_current",
-              "call_llada_bf16", "call_dream_per_row_mask"]
+              "call_llada_bf16", "call_dream_per_row_mask", "call_gqa"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,6 @@ def test_the_call_path_leaves_a_per_row_mask_to_the_package(interpreted):
 def test_a_call_of_max_keys_keys_is_in_scope_and_not_one_more(monkeypatch):
     """taken_calls.in_scope: at most MAX_KEYS keys, the limit itself included (the kernel
     refuses only n_k > MAX_KEYS). In this process, with no kernel run."""
-    import sys
     from types import SimpleNamespace
 
     import torch
@@ -92,7 +92,7 @@ def test_a_call_of_max_keys_keys_is_in_scope_and_not_one_more(monkeypatch):
     from lm_eval_sinkmask import fused_mass
     from lm_eval_sinkmask.config import SinkMaskConfig
 
-    monkeypatch.setattr(sys, "path", [str(ROOT / "benchmarks"), *sys.path])
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import select_kernel
     import taken_calls
 
@@ -103,6 +103,19 @@ def test_a_call_of_max_keys_keys_is_in_scope_and_not_one_more(monkeypatch):
                          "key": torch.zeros(1, 1, keys, 1)}
     assert taken_calls.in_scope(run, call(select_kernel.MAX_KEYS), select_kernel.MAX_KEYS)
     assert not taken_calls.in_scope(run, call(select_kernel.MAX_KEYS + 1), select_kernel.MAX_KEYS)
+
+
+def test_the_output_mask_rows_start_aligned_for_cudas_kernel(monkeypatch):
+    """CUDA's memory-efficient attention reads the call path's additive mask as it is only
+    where its rows start at multiples of 8 elements; any other it copies into a padded one on
+    every call, GPU time that no check here would see."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import select_kernel
+
+    bias = select_kernel.output_mask_buffer(2, 3, 11, torch.bfloat16, "cpu")
+    assert bias.shape == (2, 3, 11) and bias.stride(1) % 8 == 0 and bias.stride(0) % 8 == 0
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -222,13 +235,15 @@ def _model_results():
 
 def _call_results():
     import select_kernel
-    from tests.interpreted import compared_with_the_package, tiny_dlm_passes
+    from tests.interpreted import compared_with_the_package, synthetic_passes, tiny_dlm_passes
 
     for case in CALL_CASES:
         kind = case.split("_")[1]
-        # tiny dream's padding mask depends on the row
-        model, run = tiny_dlm_passes(kind, bf16=case.endswith("bf16"), padded=kind == "llada"
-                                     or case.endswith("per_row_mask"))
+        if kind == "gqa":
+            model, run, _ = synthetic_passes("gqa")
+        else:  # tiny dream's padding mask depends on the row
+            model, run = tiny_dlm_passes(kind, bf16=case.endswith("bf16"),
+                                         padded=kind == "llada" or case.endswith("per_row_mask"))
         yield compared_with_the_package(
             case, select_kernel.call_path_installed, select_kernel.CALL_NAME, model, "all",
             "current" if case.endswith("current") else "previous", run, top_k=2, eps=0.0,

@@ -82,19 +82,24 @@ def test_nothing_runs_unless_every_model_is_staged(tmp_path, tiny_dirs):
     assert not worktree.exists()
 
 
-def test_uncommitted_cell_code_is_refused(tmp_path, tiny_dirs):
+@pytest.mark.parametrize("added", [False, True])
+def test_uncommitted_cell_code_is_refused(tmp_path, tiny_dirs, added):
     """The worktree runs HEAD, so a result made there with an edit of the package not yet
-    committed would record code that is in no commit: refused before any worktree is made."""
+    committed (``git add``-ed or not) would record code that is in no commit: refused before
+    any worktree is made."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--no-checkout", str(REPO), str(clone)], check=True)
     subprocess.run(["git", "checkout", "-q", "HEAD", "--", "tools", "lm_eval_sinkmask"],
                    cwd=clone, check=True)
+    shutil.copy(REPO / SCRIPT, clone / SCRIPT)  # this checkout's script, committed or not
     seeds = _staged(tmp_path, tiny_dirs)
     env = dict(os.environ, **{SEEDS_ENV: str(seeds)})
     for name in ("STAGED_ALLOW_UNCOMMITTED", "STAGED_WORKTREE"):
         env.pop(name, None)
     with open(clone / "lm_eval_sinkmask" / "intercept.py", "a") as fh:
         fh.write("\nEDITED = True\n")
+    if added:
+        subprocess.run(["git", "add", "lm_eval_sinkmask/intercept.py"], cwd=clone, check=True)
     done = subprocess.run([SCRIPT, "true"], cwd=clone, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 1 and "uncommitted changes under lm_eval_sinkmask/" in done.stderr
@@ -106,12 +111,14 @@ def test_uncommitted_cell_code_is_refused(tmp_path, tiny_dirs):
 RERUN = "tools/gpu_box/rerun_on_staged_seed0.sh"
 
 
-def _rerun(tmp_path, *steps):
+def _rerun(tmp_path, *steps, failing=None):
     """The rerun script with a recorder in place of with_staged_seed0.sh: what each step would
-    run (with SEEDS, DRAWS, PROBLEMS) goes to ``calls``; results_next is ``tmp_path/next``."""
+    run (with SEEDS, DRAWS, PROBLEMS) goes to ``calls``, and a command that holds ``failing``
+    exits 1; results_next is ``tmp_path/next``."""
     recorder, calls = tmp_path / "with.sh", tmp_path / "calls"
     recorder.write_text('#!/usr/bin/env bash\necho "SEEDS=${SEEDS:-} DRAWS=${DRAWS:-} '
-                        f'PROBLEMS=${{PROBLEMS:-}} $*" >> {calls}\n')
+                        f'PROBLEMS=${{PROBLEMS:-}} $*" >> {calls}\n'
+                        + (f'case "$*" in *"{failing}"*) exit 1 ;; esac\n' if failing else ""))
     recorder.chmod(0o755)
     env = dict(os.environ, STAGED_WITH=str(recorder), RESULTS_NEXT=str(tmp_path / "next"),
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
@@ -145,11 +152,23 @@ def test_a_pooled_step_starts_from_earlier_cells_and_keeps_what_it_made(tmp_path
     done, calls = _rerun(tmp_path, "mc")
     assert done.returncode == 0, done.stderr
     assert [p.name for p in made.iterdir()] == ["made_here"]  # not merged with the old files
+    assert not list((tmp_path / "next" / "mc" / "cells").glob("*/seed0"))  # the old seed 0's
     copied = tmp_path / "next" / "mc" / "cells" / "arm" / earlier[0].name
     assert sorted(p.name for p in copied.rglob("*")) == sorted(
         p.name for p in (earlier[0].parents[1] / "arm" / earlier[0].name).rglob("*"))
     assert calls[-1].startswith("SEEDS=0,")  # the script's own draws and title
     assert "results/mc/reproduce.sh" in calls[-1]
+
+
+def test_every_step_runs_by_default_and_control_on_seed_0_alone(tmp_path):
+    """Without steps the script runs all six in order; the control step remakes seed 0's grid
+    only (results/seed1 and results/seed2 hold the other seeds')."""
+    done, calls = _rerun(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")][:-1] \
+        == ["sinks", "zoo", "tiny", "mc", "control", "sink_token"]
+    [control] = [c for c in calls if "results/control/reproduce.sh" in c]
+    assert control.startswith("SEEDS=0 ") and control.endswith(str(tmp_path / "next" / "control"))
 
 
 def test_an_unknown_step_is_refused():
@@ -172,3 +191,11 @@ def test_the_sink_token_step_runs_a_process_per_model_then_the_traces_and_report
     assert all("--seeds 0," in c and "--limit-gsm 300 --limit-code 100" in c for c in calls)
     copied = tmp_path / "next" / "sink_token" / "cells" / "llada_sink_excl"
     assert {p.name for p in copied.iterdir()} >= {"seed1", "seed2"}  # prefilled
+
+
+def test_the_sink_token_report_waits_for_every_model(tmp_path):
+    """A per-model process that fails stops the step: the report over the cells saved must
+    not be written as if its model's cells were all there."""
+    done, calls = _rerun(tmp_path, "sink_token", failing="--models llada_sink ")
+    assert done.returncode != 0
+    assert all("--models" in c for c in calls)  # no report
