@@ -146,7 +146,8 @@ def candidate_of(variant: str):
     [BLOCK_M, BLOCK_N] tiles (``c_tiles``: the baseline of their one-row load of a mask that
     is the same for every query row, such as LLaDA's padding bias)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
-    compiled_tail.ENABLED = variant != "c_eager"
+    # the package's own switch (SINKMASK_COMPILE_TAIL) holds, but for the variants that set it
+    compiled_tail.ENABLED = variant == "c_kernel" or (old[0] and variant != "c_eager")
     if variant == "c_kernel":
         import select_kernel
 
@@ -224,7 +225,9 @@ def interleaved(run_one, names, repeats: int, device) -> tuple[dict, dict]:
     return {n: statistics.median(t) for n, t in times.items()}, extra
 
 
-def table(title, med, tokens, extra, note=""):
+def table(title, med, tokens, extra, note="", labels=LABELS):
+    """A section's timings; ``labels``: GPU_LABELS for the GPU sections, whose (c) is the
+    fused path, whichever variants were timed."""
     print(f"\n### {title}")
     if note:
         print(note)
@@ -233,7 +236,6 @@ def table(title, med, tokens, extra, note=""):
     print("| variant | median s | tokens/s | ratio to (a), medians | ratio to (a), best runs "
           "| keys masked |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    labels = LABELS if set(med) <= set(VARIANTS) else GPU_LABELS
     for n in med:
         print(f"| {labels[n]} | {med[n]:.3f} | {_per(tokens, med[n], ',.0f')} "
               f"| {_per(med[n], med['a'], '.3f')} | {_per(best[n], best['a'], '.3f')} "
@@ -329,11 +331,14 @@ def wide_model(hidden, heads, layers, dtype, device, intermediate=None):
     return TinyLladaModel(cfg).to(device=device, dtype=dtype).eval()
 
 
-def bench_forward(title, model, B, S, passes, args, device, ragged=True, variants=VARIANTS):
+def bench_forward(title, model, B, S, passes, args, device, ragged=True, variants=VARIANTS,
+                  gpu=False):
+    """Forward passes of ``model``, each variant timed; ``gpu``: section 3's variants (the
+    fused path named, each warmed up first, GPU labels), whichever of them are timed."""
     ids, mask = prompts(B, S, model.config.vocab_size, 2047, ragged=ragged, seed=1)
     ids, mask = ids.to(device), mask.to(device)
     am = None if bool(mask.all()) else mask
-    cfgs = configs(0.0, args.chunk) if variants == VARIANTS else gpu_configs(0.0, args.chunk)
+    cfgs = gpu_configs(0.0, args.chunk) if gpu else configs(0.0, args.chunk)
     if device.type != "cuda":
         variants = tuple(n for n in variants if n not in GRAPHED)
     graphs = {}
@@ -359,7 +364,7 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
                     model(input_ids=ids, attention_mask=am)
             return stats.keys_masked
 
-    if variants != VARIANTS:  # every variant once first: kernel and torch.compile warm-up
+    if gpu:  # every variant once first: kernel and torch.compile warm-up
         variants = warm_up(run_one, variants, title)
     med, extra = interleaved(run_one, list(variants), args.repeats, device)
     c = model.config
@@ -367,7 +372,8 @@ def bench_forward(title, model, B, S, passes, args, device, ragged=True, variant
           f"hidden {c.hidden_size}, MLP {c.intermediate_size}, {c.num_attention_heads} heads, "
           f"{c.num_hidden_layers} layers, "
           f"{next(model.parameters()).dtype}, batch {B}, S {S}, {passes} forward passes per timing, "
-          f"eps 0, query_chunk {args.chunk}; tokens/s = B x S x passes / s")
+          f"eps 0, query_chunk {args.chunk}; tokens/s = B x S x passes / s",
+          GPU_LABELS if gpu else LABELS)
     if getattr(args, "gpu_profile", False):
         rows = {n: per_unit(profiled(run_one, n, device), passes) for n in med}
         profile_table(title.removeprefix("3. "), rows, "forward pass", GPU_LABELS)
@@ -482,7 +488,7 @@ def bench_llada(args, device, hidden, heads, S, condition="", memory=True):
     for B in (8, 1) if model is not None else ():
         m = run_part(f"llada batch {B}", bench_forward,
                      f"3. 8B-shaped LLaDA config on {name}, batch {B}{condition}", model, B, S,
-                     4, args, device, True, timed(GPU_VARIANTS, args))
+                     4, args, device, True, timed(GPU_VARIANTS, args), True)
         med = med or m
         if device.type == "cuda" and "c_graph" in timed(GPU_VARIANTS, args):
             run_part(f"llada graph check batch {B}", graph_check, model, B, S, args, device)
@@ -543,7 +549,7 @@ def bench_llada_gap(args, device, hidden, heads, S):
         run_part(f"llada_gap S {length}", bench_forward,
                  f"3. 8B-shaped LLaDA config on {name}, batch 8, S {length}, "
                  f"{'padded' if padded else 'no padding'}", model, 8, length, 4, args, device,
-                 padded, timed(("a", "c", "c_tiles", "c_lse", "c_w8", "c_mat"), args))
+                 padded, timed(("a", "c", "c_tiles", "c_lse", "c_w8", "c_mat"), args), True)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -842,7 +848,7 @@ def bench_llama_decoding(args, device, hidden=4096, heads=32, P=800):
                   f"bf16; prompt {P}, {steps} decoding steps per timing, through transformers' "
                   f"generate as lm-eval runs it (a host sync per step, in every variant); "
                   f"s = (prefill + steps - prefill) / steps; tokens/s = B / s per step; keys "
-                  f"masked over prefill + steps")
+                  f"masked over prefill + steps", GPU_LABELS)
             if args.gpu_profile:
                 rows = {}
                 for n in run:

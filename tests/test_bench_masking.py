@@ -182,7 +182,8 @@ def test_llada_kernels_part_runs_under_lladas_own_kernel_switch(monkeypatch, cap
     torch = bench_masking.torch
     seen = []
 
-    def fake_forward(title, model, B, S, passes, args, device, ragged=True, variants=None):
+    def fake_forward(title, model, B, S, passes, args, device, ragged=True, variants=None,
+                     gpu=False):
         seen.append((title, B, torch.backends.cuda.mem_efficient_sdp_enabled()))
         return {}
 
@@ -313,6 +314,52 @@ def test_variant_c_w8_launches_both_detection_kernels_with_8_warps(monkeypatch):
     assert launched == [("row_lse", (3, 4), (1, 2), {"BLOCK_M": 64, "num_warps": 8}),
                         ("column_mass", (5, 4), (1, 2), {"BLOCK_N": 64, "num_warps": 8})]
     assert fused_mass._kernels().row_lse_kernel.name == "row_lse"  # restored: 4 warps again
+
+
+def test_candidates_keep_the_packages_compile_switch(monkeypatch):
+    """SINKMASK_COMPILE_TAIL=0 (compiled_tail.ENABLED off) holds in (c) and the candidates
+    that change code, as the header reports it; c_eager is eager and c_kernel runs its kernel
+    whatever the switch; each leaves it as it was."""
+    from lm_eval_sinkmask import compiled_tail
+
+    for switch in (False, True):
+        monkeypatch.setattr(compiled_tail, "ENABLED", switch)
+        for variant, enabled in (("c", switch), ("c_w8", switch), ("c_eager", False),
+                                 ("c_kernel", True)):
+            with bench_masking.candidate_of(variant):
+                assert compiled_tail.ENABLED is enabled, (switch, variant)
+            assert compiled_tail.ENABLED is switch
+
+
+def test_section_3_times_its_own_variants_when_only_a_to_d_are_left(monkeypatch, capsys):
+    """--gpu-skip may leave exactly (a)-(d): section 3 still runs its (c) on the fused path
+    after a warm-up of every variant, under the GPU labels (section 2's (c) is auto's)."""
+    torch = bench_masking.torch
+    masked, warmed = [], []
+    real_masker, real_warm_up = bench_masking.SinkMasker, bench_masking.warm_up
+
+    def masker(config):
+        if config.top_k:  # (c) and (d); (b), top_k=0, detects nothing
+            masked.append(config.detect_backend)
+        return real_masker(config)
+
+    def warm_up(run_one, variants, what):
+        warmed.extend(variants)
+        return real_warm_up(run_one, variants, what)
+
+    monkeypatch.setattr(bench_masking, "SinkMasker", masker)
+    monkeypatch.setattr(bench_masking, "warm_up", warm_up)
+    model = bench_masking.wide_model(64, 4, 1, torch.float32, torch.device("cpu"))
+    args = bench_masking.argparse.Namespace(chunk=256, repeats=1, gpu_profile=False)
+    for gpu in (True, False):
+        masked.clear()
+        bench_masking.bench_forward("3. t", model, 2, 24, 1, args, torch.device("cpu"), True,
+                                    bench_masking.VARIANTS, gpu)
+        assert set(masked) == {"fused" if gpu else "auto"}
+    assert warmed == list(bench_masking.VARIANTS)  # the GPU run's, once
+    out = capsys.readouterr().out
+    assert out.count("| (c) top_k=5 previous, fused |") == 1
+    assert out.count("| (c) top_k=5 previous |") == 1
 
 
 def test_choice_margin_tells_a_near_tie_from_a_distant_choice():
