@@ -146,14 +146,14 @@ def candidate_of(variant: str):
     [BLOCK_M, BLOCK_N] tiles (``c_tiles``: the baseline of their one-row load of a mask that
     is the same for every query row, such as LLaDA's padding bias)."""
     old = compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
-    # the package's own switch (SINKMASK_COMPILE_TAIL) holds, but for the variants that set it
-    compiled_tail.ENABLED = variant == "c_kernel" or (old[0] and variant != "c_eager")
-    if variant == "c_kernel":
-        import select_kernel
-
-        compiled_tail._COMPILED = select_kernel.select_and_count
-        compiled_tail._COMPILED_FROM_ROWS = select_kernel.select_and_count_from_rows
     try:
+        # the package's own switch (SINKMASK_COMPILE_TAIL) holds, but where a variant sets it
+        compiled_tail.ENABLED = variant == "c_kernel" or (old[0] and variant != "c_eager")
+        if variant == "c_kernel":
+            import select_kernel
+
+            compiled_tail._COMPILED = select_kernel.select_and_count
+            compiled_tail._COMPILED_FROM_ROWS = select_kernel.select_and_count_from_rows
         with ExitStack() as stack:
             if variant == "c_byparts":
                 stack.enter_context(mock.patch.object(decode_step, "takes",

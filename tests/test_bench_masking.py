@@ -5,11 +5,15 @@ and sampler sections once, in seconds, and checks that it printed a ratio for ev
 that our sampler matched the reference algorithm (it asserts the same tokens itself).
 """
 
+import argparse
 import re
 import sys
+import types
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from lm_eval_sinkmask import masking_stats
@@ -118,7 +122,8 @@ def test_gpu_section_llada_config_has_llada_8b_shape(monkeypatch):
         pass
 
     def fake(hidden, heads, layers, dtype, device, intermediate=None):
-        seen.update(hidden=hidden, heads=heads, intermediate=intermediate or 4 * hidden)
+        seen.update(hidden=hidden, heads=heads, intermediate=intermediate or 4 * hidden,
+                    layers=layers, dtype=dtype)
         raise Stop
 
     monkeypatch.setattr(bench_masking, "wide_model", fake)
@@ -128,7 +133,9 @@ def test_gpu_section_llada_config_has_llada_8b_shape(monkeypatch):
     except Stop:
         pass
     shape = gpu_hours.SHAPES["llada"]
-    assert seen == dict(hidden=shape.hidden, heads=shape.heads, intermediate=shape.ffn)
+    # and in bf16, 2 layers under --quick (4 otherwise)
+    assert seen == dict(hidden=shape.hidden, heads=shape.heads, intermediate=shape.ffn,
+                        layers=2, dtype=torch.bfloat16)
 
 
 def test_a_failing_backend_loses_no_other_part(monkeypatch, capsys):
@@ -316,21 +323,6 @@ def test_variant_c_w8_launches_both_detection_kernels_with_8_warps(monkeypatch):
     assert fused_mass._kernels().row_lse_kernel.name == "row_lse"  # restored: 4 warps again
 
 
-def test_candidates_keep_the_packages_compile_switch(monkeypatch):
-    """SINKMASK_COMPILE_TAIL=0 (compiled_tail.ENABLED off) holds in (c) and the candidates
-    that change code, as the header reports it; c_eager is eager and c_kernel runs its kernel
-    whatever the switch; each leaves it as it was."""
-    from lm_eval_sinkmask import compiled_tail
-
-    for switch in (False, True):
-        monkeypatch.setattr(compiled_tail, "ENABLED", switch)
-        for variant, enabled in (("c", switch), ("c_w8", switch), ("c_eager", False),
-                                 ("c_kernel", True)):
-            with bench_masking.candidate_of(variant):
-                assert compiled_tail.ENABLED is enabled, (switch, variant)
-            assert compiled_tail.ENABLED is switch
-
-
 def test_section_3_times_its_own_variants_when_only_a_to_d_are_left(monkeypatch, capsys):
     """--gpu-skip may leave exactly (a)-(d): section 3 still runs its (c) on the fused path
     after a warm-up of every variant, under the GPU labels (section 2's (c) is auto's)."""
@@ -451,7 +443,7 @@ def test_the_graph_check_compares_replayed_passes_with_eager_ones(monkeypatch):
     # choices rebound to new tensors, as without ``attach(in_place=True)``
     monkeypatch.setattr(intercept._Run, "_keep_in_place", lambda run, layer, kept: None)
     [line] = bench_masking.graph_check(model, 2, 40, args, torch.device("cpu"), recorded)
-    assert "chosen keys equal in 3/3" not in line
+    assert "logits equal in 3/3" not in line and "chosen keys equal in 3/3" not in line
 
 
 def test_the_zoo_checkpoint_decodes_the_same_tokens_through_the_captured_pass(monkeypatch):
@@ -495,3 +487,314 @@ def test_part_zoo_runs_cuda_graph_through_lm_eval(monkeypatch):
     monkeypatch.setattr(masking_stats.ReplayCounts, "add_replay", lambda self: None)
     [line] = bench_masking.cuda_graph_through_lm_eval(torch.device("cpu"), models=("llada",))
     assert "counters DIFFER" in line
+
+
+@pytest.mark.parametrize("device,clock", [("cpu", "process_time"), ("cuda", "perf_counter")])
+def test_interleaved_times_each_run_alone_round_robin_after_a_warm_up(monkeypatch, device, clock):
+    """The protocol every ratio rests on: one untimed warm-up, the variants rotated each
+    repeat, each run timed alone between two device syncs on the clock the docstring names
+    (the CPU's process time, CUDA's wall time); medians, and minima for the best runs."""
+    now, log = [0.0], []
+    other = {"process_time": "perf_counter", "perf_counter": "process_time"}[clock]
+    monkeypatch.setattr(bench_masking.time, clock, lambda: log.append("clock") or now[0])
+    monkeypatch.setattr(bench_masking.time, other, lambda: log.append("other clock") or now[0])
+    monkeypatch.setattr(bench_masking, "sync", lambda dev: log.append(f"sync {dev.type}"))
+    costs = {"a": [100.0, 1.0, 2.0, 6.0], "b": [3.0, 4.0, 11.0], "c": [5.0, 5.0, 20.0]}
+
+    def run_one(n):
+        log.append(n)
+        now[0] += costs[n].pop(0)
+        return f"keys {n}"
+
+    med, extra = bench_masking.interleaved(run_one, ["a", "b", "c"], 3,
+                                           types.SimpleNamespace(type=device))
+    timed = [[f"sync {device}", "clock", n, f"sync {device}", "clock"]
+             for n in "abc" + "bca" + "cab"]
+    assert log == ["a"] + sum(timed, [])
+    assert med == {"a": 2.0, "b": 4.0, "c": 5.0}
+    assert bench_masking.interleaved.last_min == {"a": 1.0, "b": 3.0, "c": 5.0}
+    assert extra == {"a": "keys a", "b": "keys b", "c": "keys c"}
+
+
+def _table_rows(out):
+    return [[cell.strip() for cell in line.split("|")[1:-1]]
+            for line in out.splitlines() if line.startswith("| (")]
+
+
+def test_table_rows_are_ratios_to_a_and_tokens_per_median_second(monkeypatch, capsys):
+    """A row: median s, tokens / median s, its median over (a)'s and its best run over
+    (a)'s best, keys masked; the CPU sections' rows carry their own labels; a time of 0 (a
+    decoding step below the clock's resolution) prints n/a, not a division by zero."""
+    monkeypatch.setattr(bench_masking.interleaved, "last_min",
+                        {"a": 1.0, "b": 1.5, "c": 3.0, "d": 0.5}, raising=False)
+    bench_masking.table("t", {"a": 2.0, "b": 2.5, "c": 4.0, "d": 5.0}, 100, {"c": 7, "d": 9})
+    assert _table_rows(capsys.readouterr().out) == [
+        ["(a) no intercept", "2.000", "50", "1.000", "1.000", "-"],
+        ["(b) top_k=0", "2.500", "40", "1.250", "1.500", "-"],
+        ["(c) top_k=5 previous", "4.000", "25", "2.000", "3.000", "7"],
+        ["(d) top_k=5 current", "5.000", "20", "2.500", "0.500", "9"]]
+    monkeypatch.setattr(bench_masking.interleaved, "last_min", {"a": 0.0, "c": 0.25})
+    bench_masking.table("t", {"a": 0.0, "c": 0.5}, 8, {})
+    assert _table_rows(capsys.readouterr().out) == [
+        ["(a) no intercept", "0.000", "n/a", "n/a", "n/a", "-"],
+        ["(c) top_k=5 previous", "0.500", "16", "n/a", "n/a", "-"]]
+
+
+def test_each_variant_runs_the_settings_its_label_names():
+    """(c) and (d) differ in detect alone; on the GPU the candidates share (c)'s settings
+    (they differ in code: candidate_of) and c_mat, c_flex and d differ from it in the one
+    field their labels name; every masked variant takes the eps and chunk asked for (a
+    random model under the default eps 3 masks nothing)."""
+    cpu = bench_masking.configs(0.5, 64)
+    assert cpu["a"] is None and cpu["b"].top_k == 0
+    assert cpu["c"] == SinkMaskConfig(top_k=5, eps=0.5, detect="previous", query_chunk=64)
+    assert cpu["d"] == replace(cpu["c"], detect="current")
+    gpu = bench_masking.gpu_configs(0.5, 64)
+    fused = replace(cpu["c"], detect_backend="fused")
+    assert set(gpu) == set(bench_masking.GPU_VARIANTS + bench_masking.DECODING_VARIANTS)
+    assert gpu["a"] is None and gpu["a_graph"] is None and gpu["b"] == cpu["b"]
+    assert all(gpu[n] == fused for n in ("c", "c_tiles", "c_eager", "c_kernel", "c_call",
+                                         "c_lse", "c_w8", "c_graph", "c_byparts"))
+    assert gpu["c_mat"] == replace(fused, detect_backend="materialized")
+    assert gpu["c_flex"] == replace(fused, detect_backend="flex")
+    assert gpu["d"] == replace(fused, detect="current")
+
+
+@pytest.mark.parametrize("ragged,variants,gpu", [(False, bench_masking.VARIANTS, False),
+                                                 (True, ("a", "c", "c_mat"), True)])
+def test_forward_tables_time_the_same_passes_in_every_variant(monkeypatch, ragged, variants,
+                                                              gpu):
+    """Every variant runs as many forward passes on the same inputs (no mask where no row
+    is padded, as dlm_model calls LLaDA); section 3's variants each run once before the
+    timings (kernel and compile warm-up); tokens/s counts every pass and the profile is per
+    pass."""
+    model = bench_masking.wide_model(32, 2, 2, torch.float32, torch.device("cpu"))
+    masks, passes, warm, tables, divisors = [], {}, [], [], []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")),
+        with_kwargs=True)
+    real = bench_masking.interleaved
+
+    def counted(run_one, names, repeats, device):
+        warm.append(len(masks))
+        for n in names:
+            before = len(masks)
+            run_one(n)
+            passes[n] = len(masks) - before
+        out = real(run_one, names, repeats, device)
+        counted.last_min = real.last_min
+        return out
+
+    monkeypatch.setattr(bench_masking, "interleaved", counted)
+    monkeypatch.setattr(bench_masking, "table",
+                        lambda title, med, tokens, extra, note="", labels=None: tables.append(tokens))
+    monkeypatch.setattr(bench_masking, "profiled", lambda run_one, n, device: n)
+    monkeypatch.setattr(bench_masking, "per_unit",
+                        lambda prof, divisor, minus=None: divisors.append(divisor))
+    monkeypatch.setattr(bench_masking, "profile_table", lambda *a: None)
+    args = argparse.Namespace(chunk=64, repeats=1, gpu_profile=True)
+    bench_masking.bench_forward("t", model, 2, 20, 3, args, torch.device("cpu"), ragged,
+                                variants, gpu)
+    assert warm == [3 * len(variants) if gpu else 0]
+    assert passes == {n: 3 for n in variants}
+    assert all((m is not None) == ragged for m in masks) and masks
+    assert tables == [2 * 20 * 3] and divisors == [3] * len(variants)
+
+
+def test_warm_up_leaves_out_a_failing_candidate_but_not_the_baseline(capsys):
+    """A candidate raising in its warm-up run is reported and left out; (a) raising fails
+    the table, every ratio of which divides by it."""
+    failing = {"c_flex"}
+
+    def run_one(n):
+        if n in failing:
+            raise RuntimeError(f"{n} broke")
+
+    assert bench_masking.warm_up(run_one, ("a", "c", "c_flex"), "t") == ["a", "c"]
+    assert "variant (c) flex (two FlexAttention calls) FAILED" in capsys.readouterr().out
+    failing.add("a")
+    with pytest.raises(RuntimeError, match="a broke"):
+        bench_masking.warm_up(run_one, ("a", "c", "c_flex"), "t")
+
+
+def test_variants_c_eager_and_c_kernel_change_the_selection_only_inside(monkeypatch):
+    """c_eager: the selection eager (compiled_tail.ENABLED off); c_kernel: select_kernel's
+    two entry points where compiled_tail hands out its compiled ones, whatever the switch;
+    (c) and the other candidates keep the package's switch (SINKMASK_COMPILE_TAIL=0 holds
+    there, as the header reports it)."""
+    import select_kernel
+
+    from lm_eval_sinkmask import compiled_tail
+
+    def state():
+        return compiled_tail.ENABLED, compiled_tail._COMPILED, compiled_tail._COMPILED_FROM_ROWS
+
+    for switch in (True, False):
+        monkeypatch.setattr(compiled_tail, "ENABLED", switch)
+        before = state()
+        with bench_masking.candidate_of("c_eager"):
+            assert compiled_tail.ENABLED is False
+        for variant in ("c", "c_w8"):
+            with bench_masking.candidate_of(variant):
+                assert compiled_tail.ENABLED is switch
+        with bench_masking.candidate_of("c_kernel"):
+            assert state() == (True, select_kernel.select_and_count,
+                               select_kernel.select_and_count_from_rows)
+        assert state() == before
+
+
+def test_a_decoding_step_is_the_run_with_steps_less_the_prefill_alone(monkeypatch):
+    """Section 3b: per variant (prefill + steps - prefill) / steps, for the medians and the
+    best runs alike; tokens/s = batch / that; the profile subtracts the prefill-only run."""
+    decodes, tables, profiles = [], [], []
+    prefill = {"med": {"a": 1.0, "c": 1.5, "c_byparts": 1.5},
+               "best": {"a": 0.5, "c": 1.0, "c_byparts": 1.0}}
+    per_step = {"med": {"a": 0.25, "c": 0.5, "c_byparts": 1.0},
+                "best": {"a": 0.125, "c": 0.25, "c_byparts": 0.5}}
+
+    def timings(run_one, names, repeats, device):
+        for n in names:
+            run_one(n)
+        decode = decodes[-1]
+        timings.last_min = {n: prefill["best"][n] + decode * per_step["best"][n] for n in names}
+        return {n: prefill["med"][n] + decode * per_step["med"][n] for n in names}, {}
+
+    monkeypatch.setattr(bench_masking, "generate_cached",
+                        lambda model, ids, decode: decodes.append(decode))
+    monkeypatch.setattr(bench_masking, "interleaved", timings)
+    monkeypatch.setattr(bench_masking, "table", lambda title, med, tokens, extra, note="", labels=None:
+                        tables.append((med, dict(timings.last_min), tokens)))
+    monkeypatch.setattr(bench_masking, "profiled",
+                        lambda run_one, n, device: (run_one(n), decodes[-1])[1])
+    monkeypatch.setattr(bench_masking, "per_unit", lambda prof, divisor, minus=None:
+                        profiles.append((prof, divisor, minus)))
+    monkeypatch.setattr(bench_masking, "profile_table", lambda *a: None)
+    args = argparse.Namespace(quick=True, repeats=1, chunk=64, gpu_skip=bench_masking.GPU_SKIP,
+                              gpu_profile=True)
+    bench_masking.bench_llama_decoding(args, torch.device("cpu"), hidden=64, heads=4, P=8)
+    assert [tokens for _, _, tokens in tables] == [1, 8, 1, 8]  # last_row, then all_rows
+    for med, best, _ in tables:
+        assert med == pytest.approx(per_step["med"]) and best == pytest.approx(per_step["best"])
+    assert profiles == [(16, 16, 0)] * 3 * 4
+
+
+def test_the_sampler_section_refuses_other_tokens_and_reports_ours_over_the_reference(
+        monkeypatch, capsys):
+    """Section 5: a time ratio is printed only for samplers that decoded the same tokens;
+    the row is ours / reference and generated tokens (batch x gen_length) per second."""
+    def timings(run_one, names, repeats, device):
+        timings.last_min = {"ours": 1.0, "ref": 4.0}
+        return {"ours": 2.0, "ref": 4.0}, {}
+
+    reference = [0]
+    monkeypatch.setattr(bench_masking, "generate_block",
+                        lambda fn, ids, mask, gen_length, **kw: torch.zeros(len(ids), gen_length))
+    monkeypatch.setattr(bench_masking, "reference_llada_generate",
+                        lambda model, ids, gen_length, **kw:
+                        torch.full((len(ids), gen_length), reference[0]))
+    monkeypatch.setattr(bench_masking, "interleaved", timings)
+    args = argparse.Namespace(quick=True, repeats=1)
+    bench_masking.bench_sampler(args)
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line[:3] in ("| 1", "| 4", "| 8")]
+    assert rows == [f"| {B} | 2.000 | 4.000 | 0.500 | 0.250 | {16 * B} | {8 * B} |"
+                    for B in (1, 4, 8)]
+    reference[0] = 1
+    with pytest.raises(AssertionError, match="batch 1: our sampler and the reference disagree"):
+        bench_masking.bench_sampler(args)
+
+
+def test_the_reference_sampler_gives_a_blocks_remainder_to_its_first_steps():
+    """Where a block's steps do not divide its length (never at the timed sizes), LLaDA's
+    algorithm unmasks one more token in the first steps: the reference must still decode
+    our sampler's tokens."""
+    from lm_eval_sinkmask.samplers import generate_block
+
+    model, _, _ = bench_masking.tiny_model()
+    mask_id = bench_masking.mask_id_of(model)
+    ids, _ = bench_masking.prompts(2, 12, model.config.vocab_size, mask_id, ragged=False)
+    kw = dict(mask_id=mask_id, gen_length=16, steps=6, block_length=8)  # 3 + 3 + 2 per block
+    with torch.inference_mode():
+        ours = generate_block(bench_masking.model_fn_of(model), ids, torch.ones_like(ids),
+                              variant="invariant", **kw)
+        assert torch.equal(bench_masking.reference_llada_generate(model, ids, **kw), ours)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc")
+def test_memory_rows_set_the_measured_extra_beside_the_predicted_chunk_term(monkeypatch, capsys):
+    """Section 4 from stubbed peaks (in the order it measures them): each masked peak less
+    the unmasked one, the predicted 8 B H S chunk bytes, and the slope in float32
+    [B, H, 1, S] rows per query row (2 where the extra is two [B, H, chunk, S] blocks)."""
+    row = 4 * 16 * 1024 / 2**20  # MiB of a float32 [B, H, 1, S] row at B 1, H 16, S 1024
+    peaks = [9.0, 8.0, 8.5]  # unmasked: min 8
+    for chunk in (64, 128, 256):
+        peaks += [8 + v for v in (2 * row * chunk + 3,) * 3] + [8 + row * chunk + 1] * 3
+    monkeypatch.setattr(bench_masking, "peak_extra_mib", lambda fn: peaks.pop(0))
+    bench_masking.bench_memory(argparse.Namespace(quick=True))
+    out = capsys.readouterr().out
+    assert "the unmasked fused SDPA call itself peaks at +8.0 MiB" in out
+    assert [line for line in out.splitlines() if line[:3] in ("| 6", "| 1", "| 2")] == [
+        "| 64 | 11.0 | 5.0 | 8.0 | 8.0 |", "| 128 | 19.0 | 9.0 | 16.0 | 8.0 |",
+        "| 256 | 35.0 | 17.0 | 32.0 | 8.0 |"]
+    assert "Slope: (c) 2.00, (d) 1.00 float32 [B, H, 1, S] rows" in out and not peaks
+
+
+@pytest.mark.parametrize("argv", [["--quick", "--threads", "2"], []])
+def test_section_4_runs_in_a_child_with_the_sizes_and_threads_asked_for(monkeypatch, argv):
+    """Section 4 measures RSS in a child whose large allocations are all mmap'ed; it gets
+    the parent's --quick and --threads."""
+    runs = []
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: runs.append(n))
+    monkeypatch.setattr("subprocess.run", lambda cmd, env, check: runs.append((cmd[1:], env)))
+    bench_masking.main(argv + ["--only", "4", "--no-header"])
+    threads = "2" if argv else "1"
+    [set_threads, (cmd, env)] = runs
+    assert set_threads == int(threads) and env["MALLOC_MMAP_THRESHOLD_"] == "65536"
+    assert cmd == [bench_masking.__file__, "--only", "4", "--threads", threads, "--no-header"] + \
+        (["--quick"] if argv else [])
+
+
+def test_section_1_runs_the_checkpoints_eps_and_the_chunk_asked_for(monkeypatch):
+    """The shipped checkpoint is trained: section 1 masks with the paper's eps 3 (as its
+    note says), at --chunk's query_chunk, 3 repeats under --quick (9 otherwise); tokens/s
+    counts the generated tokens (batch 4 x gen_length)."""
+    made, timed, tables = [], [], []
+    configs = bench_masking.configs
+    monkeypatch.setattr(bench_masking, "configs",
+                        lambda eps, chunk: made.append((eps, chunk)) or configs(eps, chunk))
+    monkeypatch.setattr(bench_masking, "interleaved", lambda run_one, names, repeats, device:
+                        timed.append((names, repeats)) or ({n: 1.0 for n in names}, {}))
+    monkeypatch.setattr(bench_masking, "table", lambda title, med, tokens, extra, note="", labels=None:
+                        tables.append((tokens, note)))
+    bench_masking.main(["--quick", "--only", "1", "--chunk", "64", "--no-header"])
+    bench_masking.main(["--only", "1", "--no-header"])
+    assert made == [(3.0, 64), (3.0, SinkMaskConfig().query_chunk)]
+    assert timed == [(list(bench_masking.VARIANTS), 3), (list(bench_masking.VARIANTS), 9)]
+    assert [tokens for tokens, _ in tables] == [4 * 32, 4 * 64]
+    assert ", eps 3.0, query_chunk 64;" in tables[0][1]
+
+
+def test_part_zoo_says_differ_where_a_path_decodes_other_tokens_or_masks_other_keys(
+        monkeypatch, capsys):
+    """Part zoo's verdicts compare each path's own run with the materialised one: a path
+    decoding other tokens reads DIFFER, the others the same; the CPU reads DIFFER where it
+    masked another number of keys, even with the same tokens."""
+    backends = []
+    config = bench_masking.SinkMaskConfig
+    monkeypatch.setattr(bench_masking, "SinkMaskConfig", lambda **kw: backends.append(
+        kw["detect_backend"]) or config(**kw))
+
+    def generate(fn, ids, mask, gen_length, **kw):
+        if backends[-1] == "auto":  # the CPU run: two passes, the second masking keys
+            fn(ids, mask), fn(ids, mask)
+        return torch.full((len(ids), gen_length), int(backends[-1] == "flex"))
+
+    monkeypatch.setattr(bench_masking, "generate_block", generate)
+    bench_masking.same_on_cuda_and_cpu(torch.device("cpu"))
+    out = capsys.readouterr().out
+    assert "32 tokens x batch 4: CUDA and CPU DIFFER (keys masked: CPU " in out
+    assert "keys masked: CPU 0," not in out
+    assert "CUDA flex detection vs CUDA materialized: tokens DIFFER" in out
+    for name in ("fused", "call", "lse"):
+        assert f"CUDA {name} detection vs CUDA materialized: tokens the same" in out
