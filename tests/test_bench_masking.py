@@ -264,12 +264,10 @@ def test_gpu_profile_reads_a_cuda_profile_in_ms_less_its_own_sync(monkeypatch):
     """What a CUDA profile's events become (faked: this machine has no GPU): the kernels' own
     time from us to ms, without the device side of the intercept's ranges; launches, copies,
     and host waits less profiled()'s own final sync."""
-    from types import SimpleNamespace
-
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 
     def event(key, count, device_us=0.0, device_type=cpu, cpu_us=0.0):
-        return SimpleNamespace(key=key, count=count, self_device_time_total=device_us,
+        return types.SimpleNamespace(key=key, count=count, self_device_time_total=device_us,
                                device_type=device_type, cpu_time_total=cpu_us)
 
     events = [event("gemm", 4, 1500.0, cuda), event("sinkmask: detection", 2, 900.0, cuda),
@@ -299,8 +297,6 @@ def test_gpu_profile_reads_a_cuda_profile_in_ms_less_its_own_sync(monkeypatch):
 
 def test_variant_c_w8_launches_both_detection_kernels_with_8_warps(monkeypatch):
     """c_w8 (candidate): the fused path's own launches, the number of warps alone changed."""
-    import types
-
     from lm_eval_sinkmask import fused_mass
 
     launched = []
@@ -321,37 +317,6 @@ def test_variant_c_w8_launches_both_detection_kernels_with_8_warps(monkeypatch):
     assert launched == [("row_lse", (3, 4), (1, 2), {"BLOCK_M": 64, "num_warps": 8}),
                         ("column_mass", (5, 4), (1, 2), {"BLOCK_N": 64, "num_warps": 8})]
     assert fused_mass._kernels().row_lse_kernel.name == "row_lse"  # restored: 4 warps again
-
-
-def test_section_3_times_its_own_variants_when_only_a_to_d_are_left(monkeypatch, capsys):
-    """--gpu-skip may leave exactly (a)-(d): section 3 still runs its (c) on the fused path
-    after a warm-up of every variant, under the GPU labels (section 2's (c) is auto's)."""
-    torch = bench_masking.torch
-    masked, warmed = [], []
-    real_masker, real_warm_up = bench_masking.SinkMasker, bench_masking.warm_up
-
-    def masker(config):
-        if config.top_k:  # (c) and (d); (b), top_k=0, detects nothing
-            masked.append(config.detect_backend)
-        return real_masker(config)
-
-    def warm_up(run_one, variants, what):
-        warmed.extend(variants)
-        return real_warm_up(run_one, variants, what)
-
-    monkeypatch.setattr(bench_masking, "SinkMasker", masker)
-    monkeypatch.setattr(bench_masking, "warm_up", warm_up)
-    model = bench_masking.wide_model(64, 4, 1, torch.float32, torch.device("cpu"))
-    args = bench_masking.argparse.Namespace(chunk=256, repeats=1, gpu_profile=False)
-    for gpu in (True, False):
-        masked.clear()
-        bench_masking.bench_forward("3. t", model, 2, 24, 1, args, torch.device("cpu"), True,
-                                    bench_masking.VARIANTS, gpu)
-        assert set(masked) == {"fused" if gpu else "auto"}
-    assert warmed == list(bench_masking.VARIANTS)  # the GPU run's, once
-    out = capsys.readouterr().out
-    assert out.count("| (c) top_k=5 previous, fused |") == 1
-    assert out.count("| (c) top_k=5 previous |") == 1
 
 
 def test_choice_margin_tells_a_near_tie_from_a_distant_choice():
@@ -560,20 +525,29 @@ def test_each_variant_runs_the_settings_its_label_names():
     assert gpu["d"] == replace(fused, detect="current")
 
 
-@pytest.mark.parametrize("ragged,variants,gpu", [(False, bench_masking.VARIANTS, False),
-                                                 (True, ("a", "c", "c_mat"), True)])
+@pytest.mark.parametrize("ragged,variants,gpu,backends", [
+    (False, bench_masking.VARIANTS, False, {"auto"}),
+    (True, ("a", "c", "c_mat"), True, {"fused", "materialized"}),
+    (False, bench_masking.VARIANTS, True, {"fused"}),  # --gpu-skip left exactly (a)-(d)
+])
 def test_forward_tables_time_the_same_passes_in_every_variant(monkeypatch, ragged, variants,
-                                                              gpu):
+                                                              gpu, backends):
     """Every variant runs as many forward passes on the same inputs (no mask where no row
-    is padded, as dlm_model calls LLaDA); section 3's variants each run once before the
-    timings (kernel and compile warm-up); tokens/s counts every pass and the profile is per
-    pass."""
+    is padded, as dlm_model calls LLaDA); section 3's variants, whichever are left, each run
+    once before the timings (kernel and compile warm-up), on the paths and under the labels
+    of section 3 (its (c) the fused path, section 2's auto's); tokens/s counts every pass and
+    the profile is per pass."""
     model = bench_masking.wide_model(32, 2, 2, torch.float32, torch.device("cpu"))
-    masks, passes, warm, tables, divisors = [], {}, [], [], []
+    masks, passes, warm, tables, divisors, detected = [], {}, [], [], [], set()
     model.register_forward_pre_hook(
         lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")),
         with_kwargs=True)
-    real = bench_masking.interleaved
+    real, real_masker = bench_masking.interleaved, bench_masking.SinkMasker
+
+    def masker(config):
+        if config.top_k:  # (b), top_k=0, detects nothing
+            detected.add(config.detect_backend)
+        return real_masker(config)
 
     def counted(run_one, names, repeats, device):
         warm.append(len(masks))
@@ -581,13 +555,12 @@ def test_forward_tables_time_the_same_passes_in_every_variant(monkeypatch, ragge
             before = len(masks)
             run_one(n)
             passes[n] = len(masks) - before
-        out = real(run_one, names, repeats, device)
-        counted.last_min = real.last_min
-        return out
+        return real(run_one, names, repeats, device)  # (which sets counted.last_min)
 
     monkeypatch.setattr(bench_masking, "interleaved", counted)
-    monkeypatch.setattr(bench_masking, "table",
-                        lambda title, med, tokens, extra, note="", labels=None: tables.append(tokens))
+    monkeypatch.setattr(bench_masking, "SinkMasker", masker)
+    monkeypatch.setattr(bench_masking, "table", lambda title, med, tokens, extra, note, labels:
+                        tables.append((tokens, labels)))
     monkeypatch.setattr(bench_masking, "profiled", lambda run_one, n, device: n)
     monkeypatch.setattr(bench_masking, "per_unit",
                         lambda prof, divisor, minus=None: divisors.append(divisor))
@@ -598,7 +571,9 @@ def test_forward_tables_time_the_same_passes_in_every_variant(monkeypatch, ragge
     assert warm == [3 * len(variants) if gpu else 0]
     assert passes == {n: 3 for n in variants}
     assert all((m is not None) == ragged for m in masks) and masks
-    assert tables == [2 * 20 * 3] and divisors == [3] * len(variants)
+    labels = bench_masking.GPU_LABELS if gpu else bench_masking.LABELS
+    assert tables == [(2 * 20 * 3, labels)] and divisors == [3] * len(variants)
+    assert detected == backends
 
 
 def test_warm_up_leaves_out_a_failing_candidate_but_not_the_baseline(capsys):
@@ -662,7 +637,7 @@ def test_a_decoding_step_is_the_run_with_steps_less_the_prefill_alone(monkeypatc
     monkeypatch.setattr(bench_masking, "generate_cached",
                         lambda model, ids, decode: decodes.append(decode))
     monkeypatch.setattr(bench_masking, "interleaved", timings)
-    monkeypatch.setattr(bench_masking, "table", lambda title, med, tokens, extra, note="", labels=None:
+    monkeypatch.setattr(bench_masking, "table", lambda title, med, tokens, extra, note, labels:
                         tables.append((med, dict(timings.last_min), tokens)))
     monkeypatch.setattr(bench_masking, "profiled",
                         lambda run_one, n, device: (run_one(n), decodes[-1])[1])
@@ -765,7 +740,7 @@ def test_section_1_runs_the_checkpoints_eps_and_the_chunk_asked_for(monkeypatch)
                         lambda eps, chunk: made.append((eps, chunk)) or configs(eps, chunk))
     monkeypatch.setattr(bench_masking, "interleaved", lambda run_one, names, repeats, device:
                         timed.append((names, repeats)) or ({n: 1.0 for n in names}, {}))
-    monkeypatch.setattr(bench_masking, "table", lambda title, med, tokens, extra, note="", labels=None:
+    monkeypatch.setattr(bench_masking, "table", lambda title, med, tokens, extra, note="":
                         tables.append((tokens, note)))
     bench_masking.main(["--quick", "--only", "1", "--chunk", "64", "--no-header"])
     bench_masking.main(["--only", "1", "--no-header"])

@@ -373,7 +373,8 @@ def test_a_seed_folder_without_its_config_is_not_there(tmp_path, monkeypatch):
 
     monkeypatch.setenv(zoo.SEEDS_ENV, str(tmp_path))
     (tmp_path / "llada" / "seed3").mkdir(parents=True)
-    with pytest.raises(ValueError, match=r"zoo checkpoint llada@3 not found: no .*seed3/config\.json"):
+    with pytest.raises(ValueError,
+                       match=r"zoo checkpoint llada@3 not found: no .*seed3/config\.json"):
         zoo.checkpoint_path("llada", 3)
 
 

@@ -467,42 +467,37 @@ def test_a_bad_code_timeout_fails_before_the_model_loads(monkeypatch, model_load
     assert model_loads == []
 
 
-def test_the_instruct_task_without_a_chat_template_warns():
-    from lm_eval_sinkmask._autoload import check_code_tasks
+def check_code_tasks(given):
+    """_autoload's pre-load check of the code tasks, on the run arguments ``given``."""
+    from lm_eval_sinkmask import _autoload
     from lm_eval_sinkmask.tasks import requested_task_configs
 
-    def check(given):
-        check_code_tasks(given, requested_task_configs(given["tasks"]))
+    _autoload.check_code_tasks(given, requested_task_configs(given["tasks"]))
 
+
+def test_the_instruct_task_without_a_chat_template_warns():
     given = {"tasks": ["humaneval_sinkmask_instruct"], "confirm_run_unsafe_code": True}
     with pytest.warns(RuntimeWarning, match="humaneval_sinkmask_instruct.*--apply_chat_template"):
-        check(given)
+        check_code_tasks(given)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check({**given, "apply_chat_template": True})
-        check({**given, "tasks": ["humaneval_sinkmask"]})
+        check_code_tasks({**given, "apply_chat_template": True})
+        check_code_tasks({**given, "tasks": ["humaneval_sinkmask"]})
 
 
 def test_unsafe_code_needs_a_true_confirmation():
     """confirm_run_unsafe_code=False, spelt out (simple_evaluate's own default), is no
     confirmation: the unsafe task is refused before the model loads."""
-    from lm_eval_sinkmask._autoload import check_code_tasks
-    from lm_eval_sinkmask.tasks import requested_task_configs
-
-    given = {"tasks": ["humaneval_sinkmask"], "confirm_run_unsafe_code": False}
     with pytest.raises(ValueError, match=r"humaneval_sinkmask.*unsafe.*--confirm_run_unsafe_code"):
-        check_code_tasks(given, requested_task_configs(given["tasks"]))
+        check_code_tasks({"tasks": ["humaneval_sinkmask"], "confirm_run_unsafe_code": False})
 
 
 def test_the_instruct_task_warns_when_the_chat_template_is_turned_off():
     """apply_chat_template=False, spelt out, is a run without the template: it warns."""
-    from lm_eval_sinkmask._autoload import check_code_tasks
-    from lm_eval_sinkmask.tasks import requested_task_configs
-
     given = {"tasks": ["humaneval_sinkmask_instruct"], "confirm_run_unsafe_code": True,
              "apply_chat_template": False}
     with pytest.warns(RuntimeWarning, match="humaneval_sinkmask_instruct.*--apply_chat_template"):
-        check_code_tasks(given, requested_task_configs(given["tasks"]))
+        check_code_tasks(given)
 
 
 def test_a_cot_target_drops_each_calculator_note_of_a_line():
