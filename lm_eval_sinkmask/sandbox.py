@@ -94,6 +94,13 @@ class Limits:
     max_file_mb: int = 16  # RLIMIT_FSIZE: largest file it may write
     guard: bool = True  # remove destructive os/shutil/subprocess/socket functions first
 
+    def __post_init__(self) -> None:
+        # a zero, negative or NaN wall clock would time every program out: every answer would
+        # score 0 without an error
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"a program's timeout must be a positive number of seconds, not "
+                             f"{self.timeout_s!r} (SINKMASK_CODE_TIMEOUT sets it)")
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -225,8 +232,9 @@ _INFRASTRUCTURE_MARKS = (
 def positive_seconds(name: str, raw: str | None, default: float) -> float:
     """Seconds from a setting such as ``SINKMASK_CODE_TIMEOUT``: ``default`` when unset,
     refused unless a positive finite number, since 0 would time every program out and score
-    0 without an error."""
-    if raw is None or not raw.strip():
+    0 without an error. A blank value is refused too: the scorer reads the variable with
+    ``float``, which fails on it after every answer has been generated."""
+    if raw is None:
         return default
     try:
         seconds = float(raw)

@@ -39,8 +39,9 @@ def test_a_full_memo_is_cleared_without_losing_this_calls_outcomes(monkeypatch, 
     assert outcomes == [PASS] * 3 and fake_sandbox == [2, 2]
 
 
-@pytest.mark.parametrize("raw", ["3s", "0", "-1", "nan", "inf", "ten"])
+@pytest.mark.parametrize("raw", ["3s", "0", "-1", "nan", "inf", "ten", "", " "])
 def test_a_timeout_that_is_not_a_positive_number_is_refused(raw):
+    # blank too: the scorer's float() fails on it, after every answer was generated
     with pytest.raises(ValueError, match="SINKMASK_CODE_TIMEOUT='.*' is not a positive number"):
         sandbox.positive_seconds(code_eval.TIMEOUT_ENV, raw, 10.0)
 
@@ -48,7 +49,15 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(raw):
 def test_a_timeout_setting_is_read_as_seconds():
     assert sandbox.positive_seconds(code_eval.TIMEOUT_ENV, "2.5", 10.0) == 2.5
     assert sandbox.positive_seconds(code_eval.TIMEOUT_ENV, None, 10.0) == 10.0
-    assert sandbox.positive_seconds(code_eval.TIMEOUT_ENV, " ", 10.0) == 10.0
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "0.0"])
+def test_the_scorer_refuses_a_timeout_that_would_fail_every_program(monkeypatch, raw):
+    # reached without the pre-load check (the start-up hook off, or the scorer called alone);
+    # NaN and inf already fail there, in int()
+    monkeypatch.setenv(code_eval.TIMEOUT_ENV, raw)
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        code_eval.default_limits()
 
 
 def failed(detail, status="failed"):

@@ -459,7 +459,7 @@ def test_unsafe_code_without_confirmation_fails_before_the_model_loads(model_loa
     assert model_loads == []
 
 
-@pytest.mark.parametrize("raw", ["3s", "0"])
+@pytest.mark.parametrize("raw", ["3s", "0", " "])
 def test_a_bad_code_timeout_fails_before_the_model_loads(monkeypatch, model_loads, raw):
     monkeypatch.setenv("SINKMASK_CODE_TIMEOUT", raw)
     with pytest.raises(ValueError, match="SINKMASK_CODE_TIMEOUT"):
