@@ -11,13 +11,15 @@
 # test problems per task, greedy, one thread per process; 170 cells, about 50 minutes on 2
 # cores. results/seed1 and results/seed2 run the same grid on seeds 1 and 2.
 #
-#   results/control/reproduce.sh [OUT]      # OUT defaults to results/control (resumes)
+#   results/control/reproduce.sh [OUT]      # OUT defaults to runs/control (a killed run resumes)
 #
-# SEEDS, DRAWS and TITLE run the same grid on other training seeds (results/seed1 does); the
-# committed results/control is made with the values here.
+# The run ends by comparing its table.md, table.csv and versus.csv with the committed ones and
+# fails if they differ. SEEDS, DRAWS and TITLE run the same grid on other training seeds or
+# draws, compared with the folder COMMITTED names if given (results/seed1's script does), else
+# not; the committed results/control is made with the values here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:-results/control}
+out=${1:-runs/control}
 seeds=${SEEDS:-0}
 draws=${DRAWS:-0-3}
 title=${TITLE:-"Zoo v2 seed 0: accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)"}
@@ -38,3 +40,8 @@ sinkmask sweep \
   --versus arm:arm_random,llada:llada_random,dream:dream_random,arm_all_rows:arm_all_rows_random,llada_l2r:llada_l2r_random \
   --title "$title" \
   --out "$out"
+if [ -n "${SEEDS:-}${DRAWS:-}${TITLE:-}" ] && [ -z "${COMMITTED:-}" ]; then
+  echo "SEEDS, DRAWS or TITLE set: not compared with a committed folder"
+else
+  results/same_tables.sh "${COMMITTED:-results/control}" "$out" table.md table.csv versus.csv
+fi

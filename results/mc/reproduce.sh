@@ -9,13 +9,14 @@
 # size, fixed seeds (the DLMs' samples and the random keys are seeded per request). About 11
 # minutes a seed on 2 cores (51 cells a seed, 153 in all).
 #
-#   results/mc/reproduce.sh [OUT]      # OUT defaults to results/mc (resumes, skips done cells)
+#   results/mc/reproduce.sh [OUT]      # OUT defaults to runs/mc (a killed run resumes there)
 #
-# SEEDS, DRAWS and TITLE run the same grid on other seeds or draws; the committed results/mc is
-# made with the values here.
+# The run ends by comparing its table.md, table.csv and versus.csv with the committed ones and
+# fails if they differ. SEEDS, DRAWS and TITLE run the same grid on other seeds or draws (not
+# compared); the committed results/mc is made with the values here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:-results/mc}
+out=${1:-runs/mc}
 seeds=${SEEDS:-0,1,2}
 draws=${DRAWS:-0-3}
 title=${TITLE:-"Zoo v2, seeds $seeds: mini_mc accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)"}
@@ -33,3 +34,8 @@ sinkmask sweep \
   --limit 40 --batch-size 8 --device cpu --seed 0 --jobs 2 \
   --title "$title" \
   --out "$out"
+if [ -n "${SEEDS:-}${DRAWS:-}${TITLE:-}" ]; then
+  echo "SEEDS, DRAWS or TITLE set: not compared with results/mc"
+else
+  results/same_tables.sh results/mc "$out" table.md table.csv versus.csv
+fi

@@ -7,9 +7,9 @@
 # (installed in zoo_seeds/), over four draws. Its sink columns are what
 # `SEEDS=1 PROBLEMS=64 results/tiny/reproduce.sh OUT` gives.
 #
-#   results/seed1/reproduce.sh [OUT]      # OUT defaults to results/seed1 (resumes)
+#   results/seed1/reproduce.sh [OUT]      # OUT defaults to runs/seed1; compared with results/seed1
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SEEDS=1 DRAWS=0-3 \
+SEEDS=1 DRAWS=0-3 COMMITTED=results/seed1 \
 TITLE="Zoo v2 seed 1: accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)" \
-  exec results/control/reproduce.sh "${1:-results/seed1}"
+  exec results/control/reproduce.sh "${1:-runs/seed1}"

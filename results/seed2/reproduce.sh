@@ -7,9 +7,9 @@
 # (installed in zoo_seeds/), over four draws. Its sink columns are what
 # `SEEDS=2 PROBLEMS=64 results/tiny/reproduce.sh OUT` gives.
 #
-#   results/seed2/reproduce.sh [OUT]      # OUT defaults to results/seed2 (resumes)
+#   results/seed2/reproduce.sh [OUT]      # OUT defaults to runs/seed2; compared with results/seed2
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SEEDS=2 DRAWS=0-3 \
+SEEDS=2 DRAWS=0-3 COMMITTED=results/seed2 \
 TITLE="Zoo v2 seed 2: accuracy under masking of the top-K Eq. 3 sinks and of as many random non-sink keys, over four draws (eps = 3)" \
-  exec results/control/reproduce.sh "${1:-results/seed2}"
+  exec results/control/reproduce.sh "${1:-runs/seed2}"

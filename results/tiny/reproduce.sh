@@ -11,14 +11,16 @@
 # zoo:NAME runs zoo:NAME@S for every seed S (seed 0 ships in the package, seeds 1 and 2 in
 # zoo_seeds/): each cell is the mean over the three seeds ± the standard deviation across
 # them, lm-eval's mean stderr, and the drop from K=0 computed per seed. Deterministic: one
-# thread per process (OMP_NUM_THREADS=1), fixed batch size, fixed seed. CI reruns it into a
-# fresh folder and fails if table.md or table.csv differ from the committed ones.
+# thread per process (OMP_NUM_THREADS=1), fixed batch size, fixed seed. The run ends by
+# comparing its table.md and table.csv with the committed ones and fails if they differ (CI
+# runs it so). It writes to a new folder: a sweep refuses to add to one whose cells ran on
+# other package code, as the committed cells did once the code moved on.
 #
-#   results/tiny/reproduce.sh [OUT]      # OUT defaults to results/tiny (resumes, skips done cells)
-#   PROBLEMS=2 SEEDS=0,1 results/tiny/reproduce.sh /tmp/trial   # a quick trial run
+#   results/tiny/reproduce.sh [OUT]      # OUT defaults to runs/tiny (a killed run resumes there)
+#   PROBLEMS=2 SEEDS=0,1 results/tiny/reproduce.sh /tmp/trial   # a quick trial run, not compared
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=${1:-results/tiny}
+out=${1:-runs/tiny}
 # problems per cell and seed: set so that CI stays in budget. PROBLEMS and SEEDS override both
 # for trial runs only (the committed table is made with the values here). On 2 cores the three
 # seeds took 6.3 minutes at 12 problems in an idle fresh-clone CI (14 beside a sweep), and a DLM
@@ -35,3 +37,8 @@ sinkmask sweep \
   --tasks mini_gsm_sinkmask,mini_code_sinkmask --top-k 0,1,5,10 \
   --limit "$problems" --batch-size 32 --device cpu --seed 0 --jobs 2 \
   --allow-code-execution --out "$out"
+if [ -n "${PROBLEMS:-}${SEEDS:-}" ]; then
+  echo "PROBLEMS or SEEDS set: a trial run, not compared with results/tiny"
+else
+  results/same_tables.sh results/tiny "$out" table.md table.csv
+fi
