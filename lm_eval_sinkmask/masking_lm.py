@@ -42,6 +42,24 @@ def check_calls_per_pass(calls: int, layers: int | None) -> None:
             + ". Sink masking needs exactly one SDPA call per layer.")
 
 
+def _added_once(args: dict, additional_config: dict | None) -> dict:
+    """lm-eval's own options (``batch_size``, ``max_batch_size``, ``device``) as it adds them
+    to model_args, None values dropped. One given in model_args too is refused: lm-eval would
+    fail on the constructor's duplicate keyword without a word on what to do, and the
+    ``lm_eval`` command always passes ``batch_size`` and ``device``."""
+    added = {name: value for name, value in (additional_config or {}).items()
+             if value is not None}
+    twice = sorted(args.keys() & added.keys())
+    if twice:
+        name = twice[0]
+        raise ValueError(
+            f"{name}={args[name]} is in model_args while lm-eval passes {name}={added[name]} "
+            "from its own option (the lm_eval command always passes --batch_size and --device, "
+            f"1 and cuda:0 unless given): drop it from model_args and give it once, as --{name} "
+            f"(simple_evaluate's {name}=)")
+    return added
+
+
 # lm-eval's names of a request's generation budget, by priority: it reads the first given
 BUDGET_GEN_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 
@@ -110,9 +128,18 @@ class MaskingLMMixin:
         loading a weight, found without loading one (each model class says what in
         ``check_args``). ``additional_config`` is what lm-eval adds from its own options (batch
         size, device), None values dropped as it drops them."""
-        added = {name: value for name, value in (additional_config or {}).items()
-                 if value is not None}
-        cls.check_args(**simple_parse_args_string(arg_string), **added)
+        args = simple_parse_args_string(arg_string)
+        cls.check_args(**args, **_added_once(args, additional_config))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        _added_once(simple_parse_args_string(arg_string), additional_config)
+        return super().create_from_arg_string(arg_string, additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        _added_once(arg_dict, additional_config)
+        return super().create_from_arg_obj(arg_dict, additional_config)
 
     def _init_masking(self, config: SinkMaskConfig, rule: str) -> None:
         self.mask_config = config
@@ -330,10 +357,13 @@ class MaskingLMMixin:
             total.merge(MaskingStats.from_dict(d))
         self.run_mask_stats = total
         c = self.mask_config
+        # the random control says so: its line would otherwise read as the sinks run's
+        target = (f", mask_target=random, mask_seed={c.mask_seed}"
+                  if c.mask_target == "random" else "")
         logger.info(
-            "sink masking (top_k=%d, eps=%g, detect=%s, granularity=%s): %d forward passes, "
+            "sink masking (top_k=%d, eps=%g, detect=%s, granularity=%s%s): %d forward passes, "
             "%d attention calls, %d sinks detected, %d keys masked",
-            c.top_k, c.eps, c.detect, c.granularity, total.forward_passes,
+            c.top_k, c.eps, c.detect, c.granularity, target, total.forward_passes,
             total.attention_calls, total.sinks_detected, total.keys_masked,
         )
         if not (c.enabled and total.attention_calls):

@@ -273,7 +273,10 @@ def markdown() -> str:
                "`trust_remote_code`, `revision`, ...) works as there, checked before loading "
                "where `hf` would fail late or run elsewhere (below), but for `backend` and "
                "`softmax_dtype`, which `dlm_sinkmask` refuses (it would ignore them); `sinkmask "
-               "args` lists them with the `from_pretrained` options we pass through.")
+               "args` lists them with the `from_pretrained` options we pass through. The "
+               "`lm_eval` command passes `device` and `batch_size` itself (`--device`, "
+               "`--batch_size`), so there they go on the command line: in model_args too they "
+               "are refused, saying so.")
     return "\n".join(out)
 
 

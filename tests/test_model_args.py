@@ -722,3 +722,31 @@ def test_a_device_of_a_type_torch_cannot_read_is_refused_in_our_words(device):
 
     with pytest.raises(ValueError, match=r"is not a torch device"):
         placed_device(device)
+
+
+@pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
+@pytest.mark.parametrize("name,ours,theirs", [("device", "cpu", "cuda:0"),
+                                              ("batch_size", "4", 1),
+                                              ("max_batch_size", "8", 16)])
+def test_an_option_lm_eval_passes_itself_is_refused_in_model_args_too(monkeypatch, model, name,
+                                                                      ours, theirs):
+    """The lm_eval command always passes batch_size and device; the same name in model_args
+    made the constructor call fail on a duplicate keyword, with no word on what to do."""
+    import transformers
+
+    loads = []
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(cls)))
+    cls = get_model(model)
+    given = f"pretrained=zoo:{'llada' if model == 'dlm_sinkmask' else 'arm'},{name}={ours}"
+    added = {"batch_size": None, "max_batch_size": None, "device": None, name: theirs}
+    refused = (rf"{name}={ours} is in model_args while lm-eval passes {name}={theirs} from its "
+               rf"own option .* give it once, as --{name}")
+    for call in (lambda: cls.create_from_arg_string(given, added),
+                 lambda: cls.create_from_arg_obj(dict(a.split("=") for a in given.split(",")),
+                                                 added),
+                 lambda: cls.check_arg_string(given, added)):
+        with pytest.raises(ValueError, match=refused):
+            call()
+    assert loads == []
+    cls.check_arg_string(given, {**added, name: None})  # lm-eval drops its None values
