@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .config import SinkMaskConfig, is_int
@@ -31,11 +32,26 @@ class NoConfig(FileNotFoundError):
     says what model it holds."""
 
 
+def check_local_folder(path: str) -> None:
+    """A path that can only name a local folder (:func:`clearly_local`) names one that exists:
+    transformers would take it for a hub id and fail in three chained tracebacks."""
+    if clearly_local(path) and not Path(path).expanduser().is_dir():
+        raise ValueError(f"checkpoint folder {path!r} does not exist")
+
+
+def clearly_local(path: str) -> bool:
+    """Whether ``path`` can only name a local folder: absolute, starting with ``.`` or ``~``, or
+    with more than one ``/`` (a hub id is ``namespace/name``)."""
+    return (Path(path).expanduser().is_absolute() or path.startswith((".", "~"))
+            or path.count("/") > 1)
+
+
 def read_config(pretrained, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's config as a dict: its config.json (from the revision and subfolder
     that the weights will come from), or the config of a model object passed in."""
     if not isinstance(pretrained, str):
         return pretrained.config.to_dict()
+    check_local_folder(pretrained)
     import transformers
 
     where = {k: kwargs[k] for k in _LOCATION_ARGS if kwargs.get(k) is not None}

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_checks import check_local_folder
 from .provenance import LOADED_WITH, changed_inputs
 
 KINDS = ("arm", "dlm")
@@ -147,17 +148,6 @@ def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
     return kind
 
 
-def check_local_folder(path: str) -> None:
-    """A path that can only name a local folder (:func:`clearly_local`) names one that exists."""
-    if clearly_local(path) and not Path(path).expanduser().is_dir():
-        raise ValueError(f"checkpoint folder {path!r} does not exist")
-
-
-def clearly_local(path: str) -> bool:
-    """Whether ``path`` can only name a local folder: absolute, starting with ``.`` or ``~``, or
-    with more than one ``/`` (a hub id is ``namespace/name``)."""
-    return (Path(path).expanduser().is_absolute() or path.startswith((".", "~"))
-            or path.count("/") > 1)
 
 
 def model_type_of(path: str) -> str | None:

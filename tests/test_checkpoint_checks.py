@@ -78,6 +78,18 @@ def test_a_model_class_must_be_of_the_checkpoints_architecture():
 
 
 @pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
+@pytest.mark.parametrize("path", ["/no/such/checkpoint", "./typo", "runs/zoo2/llada/typo"])
+def test_a_local_folder_that_is_not_there_is_refused_in_one_line(model, path):
+    # transformers would take it for a hub id and fail in three chained tracebacks
+    from lm_eval.api.registry import get_model
+
+    with pytest.raises(ValueError, match=rf"checkpoint folder '{path}' does not exist"):
+        get_model(model).check_arg_string(f"pretrained={path},top_k=1")
+    with pytest.raises(ValueError, match=rf"checkpoint folder '{path}' does not exist"):
+        get_model(model)(pretrained=path, device="cpu")
+
+
+@pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
 def test_a_revision_of_a_local_folder_is_refused_before_loading(tiny_dirs, model):
     from lm_eval.api.registry import get_model
 
