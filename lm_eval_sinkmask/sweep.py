@@ -32,6 +32,7 @@ its decision (and its list of cells), through the process group lm-eval would st
 
 from __future__ import annotations
 
+import difflib
 import gc
 import gzip
 import json
@@ -83,7 +84,10 @@ def task_manager(plan: SweepPlan, done_tasks: tuple[str, ...] = ()):
         tm = TaskManager(include_path=plan.include_path or None)
     missing = [t for t in plan.tasks if t not in tm.all_tasks]
     if missing:
-        raise SystemExit(f"unknown task(s) {missing}; add their folder with --include-path")
+        guesses = [g for t in missing for g in difflib.get_close_matches(t, tm.all_tasks, n=1)]
+        raise SystemExit(f"unknown task(s) {missing}"
+                         + (f" (did you mean {', '.join(guesses)}?)" if guesses else "")
+                         + "; a task of another folder needs it given with --include-path")
     return tm
 
 

@@ -198,3 +198,20 @@ def test_no_two_pass_layer_pairs_share_a_stream():
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
             assert not torch.equal(draws[a], draws[b]), (a, b)
+
+
+@pytest.mark.parametrize("target,said", [("random", "mask_target=random, mask_seed=2)"),
+                                         ("sinks", "granularity=head)")])
+def test_the_run_summary_says_when_the_keys_were_random(tiny_dirs, caplog, target, said):
+    """The summary line is how a log tells the control run from the sinks run."""
+    import logging
+
+    from tests.test_models import RANDOM_LLADA, make, requests
+
+    lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, block_length=4,
+              mask_target=target, **({"mask_seed": 2} if target == "random" else {}),
+              **RANDOM_LLADA)
+    with caplog.at_level(logging.INFO, logger="lm_eval.sinkmask"):
+        lm.generate_until(requests())
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sink masking (")]
+    assert said + ": " in line

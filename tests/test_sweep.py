@@ -298,7 +298,7 @@ def test_a_typo_or_a_second_experiment_under_a_column_name_is_refused_and_not_re
 
     assert sweep() == 0
     grid = (out / "sweep.json").read_text()
-    with pytest.raises(SystemExit, match="unknown task"):
+    with pytest.raises(SystemExit, match=r"unknown task\(s\) \['tiny_gne'\] \(did you mean tiny_gen\?\)"):
         sweep(tasks="tiny_gen,tiny_gne")
     # another block length for a new K of the same column: two experiments under one name
     with pytest.raises(SystemExit, match="column 'llada' was swept as"):

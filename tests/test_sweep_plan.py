@@ -2,6 +2,7 @@
 cell, the seed and draw axes' layouts, and bad grids refused before anything loads."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -376,6 +377,17 @@ def test_a_seed_folder_without_its_config_is_not_there(tmp_path, monkeypatch):
     with pytest.raises(ValueError,
                        match=r"zoo checkpoint llada@3 not found: no .*seed3/config\.json"):
         zoo.checkpoint_path("llada", 3)
+
+
+def test_a_missing_seed_without_the_seeds_variable_says_where_to_point_it(monkeypatch):
+    """An installed package carries seed 0 only: the message says to set the variable."""
+    from lm_eval_sinkmask import zoo
+
+    monkeypatch.delenv(zoo.SEEDS_ENV, raising=False)
+    monkeypatch.setattr(zoo, "REPO_SEEDS_DIR", Path("/nonexistent/site-packages/zoo_seeds"))
+    with pytest.raises(ValueError, match=rf"{zoo.SEEDS_ENV} is not set.*an installed package "
+                                         rf"\(it carries seed 0 only\).*point {zoo.SEEDS_ENV} at"):
+        zoo.checkpoint_path("llada", 1)
 
 
 def test_installed_seeds_count_only_numbered_seed_folders(tmp_path, monkeypatch):

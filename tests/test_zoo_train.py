@@ -592,6 +592,7 @@ def test_a_restart_trains_again_only_the_chains_with_a_model_left_to_train(tmp_p
         (out / "seed0" / m).mkdir(parents=True)
         (out / "seed0" / m / "train_info.json").write_text("{}")
     launched = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU box it runs on
     monkeypatch.setattr(pool, "load_or_build", lambda *a, **kw: None)
     monkeypatch.setattr(gpu_zoo, "_launch",
                         lambda args, seed, chain, extra, log: launched.update({chain: extra}))
@@ -649,3 +650,17 @@ def test_the_sink_tokenizer_leaves_the_shared_one_untouched():
     model_tok, sink = train.with_sink_token(tok)
     assert len(tok) == n and train.SINK not in tok.get_vocab()
     assert len(model_tok) == n + 1 and sink.token_id == n
+
+
+def test_the_gpu_recipe_without_cuda_stops_before_building_the_pool(tmp_path, monkeypatch):
+    """Its default --device cuda on a machine without one: refused at once, where it built the
+    pool with 16 workers first (minutes on 2 cores) and failed at training."""
+    import torch
+
+    from lm_eval_sinkmask.zoo import gpu_zoo, pool
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(pool, "load_or_build", lambda *a, **k: pytest.fail("built the pool"))
+    with pytest.raises(SystemExit, match="--device cuda: torch .* sees no CUDA device"):
+        gpu_zoo.main(["--out", str(tmp_path / "zoo"), "--seeds", "0"])
+    assert not (tmp_path / "zoo").exists()

@@ -38,10 +38,13 @@ def checkpoint_path(name: str, seed: int = 0) -> Path:
         return CHECKPOINTS_DIR / name
     path = seeds_dir() / name / f"seed{seed}"
     if not (path / "config.json").is_file():
+        where = (f"{SEEDS_ENV} is {seeds_dir()}" if os.environ.get(SEEDS_ENV) else
+                 f"{SEEDS_ENV} is not set, so they are looked for in the checkout's zoo_seeds/, "
+                 "which an installed package (it carries seed 0 only) does not have: point "
+                 f"{SEEDS_ENV} at a checkout's zoo_seeds/")
         raise ValueError(
             f"zoo checkpoint {name}@{seed} not found: no {path}/config.json. Seeds >= 1 live in "
-            f"{seeds_dir()}/<name>/seed<S>/ (the repo's zoo_seeds/ folder unless {SEEDS_ENV} "
-            "points elsewhere)"
+            f"<seeds folder>/<name>/seed<S>/; {where}"
         )
     return path
 

@@ -177,6 +177,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():  # before the pool's minutes of work, not after
+            raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA "
+                             "device here; this recipe is for a GPU (--device cpu for a "
+                             "smoke test)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
