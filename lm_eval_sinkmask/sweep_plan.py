@@ -148,8 +148,6 @@ def _kind_or_check(kind: str | None, path: str, kind_of) -> str:
     return kind
 
 
-
-
 def model_type_of(path: str) -> str | None:
     """The ``model_type`` a checkpoint's config.json declares (``path``: a folder, hub repo or
     zoo: reference), read from the raw dict, so remote-code checkpoints need no
