@@ -272,11 +272,9 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
     pretrained = resolve_pretrained(pretrained)
     mask_config = SinkMaskConfig.pop_from(kwargs)
     checkpoint_checks.check_revision(pretrained, kwargs.get("revision"))
-    if isinstance(pretrained, str):  # refused here, not left to HFLM's chained tracebacks
-        checkpoint_checks.check_local_folder(pretrained)
     try:
         config = checkpoint_checks.read_config(pretrained, kwargs)
-    except checkpoint_checks.NoConfig:
+    except checkpoint_checks.NOT_THERE:  # refused here, not left to HFLM's chained tracebacks
         raise
     except (OSError, ValueError):
         config = {}  # no readable config.json here: HFLM reports that itself

@@ -32,11 +32,20 @@ class NoConfig(FileNotFoundError):
     says what model it holds."""
 
 
+class NoFolder(ValueError):
+    """A path that can only name a local folder names none (:func:`check_local_folder`)."""
+
+
+# what read_config raises for a checkpoint that is not there: a caller reading the config
+# leniently (its other failures left for transformers to report) lets these through
+NOT_THERE = (NoConfig, NoFolder)
+
+
 def check_local_folder(path: str) -> None:
     """A path that can only name a local folder (:func:`clearly_local`) names one that exists:
     transformers would take it for a hub id and fail in three chained tracebacks."""
     if clearly_local(path) and not Path(path).expanduser().is_dir():
-        raise ValueError(f"checkpoint folder {path!r} does not exist")
+        raise NoFolder(f"checkpoint folder {path!r} does not exist")
 
 
 def clearly_local(path: str) -> bool:

@@ -162,8 +162,7 @@ def infer_kind(path: str) -> str:
     """"dlm" when ``config.model_type`` belongs to a diffusion family (families.py), else "arm"."""
     from .families import family_for
 
-    check_local_folder(path)
-    try:
+    try:  # (read_config refuses a local folder that is not there)
         model_type = model_type_of(path)
     except OSError as e:  # an unknown hub id, no network, no config.json: one line, not three
         reason = str(e).strip().split("\n")[0].split(". ")[0] or type(e).__name__
