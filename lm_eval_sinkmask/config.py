@@ -248,4 +248,12 @@ class SinkMaskConfig:
                 "top_k is 0, so masking is off and %s change%s nothing in this run; add top_k=K "
                 "to mask K sinks per (layer, head) (Table 1: K = 1, 5, 10)", named,
                 "s" if len(unread) == 1 else "", extra={MASKING_OFF: True})
+        elif config.enabled and config.eps <= -1:
+            # a key's score is its mass over the uniform share, the others' mean about 1, so
+            # at eps = -1 any key above 1/S of the uniform share qualifies
+            logger.warning(
+                "eps=%s: at eps <= -1 nearly every key passes Eq. 3, so top_k=%d masks the %d "
+                "most-attended keys of each %s whatever their margin (the paper's eps is 3)",
+                config.eps, config.top_k, config.top_k,
+                "(layer, head)" if config.granularity == "head" else "layer")
         return config

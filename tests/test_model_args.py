@@ -537,6 +537,21 @@ def test_masking_settings_beside_top_k_0_are_taken_with_a_warning(tiny_dirs, cap
     assert "masking is off and detect, eps and granularity change nothing" in caplog.text
 
 
+def test_an_eps_that_lets_nearly_every_key_qualify_is_warned_about(caplog):
+    """eps <= -1 is a legal ablation (top_k masks the most-attended keys, margin or not), but
+    it is not Eq. 3's rule any more, and a sign slip would make it silently."""
+    SinkMaskConfig.pop_from({"top_k": "5", "eps": "-1"})
+    assert "eps=-1.0: at eps <= -1 nearly every key passes Eq. 3, so top_k=5 masks" in caplog.text
+    assert "of each (layer, head) whatever" in caplog.text
+    caplog.clear()
+    SinkMaskConfig.pop_from({"top_k": "1", "eps": "-3", "granularity": "layer"})
+    assert "masks the 1 most-attended keys of each layer" in caplog.text
+    caplog.clear()
+    for args in ({"top_k": "5", "eps": "-0.5"}, {"top_k": "5", "eps": "0"}, {"top_k": "5"}):
+        SinkMaskConfig.pop_from(dict(args))
+    assert "nearly every key" not in caplog.text
+
+
 # ------------------------------------------------------------ one table, three readers
 
 
