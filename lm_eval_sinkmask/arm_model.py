@@ -29,7 +29,7 @@ from . import checkpoint_checks, hflm_args, model_args, sink_token
 from .config import SinkMaskConfig
 from .families import diffusion_family_of
 from .filler_requests import PaddingWindows, without_filler
-from .masking_lm import MaskingLMMixin, read_gen_kwargs
+from .masking_lm import MaskingLMMixin, read_gen_kwargs, unwrapped
 from .zoo import resolve_pretrained
 
 
@@ -302,8 +302,7 @@ def _refuse_sink_token_checkpoint(pretrained, config: dict[str, Any]) -> None:
 def _generate_replaced(model) -> bool:
     """Whether transformers set a checkpoint's own generate (custom_generate/generate.py) on
     the loaded model, or under a peft adapter's wrapper on the model it wraps."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "generate" in vars(model) or "generate" in vars(inner)
+    return "generate" in vars(model) or "generate" in vars(unwrapped(model))
 
 
 def _refuse_short_sliding_window(config: dict[str, Any], max_length: int | None) -> None:

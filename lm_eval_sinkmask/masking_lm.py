@@ -104,6 +104,13 @@ def _tokenizer_name(tokenizer) -> str | None:
     return getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
 
 
+def unwrapped(model):
+    """The model every forward pass runs: under ``peft=`` the adapter's wrapper hands
+    ``generate`` to the model it wraps, whose decoding loop then calls that model itself, so
+    hooks on the wrapper would see no pass of a generation (its forward reaches it too)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 class MaskingLMMixin:
     """Mix into an :class:`lm_eval.models.huggingface.HFLM` subclass, before HFLM."""
 
@@ -164,7 +171,7 @@ class MaskingLMMixin:
         rows = None
         if ids is not None and self.mask_config.mask_target == "random":
             rows = row_tokens(ids, valid)
-        with self.masker.attach(self.model, rows, in_place) as stats:
+        with self.masker.attach(unwrapped(self.model), rows, in_place) as stats:
             yield stats
         if not self._sizing_batches:
             self.mask_stats.merge(stats)

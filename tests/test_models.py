@@ -814,3 +814,40 @@ def test_a_request_sampling_at_another_temperature_than_model_args_is_refused(ti
                                          r"temperature=0\.7"):
         lm.generate_until(requests(PROMPTS[:1], do_sample=True, temperature=asked))
     assert lm.mask_stats.forward_passes == 0
+
+
+class _AdapterWrapper(torch.nn.Module):
+    """What a peft adapter's wrapper does to hooks: its ``generate`` hands off to the wrapped
+    model's, whose decoding loop calls the wrapped model, never the wrapper."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def get_base_model(self):
+        return self.inner
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        return self.inner.generate(*args, **kwargs)
+
+
+def test_a_model_under_an_adapter_wrapper_is_masked_in_generation_and_scoring(tiny_dirs):
+    """Under peft= the hooks that mark each pass go on the wrapped model: on the wrapper a
+    generation's passes went unseen and the run failed blaming the attention kernel."""
+    bare = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    wrapped = make("arm_sinkmask", tiny_dirs["llama"], top_k=1, eps=0.0)
+    wrapped._model = _AdapterWrapper(wrapped._model)
+    assert wrapped.generate_until(requests()) == bare.generate_until(requests())
+    assert wrapped.mask_stats.as_dict() == bare.mask_stats.as_dict()
+    assert wrapped.mask_stats.keys_masked > 0
+    scored = [Instance("loglikelihood", {}, (PROMPTS[0], " 3"), 0)]
+    assert wrapped.loglikelihood(scored) == bare.loglikelihood(scored)
