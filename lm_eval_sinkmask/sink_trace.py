@@ -355,7 +355,7 @@ def _kind(path: str, kind: str | None) -> str:
 
 
 # model_args that trace_generation sets itself, and the option that sets each
-_SET_BY_TRACE = {"top_k": "--top-k", "eps": "--eps", "gen_length": "--gen-length",
+_SET_BY_TRACE = {"pretrained": "--model", "top_k": "--top-k", "eps": "--eps", "gen_length": "--gen-length",
                  "steps": "--steps", "device": "--device", "batch_size": "one prompt",
                  "granularity": "per (layer, head), always"}
 
@@ -406,8 +406,10 @@ def _generate_observed(lm, recorder: TraceRecorder, prompt: str, *, kind: str, g
     """(prompt ids, whole sequence) of one generation through lm-eval's own generate call,
     with ``recorder`` seeing every attention call and every pass's input ids; it is detached
     again even when generation fails."""
+    from .masking_lm import unwrapped
+
     lm.masker.observers.append(recorder)
-    handle = lm.model.register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
+    handle = unwrapped(lm.model).register_forward_pre_hook(recorder.input_hook, with_kwargs=True)
     text = lm.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     try:
         context, attn = lm.tok_batch_encode([text])
@@ -465,7 +467,7 @@ def trace_generation(
     meta = {
         "trace_version": TRACE_VERSION,
         "model": model,
-        "checkpoint": checkpoint_digest(model),
+        "checkpoint": checkpoint_digest(model, args.get("revision")),
         "name": name or Path(str(model).rstrip("/")).name,
         "kind": kind,
         "family": getattr(getattr(lm, "family", None), "name", "arm"),

@@ -173,6 +173,7 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
 @pytest.mark.parametrize("kind, args, message", [
     ("llada", ["--eps", "nan"], r"--eps must be a finite number, got nan"),
     ("llada", ["--model-args", "top_k=5"], r"top_k in --model-args: the trace sets it \(--top-k\)"),
+    ("llada", ["--model-args", "pretrained=x"], r"pretrained in --model-args: the trace sets it \(--model\)"),
     ("llada", ["--model-args", "block_length=4,gen_length=8"], r"gen_length in --model-args: the trace sets it"),
     ("llada", ["--gen-length", "0"], r"--gen-length must be >= 1, got 0"),
     ("llada", ["--gen-length", "40"], r"gen_length=40 must be a multiple of block_length=32"),
