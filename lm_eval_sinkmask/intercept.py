@@ -286,12 +286,12 @@ class SinkMasker:
         F.scaled_dot_product_attention = run.sdpa
         try:
             yield stats
-        finally:
-            stats.settle()
+        finally:  # unhooked first: settling reads the device, which can fail too
             self.extra_keys = None
             F.scaled_dot_product_attention = run.original
             for h in handles:
                 h.remove()
+            stats.settle()
 
 
 class _Run:

@@ -343,6 +343,25 @@ def test_calls_outside_the_model_forward_are_untouched():
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
 
 
+def test_a_failure_to_settle_the_counters_still_unhooks_the_model(monkeypatch):
+    """Settling reads the device (a CUDA error can surface there): the patched SDPA and the
+    hooks must go first, or the dead run would mask the model's next pass a second time."""
+    from lm_eval_sinkmask.masking_stats import MaskingStats
+
+    model = tiny.build("llada")
+    m, _ = masker(top_k=1)
+
+    def fail(self):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(MaskingStats, "settle", fail)
+    with pytest.raises(RuntimeError, match="device lost"), m.attach(model):
+        model(torch.tensor([[1, 2, 3]]))
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert m.extra_keys is None
+
+
 def test_dropout_in_training_mode_is_refused():
     q = k = v = torch.randn(1, 1, 4, 8)
 
