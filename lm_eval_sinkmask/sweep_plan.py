@@ -298,6 +298,11 @@ class SweepPlan:
                              + ", ".join(f"{k} from {v}" for k, v in SET_BY_SWEEP.items())
                              + "), and a second value would override it, be overridden or "
                              "fail. Give it with that option instead")
+        if "arm_rule" in simple_parse_args_string(self.model_args_extra):
+            # it would override --arm-rule, which every ARM cell's model_args begin with
+            raise ValueError("arm_rule in --model-args-extra: --arm-rule sets every ARM "
+                             "column's query rule (one column's: --model-args-for "
+                             "NAME:arm_rule=...)")
 
     def _args_of(self, model: ModelSpec) -> dict[str, Any]:
         """The model_args that ``model`` adds to every cell (the sweep's, then its own), as

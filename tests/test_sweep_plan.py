@@ -347,6 +347,18 @@ def test_model_args_the_sweep_sets_itself_are_refused(tmp_path, extra, for_model
         SweepPlan(models=[llada], tasks=["t"], ks=[0, 1], out=tmp_path, model_args_extra=extra)
 
 
+def test_the_arm_rule_is_refused_among_every_models_args(tmp_path):
+    """--model-args-extra arm_rule=... would override --arm-rule in every ARM cell, unsaid; a
+    column's own rule (--model-args-for) is how the tiny table gets its all_rows column."""
+    arm = ModelSpec("arm", "zoo:arm", "arm")
+    with pytest.raises(ValueError, match=r"^arm_rule in --model-args-extra: --arm-rule sets"):
+        SweepPlan(models=[arm], tasks=["t"], ks=[0, 1], out=tmp_path, arm_rule="all_rows",
+                  model_args_extra="arm_rule=last_row")
+    own = ModelSpec("arm_all_rows", "zoo:arm", "arm", "arm_rule=all_rows")
+    plan = SweepPlan(models=[arm, own], tasks=["t"], ks=[1], out=tmp_path)
+    assert [c.parsed_model_args["arm_rule"] for c in plan.cells()] == ["last_row", "all_rows"]
+
+
 def limited_cell(tmp_path, limit):
     model = ModelSpec("llada", "/m/llada", "dlm")
     plan = SweepPlan(models=[model], tasks=["t"], ks=[0], out=tmp_path, limit=limit)
