@@ -190,11 +190,11 @@ def _read_cell(read: _Folder, record_path: Path, grid: dict,
     with _reading(cell, KeyError):
         record = json.loads(record_path.read_text())
         req = record["request"]
+    if not in_grid(grid, req, cell):
+        return
     read.requests.append(req)
     read.versions.append(record.get("versions"))
     read.runs.append(record.get("run"))
-    if not in_grid(grid, req, cell):
-        return
     with _reading(cell, KeyError):  # cell.json's keys (lm-eval's results for --metric)
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
         wanted = (metrics or {}).get(req["task"])
@@ -218,17 +218,15 @@ def _check_one_experiment(reads: list[_Folder], scope: str) -> None:
         warn_mixed_runs(r.folder, r.runs)
 
 
-def entry_of(record: dict, kind: str | None = None, measured: tuple | None = None,
-             per_doc: Mapping[int, float] | None = None) -> Entry:
+def entry_of(record: dict, kind: str | None = None, measured: tuple | None = None) -> Entry:
     """A sweep cell's ``cell.json`` as an :class:`Entry`: ``kind`` when the record lacks one,
-    ``measured`` (metric, value, stderr) in place of its primary numbers, ``per_doc`` its
-    per-problem scores."""
+    ``measured`` (metric, value, stderr) in place of its primary numbers."""
     req = record["request"]
     metric, value, stderr = measured or (record["metric"], record["value"], record["stderr"])
     return Entry(model=req["model"], kind=kind or record["kind"], task=req["task"],
                  k=req["top_k"], metric=metric, value=value, stderr=stderr, n=record.get("n"),
                  seed=req.get("checkpoint_seed"), draw=req.get("mask_seed"),
-                 **recorded_inputs(record), per_doc=per_doc)
+                 **recorded_inputs(record))
 
 
 def recorded_inputs(record: dict) -> dict[str, str | tuple | None]:

@@ -235,6 +235,25 @@ def test_seeds_the_grid_does_not_name_stay_out_of_the_mean():
     assert list(cells[("llada", "mini_gsm", 1)].deltas.values()) == pytest.approx([-0.1, 0.0])
 
 
+def test_cells_of_seeds_narrowed_out_of_the_grid_do_not_block_the_table(tmp_path):
+    """sweep.json narrowed by hand to seeds 0 and 1: seed 2's cells are out of the table as if
+    never run, so neither their library versions nor their settings are checked against the
+    others' (they blocked the table before)."""
+    folder = write_seeded_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "seeds": [0, 1]}))
+    expected = table.render(folder, figure=False)["markdown"].read_text()
+    for path in folder.glob("cells/*/seed2/**/cell.json"):
+        record = json.loads(path.read_text())
+        record["versions"] = {"transformers": "4.58.0"}
+        record["request"]["limit"] = 99
+        path.write_text(json.dumps(record))
+    assert table.render(folder, figure=False)["markdown"].read_text() == expected
+    (folder / "sweep.json").write_text(json.dumps(grid))
+    with pytest.raises(ValueError, match="--limit None and 99"):
+        table.render(folder, figure=False)
+
+
 def test_a_plain_table_refuses_two_runs_of_one_cell(tmp_path):
     # sweep.json without its seeds (edited, or from elsewhere) names one run per cell, and the
     # cells hold three: one of them must not stand for the cell
