@@ -41,7 +41,6 @@ generator); only :func:`estimate` calls the model.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
@@ -50,6 +49,7 @@ from typing import Any
 import torch
 
 from .config import flag_value, is_int, number_value
+from .random_control import stable_seed
 from .samplers.block import guided_logits
 
 
@@ -104,8 +104,7 @@ def request_generator(seed: int, prompt: Sequence[int], target: Sequence[int]) -
     """A CPU generator seeded by ``seed`` and the request's tokens: the same request draws the
     same samples wherever and whenever it runs."""
     tokens = [int(t) for t in prompt], [int(t) for t in target]  # numpy or torch ints alike
-    digest = hashlib.blake2b(repr((int(seed), *tokens)).encode(), digest_size=8)
-    return torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
+    return torch.Generator().manual_seed(stable_seed(int(seed), *tokens))
 
 
 def mask_counts(length: int, n: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 
-def _digest(*parts) -> int:
+def stable_seed(*parts) -> int:
     """A 63-bit seed from ``parts`` (ints, strings and lists of ints, hashed by their repr),
     the same in every process."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
@@ -38,11 +38,11 @@ def row_seeds(mask_seed: int, rows: Sequence[Sequence[int]] | None, batch: int) 
     them, as the i-th row of the batch, which then depends on the batch layout.
     """
     if not rows:
-        return [_digest(mask_seed, "row", i) for i in range(batch)]
+        return [stable_seed(mask_seed, "row", i) for i in range(batch)]
     n = len(rows)
     if batch % n:
         raise ValueError(f"an attention call of batch {batch} for {n} declared rows")
-    return [_digest(mask_seed, list(rows[i % n]), i // n) for i in range(batch)]
+    return [stable_seed(mask_seed, list(rows[i % n]), i // n) for i in range(batch)]
 
 
 def key_draws(key_seen: torch.Tensor, heads: int, seeds: Sequence[int], step: int,
@@ -53,7 +53,7 @@ def key_draws(key_seen: torch.Tensor, heads: int, seeds: Sequence[int], step: in
     counts = seen.sum(-1).tolist()
     draws = torch.full((seen.shape[0], heads, seen.shape[-1]), 2.0)
     for b, (seed, n) in enumerate(zip(seeds, counts, strict=True)):
-        g = torch.Generator().manual_seed(_digest(seed, step, layer))
+        g = torch.Generator().manual_seed(stable_seed(seed, step, layer))
         draws[b][:, seen[b]] = torch.rand(heads, n, generator=g)
     return draws.to(key_seen.device)
 
