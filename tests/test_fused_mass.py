@@ -93,6 +93,19 @@ def test_blocked_mass_is_the_weighted_softmax_column_sum(case, gqa, first_row):
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
+def test_column_mass_takes_the_calls_own_scale():
+    """A model's own softmax scale (Gemma's query_pre_attn_scalar, muP) reaches the scores:
+    the blocked tests above pass 1/sqrt(D) themselves, which a dropped scale would equal."""
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 4, 9, 16, generator=g), torch.randn(2, 2, 13, 16, generator=g)
+    w = torch.ones(2, 9)
+    for scale in (0.3, 1.0):
+        got = fused_mass.column_mass(q, k, w, scale=scale, use_triton=False)
+        torch.testing.assert_close(got, softmax_mass(q, k, w, scale=scale), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(fused_mass.column_mass(q, k, w, scale=0.3, use_triton=False),
+                              softmax_mass(q, k, w))
+
+
 def test_a_mask_has_rows_unless_every_query_row_reads_the_same_keys():
     """mask_has_rows reads the mask as given; it answers what the expanded [B, H, Sq, Sk] view
     the kernels read says (more than one row, and a stride along them)."""
@@ -136,6 +149,7 @@ def _sdpa_forms():
         "gqa": ({"enable_gqa": True}, 1, S),
         "gqa_bool_per_row": ({"enable_gqa": True, "attn_mask": per_row}, 1, S),
         "gqa_causal": ({"enable_gqa": True, "is_causal": True}, 1, S),
+        "own_scale": ({"scale": 0.3}, 3, S),  # a model's own softmax scale, not 1/sqrt(D)
     }
 
 

@@ -343,6 +343,22 @@ def test_calls_outside_the_model_forward_are_untouched():
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
 
 
+@pytest.mark.parametrize("kv_heads", [4, 1], ids=["mha", "gqa"])
+def test_observers_get_each_query_heads_value_norms(kv_heads):
+    """The sink traces' value-norm figures read these: the L2 norm of every key's value
+    vector, per query head (a GQA key head's values repeated for each of its query heads)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 6, 8, generator=g)
+    k, v = torch.randn(2, kv_heads, 6, 8, generator=g), torch.randn(2, kv_heads, 6, 8, generator=g)
+    m, events = masker(top_k=1)
+    layer = SDPALayer(q, k, v, enable_gqa=kv_heads < 4)
+    with torch.no_grad(), m.attach(layer):
+        layer()
+    [event] = events
+    expected = v.repeat_interleave(4 // kv_heads, 1).norm(dim=-1)
+    torch.testing.assert_close(event.value_norms.float(), expected)
+
+
 def test_a_failure_to_settle_the_counters_still_unhooks_the_model(monkeypatch):
     """Settling reads the device (a CUDA error can surface there): the patched SDPA and the
     hooks must go first, or the dead run would mask the model's next pass a second time."""

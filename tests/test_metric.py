@@ -75,6 +75,13 @@ def test_fewer_sinks_than_k_selects_only_the_sinks():
     assert not top_k_sinks(s, sinks, k=0).any()
 
 
+def test_a_higher_scoring_key_that_is_not_a_sink_takes_no_slot():
+    """Under sink_token=exclude the excluded token is the highest-scoring key but no
+    candidate: it must not take one of the k slots (and leave a sink unmasked)."""
+    s = torch.tensor([9.0, 4.0, 1.0])
+    assert top_k_sinks(s, torch.tensor([False, True, True]), k=1).tolist() == [False, True, False]
+
+
 def test_ties_go_to_the_lower_position():
     s = torch.tensor([1.0, 4.0, 0.5, 4.0, 4.0])
     sinks = torch.tensor([False, True, False, True, True])

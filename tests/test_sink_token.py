@@ -100,6 +100,21 @@ def test_sink_row_attends_only_to_itself_and_every_row_attends_to_it(monkeypatch
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("position", ["start", "end"])
+def test_padding_rows_see_no_key_so_they_never_score(side, position):
+    """The intercept reads which query rows are real off this 4-D mask; a padding row that
+    saw the real keys would leave every real row's output as it is, yet count in the sink
+    scores of a padded batch."""
+    ids, valid = padded([6, 3, 9], side)
+    _, new_valid, cols = sink_token.insert(ids, valid, SinkToken(99, position))
+    assert not new_valid.all()
+    m = sink_token.attention_mask(new_valid, cols)[:, 0]  # [B, S, S]
+    assert not m[~new_valid].any()  # a padding row sees no key
+    assert not m.transpose(1, 2)[~new_valid].any()  # no row sees a padding key
+    assert m[new_valid].any(-1).all()  # every real row sees some key
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("kind", ["llada", "dream"])
 def test_batch_of_different_lengths_matches_each_row_alone(side, kind):
     """Dream-style forwards take position ids: counted from each row's first real token, so a
