@@ -355,9 +355,9 @@ def _kind(path: str, kind: str | None) -> str:
 
 
 # model_args that trace_generation sets itself, and the option that sets each
-_SET_BY_TRACE = {"pretrained": "--model", "top_k": "--top-k", "eps": "--eps", "gen_length": "--gen-length",
-                 "steps": "--steps", "device": "--device", "batch_size": "one prompt",
-                 "granularity": "per (layer, head), always"}
+_SET_BY_TRACE = {"pretrained": "--model", "top_k": "--top-k", "eps": "--eps",
+                 "gen_length": "--gen-length", "steps": "--steps", "device": "--device",
+                 "batch_size": "one prompt", "granularity": "per (layer, head), always"}
 
 
 def check_trace_args(kind: str, args: dict[str, Any], *, gen_length: int, steps: int | None,
