@@ -447,7 +447,6 @@ def trace_generation(
     import lm_eval.models  # noqa: F401  (registers lm-eval's models, then ours via _autoload)
     from lm_eval.api.registry import get_model
 
-    from .provenance import checkpoint_digest
     from .sweep import versions
     from .sweep_plan import MODEL_CLASS
 
@@ -467,7 +466,7 @@ def trace_generation(
     meta = {
         "trace_version": TRACE_VERSION,
         "model": model,
-        "checkpoint": checkpoint_digest(model, args.get("revision")),
+        "checkpoint": lm.weights_digest,  # (at its revision; hashed once, for the model info too)
         "name": name or Path(str(model).rstrip("/")).name,
         "kind": kind,
         "family": getattr(getattr(lm, "family", None), "name", "arm"),
