@@ -26,7 +26,7 @@ from transformers import GenerationConfig
 from transformers.generation import GenerationMode
 
 from . import checkpoint_checks, hflm_args, model_args, sink_token
-from .config import SinkMaskConfig
+from .config import MaskedOnly, SinkMaskConfig
 from .families import diffusion_family_of
 from .filler_requests import PaddingWindows, without_filler
 from .masking_lm import MaskingLMMixin, read_gen_kwargs, unwrapped
@@ -105,7 +105,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
                   else "the checkpoint's custom_generate/generate.py"
                   if _generate_replaced(self.model) else None)
         if source is not None:
-            raise ValueError(
+            raise MaskedOnly(
                 f"task {task or '?'}: {source} replaces transformers' decoding loop, whose KV "
                 "cache the sink masker must follow step by step; arm_sinkmask masks "
                 "transformers' greedy and sampled decoding only. Run it unmasked (top_k=0)")
@@ -132,7 +132,7 @@ class ARMSinkMaskLM(MaskingLMMixin, HFLM):
         asked = {**{name: getattr(generation, name, None) for name in OTHER_MODE_SETTINGS},
                  "assistant_model": assistant_model}
         named = [name for name, off in OTHER_MODE_SETTINGS.items() if asked[name] != off]
-        raise ValueError(
+        raise MaskedOnly(
             f"task {task or '?'}: {', '.join(f'{n}={asked[n]!r}' for n in named)} (from "
             "--gen_kwargs, the task or the checkpoint's generation_config.json) asks for "
             f"transformers' {mode.value} mode; arm_sinkmask masks greedy and sampled decoding "
@@ -318,7 +318,7 @@ def _refuse_short_sliding_window(config: dict[str, Any], max_length: int | None)
         return
     longest = max_length or config.get("max_position_embeddings")
     if longest is None or longest > window:
-        raise ValueError(
+        raise MaskedOnly(
             f"the checkpoint's attention keeps a sliding window of {window} keys, whose cache "
             f"drops the oldest key once full: the sinks the masker kept from the last step "
             f"would then name other tokens. Pass max_length={window} (or less) in model_args "

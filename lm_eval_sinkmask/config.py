@@ -127,6 +127,12 @@ _CHOICES = {"detect": DETECT_MODES, "granularity": GRANULARITIES, "arm_rule": AR
             "mask_target": MASK_TARGETS}
 
 
+class MaskedOnly(ValueError):
+    """A refusal that only masking needs: the same run unmasked (top_k=0) goes through. A
+    trace scores every call even when it traces an unmasked run, so it cannot take that way
+    out and says so (``sink_trace``)."""
+
+
 @dataclass(frozen=True)
 class SinkMaskConfig:
     """What to mask and how (docs/method.md sections 2-5).

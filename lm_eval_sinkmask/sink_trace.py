@@ -28,13 +28,17 @@ with ``top_k=1`` and an eps no score can exceed (``OBSERVE_EPS``): every call is
 qualifies, nothing is masked. On a CPU every call then returns the model's own SDPA output,
 so the tokens are those of an untraced top_k=0 run; on an accelerator the output comes from
 the fused masked path with no key hidden, equal up to the kernels' rounding. ``top_k >= 1``
-traces a masked run.
+traces a masked run. Either way the trace meets the limits of a masked run (an ARM's request
+is checked as ``generate_until`` checks a masked run's: greedy or sampled decoding only), and
+says so where the refusal would suggest running unmasked.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,11 +47,14 @@ import numpy as np
 import torch
 
 from . import stability
+from .config import MaskedOnly
 from .hflm_args import placed_device
 from .intercept import AttentionEvent
 from .metric import find_sinks
 
 OBSERVE_EPS = 1e30
+# the generation_kwargs of an ARM trace's one request: greedy, as the sweep's tasks
+ARM_REQUEST = {"do_sample": False}
 # 2: stability summary in meta, optional watch_pos / watch_score arrays (version 1 had neither;
 # its stability is recomputed from top_pos / top_score / n_keys, which both versions keep)
 # 3: top_vnorm / v_median arrays and meta["value_norms"]; older traces load without them
@@ -401,6 +408,20 @@ def trace_model_args(kind: str, model_args: str, *, gen_length: int, steps: int 
     return args
 
 
+@contextmanager
+def _masked_limits(top_k: int) -> Iterator[None]:
+    """A trace of an unmasked run still scores every call (module docstring), so what only
+    masking refuses holds for it too; the refusal's own way out, running unmasked, does not."""
+    try:
+        yield
+    except MaskedOnly as e:
+        if top_k:
+            raise
+        raise ValueError(f"{e}. A trace scores every attention call even under --top-k 0, so "
+                         "it meets the limits of a masked run; an lm_eval run at top_k=0 "
+                         "(no trace) does not") from e
+
+
 def _generate_observed(lm, recorder: TraceRecorder, prompt: str, *, kind: str, gen_length: int,
                        chat: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(prompt ids, whole sequence) of one generation through lm-eval's own generate call,
@@ -415,7 +436,7 @@ def _generate_observed(lm, recorder: TraceRecorder, prompt: str, *, kind: str, g
         context, attn = lm.tok_batch_encode([text])
         context, attn = context.to(lm.device), attn.to(lm.device)
         with torch.inference_mode():
-            kwargs = {"attention_mask": attn, "do_sample": False} if kind == "arm" else {"attention_mask": attn}
+            kwargs = {"attention_mask": attn} | (ARM_REQUEST if kind == "arm" else {})
             full = lm._model_generate(context, context.shape[1] + gen_length, [], **kwargs)
     finally:
         handle.remove()
@@ -447,16 +468,21 @@ def trace_generation(
     import lm_eval.models  # noqa: F401  (registers lm-eval's models, then ours via _autoload)
     from lm_eval.api.registry import get_model
 
+    from .masking_lm import read_gen_kwargs
     from .sweep import versions
     from .sweep_plan import MODEL_CLASS
 
     kind = _kind(model, kind)
     args = trace_model_args(kind, model_args, gen_length=gen_length, steps=steps, eps=eps,
                             top_k=top_k, topn=topn, full_steps=full_steps, device=device)
-    lm = get_model(MODEL_CLASS[kind])(pretrained=model, **args)
-    recorder = TraceRecorder(eps=eps, topn=topn, watch=watch)
-    context, full = _generate_observed(lm, recorder, prompt, kind=kind, gen_length=gen_length,
-                                       chat=chat)
+    with _masked_limits(top_k):
+        lm = get_model(MODEL_CLASS[kind])(pretrained=model, **args)
+        if kind == "arm":  # the checks lm-eval's generate_until runs on a request first
+            lm._check_request(read_gen_kwargs(ARM_REQUEST | {"max_gen_toks": gen_length},
+                                              lm.max_gen_toks, "trace"), "trace")
+        recorder = TraceRecorder(eps=eps, topn=topn, watch=watch)
+        context, full = _generate_observed(lm, recorder, prompt, kind=kind,
+                                           gen_length=gen_length, chat=chat)
     arrays = recorder.arrays(full_steps)
     if kind == "arm":
         arrays.pop("inputs", None)  # one new token per pass: the final sequence says it all

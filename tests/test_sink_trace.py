@@ -194,6 +194,36 @@ def test_sinks_refuses_what_it_would_trace_wrongly_before_loading(tmp_path, tiny
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("top_k", [0, 1])
+def test_an_arm_trace_checks_its_request_as_a_run_does(tmp_path, tiny_dirs, top_k):
+    """A checkpoint whose generation_config.json asks for beam search: generate_until refuses
+    it masked, and the trace, which calls the model's generate itself, did not ask and traced
+    beam search's reordered cache. Tracing an unmasked run, the refusal cannot offer to run
+    unmasked: the trace scores every call either way."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_dirs["llama"], tmp_path / "beams")
+    generation = folder / "generation_config.json"
+    generation.write_text(json.dumps({**json.loads(generation.read_text()), "num_beams": 2}))
+    with pytest.raises(ValueError, match=r"num_beams=2 \(from .*beam_search mode") as refused:
+        trace_generation(str(folder), PROMPT, gen_length=4, device="cpu", top_k=top_k)
+    tail = "A trace scores every attention call even under --top-k 0"
+    assert (tail in str(refused.value)) == (top_k == 0)
+
+
+def test_an_unmasked_trace_of_a_sliding_window_checkpoint_is_refused_as_a_trace(tmp_path, tiny_dirs):
+    import json
+
+    folder = tmp_path / "window"
+    folder.mkdir()
+    config = json.loads((tiny_dirs["llama"] / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "sliding_window": 6}))
+    with pytest.raises(ValueError, match=r"Pass max_length=6.*or run unmasked \(top_k=0\)\. "
+                                         r"A trace scores every attention call even under --top-k 0"):
+        trace_generation(str(folder), PROMPT, gen_length=4, device="cpu")
+
+
 @pytest.mark.slow
 def test_sinks_and_figures_commands(tmp_path, tiny_dirs, capsys):
     out = tmp_path / "dream"
