@@ -23,14 +23,14 @@ either way. ``SINKMASK_COMPILE_TAIL=0`` (or :data:`ENABLED` = False) keeps it ea
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
 
+from .log import module_logger
 from .metric import KeyCounts, key_counts, select_counted
 
-logger = logging.getLogger(__name__)
+logger = module_logger(__name__)
 
 ENABLED = os.environ.get("SINKMASK_COMPILE_TAIL", "1") != "0"
 

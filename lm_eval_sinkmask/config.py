@@ -6,13 +6,14 @@ and so that the intercept, the metric and the lm-eval glue read the same values.
 
 from __future__ import annotations
 
-import logging
 import math
 import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
-logger = logging.getLogger("lm_eval.sinkmask")
+from .log import module_logger
+
+logger = module_logger(__name__)
 
 # marks the log record of the top_k=0 warning: a sweep's K = 0 cell, the unmasked baseline of
 # its column, takes the column's masking settings on purpose and filters the warning out

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import os
 from functools import lru_cache
 from typing import NamedTuple
@@ -37,8 +36,9 @@ import torch
 
 from .attention_view import as_4d, hidden_below, sdpa_scale
 from .config import DETECT_BACKENDS as BACKENDS, check_choice
+from .log import module_logger
 
-logger = logging.getLogger(__name__)
+logger = module_logger(__name__)
 # tile sizes: 64 x 64 keeps a bf16 head_dim-128 Q tile, a K tile and the fp32 scores tile in
 # registers with 4 warps on an H100; the torch reference uses the same tiling
 BLOCK_M = 64

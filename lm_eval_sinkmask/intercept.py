@@ -16,7 +16,6 @@ the fused-kernel output; :mod:`masking_stats` counts what it did.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -29,11 +28,12 @@ import torch.nn.functional as F
 from . import chunked_attention, compiled_tail, decode_step, flex_mass, fused_mass
 from .attention_view import Detection, MaskView, Scores, keys_seen
 from .config import SinkMaskConfig
+from .log import module_logger
 from .masking_stats import SETTLE_AT, MaskingStats
 from .metric import top_k_sinks
 from .random_control import key_draws, random_non_sinks, row_seeds
 
-logger = logging.getLogger(__name__)
+logger = module_logger(__name__)
 
 def _sdpa_arguments(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                     scale=None, enable_gqa=False) -> dict:

@@ -4,7 +4,6 @@ the run's counters, and their report (log line + lm-eval results JSON)."""
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,13 +17,14 @@ from .checkpoint_checks import check_layers, depth, lower_or_raise, positions
 from .config import SinkMaskConfig
 from .filler_requests import without_filler
 from .intercept import NO_ATTENTION_HELP, SinkMasker
+from .log import module_logger
 from .masking_stats import MaskingStats
 from .provenance import LOADED_WITH, checkpoint_digest
 from .random_control import row_tokens
 from .zoo import resolve_pretrained
 
 # a child of lm-eval's logger, so the CLI's --verbosity and format apply to our report
-logger = logging.getLogger("lm_eval.sinkmask")
+logger = module_logger(__name__)
 
 
 def check_calls_per_pass(calls: int, layers: int | None) -> None:

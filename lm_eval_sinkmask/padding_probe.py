@@ -11,14 +11,14 @@ honoured, batches are split into prompts of equal length, which need no padding 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 
 import torch
 
 from .families import ModelInputs
+from .log import module_logger
 
-logger = logging.getLogger("lm_eval.sinkmask")
+logger = module_logger(__name__)
 
 UNPADDED = "unpadded"  # no honoured form: decode only prompts of equal length together
 

@@ -49,7 +49,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-logger = logging.getLogger(__name__)
+# lm-eval's logger tree, as log.module_logger names it; spelled out, since the sandboxed child
+# runs this file as a script, which can import nothing of the package
+logger = logging.getLogger("lm_eval.sinkmask.sandbox")
 
 # Uids handed to sandboxed programs when we run as root: one random uid per program, from a
 # range no real account uses, so "kill every process of this uid" kills only that program.

@@ -69,7 +69,7 @@ def test_mostly_infrastructure_failures_are_reported(caplog):
                 failed("timed out after 10s", "timeout"),
                 failed("ModuleNotFoundError: No module named 'doctest'"),
                 failed("ModuleNotFoundError: No module named 'doctest'")]
-    with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+    with caplog.at_level(logging.WARNING, logger=sandbox.logger.name):
         message = sandbox.warn_if_mostly_infrastructure(outcomes)
     assert message and "3 of 4 failed programs (75%)" in message
     assert "No module named 'doctest'" in message and "(2x)" in message
