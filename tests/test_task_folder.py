@@ -112,10 +112,11 @@ def test_the_wheel_holds_the_package_the_hook_and_the_license_only(standard_whee
     assert "sinkmask = lm_eval_sinkmask.cli:main" in (standard_wheel / info / "entry_points.txt").read_text()
 
 
-def test_the_sdist_leaves_out_the_extra_zoo_seeds(tmp_path):
+def test_the_sdist_leaves_out_the_extra_zoo_seeds_and_the_committed_runs(tmp_path):
     # zoo.install puts seeds >= 1 in the top-level zoo_seeds/ (up to 80 MB more); the wheel
-    # never carries them, and neither should the sdist. Built from a stand-in tree: the
-    # include rules are the real ones, the package a stub.
+    # never carries them, and neither should the sdist; nor results/ (95 MB: with it the
+    # sdist was over PyPI's 100 MB). Built from a stand-in tree: the include rules are the
+    # real ones, the package a stub.
     builder = pytest.importorskip("hatchling.builders.sdist", reason="pip install -e '.[test]' brings hatchling")
     tree = tmp_path / "tree"
     for name in ("pyproject.toml", "hatch_build.py", "README.md", "LICENSE", "lm_eval_sinkmask.pth",
@@ -123,7 +124,7 @@ def test_the_sdist_leaves_out_the_extra_zoo_seeds(tmp_path):
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_bytes((ROOT / name).read_bytes())
     for name in ("lm_eval_sinkmask/__init__.py", "tasks/gsm8k_sinkmask.yaml", "tests/test_x.py",
-                 "zoo_seeds/llada/seed1/model.safetensors"):
+                 "zoo_seeds/llada/seed1/model.safetensors", "results/zoo/report.md"):
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_text("")
     (sdist,) = builder.SdistBuilder(str(tree)).build(directory=str(tmp_path / "dist"))
@@ -132,4 +133,4 @@ def test_the_sdist_leaves_out_the_extra_zoo_seeds(tmp_path):
     with tarfile.open(sdist) as archive:
         top = {m.name.split("/", 2)[1] for m in archive.getmembers() if m.name.count("/")}
     assert {"lm_eval_sinkmask", "tasks", "tests", "LICENSE", "pyproject.toml", "hatch_build.py"} <= top
-    assert "zoo_seeds" not in top
+    assert "zoo_seeds" not in top and "results" not in top
