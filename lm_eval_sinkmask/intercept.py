@@ -491,8 +491,6 @@ class _Run:
         """:meth:`_decide` by detection (``backend``: :func:`fused_mass.resolve`'s), the
         selection, and (where the detection sweep made it) the masked output."""
         sc = _scores_of(a, self._mask_view(a, chunk))
-        mask = sc.mask
-
         # keys masked in this call: last pass's sinks, or (detect=current, or the first pass
         # of detect=previous) this pass's, known only once the sweep below has detected them
         blocked, n_blocked = self._previous(layer, sc)
@@ -502,6 +500,18 @@ class _Run:
         out, det, backend = _detect(sc, chunk, blocked, backend, keep_all,
                                     checked=self.config.detect_backend == "auto")
         self.stats.count_detection(backend)
+        scores, sinks, chosen, n_sinks, n_chosen = self._select(layer, sc, det, backend)
+        self.previous[layer] = _Chosen(chosen, n_chosen)
+        if blocked is None:
+            blocked, n_blocked = chosen, n_chosen
+            keep_all = _removes_nothing(blocked)
+        return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen, n_sinks, n_blocked)
+
+    def _select(self, layer: int, sc: Scores, det: Detection, backend: str):
+        """(scores, sinks, chosen, sink count, chosen count) of this call's detection: Eq. 3
+        over the rule's rows and keys, the top_k sinks by score, less the extra sink token
+        under ``sink_token=exclude``; under ``mask_target=random`` as many other keys."""
+        mask = sc.mask
         per_layer = self.config.granularity == "layer"
         all_rows = self.masker.rule == "all_rows"
         select = compiled_tail.selector(sc.query.device, backend != "materialized", from_rows=all_rows)
@@ -527,11 +537,7 @@ class _Run:
         if self.config.mask_target == "random":
             chosen = self._random_control(layer, chosen, sinks, key_seen, excluded)
             n_chosen = chosen.sum()
-        self.previous[layer] = _Chosen(chosen, n_chosen)
-        if blocked is None:
-            blocked, n_blocked = chosen, n_chosen
-            keep_all = _removes_nothing(blocked)
-        return _Decision(sc, blocked, keep_all, out, scores, sinks, chosen, n_sinks, n_blocked)
+        return scores, sinks, chosen, n_sinks, n_chosen
 
     def _random_control(self, layer, chosen, sinks, key_seen, excluded) -> torch.Tensor:
         """``mask_target=random``: per (batch element, head), as many keys as the sinks just

@@ -57,7 +57,8 @@ from .hflm_args import placed_device
 from .provenance import (InputDigests, changed_inputs, checkpoint_digest, code_digests,
                          loaded_with_digests, task_digest)
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, check_run_counts, loaded_with,
-                         merge_grids, mixed_settings, model_type_of, requested_revision)
+                         merge_grids, mixed_settings, model_type_of, refuse_unmergeable,
+                         requested_revision)
 
 
 def versions() -> dict[str, str]:
@@ -447,16 +448,37 @@ def run_sweep(
     kill); a cell that another process holds counts among them. Other sweeps may share
     ``plan.out``: a cell one of them runs is skipped, one it finished is done.
     """
-    from tqdm.auto import tqdm
-
     check_run_counts(max_cells, jobs)
     if jobs > 1 and world_size() > 1:
         raise SystemExit("--jobs > 1 and accelerate launch do not mix: use one or the other")
     grid_path = plan.out / "sweep.json"
     if grid_path.exists():  # a grid that cannot be merged fails now, before any hashing
-        merge_grids(json.loads(grid_path.read_text()), plan.grid())
+        refuse_unmergeable(json.loads(grid_path.read_text()), plan.grid())
 
     # everything is checked before sweep.json records the grid: a typo stays out of the layout
+    tm, cells, inputs, pending, done_requests = _survey(plan)
+    todo = pending[:max_cells]
+    _refuse_unrunnable(plan, tm, cells, todo, done_requests)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    if process_rank() == 0:
+        record_grid(plan.out, plan.grid())
+    start_process_group()
+    # another sweep in this folder may finish a cell between two ranks' looks: rank 0's list
+    todo = rank_zeros(todo)
+    outcomes = _run_cells(plan, tm, cells, inputs, todo, already=len(cells) - len(pending),
+                          progress=progress, jobs=jobs)
+    if outcomes[HELD] and progress and process_rank() == 0:
+        print(f"{outcomes[HELD]} cell(s) were running in other processes; once those finish, "
+              "rerun this sweep to pick up any they did not complete", flush=True)
+    return outcomes[RAN]
+
+
+def _survey(plan: SweepPlan) -> tuple[Any, list[Cell], list[dict[str, Any]], list[int],
+                                      list[dict[str, Any]]]:
+    """What the cells folder holds against the plan: (task manager, the plan's cells, each
+    cell's input digests, the indices of the cells not done on those inputs, the requests of
+    every done cell). A done cell outside the plan that ran on other inputs than the folder's
+    now is refused: its numbers would sit beside the new ones in one table."""
     done = {p: json.loads(p.read_text()) for p in cell_records(plan.out / "cells")}
     tm = task_manager(plan, tuple(sorted({r["request"]["task"] for r in done.values()})))
     digests = InputDigests(tm)
@@ -471,16 +493,18 @@ def run_sweep(
                          "their checkpoint (and what their model_args load with it), task and "
                          "lm-eval-sinkmask's code are now:\n  "
                          + "\n  ".join(stale) + f"\n{RERUN_HELP}")
-    todo = pending[:max_cells]
-    _refuse_unrunnable(plan, tm, cells, todo, [r["request"] for r in done.values()])
-    plan.out.mkdir(parents=True, exist_ok=True)
-    if process_rank() == 0:
-        record_grid(plan.out, plan.grid())
-    start_process_group()
-    # another sweep in this folder may finish a cell between two ranks' looks: rank 0's list
-    todo = rank_zeros(todo)
-    bar = tqdm(total=len(cells), initial=len(cells) - len(pending), desc="sweep cells",
-               unit="cell", disable=not progress or process_rank() != 0, dynamic_ncols=True)
+    return tm, cells, inputs, pending, [r["request"] for r in done.values()]
+
+
+def _run_cells(plan: SweepPlan, tm, cells: list[Cell], inputs: list[dict[str, Any]],
+               todo: list[int], *, already: int, progress: bool, jobs: int) -> dict[str, int]:
+    """Run the cells ``todo`` (indices into ``cells``), here or ``jobs`` at a time in worker
+    processes, under a progress bar that starts at the ``already`` done; returns how many
+    were run, held by another process, or found done by one."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(cells), initial=already, desc="sweep cells", unit="cell",
+               disable=not progress or process_rank() != 0, dynamic_ncols=True)
     outcomes = {RAN: 0, HELD: 0, DONE_ELSEWHERE: 0}
 
     def report(cell: Cell, outcome: tuple[str, dict[str, Any] | None]) -> None:
@@ -505,24 +529,21 @@ def run_sweep(
                 outcome = claimed_run(cell, inputs[i], partial(run_cell, cell, tm, inputs[i]))
                 _free_memory()
                 report(cell, outcome)
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            return outcomes
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-            # spawn: a fresh interpreter per worker, nothing inherited from a forked torch
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                futures = {pool.submit(_run_cell_job, plan, i, inputs[i]): cells[i] for i in todo}
-                try:
-                    for future in as_completed(futures):
-                        report(futures[future], future.result())
-                except BaseException:  # e.g. inputs changed: start no further cell
-                    pool.shutdown(cancel_futures=True)
-                    raise
-    if outcomes[HELD] and progress and process_rank() == 0:
-        print(f"{outcomes[HELD]} cell(s) were running in other processes; once those finish, "
-              "rerun this sweep to pick up any they did not complete", flush=True)
-    return outcomes[RAN]
+        # spawn: a fresh interpreter per worker, nothing inherited from a forked torch
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {pool.submit(_run_cell_job, plan, i, inputs[i]): cells[i] for i in todo}
+            try:
+                for future in as_completed(futures):
+                    report(futures[future], future.result())
+            except BaseException:  # e.g. inputs changed: start no further cell
+                pool.shutdown(cancel_futures=True)
+                raise
+    return outcomes
 
 
 def _run_cell_job(plan: SweepPlan, index: int, inputs: dict[str, Any]

@@ -471,22 +471,41 @@ def cell_records(cells: Path) -> list[Path]:
 
 def merge_grids(old: dict, new: dict) -> dict:
     """The grid of a folder swept again, perhaps wider: earlier models, tasks and K stay in the
-    layout. Refused: a folder that would mix the layouts with and without a seed or draw axis,
-    a column whose path, kind, model args or shared settings (``columns``: sweeps started at
-    once merge here, under the folder's lock) change, another eps, another --limit for a task
-    already swept (each would put two experiments under one name)."""
+    layout, once :func:`refuse_unmergeable` found nothing to refuse."""
     def union(a, b, key=lambda x: x):
         seen = {key(x) for x in a}
         return list(a) + [x for x in b if key(x) not in seen]
 
+    refuse_unmergeable(old, new)
     merged = dict(new)
+    for axis in ("seeds", "mask_seeds"):
+        if axis in new:
+            merged[axis] = sorted(set(old[axis]) | set(new[axis]))
+    merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
+    merged["tasks"] = union(old.get("tasks", []), new["tasks"])
+    merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))
+    limits = task_limits(old) | task_limits(new)  # equal where both name a task
+    shared = set(limits.values())
+    merged["limit"] = shared.pop() if len(shared) == 1 else limits
+    if old.get("versus") or new.get("versus"):
+        merged["versus"] = union(old.get("versus", []), new.get("versus", []), key=tuple)
+    if "columns" in old or "columns" in new:
+        merged["columns"] = {**(old.get("columns") or {}), **(new.get("columns") or {})}
+    if "title" in old and "title" not in new:
+        merged["title"] = old["title"]
+    return merged
+
+
+def refuse_unmergeable(old: dict, new: dict) -> None:
+    """Refuse what would put two experiments under one name: a folder that would mix the
+    layouts with and without a seed or draw axis, a column whose path, kind, model args or
+    shared settings (``columns``: sweeps started at once merge here, under the folder's lock)
+    change, another eps, another --limit for a task already swept."""
     for axis, option in (("seeds", "--seeds"), ("mask_seeds", "--mask-seeds")):
         if (axis in old) != (axis in new):
             with_axis = "with" if axis in old else "without"
             raise SystemExit(f"this folder was swept {with_axis} {option}; use another --out "
                              "folder rather than mixing the two layouts")
-        if axis in new:
-            merged[axis] = sorted(set(old[axis]) | set(new[axis]))
     recorded = {m["name"]: m for m in old.get("models", [])}
     for model in new["models"]:
         before = recorded.get(model["name"], model)
@@ -507,18 +526,6 @@ def merge_grids(old: dict, new: dict) -> dict:
         if limits.setdefault(task, limit) != limit:
             raise SystemExit(f"{task} was swept here with --limit {limits[task]}, not {limit}: "
                              "use another --out folder")
-    merged["models"] = union(old.get("models", []), new["models"], key=lambda m: m["name"])
-    merged["tasks"] = union(old.get("tasks", []), new["tasks"])
-    merged["ks"] = sorted(set(old.get("ks", [])) | set(new["ks"]))
-    shared = set(limits.values())
-    merged["limit"] = shared.pop() if len(shared) == 1 else limits
-    if old.get("versus") or new.get("versus"):
-        merged["versus"] = union(old.get("versus", []), new.get("versus", []), key=tuple)
-    if "columns" in old or "columns" in new:
-        merged["columns"] = {**old_columns, **(new.get("columns") or {})}
-    if "title" in old and "title" not in new:
-        merged["title"] = old["title"]
-    return merged
 
 
 def task_limits(grid: dict) -> dict[str, int | float | None]:
