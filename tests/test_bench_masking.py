@@ -7,7 +7,6 @@ that our sampler matched the reference algorithm (it asserts the same tokens its
 
 import argparse
 import re
-import sys
 import types
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,11 +19,10 @@ from lm_eval_sinkmask import masking_stats
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_masking
+import gpu_profile
 
-import bench_masking  # noqa: E402
-import gpu_profile  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_run_of_the_tiny_and_sampler_sections(capsys):

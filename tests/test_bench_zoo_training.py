@@ -2,13 +2,11 @@
 nobody runs rots, and its GPU run is one short call on a lent machine."""
 
 import re
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_zoo_training
 
-import bench_zoo_training  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_model_and_grouping_gets_a_row_with_the_same_loss(capsys, monkeypatch):

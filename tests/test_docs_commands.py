@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,6 @@ from lm_eval_sinkmask import model_args
 from lm_eval_sinkmask.config import SinkMaskConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # python -m <module>, python <script>: the programs whose parsers a test can reach
 OUR_MODULE = re.compile(r"lm_eval_sinkmask(\.[a-z_]+)*$")

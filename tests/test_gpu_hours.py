@@ -10,17 +10,15 @@ import inspect
 import math
 import re
 import shlex
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_hours
 
-import gpu_hours  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RECIPE = ROOT / "results" / "paper" / "README.md"
 

@@ -10,8 +10,6 @@ model's mask with the blocked keys hidden, no host-side question."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,9 +23,8 @@ from tests import tiny
 from tests.recorded_graph import recorded
 from tests.test_graphed_steps import _canvases
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import graphed_pass
 
-import graphed_pass  # noqa: E402
 
 STEPS = 4
 

@@ -70,7 +70,7 @@ def test_calls_out_of_scope_stay_with_the_package(interpreted, case):
     assert r["same_chosen"] and r["same_blocked"], r
 
 
-def test_the_row_lse_patch_is_undone_after_each_call(monkeypatch):
+def test_the_row_lse_patch_is_undone_after_each_call():
     """Each call patches fused_mass's kernels by hand (not with mock.patch): left in place,
     the fused path's later calls in the process (bench_masking's other variants, timed after
     c_lse) would launch the fix with a stale log-sum-exp instead of the row pass."""
@@ -78,7 +78,6 @@ def test_the_row_lse_patch_is_undone_after_each_call(monkeypatch):
 
     from lm_eval_sinkmask import fused_mass
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import lse_reuse
 
     package = fused_mass._kernels

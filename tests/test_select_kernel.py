@@ -92,7 +92,6 @@ def test_a_call_of_max_keys_keys_is_in_scope_and_not_one_more(monkeypatch):
     from lm_eval_sinkmask import fused_mass
     from lm_eval_sinkmask.config import SinkMaskConfig
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import select_kernel
     import taken_calls
 
@@ -105,13 +104,12 @@ def test_a_call_of_max_keys_keys_is_in_scope_and_not_one_more(monkeypatch):
     assert not taken_calls.in_scope(run, call(select_kernel.MAX_KEYS + 1), select_kernel.MAX_KEYS)
 
 
-def test_the_output_mask_rows_start_aligned_for_cudas_kernel(monkeypatch):
+def test_the_output_mask_rows_start_aligned_for_cudas_kernel():
     """CUDA's memory-efficient attention reads the call path's additive mask as it is only
     where its rows start at multiples of 8 elements; any other it copies into a padded one on
     every call, GPU time that no check here would see."""
     import torch
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import select_kernel
 
     bias = select_kernel.output_mask_buffer(2, 3, 11, torch.bfloat16, "cpu")

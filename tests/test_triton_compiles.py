@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
-import sys
 import tempfile
 import types
 from pathlib import Path
@@ -31,8 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("triton") is None:
     pytest.skip("Triton is not installed, so no kernel was compiled "
                 "(pip install -e '.[test]' installs it on Linux x86-64)", allow_module_level=True)
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
