@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm_eval_sinkmask.samplers import generate_block, generate_dream, validate_block_args
-from lm_eval_sinkmask.samplers.block import transfer_counts
+from lm_eval_sinkmask.samplers.block import guided_logits, transfer_counts
 from lm_eval_sinkmask.samplers.layout import build_layout
 
 V, MASK = 16, 15
@@ -282,6 +282,15 @@ def test_cfg_decodes_from_the_guided_logits():
     ids, mask = padded([[1, 2, 5], [6, 7, 8]])
     assert generate_block(fn, ids, mask, **BLOCK).eq(3).all()
     assert generate_block(fn, ids, mask, **BLOCK, cfg_scale=1.0).eq(4).all()
+
+
+def test_guidance_leaves_a_token_both_logits_forbid_forbidden():
+    # -inf - -inf is NaN: one such column made the whole row's log-softmax NaN
+    cond = torch.tensor([[1.0, 2.0, float("-inf")]])
+    uncond = torch.tensor([[0.5, 2.5, float("-inf")]])
+    guided = guided_logits(cond, uncond, 0.5)
+    assert torch.equal(guided, torch.tensor([[1.25, 1.75, float("-inf")]]))
+    assert torch.isfinite(guided.log_softmax(-1)[:, :2]).all()
 
 
 def test_block_suppress_logit_ids_never_appear(model):

@@ -226,6 +226,25 @@ def test_sink_token_exclude_through_model_args(sink_dir, mode):
     assert any(b[..., 0].any() for b in blocked) == (mode == "include")
 
 
+def test_guidance_keeps_the_sink_token_unpredictable(sink_dir):
+    """cfg_scale > 0: guidance of the sink id's two -inf logits (conditional, unconditional)
+    was NaN, which made every log-likelihood NaN and argmax decode the sink token."""
+    from lm_eval.api.instance import Instance
+
+    lm = make("dlm_sinkmask", sink_dir, cfg_scale=0.5, block_length=4, mc_num=4, mc_batch_size=4,
+              greedy_check=True)
+    lm.model.lm_head.register_forward_hook(  # a model that would rather say <|sink|>
+        lambda mod, inp, out: out.index_add(-1, torch.tensor([lm.sink.token_id]),
+                                            torch.full(out.shape[:-1] + (1,), 1e4)))
+    seen = []
+    sampler_fn = lm._model_generate
+    lm._model_generate = lambda *a, **kw: seen.append(sampler_fn(*a, **kw)) or seen[-1]
+    lm.generate_until(requests(until=("?",)))
+    assert seen and all((o != lm.sink.token_id).all() for o in seen)
+    [(ll, greedy)] = lm.loglikelihood([Instance("loglikelihood", {}, ("Question : 7 + 5 = ?", " 12"), 0)])
+    assert math.isfinite(ll) and greedy in (True, False)
+
+
 @pytest.mark.parametrize("context, continuation", [
     ("Question : 7 + 5 = ?", " <|sink|> 12"),  # its logit is -inf: the bound read NaN
     ("Question : 7 <|sink|> + 5 = ?", " 12"),  # a second sink token, attending as text

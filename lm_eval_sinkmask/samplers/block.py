@@ -62,8 +62,11 @@ def transfer_counts(block_length: int, steps_per_block: int) -> list[int]:
 
 def guided_logits(cond: torch.Tensor, uncond: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     """LLaDA's classifier-free guidance: uncond + (cfg_scale + 1) * (cond - uncond), the
-    unconditional logits those of a copy with the prompt masked out."""
-    return uncond + (cfg_scale + 1) * (cond - uncond)
+    unconditional logits those of a copy with the prompt masked out. A token both logits
+    forbid (-inf: an extra sink token's id) stays forbidden, where the formula would make it
+    NaN (-inf minus -inf), which the log-softmax spreads over the row and argmax decodes."""
+    guided = uncond + (cfg_scale + 1) * (cond - uncond)
+    return guided.masked_fill(torch.isneginf(cond) & torch.isneginf(uncond), float("-inf"))
 
 
 def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator=None) -> torch.Tensor:
