@@ -100,35 +100,41 @@ def load_pooled(folders: list[Path], metrics: dict[str, str] | None = None
     model_args, tasks, K, eps, limit, random-key draws) over seeds no other folder has, and
     unless their cells are one experiment together (one checkpoint per model and seed, one
     version of each task, of this package's code and of the libraries that move a number)."""
-    reads = [_read(Path(f), metrics) for f in folders]
-    first = reads[0]
-    seeds: list[int] = []
-    for r in reads:
-        if not r.grid.get("seeds"):
-            raise ValueError(f"{r.folder} is not a sweep over training seeds (no --seeds): "
-                             "pooling folders is for one grid run on different seeds")
-        # a folder swept before sweep.json kept its columns' settings is compared without them
-        # (its cells' own settings are, by the checks of one experiment)
-        skipped = {"seeds", "title"}
-        if "columns" not in first.grid or "columns" not in r.grid:
-            skipped.add("columns")
-        differ = sorted(k for k in set(first.grid) | set(r.grid) if k not in skipped
-                        and first.grid.get(k) != r.grid.get(k))
-        if differ:
-            raise ValueError(f"{r.folder} ran another grid than {first.folder} "
-                             f"({', '.join(differ)} differ), so their cells are not one table")
-        again = sorted(set(seeds) & set(r.grid["seeds"]))
-        if again:
-            raise ValueError(f"training seed(s) {again} of {r.folder} are also in another folder: "
-                             "a seed's cells must come from one folder")
-        seeds += r.grid["seeds"]
+    grids = [(Path(f), json.loads(sweep_json(Path(f)).read_text())) for f in folders]
+    _refuse_unpoolable(grids)  # before any cell is read: a cell's own refusal says less
+    reads = [_read(f, metrics) for f, _ in grids]
     _check_one_experiment(reads, "these folders are")
     titles = {r.grid.get("title") for r in reads}
-    grid = {**first.grid, "seeds": sorted(seeds)}
+    grid = {**reads[0].grid, "seeds": sorted(s for r in reads for s in r.grid["seeds"])}
     grid.pop("title", None)
     if len(titles) == 1 and None not in titles:  # a title naming one folder's seed is dropped
         grid["title"] = titles.pop()
     return grid, [e for r in reads for e in r.entries], any(r.zoo for r in reads)
+
+
+def _refuse_unpoolable(grids: list[tuple[Path, dict]]) -> None:
+    """Sweep folders (folder, its sweep.json) that are not one grid on separate seeds."""
+    first, first_grid = grids[0]
+    seeds: list[int] = []
+    for folder, grid in grids:
+        if not grid.get("seeds"):
+            raise ValueError(f"{folder} is not a sweep over training seeds (no --seeds): "
+                             "pooling folders is for one grid run on different seeds")
+        # a folder swept before sweep.json kept its columns' settings is compared without them
+        # (its cells' own settings are, by the checks of one experiment)
+        skipped = {"seeds", "title"}
+        if "columns" not in first_grid or "columns" not in grid:
+            skipped.add("columns")
+        differ = sorted(k for k in set(first_grid) | set(grid) if k not in skipped
+                        and first_grid.get(k) != grid.get(k))
+        if differ:
+            raise ValueError(f"{folder} ran another grid than {first} "
+                             f"({', '.join(differ)} differ), so their cells are not one table")
+        again = sorted(set(seeds) & set(grid["seeds"]))
+        if again:
+            raise ValueError(f"training seed(s) {again} of {folder} are also in another folder: "
+                             "a seed's cells must come from one folder")
+        seeds += grid["seeds"]
 
 
 @dataclass
@@ -161,6 +167,10 @@ def in_grid(grid: dict, req: dict, cell: Path) -> bool:
     if draw is not None and draws is None:
         raise ValueError(f"{cell} is draw mask_seed={draw} of a sweep --mask-seeds, but the "
                          "folder's sweep.json names no mask_seeds: restore them there")
+    seed = req.get("checkpoint_seed")  # recorded on a seed axis only
+    if seed is not None and seeds is None:
+        raise ValueError(f"{cell} is training seed {seed} of a sweep --seeds, but the folder's "
+                         "sweep.json names no seeds: restore them there")
     return ((seeds is None or req.get("checkpoint_seed") in seeds)
             and (draw is None or draw in draws))
 
@@ -210,6 +220,7 @@ def _read_cell(read: _Folder, record_path: Path, grid: dict,
 def _check_one_experiment(reads: list[_Folder], scope: str) -> None:
     """The checks that make a table one experiment, over the cells of every folder read."""
     check_one_input_each([e for r in reads for e in r.entries], scope)
+    check_one_record_each([e for r in reads for e in r.entries], scope)
     check_one_version_each([v for r in reads for v in r.versions], scope)
     mixed = mixed_settings([q for r in reads for q in r.requests])
     if mixed:
@@ -258,6 +269,20 @@ def check_one_input_each(entries: list[Entry], scope: str = "this folder is") ->
             at = "" if seed is None else f" seed {seed}"
             raise ValueError(f"the cells disagree on the {what} {name}{at}: {sorted(map(str, found))}; "
                              f"they come from different runs, so {scope} not one table")
+
+
+def check_one_record_each(entries: list[Entry], scope: str = "this folder is") -> None:
+    """One cell.json per run of a cell: a copy of a cell folder (``k1_old``) would otherwise
+    stand in for the run it copies, or be pooled beside it, whichever is read last."""
+    seen: set[tuple] = set()
+    for e in entries:
+        run = (e.model, e.task, e.k, e.seed, e.draw)
+        if run in seen:
+            raise ValueError(
+                f"{e.model} on {e.task} at K={e.k} (training seed {e.seed}, draw {e.draw}) has "
+                f"two cell.json records, so {scope} not one table: keep the cell folder the "
+                "sweep wrote and move the other out of cells/")
+        seen.add(run)
 
 
 # the packages whose version can change a cell's number (python's cannot, by itself)

@@ -254,15 +254,47 @@ def test_cells_of_seeds_narrowed_out_of_the_grid_do_not_block_the_table(tmp_path
         table.render(folder, figure=False)
 
 
-def test_a_plain_table_refuses_two_runs_of_one_cell(tmp_path):
+def test_seeded_cells_under_a_sweep_json_without_seeds_are_refused(tmp_path):
     # sweep.json without its seeds (edited, or from elsewhere) names one run per cell, and the
-    # cells hold three: one of them must not stand for the cell
+    # cells hold three: the plain table refused them, while --versus pooled every seed
     folder = write_seeded_sweep(tmp_path)
     grid = json.loads((folder / "sweep.json").read_text())
     del grid["seeds"]
     (folder / "sweep.json").write_text(json.dumps(grid))
-    with pytest.raises(ValueError, match=r"llada on mini_gsm at K=0 has two runs, \(training "
-                                         r"seed \d, draw None\) and \(training seed \d"):
+    with pytest.raises(ValueError, match=r"k0 is training seed \d of a sweep --seeds, but the "
+                                         r"folder's sweep.json names no seeds"):
+        table.render(folder, figure=False)
+
+
+def test_a_plain_table_refuses_two_runs_of_one_cell(tmp_path):
+    # one training seed and one draw: a plain table; a stray K=1 cell with no draw beside the
+    # draw's must not stand for the cell
+    folder = write_seeded_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "seeds": [0], "mask_seeds": [3]}))
+    drawn = folder / "cells" / "llada" / "seed0" / "draw3" / "mini_gsm" / "k1"
+    shutil.copytree(folder / "cells" / "llada" / "seed0" / "mini_gsm" / "k1", drawn)
+    record = json.loads((drawn / "cell.json").read_text())
+    record["request"]["mask_seed"] = 3
+    (drawn / "cell.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"llada on mini_gsm at K=1 has two runs, \(training "
+                                         r"seed 0, draw (3|None)\) and \(training seed 0"):
+        table.render(folder, figure=False)
+
+
+@pytest.mark.parametrize("seeds", [[0, 1, 2], [0]])
+def test_a_copy_of_a_cell_folder_is_refused_not_read_in_its_place(tmp_path, seeds):
+    """A copy (k1_old) of seed 0's K=1 cell, edited: the seeded table took whichever record
+    it read last for that run (the copy sorts after k1/), with no word."""
+    folder = write_seeded_sweep(tmp_path)
+    grid = json.loads((folder / "sweep.json").read_text())
+    (folder / "sweep.json").write_text(json.dumps({**grid, "seeds": seeds}))
+    cell = folder / "cells" / "llada" / "seed0" / "mini_gsm"
+    shutil.copytree(cell / "k1", cell / "k1_old")
+    record = json.loads((cell / "k1_old" / "cell.json").read_text())
+    (cell / "k1_old" / "cell.json").write_text(json.dumps({**record, "value": 0.0}))
+    with pytest.raises(ValueError, match=r"llada on mini_gsm at K=1 \(training seed 0, draw "
+                                         r"None\) has two cell.json records"):
         table.render(folder, figure=False)
 
 
