@@ -65,3 +65,44 @@ def test_an_unfinished_assignment_still_starts_the_code():
     answer = f"Here is the code:\nLIMITS = [\n    10,\n]\nLIMIT = LIMITS[0]\n{FUNCTION}"
     assert extract_code(answer, "capped").startswith("LIMITS = [\n")
     assert run(program_from_answer(PROMPT, answer, "capped"), "capped")(20) == 10
+
+
+SOLVED = "```python\ndef capped(x):\n    return min(x, 10)\n```\n"
+
+
+@pytest.mark.parametrize("answer", [
+    # an example session or a command after the code: not Python, and it cut the program
+    # (every block that does not define the entry point was pasted in as a helper)
+    SOLVED + "Example:\n```\n>>> capped(20)\n10\n```\n",
+    SOLVED + "Run it:\n```\n$ python capped.py\n```\n",
+    # a block tagged otherwise before the code: its closing fence was read as an opening one
+    "Trace:\n```text\n20 -> 10\n```\nCode:\n" + SOLVED,
+    "```bash\npython capped.py\n```\n" + SOLVED,
+    # the prompt's stub restated first: it defines the entry point too, with no body
+    f"You gave:\n```python\n{PROMPT}```\nCompleted:\n" + SOLVED,
+])
+def test_a_correct_answer_survives_the_other_blocks_around_it(answer):
+    assert run(program_from_answer(PROMPT, answer, "capped"), "capped")(20) == 10
+
+
+def test_an_answer_whose_only_block_is_not_python_has_no_code():
+    assert extract_code("```text\n20 -> 10\n```\n", "capped") == ""
+
+
+@pytest.mark.parametrize("prelude", [
+    "def _low():\n    return 10\n\nLIMIT = _low()\n",  # set by a call of its own function
+    "LIMIT, HIGH = 10, 1000\n",  # several names at once
+    "try:\n    LIMIT = 10\nexcept Exception:\n    LIMIT = 10\n",  # as `try: from math import isqrt`
+    "if True:\n    LIMIT = 10\n",
+])
+def test_module_level_names_the_solution_reads_are_kept(prelude):
+    # each was dropped: the function raised NameError, and a correct answer scored 0
+    answer = f"```python\n{prelude}\n{FUNCTION}```"
+    assert run(program_from_answer(PROMPT, answer, "capped"), "capped")(20) == 10
+
+
+def test_a_demonstration_stays_out_even_beside_a_kept_name():
+    program = program_from_answer(
+        PROMPT, "```python\nLIMIT = 10\n" + FUNCTION + "result = capped(3)\nassert result == 4\n"
+        "if __name__ == '__main__':\n    print(capped(3))\n```", "capped")
+    assert program == PROMPT + "LIMIT = 10\n" + FUNCTION
