@@ -53,8 +53,10 @@ from .intercept import AttentionEvent
 from .metric import find_sinks
 
 OBSERVE_EPS = 1e30
-# the generation_kwargs of an ARM trace's one request: greedy, as the sweep's tasks
-ARM_REQUEST = {"do_sample": False}
+# the generation_kwargs of an ARM trace's one request: greedy, as the sweep's tasks, on a cache
+# that holds the keys of the sequence so far (a static cache's unwritten slots would count
+# among the keys of every step: in n_keys, Eq. 3's mean, the histogram and the medians)
+ARM_REQUEST = {"do_sample": False, "cache_implementation": "dynamic"}
 # 2: stability summary in meta, optional watch_pos / watch_score arrays (version 1 had neither;
 # its stability is recomputed from top_pos / top_score / n_keys, which both versions keep)
 # 3: top_vnorm / v_median arrays and meta["value_norms"]; older traces load without them

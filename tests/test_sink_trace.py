@@ -212,6 +212,23 @@ def test_an_arm_trace_checks_its_request_as_a_run_does(tmp_path, tiny_dirs, top_
     assert (tail in str(refused.value)) == (top_k == 0)
 
 
+def test_an_arm_trace_counts_the_keys_of_the_sequence_not_a_static_caches_slots(tmp_path, tiny_dirs):
+    """A checkpoint that asks for a static cache: its unwritten slots were traced as keys
+    (n_keys the cache's length at every step, Eq. 3 scores averaging below 1)."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_dirs["llama"], tmp_path / "static")
+    generation = folder / "generation_config.json"
+    generation.write_text(json.dumps({**json.loads(generation.read_text()),
+                                      "cache_implementation": "static"}))
+    trace = trace_generation(str(folder), PROMPT, gen_length=4, device="cpu")
+    prompt = trace.meta["prompt_length"]
+    assert trace["n_keys"].tolist() == [prompt + t for t in range(trace.meta["steps"])]
+    mean = np.nanmean(trace["total"], axis=(1, 2)) / trace["n_keys"]
+    np.testing.assert_allclose(mean, 1.0, rtol=1e-5)
+
+
 def test_an_unmasked_trace_of_a_sliding_window_checkpoint_is_refused_as_a_trace(tmp_path, tiny_dirs):
     import json
 
