@@ -231,6 +231,19 @@ def test_the_share_by_layer_is_per_layer_not_per_head():
     assert (counts["pairs"], counts["pairs_with_sink"]) == (6, 3)
 
 
+def test_layers_a_trace_did_not_score_are_no_heads_without_a_sink():
+    # a trace of layers=1 holds zeros for layer 0: they halved the share of pairs with a sink
+    n_sinks = np.zeros((2, 2, 2))
+    n_sinks[:, 1, :] = 1
+    scored = np.array([[False, False], [True, True]])
+    counts = sink_stats.pair_counts(n_sinks, scored)
+    assert (counts["pairs"], counts["pairs_with_sink"]) == (2, 2)
+    assert counts["share_by_layer"] == [None, 1.0] and counts["mean_sinks_per_pair"] == 1.0
+    pooled = sink_stats.pair_shares([counts, counts])
+    assert pooled["share_of_pairs_with_sink"] == 1.0 and pooled["share_by_layer"] == [None, 1.0]
+    assert report_markdown._by_layer_text(pooled["share_by_layer"]) == "- 100"
+
+
 def test_the_first_answer_token_is_answer_plus_0():
     assert sink_stats.position_label(10, 10) == "answer +0"
     assert sink_stats.position_label(11, 10, key_offset=1) == "answer +0"

@@ -219,7 +219,7 @@ def trace_sinks(folder: Path, tokenizer) -> dict[str, Any]:
 
     summary = sink_summary(trace["n_sinks"], trace["top_pos"], is_sink, token_at,
                            trace.meta["prompt_length"], trace.key_offset,
-                           len(trace.meta["tokens"]))
+                           len(trace.meta["tokens"]), trace.scored_heads())
     summary["values"] = ((trace["top_vnorm"], is_sink, trace.meta["eps"])
                          if "top_vnorm" in trace.arrays else None)
     return summary

@@ -173,7 +173,9 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
 
 
 def _by_layer_text(shares: list[float] | None) -> str:
-    return "-" if shares is None else " ".join(f"{100 * x:.0f}" for x in shares)
+    if shares is None:
+        return "-"
+    return " ".join("-" if x is None else f"{100 * x:.0f}" for x in shares)
 
 
 def share_text(sinks: dict[str, Any]) -> str:

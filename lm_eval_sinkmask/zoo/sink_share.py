@@ -49,7 +49,8 @@ def row(checkpoint: str, stats: dict[str, Any]) -> str:
     info = training_card(checkpoint) or {}
     share, err = stats["share_of_pairs_with_sink"], stats["share_stderr"]
     spread = "" if err is None else f" ± {err:.1%}"
-    layers = " ".join(f"{x:.0%}".rstrip("%") for x in stats["share_by_layer"] or [])
+    layers = " ".join("-" if x is None else f"{x:.0%}".rstrip("%")
+                      for x in stats["share_by_layer"] or [])
     if stats["generations"] < N_TEST_GSM:  # judged, as the report judges, on the whole split
         verdict = f"not judged (n={stats['generations']} of {N_TEST_GSM})"
     else:

@@ -33,7 +33,8 @@ def position_label(pos: int, prompt_length: int, key_offset: int = 0,
 
 def sink_summary(n_sinks: np.ndarray, top_pos: np.ndarray, is_sink: np.ndarray,
                  token_at, prompt_length: int, key_offset: int = 0,
-                 n_tokens: int | None = None) -> dict[str, Any]:
+                 n_tokens: int | None = None, scored: np.ndarray | None = None
+                 ) -> dict[str, Any]:
     """One traced generation: sinks per (layer, head) and where they sit.
 
     n_sinks: [T, L, H] Eq. 3 sinks per step; top_pos / is_sink: [T, L, H, n] the recorded top
@@ -45,20 +46,25 @@ def sink_summary(n_sinks: np.ndarray, top_pos: np.ndarray, is_sink: np.ndarray,
         pos = int(top_pos[t, l, h, i])
         tokens[token_at(int(t), pos)] += 1
         positions[position_label(pos, prompt_length, key_offset, n_tokens)] += 1
-    return {**pair_counts(n_sinks), "tokens": tokens, "positions": positions}
+    return {**pair_counts(n_sinks, scored), "tokens": tokens, "positions": positions}
 
 
-def pair_counts(n_sinks: np.ndarray) -> dict[str, Any]:
+def pair_counts(n_sinks: np.ndarray, scored: np.ndarray | None = None) -> dict[str, Any]:
     """One traced generation's (layer, head) pairs with a sink, from its [T, L, H] Eq. 3 sink
-    counts per step: a pair has one when it averages at least one sink per step. JSON-ready:
-    all the sink bar needs of a generation."""
+    counts per step: a pair has one when it averages at least one sink per step. Only the
+    ``scored`` pairs ([L, H] bool, :meth:`Trace.scored_heads`; all when None) count: a trace
+    of ``layers=`` holds zeros, not "no sink", for the others. JSON-ready: all the sink bar
+    needs of a generation."""
     per_pair = n_sinks.mean(axis=0)  # [L, H]: mean sinks per step
+    scored = np.ones(per_pair.shape, dtype=bool) if scored is None else np.asarray(scored, bool)
+    has = per_pair >= 1
     return {
-        "mean_sinks_per_pair": float(per_pair.mean()),
-        "pairs": int(per_pair.size),
-        "pairs_with_sink": int((per_pair >= 1).sum()),
-        # per layer, first to last: the share of its heads with at least one sink on average
-        "share_by_layer": [float(x) for x in (per_pair >= 1).mean(axis=1)],
+        "mean_sinks_per_pair": float(per_pair[scored].mean()),
+        "pairs": int(scored.sum()),
+        "pairs_with_sink": int((has & scored).sum()),
+        # per layer, first to last: the share of its scored heads with at least one sink on
+        # average (None for a layer the trace did not score)
+        "share_by_layer": [float(h[s].mean()) if s.any() else None for h, s in zip(has, scored)],
     }
 
 
@@ -100,9 +106,18 @@ def pair_shares(counts: list[dict[str, Any]]) -> dict[str, Any]:
         # the lowest and highest generation's share: how much the mean rests on the prompts traced
         "share_range": [float(min(shares)), float(max(shares))],
         # where the pairs with a sink sit: the mean over generations, layer by layer
-        "share_by_layer": ([float(x) for x in np.mean(by_layer, axis=0)]
+        "share_by_layer": (_layer_means(by_layer)
                            if all(b is not None for b in by_layer) else None),
     }
+
+
+def _layer_means(by_layer: list[list[float | None]]) -> list[float | None]:
+    """Each layer's mean share over the generations that scored it (None where none did)."""
+    means = []
+    for shares in zip(*by_layer):
+        scored = [x for x in shares if x is not None]
+        means.append(float(np.mean(scored)) if scored else None)
+    return means
 
 
 def _stderr(values: list[float]) -> float | None:

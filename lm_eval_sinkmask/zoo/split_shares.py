@@ -69,12 +69,13 @@ def generation_counts(ref: str, prompt: str, *, header: dict[str, Any], model_ar
         if folder is not None and Trace.stands(folder, gen_length=header["gen_length"],
                                                checkpoint=header["checkpoint"],
                                                eps=header["eps"]):
-            return pair_counts(Trace.load(folder)["n_sinks"])
+            trace = Trace.load(folder)
+            return pair_counts(trace["n_sinks"], trace.scored_heads())
     trace = trace_generation(ref, prompt, gen_length=header["gen_length"], eps=header["eps"],
                              model_args=model_args, device=device, name=name)
     if cache is not None:
         trace.save(cache)
-    return pair_counts(trace["n_sinks"])
+    return pair_counts(trace["n_sinks"], trace.scored_heads())
 
 
 def run_split_shares(out: Path, variants: list[tuple[str, str, str]], seeds: list[int],
