@@ -36,9 +36,11 @@ def run_order(run: Run) -> tuple[int, int]:
 
 
 def run_label(run: Run) -> str:
-    """``seed1``, ``draw3``, ``seed1_draw3``; empty for the one run of a sweep with no axes."""
+    """``seed1``, ``draw3``, ``seed1_draw3``; ``undrawn`` for the run with neither (in a sweep
+    over draws alone: the unmasked cells and the columns that mask sinks)."""
     seed, draw = run
-    return "_".join(([] if seed is None else [f"seed{seed}"]) + ([] if draw is None else [f"draw{draw}"]))
+    parts = ([] if seed is None else [f"seed{seed}"]) + ([] if draw is None else [f"draw{draw}"])
+    return "_".join(parts) or "undrawn"
 
 
 @dataclass(frozen=True)
@@ -209,11 +211,13 @@ def markdown(grid: dict, entries, title: str, digits: int = 2) -> str:
 
 
 def runs_of_grid(grid: dict) -> list[Run]:
-    """Every run of a sweep that gets CSV columns of its own, in order: each seed's, then each
-    seed's draws (none for the one unlabelled run of a sweep with no axes)."""
-    seeds = grid.get("seeds") or [None]
-    runs = [(s, None) for s in seeds] + [(s, d) for s in seeds for d in grid.get("mask_seeds") or []]
-    return [r for r in runs if run_label(r)]
+    """Every run of a sweep that gets CSV columns of its own, in order: each seed's (or, over
+    draws alone, the undrawn run's), then each seed's draws; none in a sweep with no axes,
+    whose one run the aggregate columns are."""
+    seeds, draws = grid.get("seeds") or [None], grid.get("mask_seeds") or []
+    if seeds == [None] and not draws:
+        return []
+    return [(s, None) for s in seeds] + [(s, d) for s in seeds for d in draws]
 
 
 PER_RUN = ("value", "stderr", "delta", "delta_se")  # the CSV's columns for each run

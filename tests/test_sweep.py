@@ -388,8 +388,12 @@ def test_a_swept_random_control_tables_its_draws_and_compares_them_with_the_sink
     md = (out / "table.md").read_text()
     assert "| llada (DLM) | llada_random (DLM, 3 draws) |" in md
     assert "mask_seed 0-2" in md
-    [masked] = [r for r in csv.DictReader((out / "table.csv").open())
-                if r["model"] == "llada_random" and r["top_k"] == "2"]
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    [masked] = [r for r in rows if r["model"] == "llada_random" and r["top_k"] == "2"]
+    # the undrawn run (unmasked cells, the sinks column) has per-run columns too
+    [sinks] = [r for r in rows if r["model"] == "llada" and r["top_k"] == "2"]
+    assert float(sinks["value_undrawn"]) == done["cells/llada/tiny_gen/k2/cell.json"]["value"]
+    assert masked["value_undrawn"] == ""
     values = [d["value"] for d in drawn]
     assert masked["draws"] == "0;1;2" and float(masked["mean"]) == pytest.approx(sum(values) / 3)
     assert [float(masked[f"value_draw{d}"]) for d in range(3)] == values

@@ -298,6 +298,18 @@ def test_a_copy_of_a_cell_folder_is_refused_not_read_in_its_place(tmp_path, seed
         table.render(folder, figure=False)
 
 
+@pytest.mark.parametrize("grid, labels", [
+    ({}, []),  # one run: the aggregate columns are its own
+    ({"seeds": [0, 1]}, ["seed0", "seed1"]),
+    ({"mask_seeds": [3, 4]}, ["undrawn", "draw3", "draw4"]),  # the undrawn run had none
+    ({"seeds": [0], "mask_seeds": [3]}, ["seed0", "seed0_draw3"]),
+])
+def test_every_run_of_a_grid_has_csv_columns_of_its_own(grid, labels):
+    runs = seed_stats.runs_of_grid(grid)
+    assert [seed_stats.run_label(r) for r in runs] == labels
+    assert all(seed_stats.per_run_columns(r)[0] == f"value_{label}" for r, label in zip(runs, labels))
+
+
 def _runs_cell(values, stderrs, delta_ses=None):
     runs = [(seed, None) for seed in range(len(values))]
     return seed_stats.RunsCell(
