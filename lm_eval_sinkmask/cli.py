@@ -110,9 +110,10 @@ def _sinks(a: argparse.Namespace) -> int:
     import numpy as np
 
     from . import stability
-    from .sink_trace import parse_heads, trace_generation, value_norm_line
+    from .sink_trace import check_heads, parse_heads, trace_generation, value_norm_line
 
-    parse_heads(a.heads)  # fail on a typo before loading the model
+    # fail on a typo, or a head the checkpoint has not, before loading the model
+    check_heads(a.model, parse_heads(a.heads), a.model_args)
     trace = trace_generation(
         a.model, a.prompt, kind=a.kind, gen_length=a.gen_length, steps=a.steps, eps=a.eps,
         top_k=a.top_k, topn=a.topn, full_steps=a.full_steps, model_args=a.model_args,

@@ -355,6 +355,32 @@ def parse_heads(text: str | None) -> list[tuple[int, int]] | None:
     return out
 
 
+def check_heads(model: str, heads: list[tuple[int, int]] | None, model_args: str = "") -> None:
+    """Refuse ``--heads`` pairs outside the checkpoint's layers and heads, from its config.json,
+    before the model loads: the figures would refuse them only after the whole trace ran. A
+    config that cannot be read here, or names no count we know, leaves it to the figures."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from .checkpoint_checks import NOT_THERE, depth, read_config
+    from .zoo import resolve_pretrained
+
+    if not heads:
+        return
+    try:
+        config = read_config(resolve_pretrained(model),
+                             simple_parse_args_string(model_args) if model_args else {})
+    except (*NOT_THERE, OSError):
+        return
+    n_heads = next((config[k] for k in ("num_attention_heads", "n_heads")
+                    if isinstance(config.get(k), int)), None)
+    layers = depth(config)
+    for layer, head in heads:
+        if (layers is not None and not 0 <= layer < layers) or (
+                n_heads is not None and not 0 <= head < n_heads):
+            raise ValueError(f"--heads {layer}:{head} is outside the checkpoint's {layers} layers "
+                             f"x {n_heads} heads (layer:head, both counted from 0)")
+
+
 def _kind(path: str, kind: str | None) -> str:
     if kind:
         return kind

@@ -182,6 +182,9 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
     ("llada", ["--full-steps", "0"], r"--full-steps must be >= 1, got 0"),
     ("llada", ["--top-k", "-1"], r"--top-k must be >= 0, got -1"),
     ("llama", ["--steps", "4"], r"--steps sets a diffusion LM's denoising steps; an ARM decodes one token per step"),
+    # the figures refused it only once the whole trace had run
+    ("llada", ["--heads", "2:0"], r"--heads 2:0 is outside the checkpoint's 2 layers x 4 heads"),
+    ("llama", ["--heads", "0:4"], r"--heads 0:4 is outside the checkpoint's 2 layers x 4 heads"),
 ])
 def test_sinks_refuses_what_it_would_trace_wrongly_before_loading(tmp_path, tiny_dirs, capsys, kind, args, message):
     """A folder with a config.json and no weights: loading would fail with another error."""
