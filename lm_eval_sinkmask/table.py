@@ -171,8 +171,7 @@ def in_grid(grid: dict, req: dict, cell: Path) -> bool:
     if seed is not None and seeds is None:
         raise ValueError(f"{cell} is training seed {seed} of a sweep --seeds, but the folder's "
                          "sweep.json names no seeds: restore them there")
-    return ((seeds is None or req.get("checkpoint_seed") in seeds)
-            and (draw is None or draw in draws))
+    return (seeds is None or seed in seeds) and (draw is None or draw in draws)
 
 
 # what a damaged (truncated, not JSON, not gzip, not UTF-8) cell.json or samples file raises
