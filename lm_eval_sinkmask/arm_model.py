@@ -41,6 +41,9 @@ OTHER_MODE_SETTINGS = {"num_beams": 1, "constraints": None, "force_words_ids": N
                        "penalty_alpha": None, "prompt_lookup_num_tokens": None,
                        "assistant_model": None, "assistant_early_exit": None,
                        "dola_layers": None}
+# the class HFLM loads a checkpoint with under backend=causal / seq2seq
+BACKEND_CLASSES = {"causal": transformers.AutoModelForCausalLM,
+                   "seq2seq": transformers.AutoModelForSeq2SeqLM}
 # generate drops a checkpoint's cache_implementation="hybrid" from 4.56 on (a request's stays)
 DROPS_CHECKPOINT_HYBRID = Version(transformers.__version__) >= Version("4.56")
 
@@ -279,6 +282,10 @@ def _take_checked_args(pretrained, kwargs: dict[str, Any]) -> tuple[Any, SinkMas
     except (OSError, ValueError):
         config = {}  # no readable config.json here: HFLM reports that itself
     _refuse_diffusion_checkpoint(pretrained, config.get("model_type"))
+    if isinstance(pretrained, str) and kwargs.get("backend") in BACKEND_CLASSES:
+        checkpoint_checks.check_auto_class(
+            BACKEND_CLASSES[kwargs["backend"]], config,
+            f"drop backend={kwargs['backend']} (lm-eval picks the backend from the model_type)")
     if mask_config.enabled:
         _refuse_sink_token_checkpoint(pretrained, config)
         _refuse_short_sliding_window(config, kwargs.get("max_length"))

@@ -21,6 +21,7 @@ from .config import SinkMaskConfig, is_int
 _LOCATION_ARGS = ("subfolder", "cache_dir", "local_files_only", "force_download", "token")
 # the names checkpoints use for their depth and vocabulary (LLaDA's own config: n_layers)
 _DEPTH_KEYS = ("num_hidden_layers", "n_layers", "num_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_heads")
 _VOCAB_KEYS = ("vocab_size", "embedding_size")
 # ... and their positions, in the order HFLM reads them (LLaDA's own: max_sequence_length,
 # which HFLM does not read and dlm_sinkmask does)
@@ -41,11 +42,11 @@ class NoFolder(ValueError):
 NOT_THERE = (NoConfig, NoFolder)
 
 
-def check_local_folder(path: str) -> None:
+def check_local_folder(path: str, what: str = "checkpoint") -> None:
     """A path that can only name a local folder (:func:`clearly_local`) names one that exists:
     transformers would take it for a hub id and fail in three chained tracebacks."""
     if clearly_local(path) and not Path(path).expanduser().is_dir():
-        raise NoFolder(f"checkpoint folder {path!r} does not exist")
+        raise NoFolder(f"{what} folder {path!r} does not exist")
 
 
 def clearly_local(path: str) -> bool:
@@ -95,6 +96,22 @@ def depth(config: dict[str, Any]) -> int | None:
     return next(_ints(config, _DEPTH_KEYS), None)
 
 
+def heads(config: dict[str, Any]) -> int | None:
+    """Attention (query) heads per layer the config declares (None when it names none we know)."""
+    return next(_ints(config, _HEAD_KEYS), None)
+
+
+def layer_list(layers: list[int] | tuple[int, ...]) -> str:
+    """Layer indices as ``layers=`` takes them, runs written as ranges: 0-99, not 100 numbers."""
+    runs: list[list[int]] = []
+    for i in sorted(layers):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ";".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def check_layers(mask: SinkMaskConfig, layers_in_model: int | None, where: str = "config") -> None:
     """``layers=`` must name layers the model has: a layer past the last one would be
     skipped silently and the run reported as masked where it was not."""
@@ -103,7 +120,7 @@ def check_layers(mask: SinkMaskConfig, layers_in_model: int | None, where: str =
     missing = [i for i in mask.layers if i >= layers_in_model]
     if missing:
         raise ValueError(
-            f"layers={';'.join(map(str, mask.layers))} names layer(s) {missing}, but the model "
+            f"layers={layer_list(mask.layers)} names layer(s) {layer_list(missing)}, but the model "
             f"has {layers_in_model} layers (0-{layers_in_model - 1}, from its {where})")
 
 
@@ -183,6 +200,26 @@ def check_model_class(model_class: Any, config: dict[str, Any]) -> None:
         raise ValueError(f"model_class {model_class.__name__} is for model_type {declared!r}, but "
                          f"the checkpoint's config says {model_type!r}: pass the class its "
                          "auto_map or model card names, or drop model_class")
+
+
+def check_auto_class(auto_class: Any, config: dict[str, Any], fix: str) -> None:
+    """An auto class (``AutoModel``, ``AutoModelForCausalLM``, ...) loads only a checkpoint
+    whose model_type it maps, or whose config's ``auto_map`` names the class (remote code);
+    any other fails in from_pretrained, with the list of every config class transformers
+    knows. A config without a model_type (a GGUF file's, read later) or a class that is no
+    auto class is left alone."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    model_type = config.get("model_type")
+    if (not (isinstance(auto_class, type) and issubclass(auto_class, _BaseAutoModelClass))
+            or not model_type or auto_class.__name__ in (config.get("auto_map") or {})):
+        return
+    if model_type in CONFIG_MAPPING and CONFIG_MAPPING[model_type] in auto_class._model_mapping:
+        return
+    raise ValueError(f"transformers' {auto_class.__name__} has no model for this checkpoint's "
+                     f"model_type {model_type!r}, and its config.json's auto_map names no "
+                     f"{auto_class.__name__}, so loading would fail: {fix}")
 
 
 def positions(config: dict[str, Any]) -> int | None:

@@ -55,9 +55,9 @@ def extract_code(answer: str, entry_point: str | None = None) -> str:
     at all, else the first holding any ``def``, else the first block (an unclosed fence runs
     to the end). An answer without a fence is taken whole, less any prose line before its
     first import, def or constant."""
-    blocks = code_blocks(answer)
     if not _FENCE.search(answer):
         return _skip_leading_prose(answer)
+    blocks = code_blocks(answer)
     defines_entry = [b for b in blocks if entry_point and _defines(b, entry_point)]
     solved = [b for b in defines_entry if not _is_stub(b, entry_point)]
     with_def = [b for b in blocks if re.search(r"^\s*def\s", b, re.M)]

@@ -90,6 +90,8 @@ def parse_layers(value: Any) -> tuple[int, ...] | None:
     """
     if value is None or value == "" or value == "all":
         return None
+    if isinstance(value, float) and value.is_integer() and value < 0:  # lm-eval reads "-1" so
+        raise ValueError(f"layers must be non-negative layer indices, got {int(value)}")
     if isinstance(value, (bool, float)):  # lm-eval reads "true" and "1.0" as these
         raise ValueError(f"layers must be layer indices such as 0-3;7, got {value!r}")
     if isinstance(value, numbers.Integral):

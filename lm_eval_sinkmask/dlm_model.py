@@ -42,6 +42,8 @@ GEN_KWARGS_READ = {"until", "max_gen_toks", "do_sample", "temperature"}
 # settings of sampling that greedy decoding ignores (transformers' generate does too); top_k,
 # the masking K's namesake, is refused in a greedy request (masking_lm.read_gen_kwargs)
 SAMPLING_ONLY_GEN_KWARGS = {"top_p", "min_p", "typical_p"}
+# the class HFLM loads a checkpoint with where model_args name no model_class
+DEFAULT_MODEL_CLASS = transformers.AutoModel
 
 
 def _import_class(path: str) -> type:
@@ -110,6 +112,12 @@ class _CheckedArgs:
         # model_class=models:MMadaModelLM
         auto = _import_class(model_class) if model_class is not None else None
         checkpoint_checks.check_model_class(auto, config)
+        if isinstance(pretrained, str):
+            checkpoint_checks.check_auto_class(
+                auto or DEFAULT_MODEL_CLASS, config,
+                ("dlm_sinkmask loads with AutoModel where model_args name no model_class; pass "
+                 if auto is None else "pass ") + "model_class=package.module:Class naming the "
+                "checkpoint's own class (its model card says which)")
         return cls(pretrained, config, mask_config, family_, settings, likelihood_settings,
                    sink, mask_id, auto, cuda_graph, given)
 
@@ -131,7 +139,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
     """A masked diffusion LM (family from ``config.model_type`` or ``family=``) with sinks
     masked per ``top_k``/``eps``/``detect``/``granularity``/``layers`` (see SinkMaskConfig)."""
 
-    AUTO_MODEL_CLASS = transformers.AutoModel
+    AUTO_MODEL_CLASS = DEFAULT_MODEL_CLASS
     answered_record = ("config.sinkmask.counters, batch_sizes_found, cuda_graph.generations, "
                        "sampler.per_task and likelihood.requests / mean_mc_stderr")
 

@@ -12,12 +12,14 @@ from .config import flag_value, number_value
 
 # HFLM's arguments that name a dtype (it reads a string as torch.<name>)
 DTYPE_ARGS = ("dtype", "softmax_dtype", "mixed_precision_dtype", "bnb_4bit_compute_dtype")
+BACKENDS = ("default", "causal", "seq2seq")
 
 
 def check_and_normalise(kwargs: dict[str, Any]) -> None:
     """HFLM's arguments in the form it needs, fixed before anything loads: ``max_length`` a
     positive integer (HFLM reads 0 as unset, and a string from a dict of model_args would fail
-    after the weights load), a ``tokenizer=zoo:NAME`` that names a zoo checkpoint, and
+    after the weights load), a ``tokenizer=zoo:NAME`` that names a zoo checkpoint (a path, a
+    folder that exists), the flags true or false (:func:`flag_args`), and
     ``torch_dtype`` (transformers' older name) taken as ``dtype``, which HFLM turns into a
     torch dtype, where from_pretrained would be handed the string; every dtype a floating
     one torch has (HFLM looks the name up in torch only after the weights load); the batch
@@ -30,9 +32,14 @@ def check_and_normalise(kwargs: dict[str, Any]) -> None:
         if kwargs["max_length"] < 1:
             raise ValueError(f"max_length must be a positive integer, got {value!r}")
     if isinstance(kwargs.get("tokenizer"), str):
+        from .checkpoint_checks import check_local_folder
         from .zoo import resolve_pretrained
 
-        resolve_pretrained(kwargs["tokenizer"])  # a zoo name or seed that is not there fails now
+        # a zoo name or seed that is not there, or a folder, fails now
+        check_local_folder(str(resolve_pretrained(kwargs["tokenizer"])), "tokenizer")
+    for name in flag_args():
+        if name in kwargs:
+            kwargs[name] = checked_flag(name, kwargs[name])
     if "torch_dtype" in kwargs:
         if "dtype" in kwargs:
             raise ValueError("dtype and torch_dtype name one setting (torch_dtype is transformers' "
@@ -46,6 +53,34 @@ def check_and_normalise(kwargs: dict[str, Any]) -> None:
         if value is not None:
             kwargs[name] = value
     check_hflm_options(kwargs)
+
+
+def flag_args() -> tuple[str, ...]:
+    """HFLM's arguments typed ``bool`` (or ``bool | None``), read off its signature: it hands
+    them on as given, so a string that is no flag fails only once a request is tokenized
+    (``add_bos_token=maybe``), or is taken as true (``trust_remote_code=maybe``)."""
+    import inspect
+
+    from lm_eval.models.huggingface import HFLM
+
+    def is_flag(annotation: Any) -> bool:  # a string under postponed annotations
+        text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+        kinds = {part.strip() for part in text.replace("Optional[bool]", "bool | None").split("|")}
+        return "bool" in kinds and kinds <= {"bool", "None"}
+
+    return tuple(name for name, p in inspect.signature(HFLM.__init__).parameters.items()
+                 if is_flag(p.annotation))
+
+
+def checked_flag(name: str, value: Any) -> bool | None:
+    """A flag as a bool: true/false in any case, 1/0 (lm-eval's parser makes ints of them);
+    None (unset) stays None."""
+    value = flag_value(value)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def batch_sizes(batch_size: Any, max_batch_size: Any) -> tuple[int | str | None, int | None]:
@@ -78,10 +113,21 @@ def batch_sizes(batch_size: Any, max_batch_size: Any) -> tuple[int | str | None,
 
 
 def check_hflm_options(kwargs: dict[str, Any]) -> None:
-    """HFLM's options that fail only once the weights have loaded: ``peft`` without the peft
-    package or together with ``delta``, ``enable_thinking`` without ``think_end_token``."""
+    """HFLM's options that fail only once the weights have loaded, or where they were not
+    meant to: a ``backend`` it does not know, ``parallelize`` with no GPU, ``peft`` without
+    the peft package or together with ``delta``, ``enable_thinking`` without
+    ``think_end_token``."""
     import importlib.util
 
+    import torch
+
+    if kwargs.get("backend", "default") not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} (lm-eval's hf model's), got "
+                         f"{kwargs['backend']!r}")
+    if kwargs.get("parallelize") and not torch.cuda.is_available():
+        raise ValueError("parallelize=true spreads the weights over the GPUs (accelerate's "
+                         "device_map=auto), and torch sees none here: without one accelerate "
+                         "would offload them to disk. Drop parallelize")
     if kwargs.get("peft"):
         if kwargs.get("delta"):
             raise ValueError("peft and delta both change the weights and HFLM takes only one: "

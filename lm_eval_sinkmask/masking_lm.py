@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -68,7 +69,7 @@ def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> 
     """A request's generation_kwargs as lm-eval runs them (``normalize_gen_kwargs``: the budget
     as ``max_gen_toks``, ``until`` a list, ``do_sample`` always set, ``temperature`` 0 when
     do_sample is given false). Refused first, those lm-eval would record as given and run
-    otherwise: a budget of 40.5 tokens runs as 40; an empty stop sequence stops every answer
+    otherwise: a budget of 40.5 tokens runs as 40 (and one of ``abc`` or ``true`` is none); an empty stop sequence stops every answer
     at once; sampling at temperature 0 fails in transformers' generate and is greedy in the
     diffusion sampler; and ``top_k`` names two things, the sink keys masked (model_args) and
     top-k sampling (generation_kwargs), which a greedy request ignores, so ``--gen_kwargs
@@ -77,6 +78,8 @@ def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> 
     where = f"task {task or '?'}: generation_kwargs"
     budget = next((name for name in BUDGET_GEN_KWARGS if gen_kwargs.get(name) is not None), None)
     value = gen_kwargs.get(budget)
+    if budget is not None and not _reads_as_int(value):
+        raise ValueError(f"{where} {budget}={value!r} is not a number of tokens")
     if isinstance(value, float) and not value.is_integer():
         cut = f", which lm-eval would cut to {int(value)}" if math.isfinite(value) else ""
         raise ValueError(f"{where} {budget}={value!r} is not a whole number of tokens{cut}")
@@ -95,6 +98,19 @@ def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> 
             "row is top_k in --model_args (e.g. --model_args pretrained=...,top_k=5). Drop top_k "
             "from --gen_kwargs or the task's generation_kwargs")
     return read
+
+
+def _reads_as_int(value) -> bool:
+    """Whether lm-eval's ``int()`` of a budget makes a number of it: any real number (the
+    fraction is refused on its own), or a string of a whole one; not a bool, whose True
+    would be one token."""
+    if isinstance(value, str):
+        try:
+            int(value)
+        except ValueError:
+            return False
+        return True
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _tokenizer_name(tokenizer) -> str | None:

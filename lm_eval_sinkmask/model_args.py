@@ -160,6 +160,10 @@ FROM_PRETRAINED: dict[str, str] = {
     "offload_state_dict": "offload to disk while loading",
 }
 
+# the paper's names for our settings, which a did-you-mean by spelling would not find
+# (epsilon is closest to revision)
+PAPER_NAMES = {"epsilon": "eps", "K": "top_k", "k": "top_k"}
+
 # HFLM parameters a model fixes itself or never reads (accepted, they would change nothing
 # while the run's model_args said they had): name -> why
 NOT_FOR: dict[str, dict[str, str]] = {
@@ -222,7 +226,8 @@ def check(model: str, names: Iterable[str]) -> None:
                              f"Drop {name} from model_args.")
         if name in {a.name for a in ours(other)}:
             raise ValueError(_wrong_model(model, name))
-        guess = difflib.get_close_matches(name, sorted(valid), n=1)
+        guess = [PAPER_NAMES[name]] if name in PAPER_NAMES else difflib.get_close_matches(
+            name, sorted(valid), n=1)
         hint = f" Did you mean {guess[0]!r}?" if guess else ""
         raise ValueError(
             f"unknown model argument {name!r} for {model}.{hint} Ours: "

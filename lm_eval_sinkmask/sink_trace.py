@@ -361,7 +361,7 @@ def check_heads(model: str, heads: list[tuple[int, int]] | None, model_args: str
     config that cannot be read here, or names no count we know, leaves it to the figures."""
     from lm_eval.utils import simple_parse_args_string
 
-    from .checkpoint_checks import NOT_THERE, depth, read_config
+    from .checkpoint_checks import NOT_THERE, depth, heads as heads_of, read_config
     from .zoo import resolve_pretrained
 
     if not heads:
@@ -371,9 +371,7 @@ def check_heads(model: str, heads: list[tuple[int, int]] | None, model_args: str
                              simple_parse_args_string(model_args) if model_args else {})
     except (*NOT_THERE, OSError):
         return
-    n_heads = next((config[k] for k in ("num_attention_heads", "n_heads")
-                    if isinstance(config.get(k), int)), None)
-    layers = depth(config)
+    n_heads, layers = heads_of(config), depth(config)
     for layer, head in heads:
         if (layers is not None and not 0 <= layer < layers) or (
                 n_heads is not None and not 0 <= head < n_heads):
@@ -500,6 +498,9 @@ def trace_generation(
     from .sweep import versions
     from .sweep_plan import MODEL_CLASS
 
+    if not prompt.strip():  # most often a shell variable that was not set
+        raise ValueError("the prompt is empty: a trace records what the model attends to "
+                         "while answering a prompt; pass one")
     kind = _kind(model, kind)
     args = trace_model_args(kind, model_args, gen_length=gen_length, steps=steps, eps=eps,
                             top_k=top_k, topn=topn, full_steps=full_steps, device=device)

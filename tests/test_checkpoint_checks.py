@@ -27,7 +27,7 @@ def test_layers_inside_the_model_pass_and_an_unknown_depth_defers_to_the_first_b
     checkpoint_checks.check_layers(mask, 4)
     checkpoint_checks.check_layers(mask, None)
     checkpoint_checks.check_layers(SinkMaskConfig(top_k=1), 1)  # all layers
-    with pytest.raises(ValueError, match=r"names layer\(s\) \[3\]"):
+    with pytest.raises(ValueError, match=r"names layer\(s\) 3, but"):
         checkpoint_checks.check_layers(mask, 3)
 
 
@@ -115,3 +115,34 @@ def test_a_composite_configs_positions_are_its_text_models():
     config = {"max_position_embeddings": 4096, "text_config": {"max_position_embeddings": 2048}}
     assert checkpoint_checks.positions(config) == 2048
     assert checkpoint_checks.positions({"max_position_embeddings": 4096}) == 4096
+
+
+def test_layer_lists_are_written_as_ranges():
+    assert checkpoint_checks.layer_list([0, 1, 2, 3, 7, 9, 10]) == "0-3;7;9-10"
+    assert checkpoint_checks.layer_list(range(100)) == "0-99"
+    assert checkpoint_checks.layer_list([5]) == "5"
+
+
+def test_an_auto_class_must_map_the_checkpoints_model_type_or_its_auto_map_name_it():
+    import transformers
+
+    check = checkpoint_checks.check_auto_class
+    check(transformers.AutoModelForCausalLM, {"model_type": "llama"}, "fix")
+    check(transformers.AutoModel, {"model_type": "llada", "auto_map": {"AutoModel": "m.LLaDA"}}, "fix")
+    check(transformers.AutoModel, {}, "fix")  # a GGUF file's config, read later
+    check(object, {"model_type": "mmada"}, "fix")  # a model class of its own: check_model_class's
+    # MMaDA's checkpoints declare no auto_map: AutoModel has nothing to load them with
+    with pytest.raises(ValueError, match=r"transformers' AutoModel has no model for this "
+                                         r"checkpoint's model_type 'mmada'.*would fail: fix$"):
+        check(transformers.AutoModel, {"model_type": "mmada"}, "fix")
+    with pytest.raises(ValueError, match="AutoModelForSeq2SeqLM has no model for .* 'llama'"):
+        check(transformers.AutoModelForSeq2SeqLM, {"model_type": "llama"}, "fix")
+    with pytest.raises(ValueError, match="auto_map names no AutoModelForCausalLM"):
+        check(transformers.AutoModelForCausalLM,
+              {"model_type": "dream", "auto_map": {"AutoModel": "m.Dream"}}, "fix")
+
+
+def test_a_heads_count_is_read_under_every_name_checkpoints_use():
+    assert checkpoint_checks.heads({"num_attention_heads": 32}) == 32
+    assert checkpoint_checks.heads({"n_heads": 8}) == 8
+    assert checkpoint_checks.heads({}) is None

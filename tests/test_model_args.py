@@ -83,8 +83,22 @@ def no_weight_loads(monkeypatch):
         ("dlm_sinkmask", "llada", {"layers": "0--1"}, r"layers must be non-negative layer indices, got '0--1'"),
         # seeds nothing but mask_target=random's draws: a seed sweep of one run
         ("dlm_sinkmask", "llada", {"top_k": 1, "mask_seed": 5}, r"mask_seed=5 seeds the draws of mask_target=random only; under mask_target=sinks it changes nothing"),
-        ("dlm_sinkmask", "dream", {"top_k": 1, "layers": "1;5-6"}, r"names layer\(s\) \[5, 6\], but the model has 2 layers \(0-1, from its config\)"),
-        ("arm_sinkmask", "llama", {"top_k": 1, "layers": "2"}, r"names layer\(s\) \[2\], but the model has 2 layers"),
+        ("dlm_sinkmask", "dream", {"top_k": 1, "layers": "1;5-6"}, r"names layer\(s\) 5-6, but the model has 2 layers \(0-1, from its config\)"),
+        # runs of layers as ranges, not a hundred numbers
+        ("dlm_sinkmask", "llada", {"top_k": 1, "layers": "0-99"}, r"layers=0-99 names layer\(s\) \d+-99, but"),
+        # lm-eval reads "-1" as the float -1.0
+        ("arm_sinkmask", "llama", {"layers": -1.0}, r"layers must be non-negative layer indices, got -1$"),
+        ("arm_sinkmask", "llama", {"epsilon": 2}, r"unknown model argument 'epsilon' for arm_sinkmask\. Did you mean 'eps'\?"),
+        # HFLM's flags pass a string on as given: failing at the first request, or true
+        ("arm_sinkmask", "llama", {"trust_remote_code": "maybe"}, r"trust_remote_code must be true or false, got 'maybe'"),
+        ("dlm_sinkmask", "llada", {"add_bos_token": "maybe"}, r"add_bos_token must be true or false, got 'maybe'"),
+        ("arm_sinkmask", "llama", {"truncation": 2}, r"truncation must be true or false, got 2"),
+        ("arm_sinkmask", "llama", {"tokenizer": "/no/such/tokenizer"}, r"tokenizer folder '/no/such/tokenizer' does not exist"),
+        ("arm_sinkmask", "llama", {"backend": "encoder"}, r"backend must be one of \('default', 'causal', 'seq2seq'\)"),
+        # an auto class that does not map the checkpoint's model_type: transformers' traceback lists ~150 classes
+        ("arm_sinkmask", "llama", {"backend": "seq2seq"}, r"transformers' AutoModelForSeq2SeqLM has no model for this checkpoint's model_type 'llama'.*drop backend=seq2seq"),
+        ("dlm_sinkmask", "llada", {"model_class": "transformers:AutoModelForCausalLM"}, r"transformers' AutoModelForCausalLM has no model for this checkpoint's model_type 'sinkmask_llada'.*: pass model_class=package\.module:Class"),
+        ("arm_sinkmask", "llama", {"top_k": 1, "layers": "2"}, r"names layer\(s\) 2, but the model has 2 layers"),
         # lm-eval reads True/False as bools: never a threshold of 1 or a chunk of 1 row
         ("dlm_sinkmask", "llada", {"eps": True}, r"eps must be a number, got True"),
         ("arm_sinkmask", "llama", {"query_chunk": True}, r"query_chunk must be a number, got True"),
@@ -228,6 +242,30 @@ def test_numbers_of_other_types_are_taken_as_python_numbers():
                                       "layers": [np.int64(1)]})
     assert (config.top_k, config.eps, config.layers) == (2, 3.0, (1,))
     assert type(config.top_k) is int and type(config.eps) is float
+
+
+@pytest.mark.parametrize("model, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])
+def test_parallelize_without_a_gpu_is_refused_before_loading(config_only, no_weight_loads,
+                                                            monkeypatch, model, kind):
+    """accelerate's device_map=auto with no GPU offloaded the weights to disk and failed in
+    safetensors ("device disk is invalid")."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"parallelize=true spreads the weights over the GPUs "
+                                         r".*torch sees none here"):
+        make(model, config_only[kind], device="cpu", parallelize="True")
+
+
+def test_hflm_flags_reach_it_as_bools():
+    from lm_eval_sinkmask.hflm_args import check_and_normalise, flag_args
+
+    # read off HFLM's signature, so a new lm-eval brings its own
+    assert {"trust_remote_code", "add_bos_token", "truncation", "parallelize"} <= set(flag_args())
+    assert "backend" not in flag_args() and "autogptq" not in flag_args()  # a bool or a name
+    kwargs = {"trust_remote_code": "TRUE", "add_bos_token": 0, "truncation": None,
+              "use_fast_tokenizer": False}
+    check_and_normalise(kwargs)
+    assert [kwargs[k] for k in ("trust_remote_code", "add_bos_token", "truncation",
+                                "use_fast_tokenizer")] == [True, False, None, False]
 
 
 @pytest.mark.parametrize("model, kind", [("dlm_sinkmask", "llada"), ("arm_sinkmask", "llama")])

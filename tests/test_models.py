@@ -542,6 +542,9 @@ def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dir
             ({"max_gen_toks": 16.5}, r"max_gen_toks=16.5 is not .* cut to 16$"),
             ({"max_new_tokens": float("inf")}, r"max_new_tokens=inf is not a whole number of "
                                                r"tokens$"),
+            # --gen_kwargs max_gen_toks=abc: lm-eval's int() would fail without the task
+            ({"max_gen_toks": "abc"}, r"max_gen_toks='abc' is not a number of tokens$"),
+            ({"max_gen_toks": True}, r"max_gen_toks=True is not a number of tokens$"),
             ({"max_gen_toks": 8, "until": ""}, r"until holds an empty stop sequence"),
             ({"max_gen_toks": 8, "do_sample": True}, r"do_sample=True at temperature 0 .* is "
                                                      r"not sampling")):
@@ -551,6 +554,8 @@ def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dir
     # lm-eval reads the first budget given (max_gen_toks before max_new_tokens), so 8 runs
     read_first = {"max_gen_toks": 8.0, "max_new_tokens": 8.5}
     assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], read_first), 0)])) == 1
+    as_text = {"max_gen_toks": "8"}  # a dict of gen_kwargs from the Python API: int() reads it
+    assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], as_text), 0)])) == 1
     if model == "arm_sinkmask":
         sampled = {"max_gen_toks": 4.0, "top_k": 5, "do_sample": True, "temperature": 0.7}
         assert len(lm.generate_until([Instance("generate_until", {}, (PROMPTS[0], sampled), 0)])) == 1
@@ -637,7 +642,7 @@ def test_layers_past_the_attention_calls_of_a_pass_fail_after_the_first_batch(ti
 
     lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=1, eps=0.0, block_length=4)
     lm._init_masking(replace(lm.mask_config, layers=(1, 7)), rule="all")
-    with pytest.raises(ValueError, match=r"names layer\(s\) \[7\], but the model has 2 layers "
+    with pytest.raises(ValueError, match=r"names layer\(s\) 7, but the model has 2 layers "
                                          r"\(0-1, from its attention calls per pass\)"):
         lm.generate_until(requests(PROMPTS[:1]))
 

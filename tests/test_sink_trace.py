@@ -185,6 +185,8 @@ def test_traced_generation_is_the_unmasked_generation(tmp_path, tiny_dirs, kind,
     # the figures refused it only once the whole trace had run
     ("llada", ["--heads", "2:0"], r"--heads 2:0 is outside the checkpoint's 2 layers x 4 heads"),
     ("llama", ["--heads", "0:4"], r"--heads 0:4 is outside the checkpoint's 2 layers x 4 heads"),
+    # --prompt "$UNSET": traced the model's answer to nothing
+    ("llada", ["--prompt", " "], r"the prompt is empty"),
 ])
 def test_sinks_refuses_what_it_would_trace_wrongly_before_loading(tmp_path, tiny_dirs, capsys, kind, args, message):
     """A folder with a config.json and no weights: loading would fail with another error."""
