@@ -252,9 +252,13 @@ def installed_unmasked_code_digest() -> str:
     return unmasked_code_digest()
 
 
-def code_digests() -> dict[str, str]:
+def code_digests(on_disk: bool = False) -> dict[str, str]:
     """The two code digests a cell records: the package's, and the part an unmasked cell's
-    number can come from."""
+    number can come from. As this process first read them, or ``on_disk`` as they are now: a
+    module first imported later (the Triton kernels are, at the first masked attention call)
+    runs the code on disk then, not the code this process started with."""
+    if on_disk:
+        return {"package_code": package_code_digest(), "unmasked_code": unmasked_code_digest()}
     return {"package_code": installed_code_digest(),
             "unmasked_code": installed_unmasked_code_digest()}
 

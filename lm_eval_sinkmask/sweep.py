@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -205,14 +206,15 @@ def run_cell(cell: Cell, tm, inputs: dict[str, Any]) -> dict[str, Any] | None:
 def inputs_as_run(cell: Cell, tm, results: dict[str, Any]) -> dict[str, Any]:
     """The digests of what the cell ran on, taken after it ran: the checkpoint the model hashed
     as it loaded it (what its model_args load with it hashed again), the task loaded afresh
-    and the code this process imported (a ``--jobs`` worker imports it anew). Those taken at
-    the sweep's start may no longer hold: weights retrained or a YAML edited while the sweep
-    runs keep every name."""
+    and the package's code read from disk again (a module first imported during the cell, as
+    the detection kernels are at its first masked call, or by a ``--jobs`` worker, ran what
+    was there). Those taken at the sweep's start may no longer hold: weights retrained or a
+    YAML or a module edited while the sweep runs keep every name."""
     reported = (results.get("config") or {}).get("sinkmask") or {}
     checkpoint = reported.get("checkpoint") or checkpoint_digest(cell.path, cell.revision)
     with _no_metadata_advice():
         task = task_digest(tm.load([cell.task])["tasks"][cell.task])
-    as_run = {"checkpoint": checkpoint, "task": task, **code_digests()}
+    as_run = {"checkpoint": checkpoint, "task": task, **code_digests(on_disk=True)}
     if cell.loaded_with:
         as_run["loaded_with"] = loaded_with_digests(cell.loaded_with, cell.revision)
     return as_run
@@ -535,7 +537,8 @@ def _run_cells(plan: SweepPlan, tm, cells: list[Cell], inputs: list[dict[str, An
 
         # spawn: a fresh interpreter per worker, nothing inherited from a forked torch
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                                 initializer=_exit_with, initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(_run_cell_job, plan, i, inputs[i]): cells[i] for i in todo}
             try:
                 for future in as_completed(futures):
@@ -544,6 +547,20 @@ def _run_cells(plan: SweepPlan, tm, cells: list[Cell], inputs: list[dict[str, An
                 pool.shutdown(cancel_futures=True)
                 raise
     return outcomes
+
+
+def _exit_with(parent: int) -> None:
+    """Ends a ``--jobs`` worker once the sweep that started it is gone. A sweep killed by a
+    signal it cannot catch (SIGTERM, SIGKILL, the OOM killer, a scheduler's time limit) cannot
+    stop its pool, and its workers would run the queued cells on, unseen, holding their claims
+    and a model in memory, while a rerun skips those cells as another process's. A cell cut
+    short this way is redone by the next run, as any killed cell is."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sweep-parent-watch", daemon=True).start()
 
 
 def _run_cell_job(plan: SweepPlan, index: int, inputs: dict[str, Any]

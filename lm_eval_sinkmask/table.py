@@ -16,6 +16,7 @@ grid run on different seeds into separate folders make one such table together
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import zlib
@@ -206,6 +207,7 @@ def _read_cell(read: _Folder, record_path: Path, grid: dict,
     read.runs.append(record.get("run"))
     with _reading(cell, KeyError):  # cell.json's keys (lm-eval's results for --metric)
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
+        _check_copied(cell, req["task"], metric, value, stderr)
         wanted = (metrics or {}).get(req["task"])
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(cell, req["task"], wanted)
@@ -314,6 +316,26 @@ def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
         print(f"warning: the cells of {folder} ran with different {' and '.join(mixed)}; these "
               "are not part of a cell's identity (a resume reuses cells across them), and they can "
               "move a number at float-noise level", file=sys.stderr)
+
+
+def _check_copied(cell: Path, task: str, metric: str, value: float, stderr: float | None) -> None:
+    """cell.json's numbers are copies of lm-eval's results file beside it; where they differ
+    (cell.json edited by hand, or another run's results file copied in), the table would show
+    a number no run made. A folder without the results file is left to cell.json."""
+    if not any(cell.glob("results*.json")):
+        return
+    _, found_value, found_stderr = _from_lm_eval(cell, task, metric)
+    if not (_same(value, found_value) and _same(stderr, found_stderr)):
+        raise ValueError(
+            f"{cell}: cell.json says {metric} = {value} ± {stderr}, but lm-eval's results file "
+            f"beside it says {found_value} ± {found_stderr}: the folder was edited or mixed "
+            "with another run's files; rerun that cell (delete its folder, rerun the sweep)")
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) or (math.isnan(a) and math.isnan(b))
 
 
 def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:

@@ -4,6 +4,7 @@ inputs that changed under a done cell, versus pairs kept in sweep.json."""
 import csv
 import gzip
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -581,10 +582,13 @@ def test_inputs_that_change_while_a_sweep_runs_stop_it_without_recording_the_cel
         assert [p.parent.name for p in plan.out.rglob("cell.json")] == ["k0"]
         assert (plan.out / "cells/llama/tiny_gen/k1").is_dir()  # counts as interrupted
 
-    # a --jobs worker imports the package afresh: code edited since the start is caught too
+    # code edited since the start is caught too, read from disk once the cell ran: a module
+    # first imported during it (the detection kernels, at the first masked call; the whole
+    # package, in a --jobs worker) ran the edit, while this process's digest is the start's
     yaml.write_text(yaml.read_text().replace("max_gen_toks: 6", "max_gen_toks: 8"))
-    monkeypatch.setattr(sweep, "code_digests",
-                        lambda: {**provenance.code_digests(), "package_code": "sha256:edited"})
+    start = provenance.code_digests()
+    monkeypatch.setattr(provenance, "package_code_digest", lambda *a, **k: "sha256:edited")
+    assert provenance.code_digests() == start  # once per process
     plan = copied_llama_plan(tmp_path, tiny_dirs, tiny_task, "code", [0])
     with pytest.raises(SystemExit, match=r"package code sha256:\w+ -> sha256:edited"):
         run_sweep(plan, progress=False)
@@ -636,3 +640,38 @@ def test_todays_inputs_of_a_done_cell_are_taken_as_far_as_they_can_be_here(tiny_
     unreadable = {**record, "request": {**record["request"], "model_args": "pretrained=zoo:nope@9"}}
     assert todays_inputs(unreadable, digests)["checkpoint"] is None
     assert stale_cells({Path("x/cell.json"): unreadable}, digests) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_jobs_worker_ends_when_its_sweep_is_killed(tmp_path):
+    """A sweep killed by SIGKILL cannot stop its pool: its workers ran the queued cells on,
+    unseen, holding their claims (a rerun skipped those cells as another process's)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed_sweep.py"
+    script.write_text(
+        "import multiprocessing, os, signal, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from lm_eval_sinkmask.sweep import _exit_with\n"
+        "if __name__ == '__main__':\n"
+        "    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'),\n"
+        "                               initializer=_exit_with, initargs=(os.getpid(),))\n"
+        "    print(pool.submit(os.getpid).result(), flush=True)\n"
+        "    pool.submit(time.sleep, 120)  # a long cell, running when the sweep is killed\n"
+        "    time.sleep(1)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -9, run.stderr
+    worker = Path(f"/proc/{int(run.stdout)}/stat")
+
+    def alive() -> bool:
+        try:  # a zombie has ended; only its parent's wait is missing
+            return worker.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(), "the worker outlived its sweep"

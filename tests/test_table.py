@@ -133,6 +133,17 @@ def test_a_metric_override_reads_that_metrics_value_and_stderr_from_the_cell(tmp
         "exact_match,flexible-extract", 0.5, 0.05)
 
 
+@pytest.mark.parametrize("edit", [{"value": 0.99}, {"stderr": 0.0}])
+def test_a_cell_json_that_differs_from_lm_evals_results_beside_it_is_refused(tmp_path, edit):
+    """An edited cell.json was read as it stood: the table showed a number no run made."""
+    folder = write_sweep(tmp_path)
+    record_path = folder / "cells" / "llada" / "mini_gsm" / "k1" / "cell.json"
+    record_path.write_text(json.dumps({**json.loads(record_path.read_text()), **edit}))
+    with pytest.raises(ValueError, match=r"k1: cell.json says exact_match,strict-match = .* but "
+                                         r"lm-eval's results file beside it says 0.75 ± 0.01"):
+        table.render(folder, figure=False)
+
+
 # ---- over training seeds ---------------------------------------------------------------------
 
 # (model, task, K) -> value per seed 0, 1, 2 (llama seed 2 K=1 not finished yet)
