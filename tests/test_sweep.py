@@ -553,7 +553,7 @@ def test_inputs_that_change_while_a_sweep_runs_stop_it_without_recording_the_cel
 
     import lm_eval
 
-    from lm_eval_sinkmask import provenance, sweep
+    from lm_eval_sinkmask import provenance
 
     edits = []  # [edit, cells before it]
     evaluate = lm_eval.simple_evaluate
