@@ -3,9 +3,11 @@ leaving out by name the modules no cell imports, and a proof that no cell import
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -310,3 +312,20 @@ def test_unmasked_cells_of_every_family_run_no_masking_only_code(tmp_path):
             "sink_token", "sandbox"} <= unmasked  # the profile saw the cells' code
     assert sorted(unmasked & set(MASKING_ONLY)) == []
     assert {"attention_view", "chunked_attention", "compiled_tail", "metric"} <= masked
+
+
+def test_a_module_is_parsed_again_whenever_its_file_changed(tmp_path):
+    """A sweep reads the package's code again after every cell, from a cache by each file's
+    stat: a rewrite of the same size, its old mtime put back, still changes the ctime."""
+    module = tmp_path / "m.py"
+    module.write_text("X = 1\n")
+    first = provenance._syntax_digest(module)
+    assert provenance._syntax_digest(module) == first
+    stat = module.stat()
+    time.sleep(0.05)  # past the file system's timestamp tick
+    module.write_text("X = 2\n")
+    os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = provenance._syntax_digest(module)
+    assert second != first
+    module.write_text("X = 2  # a comment\n")
+    assert provenance._syntax_digest(module) == second  # read again: the same syntax tree
