@@ -241,7 +241,7 @@ def test_layers_a_trace_did_not_score_are_no_heads_without_a_sink():
     assert counts["share_by_layer"] == [None, 1.0] and counts["mean_sinks_per_pair"] == 1.0
     pooled = sink_stats.pair_shares([counts, counts])
     assert pooled["share_of_pairs_with_sink"] == 1.0 and pooled["share_by_layer"] == [None, 1.0]
-    assert report_markdown._by_layer_text(pooled["share_by_layer"]) == "- 100"
+    assert report_markdown.by_layer_text(pooled["share_by_layer"]) == "- 100"
 
 
 def test_the_first_answer_token_is_answer_plus_0():

@@ -165,14 +165,15 @@ def _sink_section(checkpoints: list[dict[str, Any]]) -> list[str]:
         for label, s in c["sinks"].items():
             lines.append(f"| {label} | {c['seed']} | {s['generations']} | "
                          f"{s['mean_sinks_per_pair']:.2f} | {share_text(s)} | "
-                         f"{_by_layer_text(s.get('share_by_layer'))} | "
+                         f"{by_layer_text(s.get('share_by_layer'))} | "
                          f"{fmt(s['top_tokens'])} | {fmt(s['top_positions'])} |")
     lines += value_norm_section({f"{label} seed {c['seed']}": s for c in checkpoints
                                  for label, s in c["sinks"].items()})
     return lines
 
 
-def _by_layer_text(shares: list[float] | None) -> str:
+def by_layer_text(shares: list[float | None] | None) -> str:
+    """A sink bar's shares by layer, first to last, in percent ("-": a layer not scored)."""
     if shares is None:
         return "-"
     return " ".join("-" if x is None else f"{100 * x:.0f}" for x in shares)

@@ -23,6 +23,7 @@ from typing import Any
 from .data import N_TEST_GSM
 from .install import training_card
 from .report import EPS, GEN_LENGTH, SINK_BAR
+from .report_markdown import by_layer_text
 from .sink_stats import pair_shares
 from .split_shares import cache_folder, generation_counts
 
@@ -49,8 +50,7 @@ def row(checkpoint: str, stats: dict[str, Any]) -> str:
     info = training_card(checkpoint) or {}
     share, err = stats["share_of_pairs_with_sink"], stats["share_stderr"]
     spread = "" if err is None else f" ± {err:.1%}"
-    layers = " ".join("-" if x is None else f"{x:.0%}".rstrip("%")
-                      for x in stats["share_by_layer"] or [])
+    layers = by_layer_text(stats["share_by_layer"] or [])
     if stats["generations"] < N_TEST_GSM:  # judged, as the report judges, on the whole split
         verdict = f"not judged (n={stats['generations']} of {N_TEST_GSM})"
     else:
