@@ -70,11 +70,11 @@ def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> 
     as ``max_gen_toks``, ``until`` a list, ``do_sample`` always set, ``temperature`` 0 when
     do_sample is given false). Refused first, those lm-eval would record as given and run
     otherwise: a budget of 40.5 tokens runs as 40 (and one of ``abc`` or ``true`` is none);
-    an empty stop sequence stops every answer at once; sampling at temperature 0 fails in transformers' generate and is greedy in the
-    diffusion sampler; and ``top_k`` names two things, the sink keys masked (model_args) and
-    top-k sampling (generation_kwargs), which a greedy request ignores, so ``--gen_kwargs
-    top_k=5`` would run with no sink masked. Each model reads its requests through this
-    first, so that no other check sees the cut budget."""
+    an empty stop sequence stops every answer at once; sampling at temperature 0 fails in
+    transformers' generate and is greedy in the diffusion sampler; and ``top_k`` names two
+    things, the sink keys masked (model_args) and top-k sampling (generation_kwargs), which a
+    greedy request ignores, so ``--gen_kwargs top_k=5`` would run with no sink masked. Each
+    model reads its requests through this first, so that no other check sees the cut budget."""
     where = f"task {task or '?'}: generation_kwargs"
     budget = next((name for name in BUDGET_GEN_KWARGS if gen_kwargs.get(name) is not None), None)
     value = gen_kwargs.get(budget)
