@@ -207,10 +207,11 @@ def _read_cell(read: _Folder, record_path: Path, grid: dict,
     read.runs.append(record.get("run"))
     with _reading(cell, KeyError):  # cell.json's keys (lm-eval's results for --metric)
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
-        _check_copied(cell, req["task"], metric, value, stderr)
+        results = lm_eval_results(cell, req["task"])
+        _check_copied(cell, results, metric, value, stderr)
         wanted = (metrics or {}).get(req["task"])
         if wanted and wanted != metric:
-            metric, value, stderr = _from_lm_eval(cell, req["task"], wanted)
+            metric, value, stderr = _from_lm_eval(cell, results, wanted)
         entry = entry_of(record, measured=(metric, value, stderr))
     with _reading(cell):  # the samples, scored as read: a KeyError would be the scoring's
         per_doc = paired.read_per_document(cell, req["task"], metric, value)
@@ -318,13 +319,21 @@ def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
               "move a number at float-noise level", file=sys.stderr)
 
 
-def _check_copied(cell: Path, task: str, metric: str, value: float, stderr: float | None) -> None:
-    """cell.json's numbers are copies of lm-eval's results file beside it; where they differ
+def lm_eval_results(cell: Path, task: str) -> dict | None:
+    """``task``'s entry of lm-eval's results file in ``cell`` (the newest, if a rerun left
+    two), or None where the folder has none (fixtures written before sweeps kept it)."""
+    found = sorted(cell.glob("results*.json"))
+    return json.loads(found[-1].read_text())["results"][task] if found else None
+
+
+def _check_copied(cell: Path, results: dict | None, metric: str, value: float,
+                  stderr: float | None) -> None:
+    """cell.json's numbers are copies of lm-eval's ``results`` beside it; where they differ
     (cell.json edited by hand, or another run's results file copied in), the table would show
     a number no run made. A folder without the results file is left to cell.json."""
-    if not any(cell.glob("results*.json")):
+    if results is None:
         return
-    _, found_value, found_stderr = _from_lm_eval(cell, task, metric)
+    _, found_value, found_stderr = _from_lm_eval(cell, results, metric)
     if not (_same(value, found_value) and _same(stderr, found_stderr)):
         raise ValueError(
             f"{cell}: cell.json says {metric} = {value} ± {stderr}, but lm-eval's results file "
@@ -338,16 +347,14 @@ def _same(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) or (math.isnan(a) and math.isnan(b))
 
 
-def _from_lm_eval(cell: Path, task: str, metric: str) -> tuple[str, float, float | None]:
-    """(metric, value, stderr) of a metric other than the one cell.json keeps
-    (``sinkmask table --metric``), from lm-eval's results file in the cell."""
-    found = sorted(cell.glob("results*.json"))
-    if not found:
+def _from_lm_eval(cell: Path, results: dict | None, metric: str) -> tuple[str, float, float | None]:
+    """(metric, value, stderr) of ``metric`` in the cell's lm-eval ``results``: a metric other
+    than the one cell.json keeps (``sinkmask table --metric``), or that one, to check it."""
+    if results is None:
         raise SystemExit(f"{cell}: no lm-eval results*.json to read --metric {metric} from")
-    res = json.loads(found[-1].read_text())["results"][task]
-    if metric not in res:
-        raise SystemExit(f"{cell}: no metric {metric!r}; it has {sorted(res)}")
-    score = metric_score(res, metric)
+    if metric not in results:
+        raise SystemExit(f"{cell}: no metric {metric!r}; it has {sorted(results)}")
+    score = metric_score(results, metric)
     return metric, score["value"], score["stderr"]
 
 

@@ -129,7 +129,8 @@ def test_a_metric_override_reads_that_metrics_value_and_stderr_from_the_cell(tmp
     """``table --metric``: the value and standard error of the metric asked for, under its own
     filter, in place of the primary numbers cell.json keeps."""
     cell = write_sweep(tmp_path) / "cells" / "llada" / "mini_gsm" / "k1"
-    assert table._from_lm_eval(cell, "mini_gsm", "exact_match,flexible-extract") == (
+    results = table.lm_eval_results(cell, "mini_gsm")
+    assert table._from_lm_eval(cell, results, "exact_match,flexible-extract") == (
         "exact_match,flexible-extract", 0.5, 0.05)
 
 
