@@ -8,11 +8,14 @@ what is tested is the scripts' own logic, which folder they write and what they 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,3 +101,82 @@ def test_a_rerun_into_the_committed_folder_is_not_compared_with_itself(tmp_path)
     done = subprocess.run([str(RESULTS / "same_tables.sh"), str(committed), f"{committed}/.",
                            "table.md"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "is the committed folder: not compared" in done.stdout
+
+
+# ---- the sink traces: results/tiny/sinks/reproduce.sh and results/same_traces.py ----------
+
+TRACE_STAND_IN = """#!/usr/bin/env bash
+# sinkmask sinks --model .../NAME ... --out OUT: OUT gets the trace of $FROM/NAME
+while [ $# -gt 0 ]; do
+  case $1 in --model) model=$2 ;; --out) out=$2 ;; esac; shift
+done
+mkdir -p "$out" && cp "$FROM/$(basename "$model")"/{meta.json,trace.npz} "$out/"
+"""
+TRACED = ("arm", "llada", "dream")
+
+
+def _retrace(tmp_path, traces: Path, *out: str, results: Path = RESULTS):
+    """Run ``results/tiny/sinks/reproduce.sh [OUT]``, its tracer a stand-in that copies the
+    traces of ``traces``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sinkmask").write_text(TRACE_STAND_IN)
+    (bin_dir / "sinkmask").chmod(0o755)
+    path = f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    return subprocess.run([str(results / "tiny" / "sinks" / "reproduce.sh"), *out],
+                          cwd=tmp_path, env={**os.environ, "PATH": path, "FROM": str(traces)},
+                          capture_output=True, text=True, timeout=120)
+
+
+def _copied_traces(tmp_path) -> Path:
+    copy = tmp_path / "traces"
+    for model in TRACED:
+        (copy / model).mkdir(parents=True)
+        for name in ("meta.json", "trace.npz"):
+            shutil.copy(RESULTS / "tiny" / "sinks" / model / name, copy / model / name)
+    return copy
+
+
+def _edit_array(folder: Path, name: str, edit) -> None:
+    with np.load(folder / "trace.npz") as trace:
+        arrays = {k: trace[k] for k in trace.files}
+    arrays[name] = edit(arrays[name])
+    np.savez_compressed(folder / "trace.npz", **arrays)
+
+
+def test_a_retrace_that_gives_the_committed_traces_passes_into_a_new_folder(tmp_path):
+    checkout = tmp_path / "checkout"
+    shutil.copytree(RESULTS, checkout / "results", ignore=shutil.ignore_patterns("cells", "*.png"))
+    done = _retrace(tmp_path, RESULTS / "tiny" / "sinks", results=checkout / "results")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reproduced: the traces of arm, llada, dream in runs/tiny_sinks" in done.stdout
+    assert (checkout / "runs" / "tiny_sinks" / "llada" / "trace.npz").is_file()
+
+
+@pytest.mark.parametrize("name,edit,passes", [
+    # another CPU's rounding: scores a few 1e-6 apart, a float16 map one unit in the last place
+    ("top_score", lambda a: a * np.float32(1 + 3e-6), True),
+    ("full_scores", lambda a: np.nextafter(a, np.float16(np.inf)), True),
+    ("top_score", lambda a: a * np.float32(1.01), False),
+    ("top_pos", lambda a: np.where(np.arange(a.size).reshape(a.shape) == 7, a + 1, a), False),
+    ("n_sinks", lambda a: a.astype(np.int64), False),
+])
+def test_a_retrace_is_compared_integers_exactly_and_floats_to_float_noise(tmp_path, name, edit,
+                                                                         passes):
+    traces = _copied_traces(tmp_path)
+    _edit_array(traces / "llada", name, edit)
+    done = _retrace(tmp_path, traces, str(tmp_path / "rerun"))
+    assert (done.returncode == 0) == passes, done.stdout + done.stderr
+    if not passes:
+        assert f"rerun/llada differs from results/tiny/sinks/llada: trace.npz:{name}" in done.stderr
+
+
+def test_a_retrace_with_other_settings_or_statistics_fails(tmp_path):
+    traces = _copied_traces(tmp_path)
+    meta = json.loads((traces / "dream" / "meta.json").read_text())
+    meta["eps"] = 2.0
+    (traces / "dream" / "meta.json").write_text(json.dumps(meta))
+    done = _retrace(tmp_path, traces, str(tmp_path / "rerun"))
+    assert done.returncode != 0
+    assert "rerun/dream differs from results/tiny/sinks/dream: meta.json.eps: 3.0 committed, " \
+           "2.0 retraced" in done.stderr

@@ -1,0 +1,97 @@
+"""How results/tiny/sinks/reproduce.sh checks its retrace: fails, naming the first difference,
+unless each model's trace in OUT is the committed one in COMMITTED.
+
+A trace's integers (sink positions, counts, histograms, the prompt's and generation's tokens)
+and its settings must be equal. Its floats (scores, masses, value norms) are compared to
+float noise only: another CPU, or another thread count, rounds the attention's sums in
+another order (about 1e-7 relative, which a score of ~10 carries into the fifth decimal,
+and one unit in the last place of the float16 full-score maps).
+
+    python results/same_traces.py COMMITTED OUT MODEL...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# (rtol, atol) by float width: float16 keeps about three decimal digits
+TOLERANCE = {2: (2e-3, 1e-3), 4: (1e-4, 1e-5), 8: (1e-4, 1e-6)}
+
+
+def array_difference(name: str, committed: np.ndarray, rerun: np.ndarray) -> str | None:
+    if committed.dtype != rerun.dtype or committed.shape != rerun.shape:
+        return (f"{name}: {committed.dtype}{list(committed.shape)} committed, "
+                f"{rerun.dtype}{list(rerun.shape)} retraced")
+    if committed.dtype.kind == "f":
+        rtol, atol = TOLERANCE[committed.dtype.itemsize]
+        same = np.isclose(committed, rerun, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        same = committed == rerun
+    if same.all():
+        return None
+    where = tuple(int(i) for i in np.argwhere(~same)[0])
+    return (f"{name}: {(~same).sum()} entries differ, first at {where}: "
+            f"{committed[where]} committed, {rerun[where]} retraced")
+
+
+def json_difference(path: str, committed, rerun) -> str | None:
+    """The first difference between two JSON values, floats compared to float noise."""
+    if isinstance(committed, dict) and isinstance(rerun, dict):
+        if committed.keys() != rerun.keys():
+            return f"{path}: keys {sorted(committed.keys() ^ rerun.keys())} in one only"
+        found = (json_difference(f"{path}.{k}", committed[k], rerun[k]) for k in committed)
+        return next((d for d in found if d), None)
+    if isinstance(committed, list) and isinstance(rerun, list):
+        if len(committed) != len(rerun):
+            return f"{path}: {len(committed)} items committed, {len(rerun)} retraced"
+        found = (json_difference(f"{path}[{i}]", a, b) for i, (a, b) in
+                 enumerate(zip(committed, rerun)))
+        return next((d for d in found if d), None)
+    if isinstance(committed, float) and isinstance(rerun, (int, float)) \
+            and not isinstance(rerun, bool):
+        if math.isclose(committed, rerun, rel_tol=1e-4, abs_tol=1e-6):
+            return None
+    elif type(committed) is type(rerun) and committed == rerun:
+        return None
+    return f"{path}: {committed!r} committed, {rerun!r} retraced"
+
+
+def trace_difference(committed: Path, rerun: Path) -> str | None:
+    """The first difference between two trace folders (``trace.npz`` and ``meta.json``)."""
+    for folder in (committed, rerun):
+        if not (folder / "trace.npz").is_file():
+            return f"{folder}: no trace.npz"
+    meta = json_difference("meta.json", json.loads((committed / "meta.json").read_text()),
+                           json.loads((rerun / "meta.json").read_text()))
+    if meta:
+        return meta
+    with np.load(committed / "trace.npz") as a, np.load(rerun / "trace.npz") as b:
+        if sorted(a.files) != sorted(b.files):
+            return f"trace.npz: arrays {sorted(set(a.files) ^ set(b.files))} in one only"
+        found = (array_difference(f"trace.npz:{k}", a[k], b[k]) for k in a.files)
+        return next((d for d in found if d), None)
+
+
+def main(argv: list[str]) -> int:
+    committed, rerun, *models = argv
+    if not models:
+        sys.exit("usage: same_traces.py COMMITTED OUT MODEL...")
+    differences = [(m, trace_difference(Path(committed) / m, Path(rerun) / m)) for m in models]
+    for model, difference in differences:
+        if difference:
+            print(f"{rerun}/{model} differs from {committed}/{model}: {difference}",
+                  file=sys.stderr)
+    if any(d for _, d in differences):
+        return 1
+    print(f"reproduced: the traces of {', '.join(models)} in {rerun} are those of {committed}"
+          " (floats to float noise)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
