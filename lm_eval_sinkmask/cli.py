@@ -20,6 +20,9 @@ from pathlib import Path
 
 from .config import ARM_RULES  # light: no torch, no lm-eval
 from .model_args import MODELS
+from .sweep_plan import SET_BY_SWEEP  # light too
+
+_SWEEP_SETS = ", ".join(SET_BY_SWEEP)
 
 
 def _sweep(a: argparse.Namespace) -> int:
@@ -203,11 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=float, default=None, help="lm-eval --limit (count, or fraction < 1)")
     s.add_argument("--eps", type=float, default=3.0, help="Eq. 3 threshold [%(default)s]")
     s.add_argument("--model-args-extra", default="",
-                   help="model_args appended for every model, e.g. dtype=bfloat16 (not top_k or "
-                        "eps: --top-k and --eps set those)")
+                   help="model_args appended for every model, e.g. dtype=bfloat16 (not "
+                        f"{_SWEEP_SETS} or arm_rule: the sweep's options set those)")
     s.add_argument("--model-args-for", action="append", metavar="NAME:ARGS",
                    help="model_args for one model, e.g. llada:block_length=32 (repeatable; "
-                        "repeats for one model add up; not top_k or eps)")
+                        f"repeats for one model add up; not {_SWEEP_SETS})")
     s.add_argument("--arm-rule", default="last_row", choices=ARM_RULES,
                    help="ARM query rule, see docs/method.md section 5 [%(default)s]")
     s.add_argument("--batch-size", default=1, help="lm-eval batch size [%(default)s]")
@@ -268,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--heads", default=None, help="layer:head pairs for Fig. 7, e.g. 0:1,3:2 (default: most sink-heavy)")
     k.add_argument("--model-args", default="",
                    help="more model_args, e.g. block_length=32,trust_remote_code=True (not the ones "
-                        "the options above set: top_k, eps, gen_length, steps, device)")
+                        "the trace sets: pretrained, top_k, eps, gen_length, steps, device, "
+                        "batch_size, granularity)")
     k.add_argument("--device", default=None)
     k.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     k.add_argument("--watch", default=None, metavar="POSITIONS",

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from lm_eval_sinkmask.cli import main
+from lm_eval_sinkmask import sink_trace
+from lm_eval_sinkmask.cli import build_parser, main
 from lm_eval_sinkmask.figures import FIGURES, draw_all, selected_share
 from lm_eval_sinkmask.intercept import AttentionEvent
 from lm_eval_sinkmask.metric import find_sinks
@@ -383,3 +384,13 @@ def test_selected_share_is_eq3_at_every_eps():
     want = np.stack([find_sinks(torch.tensor(scores), valid, e).double().mean(-1).numpy()
                      for e in eps_grid])
     np.testing.assert_allclose(got, want)
+
+
+def test_the_help_of_model_args_names_every_setting_the_trace_refuses_there(capsys):
+    """``sinkmask sinks --help`` listed five of the eight: granularity=layer was refused
+    with no word of it in the help."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["sinks", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    said = help_text.split("--model-args MODEL_ARGS ")[1].split(" --device")[0]
+    assert all(name in said for name in sink_trace._SET_BY_TRACE), said

@@ -444,3 +444,15 @@ def test_a_number_for_pretrained_is_refused_naming_what_to_pass(pretrained):
 
     with pytest.raises(ValueError, match=r"pass a hub id, a local checkpoint folder or zoo:NAME"):
         resolve_pretrained(pretrained)
+
+
+def test_the_help_of_model_args_names_every_setting_the_sweep_refuses_there(capsys):
+    from lm_eval_sinkmask.cli import build_parser
+    from lm_eval_sinkmask.sweep_plan import SET_BY_SWEEP
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["sweep", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    extra, for_one = (help_text.split(f"{option} ")[2].split(" --")[0]
+                      for option in ("--model-args-extra", "--model-args-for"))
+    assert all(name in extra for name in [*SET_BY_SWEEP, "arm_rule"]), extra
+    assert all(name in for_one for name in SET_BY_SWEEP), for_one
