@@ -527,7 +527,8 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
 
     def batch_dependent(self) -> str | None:
         """The reference samplers break ties where ``torch.topk`` does, which moves with the
-        padding, and Dream's divides the batch's reveal count by its size."""
+        padding. (Each row's reveal count is its own in both, unlike Dream's released code,
+        which divides the batch's count by its size.)"""
         name = {"block": "llada_sampler", "dream": "dream_sampler"}.get(self.family.sampler)
         if name and getattr(self.settings, name) == "reference":
             return f"{name}=reference"
