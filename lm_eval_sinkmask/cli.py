@@ -26,7 +26,8 @@ _SWEEP_SETS = ", ".join(SET_BY_SWEEP)
 
 
 def _sweep(a: argparse.Namespace) -> int:
-    from .sweep import process_rank, run_sweep
+    from .log import process_rank
+    from .sweep import run_sweep
     from .sweep_plan import (SweepPlan, cell_records, check_run_counts, parse_ks, parse_models,
                              parse_seeds, parse_tasks)
     from .versus import parse_versus

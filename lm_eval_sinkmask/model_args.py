@@ -76,8 +76,9 @@ ARGS: tuple[ModelArg, ...] = (
              "`gen_length`, and the number of blocks must divide `steps`", (DLM,), "sampling"),
     ModelArg("remasking", "low_confidence", "or `random` (LLaDA/MMaDA)", (DLM,), "sampling"),
     ModelArg("temperature", "0", "sampling temperature; 0 = greedy. LLaDA/MMaDA: Gumbel-max "
-             "in float64; Dream: a draw from the (top_p/sampling_top_k-filtered) softmax in the "
-             "model's dtype", (DLM,), "sampling"),
+             "in float64; Dream: a draw from the (top_p/sampling_top_k-filtered) softmax, in the "
+             "model's dtype under `dream_sampler=reference`, in float32 under `invariant`",
+             (DLM,), "sampling"),
     ModelArg("cfg_scale", "0", "classifier-free guidance (LLaDA/MMaDA)", (DLM,), "sampling"),
     ModelArg("logits_eos_inf", "false", "LLaDA: never generate EOS (the end-of-text token "
              "LLaDA's own code takes out, id 126081 there, where the tokenizer has it; else the "
@@ -138,9 +139,14 @@ ARGS: tuple[ModelArg, ...] = (
              "an `auto_map` (e.g. MMaDA)", (DLM,), "loading"),
 )
 
+# HFLM arguments whose default our models replace (HFLM's signature says device="cuda")
+DEFAULTS_WE_SET = {"device": "cuda if there is one, else cpu"}
+
 # Keyword arguments HFLM forwards to ``from_pretrained`` (its ``**kwargs``) that a user may set.
 FROM_PRETRAINED: dict[str, str] = {
-    "attn_implementation": "attention kernel; we default to `sdpa`, the only one the intercept sees",
+    "attn_implementation": "attention kernel; Dream and the ARM default to `sdpa`, the only one "
+                           "the intercept sees; LLaDA's and MMaDA's code calls SDPA whatever it "
+                           "says (masked runs refuse it there: leave it out)",
     "device_map": "accelerate device map",
     "low_cpu_mem_usage": "load weights shard by shard",
     "torch_dtype": "older name of `dtype`, taken as `dtype`",
@@ -298,6 +304,7 @@ def text(model: str) -> str:
     lines.append("  lm-eval's hf model (HFLM):")
     for name, (default, doc) in hflm_args().items():
         if name not in NOT_FOR[model]:
+            default = DEFAULTS_WE_SET.get(name, default)
             lines.append(f"    {name:<{width}}[{default}] {plain(doc)}")
     lines.append("  passed to from_pretrained:")
     lines += [f"    {n:<{width}}{plain(m)}" for n, m in FROM_PRETRAINED.items()]

@@ -55,6 +55,7 @@ from .cell_claims import claim, folder_locked
 from .cell_score import primary_score
 from .config import MASKING_OFF, logger as config_logger
 from .hflm_args import placed_device
+from .log import process_rank
 from .provenance import (InputDigests, changed_inputs, checkpoint_digest, code_digests,
                          loaded_with_digests, task_digest)
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, check_run_counts, loaded_with,
@@ -265,11 +266,6 @@ def _model_type(path: str) -> str | None:
         return model_type_of(path)
     except Exception:  # noqa: BLE001 - informational only
         return None
-
-
-def process_rank() -> int:
-    """This process's rank under ``accelerate launch`` / torchrun (0 when run alone)."""
-    return int(os.environ.get("RANK", "0"))
 
 
 def world_size() -> int:

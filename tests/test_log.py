@@ -31,3 +31,19 @@ def test_a_module_logger_is_named_after_its_module():
         chain.append(logger.name)
         logger = logger.parent
     assert "lm_eval" in chain
+
+
+def test_below_error_only_the_first_process_logs(monkeypatch, caplog):
+    """Under accelerate launch every rank read the same model_args, and the top_k=0 warning
+    (like every other about settings or tasks) printed once per process."""
+    from lm_eval_sinkmask.config import SinkMaskConfig
+
+    caplog.set_level(logging.INFO, logger=ROOT)
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        SinkMaskConfig.pop_from({"top_k": 0, "eps": 2})
+        module_logger("lm_eval_sinkmask.sweep").error("rank %s error", rank)
+    warned = [r for r in caplog.records if "masking is off" in r.getMessage()]
+    assert len(warned) == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "rank 0 error", "rank 1 error"]

@@ -803,3 +803,11 @@ def test_an_option_lm_eval_passes_itself_is_refused_in_model_args_too(monkeypatc
             call()
     assert loads == []
     cls.check_arg_string(given, {**added, name: None})  # lm-eval drops its None values
+
+
+@pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
+def test_sinkmask_args_shows_the_device_default_our_models_take(model):
+    """HFLM's signature says device="cuda"; with none given our models take the CPU where
+    there is no CUDA, and `sinkmask args` said [cuda]."""
+    [line] = [x for x in model_args.text(model).splitlines() if x.split()[:1] == ["device"]]
+    assert "[cuda if there is one, else cpu]" in line
