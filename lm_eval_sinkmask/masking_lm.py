@@ -70,7 +70,8 @@ def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> 
     as ``max_gen_toks``, ``until`` a list, ``do_sample`` always set, ``temperature`` 0 when
     do_sample is given false). Refused first, those lm-eval would record as given and run
     otherwise: a budget of 40.5 tokens runs as 40 (and one of ``abc`` or ``true`` is none);
-    an empty stop sequence stops every answer at once; sampling at temperature 0 fails in
+    a stop sequence that is no text (``until=4``, read as a number) fails mid-run, an empty
+    one stops every answer at once; sampling at temperature 0 fails in
     transformers' generate and is greedy in the diffusion sampler; and ``top_k`` names two
     things, the sink keys masked (model_args) and top-k sampling (generation_kwargs), which a
     greedy request ignores, so ``--gen_kwargs top_k=5`` would run with no sink masked. Each
@@ -84,6 +85,11 @@ def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> 
         cut = f", which lm-eval would cut to {int(value)}" if math.isfinite(value) else ""
         raise ValueError(f"{where} {budget}={value!r} is not a whole number of tokens{cut}")
     read = normalize_gen_kwargs(gen_kwargs, default_budget)
+    not_text = next((stop for stop in read["until"] if not isinstance(stop, str)), "")
+    if not_text != "":
+        raise ValueError(f"{where} until holds {not_text!r}, not text: lm-eval's --gen_kwargs "
+                         "reads a bare number, true, false or none as one. Quote a stop "
+                         "sequence to stop at that text: --gen_kwargs 'until=\"4\"'")
     if "" in read["until"]:
         raise ValueError(f"{where} until holds an empty stop sequence (e.g. --gen_kwargs until=), "
                          "which every text contains: drop it, or name the stop sequences")

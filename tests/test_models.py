@@ -546,6 +546,9 @@ def test_gen_kwargs_that_would_run_otherwise_than_they_read_are_refused(tiny_dir
             ({"max_gen_toks": "abc"}, r"max_gen_toks='abc' is not a number of tokens$"),
             ({"max_gen_toks": True}, r"max_gen_toks=True is not a number of tokens$"),
             ({"max_gen_toks": 8, "until": ""}, r"until holds an empty stop sequence"),
+            # --gen_kwargs until=4: lm-eval's parser makes an int of it, which failed mid-run
+            ({"max_gen_toks": 8, "until": 4}, r"until holds 4, not text: .* 'until=\"4\"'"),
+            ({"max_gen_toks": 8, "until": ["\n", None]}, r"until holds None, not text"),
             ({"max_gen_toks": 8, "do_sample": True}, r"do_sample=True at temperature 0 .* is "
                                                      r"not sampling")):
         with pytest.raises(ValueError, match=message):
