@@ -150,6 +150,18 @@ class MaskingLMMixin:
         if isinstance(kwargs.get("tokenizer"), str):  # tokenizer=zoo:dream, as pretrained=
             kwargs["tokenizer"] = resolve_pretrained(kwargs["tokenizer"])
         super().__init__(pretrained, **kwargs)
+        self._warn_if_unsharded()
+
+    def _warn_if_unsharded(self) -> None:
+        """HFLM splits the requests over the launched processes only when there is more than
+        one GPU; otherwise (``torchrun --nproc_per_node 2`` on a CPU or one GPU) every process
+        runs every request, silently, for the same results."""
+        launched = getattr(getattr(self, "accelerator", None), "num_processes", 1)
+        if launched > 1 and self.world_size == 1:
+            logger.warning(
+                "%d processes were launched, but lm-eval's hf model splits the requests over "
+                "processes only with more than one GPU (%d here), so each process runs every "
+                "request: run one process", launched, torch.cuda.device_count())
 
     @classmethod
     def check_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> None:

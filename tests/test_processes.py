@@ -105,3 +105,31 @@ def test_a_request_without_repeats_counts_as_one():
     bare = Instance("loglikelihood", {}, ("x", " y"), 0)
     assert bare.repeats is None
     assert filler_count([bare], 2) == 0 and filler_count([bare, bare], 2) == 1
+
+
+class _TwoProcessesOnCPU:
+    """What accelerate's Accelerator is under ``torchrun --nproc_per_node 2`` on a CPU."""
+    num_processes, process_index, local_process_index = 2, 0, 0
+    is_local_main_process = is_main_process = True
+    device = torch.device("cpu")
+
+    def __init__(self, **kwargs):
+        pass
+
+    def unwrap_model(self, model):
+        return model
+
+
+@pytest.mark.parametrize("model", ["dlm_sinkmask", "arm_sinkmask"])
+def test_processes_that_hflm_does_not_shard_over_are_warned_of(tiny_dirs, monkeypatch, caplog,
+                                                               model):
+    """Without two GPUs HFLM keeps world size 1 in every process, and each ran every request."""
+    import lm_eval.models.huggingface as hf
+    caplog.set_level("WARNING", logger="lm_eval.sinkmask")
+    make(model, tiny_dirs[CHECKPOINT[model]], **ARGS[model])
+    assert "processes were launched" not in caplog.text
+    monkeypatch.setattr(hf, "Accelerator", _TwoProcessesOnCPU)
+    lm = make(model, tiny_dirs[CHECKPOINT[model]], **ARGS[model])
+    assert lm.world_size == 1
+    assert ("2 processes were launched, but lm-eval's hf model splits the requests over "
+            "processes only with more than one GPU (0 here)") in caplog.text
