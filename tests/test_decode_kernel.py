@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm_eval_sinkmask import decode_step, fused_mass, metric
+from lm_eval_sinkmask import decode_step, fused_mass, intercept, metric
 from lm_eval_sinkmask.attention_view import MaskView
 from lm_eval_sinkmask.config import SinkMaskConfig
 from lm_eval_sinkmask.intercept import SinkMasker
@@ -183,7 +183,7 @@ calls: list = []
 def test_a_variant_that_fails_its_check_goes_by_parts_from_then_on(kernel, caplog):
     calls.clear()
     ref, ref_stats, _ = _decoded_tokens("fused")  # by parts (no Triton here)
-    with caplog.at_level(logging.WARNING, logger="lm_eval_sinkmask.intercept"):
+    with caplog.at_level(logging.WARNING, logger=intercept.logger.name):
         got, stats, checked = _decoded_tokens("auto", kernel)
     assert torch.equal(got, ref)  # the same tokens as the fused path by parts
     assert (stats.sinks_detected, stats.keys_masked) == (ref_stats.sinks_detected,
@@ -328,7 +328,7 @@ def test_on_cuda_the_kernel_decodes_what_the_path_by_parts_decodes(rule):
     assert stats.detection.get(decode_step.NAME, 0) > 0 and decode_step.NAME not in \
         ref_stats.detection
     assert torch.equal(got, ref) and ref_stats.keys_masked > 0
-    assert all(torch.equal(a, b) for a, b in zip(ref_chosen, chosen))
+    assert all(torch.equal(a, b) for a, b in zip(ref_chosen, chosen, strict=True))
     assert (stats.sinks_detected, stats.keys_masked) == (ref_stats.sinks_detected,
                                                          ref_stats.keys_masked)
 

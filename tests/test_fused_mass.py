@@ -379,7 +379,7 @@ def test_auto_hands_a_failing_kernel_to_the_materialised_path(monkeypatch, caplo
     calls = _auto_on_a_gpu(monkeypatch, broken)
     form = _sdpa_forms()["causal"]
     stats = []
-    with caplog.at_level("WARNING", logger="lm_eval_sinkmask.fused_mass"):
+    with caplog.at_level("WARNING", logger=fused_mass.logger.name):
         auto = _events("auto", *form, stats=stats)
     assert calls == [True]
     warned = [r.getMessage() for r in caplog.records if "first-use check" in r.getMessage()]

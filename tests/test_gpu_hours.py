@@ -202,6 +202,7 @@ def test_cpu_smoke_run(tmp_path, capsys):
                           "--tasks", "gsm8k_sinkmask", "--batch", "2",
                           "--json", str(tmp_path / "g.json")])
     assert not out["on_gpu"] and (tmp_path / "g.json").exists()
+    assert out["timings"] and out["rows"]
     for t in out["timings"]:
         assert t["step_a"] > 0 and t["step_c"] > 0 and t["keys_masked"] > 0
     for r in out["rows"]:

@@ -664,7 +664,7 @@ def test_tokenizer_zoo_names_mask_id_strings_and_gguf_are_settled_before_loading
     from lm_eval_sinkmask.arm_model import ARMSinkMaskLM
     from lm_eval_sinkmask.dlm_model import DLMSinkMaskLM, _CheckedArgs
 
-    with pytest.raises(ValueError, match="lada"):
+    with pytest.raises(ValueError, match="unknown zoo model 'lada'"):
         DLMSinkMaskLM.check_args(str(config_only["llada"]), tokenizer="zoo:lada")
     assert _CheckedArgs.take(str(config_only["llada"]), None, "4.0", None, {}).mask_id == 4
     ARMSinkMaskLM.check_args(str(tmp_path), gguf_file="model.gguf")  # HFLM reads its config

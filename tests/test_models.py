@@ -628,8 +628,9 @@ def test_left_to_right_decoding_one_pass_per_token_with_masking(tiny_dirs, top_k
     # the decoding-order ablation as model_args: blocks of one token, steps = gen_length
     lm = make("dlm_sinkmask", tiny_dirs["llada"], top_k=top_k, eps=0.0, block_length=1, batch_size=3,
               **RANDOM_LLADA)
-    out = lm.generate_until(requests(max_gen_toks=8, until=("never",)))
-    assert all(out)
+    batch = requests(max_gen_toks=8, until=("never",))
+    out = lm.generate_until(batch)
+    assert len(out) == len(batch) and all(out)
     info = lm.get_model_info()["sinkmask"]
     assert info["sampler"]["block_length"] == 1
     layers = lm.model.config.num_hidden_layers

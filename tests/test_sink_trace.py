@@ -100,7 +100,7 @@ def test_figures_from_a_saved_trace(tmp_path):
         assert paths[key].read_bytes()[:4] == b"\x89PNG" and paths[key].stat().st_size > 10_000
     with pytest.raises(ValueError):
         draw_all(folder, "5:0")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="layer:head pairs"):  # not int("")'s error
         parse_heads("3")
 
 

@@ -46,8 +46,9 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused_before_tracing(tmp_path, c
     with pytest.raises(SystemExit):
         sink_share.main([str(tmp_path), "--out", str(tmp_path / "t")])
     assert "no config.json" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):  # checked first: the folder is no checkpoint either
         sink_share.main([str(tmp_path), "--traces", "0"])
+    assert "--traces must be at least 1" in capsys.readouterr().err
 
 
 def _stats(share, sinks_per_pair):
