@@ -1,5 +1,6 @@
 """How results/tiny/sinks/reproduce.sh checks its retrace: fails, naming the first difference,
-unless each model's trace in OUT is the committed one in COMMITTED.
+unless each model's trace in OUT is the committed one in COMMITTED (as same_tables.sh does for
+tables; a retrace into the committed folder itself has nothing to be compared with).
 
 A trace's integers (sink positions, counts, histograms, the prompt's and generation's tokens)
 and its settings must be equal. Its floats (scores, masses, value norms) are compared to
@@ -81,6 +82,9 @@ def main(argv: list[str]) -> int:
     committed, rerun, *models = argv
     if not models:
         sys.exit("usage: same_traces.py COMMITTED OUT MODEL...")
+    if Path(rerun).resolve() == Path(committed).resolve():
+        print(f"{rerun} is the committed folder: not compared")
+        return 0
     differences = [(m, trace_difference(Path(committed) / m, Path(rerun) / m)) for m in models]
     for model, difference in differences:
         if difference:

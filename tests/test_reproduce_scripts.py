@@ -32,14 +32,20 @@ echo "$out" > "$out/.written_by_stand_in"
 """
 
 
+def _stand_in_folder(tmp_path, script: str) -> Path:
+    """A folder holding ``script`` as the ``sinkmask`` command, to put first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sinkmask").write_text(script)
+    (bin_dir / "sinkmask").chmod(0o755)
+    return bin_dir
+
+
 def _reproduce(tmp_path, script: str, tables_of: str, *out: str, results: Path = RESULTS,
                **env: str):
     """Run ``results/<script>/reproduce.sh [OUT]`` of the ``results`` folder given, its sweep a
     stand-in that writes the committed tables of ``results/<tables_of>``."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "sinkmask").write_text(STAND_IN)
-    (bin_dir / "sinkmask").chmod(0o755)
+    bin_dir = _stand_in_folder(tmp_path, STAND_IN)
     environ = {k: v for k, v in os.environ.items()
                if k not in ("SEEDS", "DRAWS", "TITLE", "PROBLEMS", "COMMITTED", "SPOIL")}
     environ.update(PATH=f"{bin_dir}:{os.environ['PATH']}", FROM=str(RESULTS / tables_of), **env)
@@ -118,10 +124,7 @@ TRACED = ("arm", "llada", "dream")
 def _retrace(tmp_path, traces: Path, *out: str, results: Path = RESULTS):
     """Run ``results/tiny/sinks/reproduce.sh [OUT]``, its tracer a stand-in that copies the
     traces of ``traces``."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "sinkmask").write_text(TRACE_STAND_IN)
-    (bin_dir / "sinkmask").chmod(0o755)
+    bin_dir = _stand_in_folder(tmp_path, TRACE_STAND_IN)
     path = f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"
     return subprocess.run([str(results / "tiny" / "sinks" / "reproduce.sh"), *out],
                           cwd=tmp_path, env={**os.environ, "PATH": path, "FROM": str(traces)},
@@ -180,3 +183,10 @@ def test_a_retrace_with_other_settings_or_statistics_fails(tmp_path):
     assert done.returncode != 0
     assert "rerun/dream differs from results/tiny/sinks/dream: meta.json.eps: 3.0 committed, " \
            "2.0 retraced" in done.stderr
+
+
+def test_a_retrace_into_the_committed_folder_is_not_compared_with_itself(tmp_path):
+    traces = _copied_traces(tmp_path)
+    done = subprocess.run([sys.executable, str(RESULTS / "same_traces.py"), str(traces),
+                           f"{traces}/.", *TRACED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "is the committed folder: not compared" in done.stdout

@@ -16,8 +16,4 @@ for model in "${models[@]}"; do
   sinkmask sinks --model "$zoo/$model" --prompt "$prompt" --gen-length 64 --device cpu \
                  --out "$out/$model"
 done
-if [ "$(realpath -m "$out")" = "$(realpath -m results/tiny/sinks)" ]; then
-  echo "$out is the committed folder: retraced in place, not compared"
-else
-  python results/same_traces.py results/tiny/sinks "$out" "${models[@]}"
-fi
+python results/same_traces.py results/tiny/sinks "$out" "${models[@]}"
