@@ -5,6 +5,7 @@ Our own arguments are :mod:`model_args`' table and the settings classes'."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -55,6 +56,7 @@ def check_and_normalise(kwargs: dict[str, Any]) -> None:
     check_hflm_options(kwargs)
 
 
+@functools.cache
 def flag_args() -> tuple[str, ...]:
     """HFLM's arguments typed ``bool`` (or ``bool | None``), read off its signature: it hands
     them on as given, so a string that is no flag fails only once a request is tokenized

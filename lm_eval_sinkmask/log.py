@@ -22,6 +22,11 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def world_size() -> int:
+    """How many processes ``accelerate launch`` / torchrun started (1 when run alone)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 class _FirstRankOnly(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.ERROR or process_rank() == 0

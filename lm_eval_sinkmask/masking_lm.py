@@ -85,9 +85,9 @@ def read_gen_kwargs(gen_kwargs: dict, default_budget: int, task: str | None) -> 
         cut = f", which lm-eval would cut to {int(value)}" if math.isfinite(value) else ""
         raise ValueError(f"{where} {budget}={value!r} is not a whole number of tokens{cut}")
     read = normalize_gen_kwargs(gen_kwargs, default_budget)
-    not_text = next((stop for stop in read["until"] if not isinstance(stop, str)), "")
-    if not_text != "":
-        raise ValueError(f"{where} until holds {not_text!r}, not text: lm-eval's --gen_kwargs "
+    not_text = [stop for stop in read["until"] if not isinstance(stop, str)]
+    if not_text:
+        raise ValueError(f"{where} until holds {not_text[0]!r}, not text: lm-eval's --gen_kwargs "
                          "reads a bare number, true, false or none as one. Quote a stop "
                          "sequence to stop at that text: --gen_kwargs 'until=\"4\"'")
     if "" in read["until"]:

@@ -55,7 +55,7 @@ from .cell_claims import claim, folder_locked
 from .cell_score import primary_score
 from .config import MASKING_OFF, logger as config_logger
 from .hflm_args import placed_device
-from .log import process_rank
+from .log import process_rank, world_size
 from .provenance import (InputDigests, changed_inputs, checkpoint_digest, code_digests,
                          loaded_with_digests, task_digest)
 from .sweep_plan import (RERUN_HELP, Cell, SweepPlan, cell_records, check_run_counts, loaded_with,
@@ -266,11 +266,6 @@ def _model_type(path: str) -> str | None:
         return model_type_of(path)
     except Exception:  # noqa: BLE001 - informational only
         return None
-
-
-def world_size() -> int:
-    """How many processes ``accelerate launch`` / torchrun started (1 when run alone)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def start_process_group() -> None:
