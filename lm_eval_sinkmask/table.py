@@ -207,7 +207,7 @@ def _read_cell(read: _Folder, record_path: Path, grid: dict,
     read.runs.append(record.get("run"))
     with _reading(cell, KeyError):  # cell.json's keys (lm-eval's results for --metric)
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
-        results = lm_eval_results(cell, req["task"])
+        results = lm_eval_results(cell, req["task"], record.get("results_files"))
         _check_copied(cell, results, metric, value, stderr)
         wanted = (metrics or {}).get(req["task"])
         if wanted and wanted != metric:
@@ -319,10 +319,21 @@ def warn_mixed_runs(folder: Path, runs: list[dict | None]) -> None:
               "move a number at float-noise level", file=sys.stderr)
 
 
-def lm_eval_results(cell: Path, task: str) -> dict | None:
-    """``task``'s entry of lm-eval's results file in ``cell`` (the newest, if a rerun left
-    two), or None where the folder has none (fixtures written before sweeps kept it)."""
-    found = sorted(cell.glob("results*.json"))
+def lm_eval_results(cell: Path, task: str, named: list[str] | None = None) -> dict | None:
+    """``task``'s entry of lm-eval's results file in ``cell``. A sweep's cell.json names the
+    files lm-eval wrote beside it (``named``): that results file is read, and a named file the
+    folder no longer holds is refused, since its numbers (or the samples behind the paired
+    errors) would silently drop out of the check. A cell.json that names none (fixtures
+    written before sweeps kept the list) is read with the folder's newest results file, or
+    None where it has none."""
+    if named is not None:
+        gone = [name for name in named if not (cell / name).is_file()]
+        if gone:
+            raise ValueError(f"{cell}: cell.json names {', '.join(gone)}, which the folder no "
+                             "longer holds: rerun that cell (delete its folder, rerun the sweep)")
+        found = [cell / name for name in named if name.startswith("results")]
+    else:
+        found = sorted(cell.glob("results*.json"))
     return json.loads(found[-1].read_text())["results"][task] if found else None
 
 

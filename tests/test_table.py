@@ -145,6 +145,40 @@ def test_a_cell_json_that_differs_from_lm_evals_results_beside_it_is_refused(tmp
         table.render(folder, figure=False)
 
 
+def _name_files(cell: Path) -> None:
+    """cell.json naming the files beside it, as the sweep writes it."""
+    record = json.loads((cell / "cell.json").read_text())
+    named = sorted(p.name for p in cell.iterdir() if p.name != "cell.json")
+    (cell / "cell.json").write_text(json.dumps({**record, "results_files": named}))
+
+
+def test_a_file_that_cell_json_names_but_the_folder_lost_is_refused(tmp_path):
+    """A cell whose samples file went missing lost its paired standard error silently (and one
+    without its results file lost the check of cell.json's numbers)."""
+    folder = write_sweep(tmp_path)
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1"
+    _write_samples(cell, "mini_gsm", GSM, [1.0, 0.5, 0.75])
+    _name_files(cell)
+    table.render(folder, figure=False)  # whole: reads
+    next(cell.glob("samples_*")).unlink()
+    with pytest.raises(ValueError, match=r"k1: cell.json names samples_mini_gsm_.*, which the "
+                                         r"folder no longer holds: rerun that cell"):
+        table.render(folder, figure=False)
+
+
+def test_the_results_file_cell_json_names_is_read_not_the_newest(tmp_path):
+    """Another run's results file copied in beside a cell (newer by name) is not the cell's."""
+    folder = write_sweep(tmp_path)
+    cell = folder / "cells" / "llada" / "mini_gsm" / "k1"
+    _name_files(cell)
+    (cell / "results_2026-01-01T00-00-00.json").write_text(json.dumps({"results": {"mini_gsm": {
+        GSM: 0.99, "exact_match_stderr,strict-match": 0.0}}}))
+    assert table.lm_eval_results(cell, "mini_gsm")[GSM] == 0.99  # no names: the newest
+    out = table.render(folder, figure=False)
+    assert "| mini_gsm | Unmasked | 0.76 ± 0.01 | 0.85 ± 0.01 |\n|  | K=1 | 0.75 ± 0.01" in (
+        out["markdown"].read_text())
+
+
 # ---- over training seeds ---------------------------------------------------------------------
 
 # (model, task, K) -> value per seed 0, 1, 2 (llama seed 2 K=1 not finished yet)
