@@ -207,8 +207,7 @@ def _read_cell(read: _Folder, record_path: Path, grid: dict,
     read.runs.append(record.get("run"))
     with _reading(cell, KeyError):  # cell.json's keys (lm-eval's results for --metric)
         metric, value, stderr = record["metric"], record["value"], record["stderr"]
-        results = lm_eval_results(cell, req["task"], record.get("results_files"))
-        _check_copied(cell, results, metric, value, stderr)
+        results = checked_results(cell, record)
         wanted = (metrics or {}).get(req["task"])
         if wanted and wanted != metric:
             metric, value, stderr = _from_lm_eval(cell, results, wanted)
@@ -337,13 +336,19 @@ def lm_eval_results(cell: Path, task: str, named: list[str] | None = None) -> di
     return json.loads(found[-1].read_text())["results"][task] if found else None
 
 
-def _check_copied(cell: Path, results: dict | None, metric: str, value: float,
+def checked_results(cell: Path, record: dict) -> dict | None:
+    """The cell's lm-eval results (:func:`lm_eval_results`), once cell.json's ``record`` is
+    found to copy them: where they differ (cell.json edited by hand, or another run's results
+    file copied in), a report would show a number no run made. A folder without the results
+    file is left to cell.json."""
+    results = lm_eval_results(cell, record["request"]["task"], record.get("results_files"))
+    if results is not None:
+        _check_copied(cell, results, record["metric"], record["value"], record["stderr"])
+    return results
+
+
+def _check_copied(cell: Path, results: dict, metric: str, value: float,
                   stderr: float | None) -> None:
-    """cell.json's numbers are copies of lm-eval's ``results`` beside it; where they differ
-    (cell.json edited by hand, or another run's results file copied in), the table would show
-    a number no run made. A folder without the results file is left to cell.json."""
-    if results is None:
-        return
     _, found_value, found_stderr = _from_lm_eval(cell, results, metric)
     if not (_same(value, found_value) and _same(stderr, found_stderr)):
         raise ValueError(

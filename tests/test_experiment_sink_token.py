@@ -51,6 +51,31 @@ def test_report_lays_out_every_model_task_and_k(tmp_path):
     assert (tmp_path / "sink_token.png").stat().st_size > 0
 
 
+def test_a_cell_json_that_differs_from_lm_evals_files_beside_it_is_refused(tmp_path):
+    """The report read cell.json alone: an edited value, or a lost samples file (which
+    dropped a paired error), went into the report as if a run had made it."""
+    for task in exp.TASKS:
+        for name, (_, _, ks) in exp.MODELS.items():
+            for k in ks:
+                _cell(tmp_path, name, task, k, 0.5, scores=[1.0, 0.0] if k == 0 else None)
+    cell = tmp_path / "cells" / "llada" / "mini_gsm_sinkmask" / "k0"
+    (cell / "results_2025-01-01T00-00-00.json").write_text(json.dumps({"results": {
+        "mini_gsm_sinkmask": {"exact_match,strict-match": 0.5,
+                              "exact_match_stderr,strict-match": 0.05}}}))
+    record = json.loads((cell / "cell.json").read_text())
+    record["results_files"] = sorted(p.name for p in cell.iterdir() if p.name != "cell.json")
+    (cell / "cell.json").write_text(json.dumps(record))
+    exp.write_report(tmp_path)  # whole: reads
+    (cell / "cell.json").write_text(json.dumps({**record, "value": 0.75}))
+    with pytest.raises(ValueError, match="cell.json says exact_match,strict-match = 0.75"):
+        exp.write_report(tmp_path)
+    (cell / "cell.json").write_text(json.dumps(record))
+    next(cell.glob("samples_*")).unlink()
+    with pytest.raises(ValueError, match="cell.json names samples_mini_gsm_sinkmask_.*, which "
+                                         "the folder no longer holds"):
+        exp.write_report(tmp_path)
+
+
 def test_seed_pairs_report_the_gain_per_pair_and_across_pairs(tmp_path):
     # llada_sink ahead by 10, 0 and 20 points unmasked on mini_code: positive in 2 of 3 pairs
     base = {0: 0.50, 1: 0.60, 2: 0.40}

@@ -77,12 +77,18 @@ def run_accuracy(out: Path, limits: dict[str, int | None], batch_size: int, task
 
 
 def _records(out: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(folder, cell.json) of the experiment's sweep cells as saved, in path order."""
+    """(folder, cell.json) of the experiment's sweep cells as saved, in path order, each held
+    to lm-eval's files beside it as ``sinkmask table`` holds its cells."""
+    from ..table import checked_results
+
     cells = out / "cells"
     records = [(p.parent, json.loads(p.read_text())) for p in sorted(
         [*cells.glob("*/*/k*/cell.json"), *cells.glob("*/seed*/*/k*/cell.json")])]
-    return [(folder, r) for folder, r in records
-            if r["request"]["model"] in MODELS and r["request"]["task"] in TASKS]
+    records = [(folder, r) for folder, r in records
+               if r["request"]["model"] in MODELS and r["request"]["task"] in TASKS]
+    for folder, r in records:
+        checked_results(folder, r)
+    return records
 
 
 def per_document(records: list[tuple[Path, dict[str, Any]]]) -> dict[tuple, dict | None]:
