@@ -36,14 +36,18 @@ def per_document(samples: Iterable[dict], metric: str) -> dict[int, float] | Non
     return scores or None
 
 
-def read_per_document(cell: Path, task: str, metric: str, value: float) -> dict[int, float] | None:
+def read_per_document(cell: Path, task: str, metric: str, value: float,
+                      named: list[str] | None = None) -> dict[int, float] | None:
     """The per-document scores of a sweep cell's lm-eval samples file, or None when there is no
     such file or its scores do not average to the cell's ``value`` (a metric whose aggregate is
     not the mean of its per-document scores has no paired standard error of this kind). The
-    file may be gzipped (``.jsonl.gz``), as the repository keeps its committed results."""
+    file is the one cell.json names (``named``, its ``results_files``), else the newest; it
+    may be gzipped (``.jsonl.gz``), as the repository keeps its committed results."""
     files = sorted([*Path(cell).glob(f"samples_{task}_*.jsonl"),
                     *Path(cell).glob(f"samples_{task}_*.jsonl.gz")],
                    key=lambda f: f.name.removesuffix(".gz"))
+    if named is not None:
+        files = [f for f in files if f.name in named]
     if not files:
         return None
     opener = gzip.open if files[-1].suffix == ".gz" else open

@@ -213,7 +213,8 @@ def _read_cell(read: _Folder, record_path: Path, grid: dict,
             metric, value, stderr = _from_lm_eval(cell, results, wanted)
         entry = entry_of(record, measured=(metric, value, stderr))
     with _reading(cell):  # the samples, scored as read: a KeyError would be the scoring's
-        per_doc = paired.read_per_document(cell, req["task"], metric, value)
+        per_doc = paired.read_per_document(cell, req["task"], metric, value,
+                                           record.get("results_files"))
     read.zoo |= is_zoo(record)
     read.entries.append(replace(entry, per_doc=per_doc))
 

@@ -1,6 +1,7 @@
 """The paired standard error of a change: per-document scores from lm-eval samples, and the
 standard error of their differences checked against numpy."""
 
+import functools
 import json
 
 import numpy as np
@@ -56,6 +57,18 @@ def test_read_per_document_checks_the_scores_average_to_the_cell_value(tmp_path)
     assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.6) is None
     assert paired.read_per_document(tmp_path, "code", "pass@1,create_test", 0.5 + 1e-6) is None
     assert paired.read_per_document(tmp_path, "other_task", "pass@1,create_test", 0.5) is None
+
+
+def test_read_per_document_reads_the_samples_file_cell_json_names(tmp_path):
+    """Another run's samples copied in (newer by name) are not the cell's scores."""
+    for stamp, scores in (("2025", [1, 0]), ("2026", [0, 1])):
+        (tmp_path / f"samples_code_{stamp}.jsonl").write_text("".join(
+            json.dumps({"doc_id": i, "filter": "create_test", "pass@1": x}) + "\n"
+            for i, x in enumerate(scores)))
+    read = functools.partial(paired.read_per_document, tmp_path, "code", "pass@1,create_test", 0.5)
+    assert read() == {0: 0.0, 1: 1.0}  # no names: the newest
+    assert read(["results_2025.json", "samples_code_2025.jsonl"]) == {0: 1.0, 1: 0.0}
+    assert read(["results_2025.json"]) is None
 
 
 def test_read_per_document_reads_a_gzipped_samples_file(tmp_path):

@@ -94,8 +94,8 @@ def _records(out: Path) -> list[tuple[Path, dict[str, Any]]]:
 def per_document(records: list[tuple[Path, dict[str, Any]]]) -> dict[tuple, dict | None]:
     """(model, seed, task, K) -> each problem's score (lm-eval's samples), for paired errors."""
     return {(r["request"]["model"], r["request"].get("checkpoint_seed"), r["request"]["task"],
-             r["request"]["top_k"]): paired.read_per_document(folder, r["request"]["task"],
-                                                              r["metric"], r["value"])
+             r["request"]["top_k"]): paired.read_per_document(
+                 folder, r["request"]["task"], r["metric"], r["value"], r.get("results_files"))
             for folder, r in records}
 
 
