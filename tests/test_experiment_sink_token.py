@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lm_eval_sinkmask.experiments import sink_token as exp
+from tests.test_table import _name_files
 
 
 def _inputs(model, task):
@@ -62,9 +63,8 @@ def test_a_cell_json_that_differs_from_lm_evals_files_beside_it_is_refused(tmp_p
     (cell / "results_2025-01-01T00-00-00.json").write_text(json.dumps({"results": {
         "mini_gsm_sinkmask": {"exact_match,strict-match": 0.5,
                               "exact_match_stderr,strict-match": 0.05}}}))
+    _name_files(cell)
     record = json.loads((cell / "cell.json").read_text())
-    record["results_files"] = sorted(p.name for p in cell.iterdir() if p.name != "cell.json")
-    (cell / "cell.json").write_text(json.dumps(record))
     exp.write_report(tmp_path)  # whole: reads
     (cell / "cell.json").write_text(json.dumps({**record, "value": 0.75}))
     with pytest.raises(ValueError, match="cell.json says exact_match,strict-match = 0.75"):
