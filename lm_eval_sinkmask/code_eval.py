@@ -34,16 +34,18 @@ def default_limits() -> Limits:
 def execute(
     pairs: Sequence[tuple[str, str]], limits: Limits | None = None, progress: bool = True
 ) -> list[Outcome]:
-    """Outcomes of ``(program, test)`` pairs, running in parallel those not yet run."""
+    """Outcomes of ``(program, test)`` pairs, running in parallel those not yet run under
+    these limits (a program that timed out at 1 s may pass at 10 s)."""
     limits = limits or default_limits()
-    keys = [_key(program, test) for program, test in pairs]
+    keys = [_key(program, test, limits) for program, test in pairs]
     todo = {key: pair for key, pair in zip(keys, pairs) if key not in _memo}
-    if todo:
-        outcomes = run_programs(list(todo.values()), limits, progress=progress, desc="tests")
-        if len(_memo) + len(todo) > _MEMO_MAX:
-            _memo.clear()
-        _memo.update(zip(todo.keys(), outcomes))
-    return [_memo[key] for key in keys]
+    ran = dict(zip(todo, run_programs(list(todo.values()), limits, progress=progress,
+                                      desc="tests"))) if todo else {}
+    outcomes = [ran[key] if key in ran else _memo[key] for key in keys]
+    if len(_memo) + len(ran) > _MEMO_MAX:  # a bound on memory: forget the older outcomes
+        _memo.clear()
+    _memo.update(ran)
+    return outcomes
 
 
 def pass_at_k(
@@ -71,5 +73,5 @@ def estimate_pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def _key(program: str, test: str) -> str:
-    return hashlib.sha256(f"{len(program)}:{program}\0{test}".encode()).hexdigest()
+def _key(program: str, test: str, limits: Limits) -> str:
+    return hashlib.sha256(f"{limits!r}\0{len(program)}:{program}\0{test}".encode()).hexdigest()

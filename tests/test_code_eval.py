@@ -27,16 +27,22 @@ def fake_sandbox(monkeypatch):
     return runs
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "known bug, left until the committed mini_code cells are remade: code_eval.py's bytes are "
-    "part of their task-code digest. execute() clears a full memo, then reads this call's "
-    "earlier hits from it; it takes 100,000 programs in one process"))
 def test_a_full_memo_is_cleared_without_losing_this_calls_outcomes(monkeypatch, fake_sandbox):
     monkeypatch.setattr(code_eval, "_MEMO_MAX", 3)
     code_eval.execute([("a", "t"), ("b", "t")])
     # "a" is a memo hit, "c" and "d" overflow the memo: it is cleared before they are stored
     outcomes = code_eval.execute([("a", "t"), ("c", "t"), ("d", "t")])
     assert outcomes == [PASS] * 3 and fake_sandbox == [2, 2]
+    # "a" was read before the memo was cleared; "c" and "d" stay
+    assert code_eval.execute([("c", "t"), ("d", "t")]) == [PASS] * 2 and fake_sandbox == [2, 2]
+
+
+def test_an_outcome_is_remembered_under_its_limits_only(fake_sandbox):
+    """A program that timed out at 1 s was reported as timed out at 10 s in the same process."""
+    code_eval.execute([("a", "t")], sandbox.Limits(timeout_s=1.0, cpu_s=1))
+    code_eval.execute([("a", "t")], sandbox.Limits(timeout_s=10.0, cpu_s=10))
+    code_eval.execute([("a", "t")], sandbox.Limits(timeout_s=1.0, cpu_s=1))
+    assert fake_sandbox == [1, 1]
 
 
 @pytest.mark.parametrize("raw", ["3s", "0", "-1", "nan", "inf", "ten", "", " "])
