@@ -127,8 +127,10 @@ def _stable(obj: Any) -> str:
 
 
 def code_digest(config: Any) -> str:
-    """sha256 over the contents of the source files that define the functions in ``config``
-    (a task's prompt, loader, filters, metrics; by content, not by place)."""
+    """sha256 over the source files that define the functions in ``config`` (a task's prompt,
+    loader, filters, metrics; by content, not by place). A Python file counts by its
+    :func:`syntax_text`, as the package's modules do: an edited comment or docstring in a
+    task's scorer leaves its committed cells standing."""
     files = set()
 
     def walk(value: Any) -> None:
@@ -145,7 +147,8 @@ def code_digest(config: Any) -> str:
                 pass
 
     walk(config)
-    shas = sorted(file_sha256(Path(f)) for f in files if f and Path(f).is_file())
+    shas = sorted(_syntax_digest(Path(f)) if f.endswith(".py") else file_sha256(Path(f))
+                  for f in files if f and Path(f).is_file())
     return "sha256:" + hashlib.sha256("\n".join(shas).encode()).hexdigest()
 
 

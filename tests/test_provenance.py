@@ -263,3 +263,18 @@ def test_a_cell_reads_the_revision_from_its_model_args(tmp_path):
 
     assert cell("").revision is None
     assert cell("revision=v1").revision == "v1"
+
+
+def test_a_comment_or_docstring_in_a_scorers_file_leaves_its_code_digest(tmp_path):
+    def digest(body):
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(body)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return code_digest({"metric": module.score})
+
+    plain = digest("def score(x):\n    return x * 2\n")
+    assert digest('"""Doubles."""\n\n\ndef score(x):  # twice\n    """x, doubled."""\n'
+                  "    return x * 2\n") == plain
+    assert digest("def score(x):\n    return x * 3\n") != plain
