@@ -3,6 +3,7 @@
 import functools
 import importlib.util
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 from lm_eval.tasks import TaskManager
@@ -206,14 +207,19 @@ def test_where_a_tasks_local_data_lies_is_not_in_its_config_digest():
     assert task_digest(a)["config"] == task_digest(b)["config"]
 
 
+def _module_from(folder: Path, body: str):
+    """A module imported from a new file in ``folder`` holding ``body``."""
+    path = folder / f"m{len(list(folder.iterdir()))}.py"
+    path.write_text(body)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_a_partial_in_a_task_config_is_hashed_by_its_functions_file(tmp_path):
     def score_from(body):
-        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.py"
-        path.write_text(body)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return functools.partial(module.score, k=2)
+        return functools.partial(_module_from(tmp_path, body).score, k=2)
 
     assert (code_digest({"metric": score_from("def score(x, k):\n    return x * k\n")})
             != code_digest({"metric": score_from("def score(x, k):\n    return x + k\n")}))
@@ -267,12 +273,7 @@ def test_a_cell_reads_the_revision_from_its_model_args(tmp_path):
 
 def test_a_comment_or_docstring_in_a_scorers_file_leaves_its_code_digest(tmp_path):
     def digest(body):
-        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.py"
-        path.write_text(body)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return code_digest({"metric": module.score})
+        return code_digest({"metric": _module_from(tmp_path, body).score})
 
     plain = digest("def score(x):\n    return x * 2\n")
     assert digest('"""Doubles."""\n\n\ndef score(x):  # twice\n    """x, doubled."""\n'
