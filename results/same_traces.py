@@ -6,7 +6,10 @@ A trace's integers (sink positions, counts, histograms, the prompt's and generat
 and its settings must be equal. Its floats (scores, masses, value norms) are compared to
 float noise only: another CPU, or another thread count, rounds the attention's sums in
 another order (about 1e-7 relative, which a score of ~10 carries into the fifth decimal,
-and one unit in the last place of the float16 full-score maps).
+and one unit in the last place of the float16 full-score maps). The library versions a
+trace records say what ran it, not what it found: a retrace under newer releases (the test
+environment installs the newest ones its requirements allow) is compared on everything else,
+and the changed versions are named.
 
     python results/same_traces.py COMMITTED OUT MODEL...
 """
@@ -22,6 +25,8 @@ import numpy as np
 
 # (rtol, atol) by float width: float16 keeps about three decimal digits
 TOLERANCE = {2: (2e-3, 1e-3), 4: (1e-4, 1e-5), 8: (1e-4, 1e-6)}
+# meta.json's record of the software that ran the trace
+RAN_ON = "versions"
 
 
 def array_difference(name: str, committed: np.ndarray, rerun: np.ndarray) -> str | None:
@@ -67,8 +72,10 @@ def trace_difference(committed: Path, rerun: Path) -> str | None:
     for folder in (committed, rerun):
         if not (folder / "trace.npz").is_file():
             return f"{folder}: no trace.npz"
-    meta = json_difference("meta.json", json.loads((committed / "meta.json").read_text()),
-                           json.loads((rerun / "meta.json").read_text()))
+    committed_meta, rerun_meta = _meta(committed), _meta(rerun)
+    committed_meta.pop(RAN_ON, None)
+    rerun_meta.pop(RAN_ON, None)
+    meta = json_difference("meta.json", committed_meta, rerun_meta)
     if meta:
         return meta
     with np.load(committed / "trace.npz") as a, np.load(rerun / "trace.npz") as b:
@@ -76,6 +83,17 @@ def trace_difference(committed: Path, rerun: Path) -> str | None:
             return f"trace.npz: arrays {sorted(set(a.files) ^ set(b.files))} in one only"
         found = (array_difference(f"trace.npz:{k}", a[k], b[k]) for k in a.files)
         return next((d for d in found if d), None)
+
+
+def _meta(folder: Path) -> dict:
+    return json.loads((folder / "meta.json").read_text())
+
+
+def version_changes(committed: Path, rerun: Path) -> list[str]:
+    """The software versions a retrace ran on that differ from the committed trace's."""
+    was, now = _meta(committed).get(RAN_ON) or {}, _meta(rerun).get(RAN_ON) or {}
+    return [f"{name} {was.get(name, 'absent')} -> {now.get(name, 'absent')}"
+            for name in sorted(was.keys() | now.keys()) if was.get(name) != now.get(name)]
 
 
 def main(argv: list[str]) -> int:
@@ -92,6 +110,10 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr)
     if any(d for _, d in differences):
         return 1
+    changes = sorted({c for m in models for c in
+                      version_changes(Path(committed) / m, Path(rerun) / m)})
+    if changes:
+        print(f"retraced on other versions than the committed traces: {', '.join(changes)}")
     print(f"reproduced: the traces of {', '.join(models)} in {rerun} are those of {committed}"
           " (floats to float noise)")
     return 0

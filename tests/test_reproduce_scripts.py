@@ -185,6 +185,24 @@ def test_a_retrace_with_other_settings_or_statistics_fails(tmp_path):
            "2.0 retraced" in done.stderr
 
 
+def test_a_retrace_on_newer_libraries_is_compared_on_the_rest_and_names_them(tmp_path):
+    # CI installs the newest releases the requirements allow; the traces are what must agree
+    traces = _copied_traces(tmp_path)
+    for model in TRACED:
+        meta = json.loads((traces / model / "meta.json").read_text())
+        meta["versions"]["accelerate"] = "99.0"
+        (traces / model / "meta.json").write_text(json.dumps(meta))
+    done = _retrace(tmp_path, traces, str(tmp_path / "rerun"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "retraced on other versions than the committed traces: accelerate " in done.stdout
+    assert "-> 99.0" in done.stdout and "reproduced: the traces of arm, llada, dream" in done.stdout
+
+    meta["eps"] = 2.0  # with a changed setting beside it, the setting still fails the retrace
+    (traces / "dream" / "meta.json").write_text(json.dumps(meta))
+    done = _retrace(tmp_path, traces, str(tmp_path / "rerun"))
+    assert done.returncode != 0 and "meta.json.eps: 3.0 committed, 2.0 retraced" in done.stderr
+
+
 def test_a_retrace_into_the_committed_folder_is_not_compared_with_itself(tmp_path):
     traces = _copied_traces(tmp_path)
     done = subprocess.run([sys.executable, str(RESULTS / "same_traces.py"), str(traces),
