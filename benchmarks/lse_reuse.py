@@ -175,7 +175,8 @@ def prepared(previous: torch.Tensor, model_mask, B: int, h_out: int, n_k: int, d
         hidden_below, *blocked.stride(), *(m.stride() if m is not None else (0, 0, 0)),
         bias.stride(0), bias.stride(1),
         K=int(k), KP=kp, BLOCK=block_of(n_k), HAS_MASK=m is not None,
-        MASK_BOOL=model_mask is not None and model_mask.dtype == torch.bool)
+        MASK_BOOL=model_mask is not None and model_mask.dtype == torch.bool,
+        **fused_mass.LAUNCH_OPTIONS)
     return bias, idx
 
 

@@ -30,7 +30,7 @@ import taken_calls
 from lm_eval_sinkmask import compiled_tail, intercept
 from lm_eval_sinkmask._decode_kernels import keeps_some, key_mask, store_selection, top_k_of
 from lm_eval_sinkmask.decode_step import key_mask_view
-from lm_eval_sinkmask.fused_mass import block_of
+from lm_eval_sinkmask.fused_mass import LAUNCH_OPTIONS, block_of
 from lm_eval_sinkmask.metric import KeyCounts, key_counts
 
 MAX_KEYS = 16384  # one program holds a row's keys in registers; longer rows stay eager
@@ -147,7 +147,8 @@ def _launch(mass, counts: KeyCounts, eps, k, per_layer, blocked=None, model_mask
         K=max(int(k), 0), PER_LAYER=bool(per_layer), BLOCK=block_of(n_k),
         WRITE_BIAS=bias is not None, HAS_BLOCKED=blocked is not None,
         HAS_MASK=model_mask is not None,
-        MASK_BOOL=model_mask is not None and model_mask.dtype == torch.bool)
+        MASK_BOOL=model_mask is not None and model_mask.dtype == torch.bool,
+        **LAUNCH_OPTIONS)
     return scores, sinks, chosen, tally[0], tally[1], bias
 
 

@@ -132,7 +132,7 @@ def masked_decode(sc: Scores, *, eps: float, k: int, previous: torch.Tensor | No
             HISTORY=history is not None,
             HAS_PREV=previous is not None, TOP_K=max(int(k), 0), BLOCK=fused_mass.block_of(n_k),
             BLOCK_N=BLOCK_N, BLOCK_D=fused_mass.block_of(D), BLOCK_DV=fused_mass.block_of(dv),
-            num_warps=4)
+            **fused_mass.LAUNCH_OPTIONS)
     new = Detection(new_mass, new_rows) if history is not None else None
     return Decoded(out, scores, sinks, chosen, tally[0], tally[1], new)
 

@@ -46,6 +46,11 @@ BLOCK_N = 64
 # query-tile height of calls with this many rows or fewer (one-row decoding steps, last_row):
 # the smallest tile tl.dot takes
 SHORT_BLOCK_M = 16
+# How every kernel launch compiles its multiply-adds: fused (one rounding), Triton's default
+# up to 3.9 and what the GPU checks of these kernels ran. Named, because Triton 3.10 turns
+# the default off, which would move the masses by float noise and could flip a near-tie in
+# the sink selection with nothing changed here.
+LAUNCH_OPTIONS = {"num_warps": 4, "enable_fp_fusion": True}
 
 
 def block_of(n: int) -> int:
@@ -255,7 +260,7 @@ def _triton_column_mass(q, k, weights, scale, mask, is_causal, causal_offset, fi
     flags = dict(HAS_MASK=mask is not None, MASK_BOOL=is_bool, CAUSAL=bool(is_causal),
                  IEEE=q.dtype == torch.float32, UPCAST=interpreting(), BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_D=block_of(D),
-                 MASK_ROWS=mask is not None and mask_has_rows(mask, n_q), num_warps=4)
+                 MASK_ROWS=mask is not None and mask_has_rows(mask, n_q), **LAUNCH_OPTIONS)
     with on_device(q.device):
         kern.row_lse_kernel[(_cdiv(rows, block_m), B * H)](q, k, m, lse, *common, **flags)
         kern.column_mass_kernel[(_cdiv(n_k, block_n), B * H)](q, k, m, lse, weights, out,

@@ -91,7 +91,7 @@ def _compile_unspecialized(fn, args, kwargs, arch: int):
         else:
             raise TypeError(f"{name}: {type(a).__name__}")
     for name, value in kwargs.items():
-        if name in ("num_warps", "num_stages"):
+        if name in ("num_warps", "num_stages", "enable_fp_fusion"):
             options[name] = value
         else:
             signature[name], constants[name] = "constexpr", value
@@ -251,6 +251,8 @@ def test_the_kernel_compiles_for_the_gpu(case, arch):
     for fn, args, kwargs in launches:
         compiled = _compile(fn, args, kwargs, arch)
         assert compiled.asm.get("cubin"), f"{fn.__name__}: no cubin for sm_{arch}"
+        # named at every launch, not left to Triton's default (off from Triton 3.10)
+        assert compiled.metadata.enable_fp_fusion is True, fn.__name__
 
 
 def _resources(compiled) -> dict[str, int]:
