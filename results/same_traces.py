@@ -72,9 +72,7 @@ def trace_difference(committed: Path, rerun: Path) -> str | None:
     for folder in (committed, rerun):
         if not (folder / "trace.npz").is_file():
             return f"{folder}: no trace.npz"
-    committed_meta, rerun_meta = _meta(committed), _meta(rerun)
-    committed_meta.pop(RAN_ON, None)
-    rerun_meta.pop(RAN_ON, None)
+    (committed_meta, _), (rerun_meta, _) = _meta(committed), _meta(rerun)
     meta = json_difference("meta.json", committed_meta, rerun_meta)
     if meta:
         return meta
@@ -85,13 +83,15 @@ def trace_difference(committed: Path, rerun: Path) -> str | None:
         return next((d for d in found if d), None)
 
 
-def _meta(folder: Path) -> dict:
-    return json.loads((folder / "meta.json").read_text())
+def _meta(folder: Path) -> tuple[dict, dict]:
+    """A trace's meta.json as what it found and was asked, and the versions that ran it."""
+    meta = json.loads((folder / "meta.json").read_text())
+    return meta, meta.pop(RAN_ON, None) or {}
 
 
 def version_changes(committed: Path, rerun: Path) -> list[str]:
     """The software versions a retrace ran on that differ from the committed trace's."""
-    was, now = _meta(committed).get(RAN_ON) or {}, _meta(rerun).get(RAN_ON) or {}
+    (_, was), (_, now) = _meta(committed), _meta(rerun)
     return [f"{name} {was.get(name, 'absent')} -> {now.get(name, 'absent')}"
             for name in sorted(was.keys() | now.keys()) if was.get(name) != now.get(name)]
 

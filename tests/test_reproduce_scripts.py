@@ -197,8 +197,9 @@ def test_a_retrace_on_newer_libraries_is_compared_on_the_rest_and_names_them(tmp
     assert "retraced on other versions than the committed traces: accelerate " in done.stdout
     assert "-> 99.0" in done.stdout and "reproduced: the traces of arm, llada, dream" in done.stdout
 
-    meta["eps"] = 2.0  # with a changed setting beside it, the setting still fails the retrace
-    (traces / "dream" / "meta.json").write_text(json.dumps(meta))
+    # with a changed setting beside it, the setting still fails the retrace
+    dream = json.loads((traces / "dream" / "meta.json").read_text())
+    (traces / "dream" / "meta.json").write_text(json.dumps({**dream, "eps": 2.0}))
     done = _retrace(tmp_path, traces, str(tmp_path / "rerun"))
     assert done.returncode != 0 and "meta.json.eps: 3.0 committed, 2.0 retraced" in done.stderr
 
