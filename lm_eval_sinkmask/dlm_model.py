@@ -177,9 +177,10 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
                                  "cuda_graph=false or auto")
         self.generations = {"graphed": 0, "eager": 0}  # as this process ran them
         self.run_generations = dict(self.generations)  # all processes, filled by _report
-        # effective (gen_length, steps, block_length): per task as planned, and as run
+        # effective lengths (DiffusionSettings.lengths): per task as planned, and as run (as
+        # item tuples, to go in a set)
         self.settings_per_task: dict[str, dict[str, int | None]] = {}
-        self.settings_used: set[tuple[int, int, int | None]] = set()
+        self.settings_used: set[tuple[tuple[str, int | None], ...]] = set()
         self.model.eval()
         disable_flash_attention(self.model)
         self.mask_id = self._resolve_mask_id(checked.mask_id, config)
@@ -348,7 +349,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
         if self.sink is not None:
             self._refuse_sink_token(context[prompt_mask.bool()].tolist(), "a prompt")
         s = self.settings.for_request(max_length - context.shape[1], self.family)
-        self.settings_used.add((s.gen_length, s.steps, s.block_length))
+        self.settings_used.add(tuple(s.lengths(self.family).items()))
         if self.padding != UNPADDED:
             generated = self._decode(context, prompt_mask, s).to(context.device)
         else:
@@ -472,8 +473,7 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
             task = req.task_name or "requests"
             if task not in self.settings_per_task:
                 self._warn_about_settings(task, gen_kwargs, s)
-            self.settings_per_task[task] = {
-                "gen_length": s.gen_length, "steps": s.steps, "block_length": s.block_length}
+            self.settings_per_task[task] = s.lengths(self.family)
 
     @staticmethod
     def _warn_about_settings(task: str, gen_kwargs: dict, s: DiffusionSettings) -> None:
@@ -557,10 +557,13 @@ class DLMSinkMaskLM(MonteCarloScoringMixin, MaskingLMMixin, HFLM):
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()
-        sampler = {"name": self.family.sampler, **asdict(self.settings)}
+        sampler = {"name": self.family.sampler, **self.settings.read_by(self.family)}
         if len(self.settings_used) == 1:  # one setting for the whole run: the effective values
-            (sampler["gen_length"], sampler["steps"], sampler["block_length"]), = self.settings_used
+            sampler.update(next(iter(self.settings_used)))
         sampler["per_task"] = self.settings_per_task
+        # every query row of a DLM scores keys (query_rule says so), and model_args' arm_rule
+        # is refused for it: its default shaped nothing here
+        del info["sinkmask"]["config"]["arm_rule"]
         info["sinkmask"].update(
             family=self.family.name,
             sampler=sampler,

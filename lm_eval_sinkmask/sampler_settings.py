@@ -9,7 +9,7 @@ setting that changed nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .config import check_choice, flag_value, is_finite, is_int, number_value
@@ -30,6 +30,12 @@ SAMPLER_ONLY = {
               "llada_sampler"),
     "dream": ("alg", "alg_temp", "top_p", "sampling_top_k", "dream_sampler"),
 }
+
+
+def _read_only_by_others(family: Family) -> set[str]:
+    return {name for sampler, names in SAMPLER_ONLY.items() if sampler != family.sampler
+            for name in names}
+
 
 @dataclass(frozen=True)
 class DiffusionSettings:
@@ -108,6 +114,20 @@ class DiffusionSettings:
         check_choice("llada_sampler", self.llada_sampler, SAMPLER_VARIANTS)
         check_choice("dream_sampler", self.dream_sampler, SAMPLER_VARIANTS)
         self._refuse_unread(family)
+
+    def read_by(self, family: Family) -> dict[str, Any]:
+        """The settings the family's sampler reads, as a dict for the run's record: the defaults
+        of those only the other sampler reads (Dream's ``alg`` for LLaDA, LLaDA's
+        ``remasking`` for Dream) shaped no answer, so a record listing them would misdescribe
+        the run."""
+        return {name: value for name, value in asdict(self).items()
+                if name not in _read_only_by_others(family)}
+
+    def lengths(self, family: Family) -> dict[str, int | None]:
+        """The resolved lengths a request ran with (after :meth:`for_request`): gen_length and
+        steps, and block_length for the block sampler (Dream has no blocks)."""
+        return {name: getattr(self, name) for name in ("gen_length", "steps", "block_length")
+                if name not in _read_only_by_others(family)}
 
     def _refuse_unread(self, family: Family) -> None:
         """A setting the chosen mode never reads would be recorded as if it had shaped the

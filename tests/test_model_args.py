@@ -15,7 +15,7 @@ from lm_eval.api.registry import get_model
 from lm_eval_sinkmask import model_args
 from lm_eval_sinkmask.config import SinkMaskConfig, flag_value
 from lm_eval_sinkmask.families import FAMILIES
-from lm_eval_sinkmask.sampler_settings import DiffusionSettings
+from lm_eval_sinkmask.sampler_settings import SAMPLER_ONLY, DiffusionSettings
 from tests.test_models import RANDOM_LLADA, make
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -443,7 +443,7 @@ def test_effective_sampler_settings_are_recorded(tiny_dirs, caplog):
     dream = make("dlm_sinkmask", tiny_dirs["dream"])
     dream.generate_until([request(6, task="t")])
     s = dream.get_model_info()["sinkmask"]["sampler"]
-    assert (s["gen_length"], s["steps"]) == (6, 6) and s["per_task"]["t"]["gen_length"] == 6
+    assert (s["gen_length"], s["steps"]) == (6, 6) and s["per_task"]["t"] == {"gen_length": 6, "steps": 6}
     # two tasks of two lengths: no one effective setting, each task's under per_task
     two = make("dlm_sinkmask", tiny_dirs["llada"], block_length=4)
     two.generate_until([request(8), request(4, task="t", i=1)])
@@ -451,6 +451,21 @@ def test_effective_sampler_settings_are_recorded(tiny_dirs, caplog):
     assert (s["gen_length"], s["steps"], s["block_length"]) == (None, None, 4)
     assert s["per_task"] == {"mini_gsm_sinkmask": {"gen_length": 8, "steps": 8, "block_length": 4},
                              "t": {"gen_length": 4, "steps": 4, "block_length": 4}}
+
+
+def test_a_dlm_records_only_the_settings_its_sampler_reads(tiny_dirs):
+    """Defaults no sampler of the run read (Dream's alg for LLaDA, LLaDA's blocks for Dream, the
+    ARM's query rule for a DLM) would make the record describe another run."""
+    for kind, own, other in (("llada", "remasking", "alg"), ("dream", "alg", "remasking")):
+        lm = make("dlm_sinkmask", tiny_dirs[kind], **({"block_length": 4} if kind == "llada" else {}))
+        lm.generate_until([request(8)])
+        info = lm.get_model_info()["sinkmask"]
+        read_by_other = set(SAMPLER_ONLY["dream" if kind == "llada" else "block"])
+        assert own in info["sampler"] and not read_by_other & info["sampler"].keys(), kind
+        assert ("block_length" in info["sampler"]["per_task"]["mini_gsm_sinkmask"]) == (kind == "llada")
+        assert "arm_rule" not in info["config"] and info["query_rule"] == "all", kind
+    arm = make("arm_sinkmask", tiny_dirs["llama"], arm_rule="all_rows")
+    assert arm.get_model_info()["sinkmask"]["config"]["arm_rule"] == "all_rows"
 
 
 LL = [Instance("loglikelihood", {}, ("Question : 7 + 5 = ?", " 1 2"), 0),
